@@ -1,0 +1,39 @@
+"""tfckpt: read, inspect and rewrite TensorFlow checkpoints directly from their files.
+
+>>> import tfckpt
+>>> with tfckpt.open("train/model.ckpt-7") as ckpt:
+...     kernel = ckpt["dense/kernel"]
+>>> tfckpt.save({"dense/kernel": kernel.astype("float16")}, "out/model")
+
+TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
+"""
+
+from __future__ import annotations
+
+from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
+from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
+                     CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
+from .paths import latest_checkpoint
+
+__version__ = "0.1.0"
+
+
+def open(path, *, verify: bool = True) -> Checkpoint:  # noqa: A001 - mirrors safetensors' safe_open
+    """Open a checkpoint for reading.
+
+    ``path`` may be a prefix (``train/model.ckpt-7``), its ``.index`` file, a
+    directory with a ``checkpoint`` state file (its latest checkpoint is taken),
+    or a SavedModel directory. With ``verify`` (the default) every tensor's
+    CRC32C is checked when it is read; index block checksums are always checked.
+
+    >>> ckpt = tfckpt.open("train")
+    >>> ckpt.keys()[:2], ckpt.info("dense/kernel").dtype
+    """
+    return Checkpoint(path, verify=verify)
+
+
+__all__ = [
+    "open", "save", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
+    "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError", "CorruptCheckpointError",
+    "UnsupportedCheckpointError", "CheckpointWriteError", "TensorNotFoundError",
+]

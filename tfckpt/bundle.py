@@ -1,0 +1,1040 @@
+"""Tensor bundle V2: the index of ``BundleEntryProto``s and the data shards it points into.
+
+:class:`Checkpoint` reads a bundle (header, entries, fixed-size and string
+tensors, partitioned tensors reassembled from their slices, big-endian bundles
+swapped); :class:`BundleWriter` writes one that TensorFlow reads bit-for-bit.
+This is the only module that knows how tensor bytes are laid out in a shard.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from . import dtypes as _dt
+from . import orderedcode, paths
+from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
+from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
+                     CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
+from .table import TableBuilder, TableReader, crc32c, decode_varint, encode_varint, mask_crc, \
+    unmask_crc
+
+HEADER_KEY = b""
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+FORMAT_VERSION = 1  # the bundle version TensorFlow writes and reads
+_MIN_PRODUCER = 0
+DEFAULT_CHUNK_BYTES = 16 << 20
+_MAX_RANK = 254
+_MAX_ELEMENTS = (1 << 63) - 1
+
+Extent = tuple[int, "int | None"]
+Slice = tuple[Extent, ...]
+
+
+@dataclass(frozen=True)
+class Version:
+    """Format version of a bundle (TensorFlow's ``VersionDef``)."""
+
+    producer: int
+    min_consumer: int
+    bad_consumers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Header:
+    """The bundle header: shard count, byte order of the data, format version."""
+
+    num_shards: int
+    endianness: str  # 'little' or 'big'
+    version: Version
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the index says about one tensor (or one slice of a partitioned tensor).
+
+    ``nbytes`` is the bytes it occupies in data shards (for a partitioned tensor,
+    the sum over its slices). ``shard``, ``offset`` and ``crc32c`` (unmasked) are
+    None for a partitioned tensor, whose bytes live in its slices.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shard: int | None
+    offset: int | None
+    crc32c: int | None
+    slices: tuple[Slice, ...] = ()
+
+    @property
+    def partitioned(self) -> bool:
+        return bool(self.slices)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return _num_elements(self.shape)
+
+
+def _num_elements(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _slice_shape(full_shape: Sequence[int], extents: Slice) -> tuple[int, ...]:
+    return tuple(d if length is None else length for d, (_, length) in zip(full_shape, extents))
+
+
+def _slice_index(extents: Slice) -> tuple[slice, ...]:
+    return tuple(slice(None) if length is None else slice(start, start + length)
+                 for start, length in extents)
+
+
+def _slice_from_proto(proto: TensorSliceProto) -> Slice:
+    return tuple((e.start, e.length if e.HasField("length") else None) for e in proto.extent)
+
+
+def _is_full_slice(full_shape: Sequence[int], extents: Slice) -> bool:
+    return all(length is None or (start == 0 and length == d)
+               for d, (start, length) in zip(full_shape, extents))
+
+
+class _Entry:
+    """A parsed index entry plus what tfckpt derived and checked from it."""
+
+    __slots__ = ("key", "name", "proto", "dtype", "shape", "slices")
+
+    def __init__(self, key: bytes, name: str, proto: BundleEntryProto, dtype: _dt.DType,
+                 shape: tuple[int, ...], slices: tuple[Slice, ...]):
+        self.key = key
+        self.name = name
+        self.proto = proto
+        self.dtype = dtype
+        self.shape = shape
+        self.slices = slices
+
+
+def _decode_name(key: bytes) -> str:
+    return key.decode("utf-8", errors="surrogateescape")
+
+
+def _encode_name(name: str) -> bytes:
+    return name.encode("utf-8", errors="surrogateescape")
+
+
+# --- reading ---------------------------------------------------------------
+
+class Checkpoint:
+    """A checkpoint opened for reading; see :func:`tfckpt.open`.
+
+    Acts as a read-only mapping from tensor name to numpy array. Only the index
+    is read when opening; tensor bytes are read on demand with positioned reads.
+    """
+
+    def __init__(self, path, *, verify: bool = True):
+        self.prefix = paths.resolve_prefix(path)
+        self.verify = verify
+        self.index_path = paths.index_filename(self.prefix)
+        self._fds: dict[int, int] = {}
+        self._shard_sizes: dict[int, int] = {}
+        self._parsed: dict[bytes, _Entry] = {}
+        try:
+            with open(self.index_path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise CheckpointNotFoundError(f"cannot read index: {e.strerror}",
+                                          path=self.index_path) from None
+        table = TableReader(data, self.index_path)
+        self._raw: dict[bytes, bytes] = dict(table.entries)
+        if len(self._raw) != len(table.entries):
+            raise CorruptCheckpointError("duplicate keys in index", path=self.index_path)
+        self.header = self._read_header()
+        self._names = [_decode_name(k) for k, _ in table.entries if k and k[0] != 0]
+
+    # -- header and entries
+
+    def _read_header(self) -> Header:
+        raw = self._raw.get(HEADER_KEY)
+        if raw is None:
+            raise CorruptCheckpointError("index has no header entry (empty key)",
+                                         path=self.index_path)
+        try:
+            h = BundleHeaderProto.FromString(raw)
+        except DecodeError:
+            raise CorruptCheckpointError("header entry is not a BundleHeaderProto",
+                                         path=self.index_path) from None
+        v = h.version
+        if v.producer < _MIN_PRODUCER or v.min_consumer > FORMAT_VERSION \
+                or FORMAT_VERSION in v.bad_consumers:
+            raise UnsupportedCheckpointError(
+                f"bundle format version producer={v.producer} min_consumer={v.min_consumer} "
+                f"bad_consumers={list(v.bad_consumers)} cannot be read by a version "
+                f"{FORMAT_VERSION} reader", path=self.index_path)
+        if h.endianness not in (0, 1):
+            raise CorruptCheckpointError(f"unknown endianness {h.endianness} in header",
+                                         path=self.index_path)
+        if h.num_shards < 1:
+            raise CorruptCheckpointError(f"header declares {h.num_shards} data shards",
+                                         path=self.index_path)
+        return Header(h.num_shards, "big" if h.endianness == 1 else "little",
+                      Version(v.producer, v.min_consumer, tuple(v.bad_consumers)))
+
+    def _corrupt(self, what: str, tensor: str | None, path: str | None = None):
+        return CorruptCheckpointError(what, path=path or self.index_path, tensor=tensor)
+
+    def _entry(self, key: bytes, name: str | None = None) -> _Entry:
+        cached = self._parsed.get(key)
+        if cached is not None:
+            return cached
+        name = name if name is not None else _decode_name(key)
+        raw = self._raw.get(key)
+        if raw is None or key == HEADER_KEY:
+            raise TensorNotFoundError("no such tensor in the checkpoint", path=self.prefix,
+                                      tensor=name)
+        try:
+            proto = BundleEntryProto.FromString(raw)
+        except DecodeError:
+            raise self._corrupt("index entry is not a BundleEntryProto", name) from None
+        dtype = _dt.from_enum(proto.dtype, path=self.index_path, tensor=name)
+        shape = self._check_shape(proto, name)
+        slices = tuple(_slice_from_proto(s) for s in proto.slices)
+        for extents in slices:
+            self._check_slice(extents, shape, name)
+        if not slices and (proto.shard_id < 0 or proto.shard_id >= self.header.num_shards):
+            raise self._corrupt(f"shard id {proto.shard_id} outside the "
+                                f"{self.header.num_shards} shards of the checkpoint", name)
+        if not slices and (proto.offset < 0 or proto.size < 0):
+            raise self._corrupt(f"negative offset {proto.offset} or size {proto.size}", name)
+        if not slices and dtype.itemsize is not None \
+                and proto.size != _num_elements(shape) * dtype.itemsize:
+            raise self._corrupt(
+                f"entry size {proto.size} bytes does not match shape {list(shape)} of "
+                f"{dtype.name} ({_num_elements(shape) * dtype.itemsize} bytes)", name)
+        entry = _Entry(key, name, proto, dtype, shape, slices)
+        self._parsed[key] = entry
+        return entry
+
+    def _check_shape(self, proto: BundleEntryProto, name: str) -> tuple[int, ...]:
+        if proto.shape.unknown_rank:
+            raise self._corrupt("stored shape has unknown rank", name)
+        shape = tuple(d.size for d in proto.shape.dim)
+        if len(shape) > _MAX_RANK:
+            raise self._corrupt(f"rank {len(shape)} exceeds {_MAX_RANK}", name)
+        if any(d < 0 for d in shape):
+            raise self._corrupt(f"negative dimension in shape {list(shape)}", name)
+        if _num_elements(shape) > _MAX_ELEMENTS:
+            raise self._corrupt(f"shape {list(shape)} has more than 2**63-1 elements", name)
+        return shape
+
+    def _check_slice(self, extents: Slice, shape: tuple[int, ...], name: str) -> None:
+        if len(extents) != len(shape):
+            raise self._corrupt(f"slice of rank {len(extents)} for a tensor of rank "
+                                f"{len(shape)}", name)
+        for (start, length), dim in zip(extents, shape):
+            if start < 0 or (length is not None and (length < 0 or start + length > dim)) \
+                    or (length is None and start != 0):
+                raise self._corrupt(f"slice {_format_slice(extents)} lies outside shape "
+                                    f"{list(shape)}", name)
+
+    def _full_entry(self, name: str) -> _Entry:
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names are str, not {type(name).__name__}")
+        key = _encode_name(name)
+        if key[:1] == b"\0" or key == HEADER_KEY:
+            raise TensorNotFoundError("no such tensor in the checkpoint", path=self.prefix,
+                                      tensor=name)
+        return self._entry(key, name)
+
+    def _slice_entry(self, full: _Entry, extents: Slice) -> _Entry:
+        key = orderedcode.encode_slice_key(full.name, extents)
+        if key not in self._raw:
+            raise self._corrupt(f"slice {_format_slice(extents)} is listed but has no "
+                                "entry of its own", full.name)
+        entry = self._entry(key, f"{full.name}[{_format_slice(extents)}]")
+        if entry.slices:
+            raise self._corrupt("a slice entry has slices of its own", entry.name)
+        if entry.dtype is not full.dtype:
+            raise self._corrupt(f"slice has dtype {entry.dtype.name}, tensor has "
+                                f"{full.dtype.name}", entry.name)
+        if entry.shape != _slice_shape(full.shape, extents):
+            raise self._corrupt(f"slice shape {list(entry.shape)} does not match its extents "
+                                f"{_format_slice(extents)}", entry.name)
+        return entry
+
+    # -- mapping interface
+
+    def keys(self) -> list[str]:
+        """Full tensor names, sorted as ``tf.train.list_variables`` lists them."""
+        return list(self._names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name) -> bool:
+        if not isinstance(name, str):
+            return False
+        key = _encode_name(name)
+        return bool(key) and key[0] != 0 and key in self._raw
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.read(name)
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tfckpt.Checkpoint {self.prefix!r}: {len(self)} tensors>"
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- metadata
+
+    def info(self, name: str) -> TensorInfo:
+        """Dtype, shape, size and location of tensor ``name``."""
+        entry = self._full_entry(name)
+        return self._info(entry)
+
+    def _info(self, entry: _Entry) -> TensorInfo:
+        p = entry.proto
+        if entry.slices:
+            nbytes = sum(self._slice_entry(entry, s).proto.size for s in entry.slices)
+            return TensorInfo(entry.name, entry.dtype.name, entry.shape, nbytes, None, None,
+                              None, entry.slices)
+        return TensorInfo(entry.name, entry.dtype.name, entry.shape, p.size, p.shard_id,
+                          p.offset, unmask_crc(p.crc32c), ())
+
+    def slice_info(self, name: str) -> list[TensorInfo]:
+        """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty)."""
+        entry = self._full_entry(name)
+        return [self._info(self._slice_entry(entry, s)) for s in entry.slices]
+
+    def entry_proto(self, name: str) -> BundleEntryProto:
+        """A copy of the raw ``BundleEntryProto`` of tensor ``name``."""
+        proto = BundleEntryProto()
+        proto.CopyFrom(self._full_entry(name).proto)
+        return proto
+
+    @property
+    def data_files(self) -> list[str]:
+        n = self.header.num_shards
+        return [paths.data_filename(self.prefix, i, n) for i in range(n)]
+
+    # -- raw access to shards
+
+    def _shard(self, shard_id: int, tensor: str) -> tuple[int, int]:
+        fd = self._fds.get(shard_id)
+        if fd is None:
+            path = paths.data_filename(self.prefix, shard_id, self.header.num_shards)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise CheckpointNotFoundError(f"cannot open data shard: {e.strerror}",
+                                              path=path, tensor=tensor) from None
+            self._fds[shard_id] = fd
+            self._shard_sizes[shard_id] = os.fstat(fd).st_size
+        return fd, self._shard_sizes[shard_id]
+
+    def _shard_path(self, entry: _Entry) -> str:
+        return paths.data_filename(self.prefix, entry.proto.shard_id, self.header.num_shards)
+
+    def _check_extent(self, entry: _Entry) -> int:
+        fd, size = self._shard(entry.proto.shard_id, entry.name)
+        end = entry.proto.offset + entry.proto.size
+        if end > size:
+            raise self._corrupt(
+                f"bytes [{entry.proto.offset}, {end}) lie past the end of the shard "
+                f"({size} bytes); the file is truncated", entry.name, self._shard_path(entry))
+        return fd
+
+    def _pread_into(self, fd: int, buf: memoryview, offset: int, entry: _Entry) -> None:
+        done = 0
+        total = len(buf)
+        while done < total:
+            try:
+                n = os.preadv(fd, [buf[done:]], offset + done)
+            except OSError as e:
+                raise CorruptCheckpointError(f"read failed: {e.strerror}",
+                                             path=self._shard_path(entry),
+                                             tensor=entry.name) from None
+            if n == 0:
+                raise self._corrupt("unexpected end of file", entry.name, self._shard_path(entry))
+            done += n
+
+    def _read_entry_bytes(self, entry: _Entry) -> np.ndarray:
+        """The entry's bytes as a uint8 array, checksum verified when asked to."""
+        fd = self._check_extent(entry)
+        buf = np.empty(entry.proto.size, dtype=np.uint8)
+        self._pread_into(fd, memoryview(buf), entry.proto.offset, entry)
+        if self.verify and entry.dtype is not _dt.STRING:
+            self._check_crc(entry, crc32c(buf))
+        return buf
+
+    def _check_crc(self, entry: _Entry, actual: int) -> None:
+        stored = unmask_crc(entry.proto.crc32c)
+        if stored != actual:
+            raise self._corrupt(f"checksum mismatch: stored {stored:#010x}, computed "
+                                f"{actual:#010x} over {entry.proto.size} bytes at offset "
+                                f"{entry.proto.offset}", entry.name, self._shard_path(entry))
+
+    # -- values
+
+    def read(self, name: str) -> np.ndarray:
+        """The value of tensor ``name`` as TensorFlow's reader returns it."""
+        entry = self._full_entry(name)
+        if entry.slices:
+            return self._assemble(entry)
+        return self._decode(entry)
+
+    def read_bytes(self, name: str, extents: Slice | None = None) -> bytes:
+        """The on-disk bytes of tensor ``name`` (or of one of its slices), checksum verified."""
+        entry = self._full_entry(name)
+        if extents is not None:
+            entry = self._slice_entry(entry, tuple(extents))
+        elif entry.slices:
+            raise UnsupportedCheckpointError(
+                "partitioned tensor has no bytes of its own; read its slices", path=self.prefix,
+                tensor=name)
+        if entry.dtype is _dt.STRING:
+            self._decode(entry)  # verifies the framing and checksum
+        return self._read_entry_bytes(entry).tobytes()
+
+    def read_slice(self, name: str, extents: Slice) -> np.ndarray:
+        """The value of one stored slice of a partitioned tensor."""
+        return self._decode(self._slice_entry(self._full_entry(name), tuple(extents)))
+
+    def _decode(self, entry: _Entry) -> np.ndarray:
+        dtype = entry.dtype
+        if dtype is _dt.STRING:
+            return self._decode_strings(entry)
+        if dtype.numpy is None:
+            raise UnsupportedCheckpointError(
+                f"{dtype.name} tensors have no numpy form; use read_bytes()",
+                path=self.prefix, tensor=entry.name)
+        buf = self._read_entry_bytes(entry)
+        return self._to_array(buf, dtype, entry.shape)
+
+    def _to_array(self, buf: np.ndarray, dtype: _dt.DType, shape: tuple[int, ...]) -> np.ndarray:
+        if self.header.endianness != _NATIVE and dtype.swap_unit > 1:
+            buf.view(np.dtype(f"u{dtype.swap_unit}")).byteswap(inplace=True)
+        return buf.view(dtype.numpy).reshape(shape)
+
+    def _decode_strings(self, entry: _Entry) -> np.ndarray:
+        n = _num_elements(entry.shape)
+        size = entry.proto.size
+        out = np.empty(n, dtype=object)
+        if size == 0:
+            if n:
+                raise self._corrupt(f"string tensor of {n} elements has no bytes", entry.name)
+            return out.reshape(entry.shape)
+        if n > size:  # every element takes at least one length byte
+            raise self._corrupt(f"{n} strings cannot fit in {size} bytes", entry.name)
+        buf = self._read_entry_bytes(entry).tobytes()
+        big = self.header.endianness == "big"
+        pos = 0
+        lengths = []
+        crc = 0
+        try:
+            for _ in range(n):
+                length, pos = decode_varint(buf, pos, size)
+                lengths.append(length)
+                if length <= 0xFFFFFFFF:
+                    crc = crc32c(length.to_bytes(4, "big" if big else "little"), crc)
+                else:
+                    crc = crc32c(length.to_bytes(8, "big" if big else "little"), crc)
+        except ValueError as e:
+            raise self._corrupt(f"string lengths: {e}", entry.name) from None
+        if pos + 4 > size:
+            raise self._corrupt("string tensor truncated before its length checksum",
+                                entry.name)
+        raw_check = buf[pos:pos + 4]
+        (stored,) = struct.unpack(">I" if big else "<I", raw_check)
+        if self.verify and unmask_crc(stored) != crc:
+            raise self._corrupt(f"string length checksum mismatch: stored "
+                                f"{unmask_crc(stored):#010x}, computed {crc:#010x}", entry.name)
+        crc = crc32c(raw_check, crc)
+        pos += 4
+        if pos + sum(lengths) != size:
+            raise self._corrupt(f"string lengths add up to {sum(lengths)} bytes but the entry "
+                                f"holds {size - pos}", entry.name)
+        for i, length in enumerate(lengths):
+            out[i] = buf[pos:pos + length]
+            pos += length
+        if self.verify:
+            self._check_crc(entry, crc32c(memoryview(buf)[size - sum(lengths):], crc))
+        return out.reshape(entry.shape)
+
+    def _assemble(self, entry: _Entry) -> np.ndarray:
+        _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
+        parts = [self._slice_entry(entry, s) for s in entry.slices]
+        if entry.dtype is _dt.STRING:
+            out = np.empty(entry.shape, dtype=object)
+        elif entry.dtype.numpy is None:
+            raise UnsupportedCheckpointError(
+                f"{entry.dtype.name} tensors have no numpy form", path=self.prefix,
+                tensor=entry.name)
+        else:
+            out = np.empty(entry.shape, dtype=entry.dtype.numpy)
+        for extents, part in zip(entry.slices, parts):
+            out[_slice_index(extents)] = self._decode(part)
+        return out
+
+    def iter_chunks(self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                    extents: Slice | None = None) -> Iterator[np.ndarray]:
+        """Yield tensor ``name`` as 1-D arrays of consecutive elements in row-major order.
+
+        At most about ``chunk_bytes`` are held at once for fixed-size dtypes, so a
+        tensor larger than memory can be streamed. The checksum is verified
+        incrementally and a mismatch raises after the last chunk. With
+        ``extents``, streams one stored slice of a partitioned tensor. String
+        tensors come as one chunk.
+
+        >>> total = sum(float(c.sum()) for c in ckpt.iter_chunks("emb", 1 << 20))
+        """
+        entry = self._full_entry(name)
+        if extents is not None:
+            yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes)
+        elif not entry.slices:
+            yield from self._iter_entry(entry, chunk_bytes)
+        elif _row_partitioned(entry):
+            _check_slice_cover(entry.slices, entry.shape,
+                               lambda what: self._corrupt(what, entry.name))
+            for extents in sorted(entry.slices, key=lambda s: s[0][0]):
+                yield from self._iter_entry(self._slice_entry(entry, extents), chunk_bytes)
+        else:
+            yield self._assemble(entry).reshape(-1)
+
+    def _iter_entry(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
+        dtype = entry.dtype
+        if dtype.numpy is None or dtype is _dt.STRING:
+            yield self._decode(entry).reshape(-1)
+            return
+        fd = self._check_extent(entry)
+        itemsize = dtype.itemsize
+        step = max(1, chunk_bytes // itemsize) * itemsize
+        offset, remaining = entry.proto.offset, entry.proto.size
+        crc = 0
+        while remaining:
+            n = min(step, remaining)
+            buf = np.empty(n, dtype=np.uint8)
+            self._pread_into(fd, memoryview(buf), offset, entry)
+            if self.verify:
+                crc = crc32c(buf, crc)
+            offset += n
+            remaining -= n
+            yield self._to_array(buf, dtype, (n // itemsize,))
+        if self.verify:
+            self._check_crc(entry, crc)
+
+
+_NATIVE = "little" if np.little_endian else "big"
+
+
+def _row_partitioned(entry: _Entry) -> bool:
+    """True when every slice is a range of rows, so row-major order follows slice order."""
+    return all(all(length is None for _, length in s[1:]) for s in entry.slices) \
+        and len(entry.shape) >= 1
+
+
+def _format_slice(extents: Slice) -> str:
+    return ",".join("-" if length is None else f"{start}:{start + length}"
+                    for start, length in extents)
+
+
+def _check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error) -> None:
+    """Raise ``error(what)`` unless the slices cover ``shape`` exactly once."""
+    if not shape:
+        if len(slices) != 1:
+            raise error(f"a scalar has {len(slices)} slices")
+        return
+    starts = np.array([[s for s, _ in ext] for ext in slices], dtype=np.int64)
+    ends = np.array([[d if n is None else s + n for (s, n), d in zip(ext, shape)]
+                     for ext in slices], dtype=np.int64)
+    volumes = [_num_elements([b - a for a, b in zip(s, e)])
+               for s, e in zip(starts.tolist(), ends.tolist())]
+    total = _num_elements(shape)
+    for i in range(len(slices) - 1):
+        overlap = np.all((starts[i] < ends[i + 1:]) & (starts[i + 1:] < ends[i]), axis=1)
+        if overlap.any():
+            j = i + 1 + int(np.argmax(overlap))
+            raise error(f"slices {_format_slice(slices[i])} and {_format_slice(slices[j])} "
+                        "overlap")
+    if sum(volumes) != total:
+        raise error(f"slices cover {sum(volumes)} of {total} elements: the tensor has holes")
+
+
+# --- writing ---------------------------------------------------------------
+
+def _shape_tuple(shape) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {list(shape)}")
+    return shape
+
+
+def _as_string_array(value) -> np.ndarray:
+    arr = np.asarray(value, dtype=object)
+    flat = arr.reshape(-1)
+    for i, v in enumerate(flat):
+        if isinstance(v, str):
+            flat[i] = v.encode("utf-8")
+        elif isinstance(v, (bytes, bytearray, memoryview, np.bytes_)):
+            flat[i] = bytes(v)
+        else:
+            raise TypeError(f"string tensor element {i} is {type(v).__name__}, not bytes")
+    return arr
+
+
+def _encode_strings(values: np.ndarray, endian: str) -> tuple[bytes, int]:
+    """The on-disk bytes of a string tensor and their (unmasked) CRC32C."""
+    flat = values.reshape(-1)
+    lengths = bytearray()
+    crc = 0
+    for v in flat:
+        n = len(v)
+        lengths += encode_varint(n)
+        crc = crc32c(n.to_bytes(4 if n <= 0xFFFFFFFF else 8, endian), crc)
+    check = mask_crc(crc).to_bytes(4, endian)
+    crc = crc32c(check, crc)
+    body = b"".join(flat)
+    return bytes(lengths) + check + body, crc32c(body, crc)
+
+
+class BundleWriter:
+    """Writes a checkpoint under ``prefix``, streaming, committed atomically.
+
+    Tensors are written to temporary data files as they are added; on
+    :meth:`finish` (or leaving the ``with`` block cleanly) the data files are
+    renamed into place and the index is written last, so no reader ever sees a
+    partial checkpoint. On an exception everything written is removed.
+
+    >>> with BundleWriter("out/model") as w:
+    ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
+    """
+
+    def __init__(self, prefix, *, max_shard_bytes: int | None = None, overwrite: bool = False,
+                 endianness: str = "little"):
+        self.prefix = os.fspath(prefix)
+        if endianness not in ("little", "big"):
+            raise ValueError("endianness must be 'little' or 'big'")
+        if max_shard_bytes is not None and max_shard_bytes <= 0:
+            raise ValueError("max_shard_bytes must be positive")
+        self.endianness = endianness
+        self.max_shard_bytes = max_shard_bytes
+        self.overwrite = overwrite
+        self._entries: dict[bytes, BundleEntryProto] = {}
+        self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
+        self._tmp_base = f"{self.prefix}.tfckpt-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        self._shard_paths: list[str] = []
+        self._file = None
+        self._shard_size = 0
+        self._streaming = False
+        self._done = False
+        index = paths.index_filename(self.prefix)
+        if os.path.exists(index) and not overwrite:
+            raise CheckpointWriteError("a checkpoint already exists here (pass overwrite=True "
+                                       "to replace it)", path=index)
+        parent = os.path.dirname(self.prefix)
+        try:
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            self._new_shard()
+        except OSError as e:
+            self.abort()
+            raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
+                                       path=self._tmp_base) from None
+
+    # -- shards
+
+    def _new_shard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        path = f"{self._tmp_base}.data-{len(self._shard_paths)}"
+        self._shard_paths.append(path)
+        self._file = open(path, "xb", buffering=1 << 20)
+        self._shard_size = 0
+
+    def _reserve(self, nbytes: int) -> None:
+        """Start a new shard if ``nbytes`` more would overflow the current one."""
+        if self.max_shard_bytes is not None and self._shard_size > 0 \
+                and self._shard_size + nbytes > self.max_shard_bytes:
+            self._new_shard()
+
+    def _write(self, data) -> None:
+        try:
+            self._file.write(data)
+        except OSError as e:
+            raise CheckpointWriteError(f"write failed: {e.strerror}",
+                                       path=self._shard_paths[-1]) from None
+
+    # -- adding tensors
+
+    def _check_open(self, key: bytes, name: str) -> None:
+        if self._done:
+            raise ValueError("the writer is finished")
+        if self._streaming:
+            raise ValueError("another tensor is being streamed")
+        name_key = _encode_name(name)
+        if not name_key or name_key[0] == 0:
+            raise ValueError(f"invalid tensor name {name!r}: names must be non-empty and not "
+                             "start with a NUL byte")
+        if key in self._entries:
+            raise ValueError(f"duplicate tensor name {name!r}")
+
+    def _record(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int,
+                size: int, crc: int) -> None:
+        e = BundleEntryProto()
+        e.dtype = dtype.enum
+        e.shape.SetInParent()
+        for d in shape:
+            e.shape.dim.add().size = d
+        e.shard_id = len(self._shard_paths) - 1
+        e.offset = offset
+        e.size = size
+        e.crc32c = mask_crc(crc)
+        self._entries[key] = e
+
+    def add(self, name: str, value, dtype=None) -> None:
+        """Add a whole tensor. ``dtype`` (a TensorFlow name) overrides the inferred one."""
+        key = _encode_name(name)
+        self._check_open(key, name)
+        self._add(key, value, dtype)
+
+    def _add(self, key: bytes, value, dtype) -> None:
+        dt = _infer_dtype(value, dtype)
+        if dt is _dt.STRING:
+            arr = _as_string_array(value)
+            data, crc = _encode_strings(arr, self.endianness)
+            self._reserve(len(data))
+            offset = self._shard_size
+            self._write(data)
+            self._shard_size += len(data)
+            self._record(key, dt, arr.shape, offset, len(data), crc)
+            return
+        if dt.numpy is None:
+            raise ValueError(f"{dt.name} tensors can only be added as raw bytes (add_raw)")
+        arr = np.asarray(value, dtype=dt.numpy)
+        with self._stream(key, dt, arr.shape) as s:
+            s.write(arr)
+
+    def add_raw(self, name: str, dtype, shape, data, *, extents: Slice | None = None,
+                full_shape=None) -> None:
+        """Add a tensor (or a slice, with ``extents`` and ``full_shape``) from its on-disk bytes.
+
+        The bytes are written as they are, in this writer's byte order; this is how
+        dtypes without a numpy form (variant, resource) are carried through.
+        """
+        dt = _dt.lookup(dtype)
+        shape = _shape_tuple(shape)
+        data = memoryview(data).cast("B")
+        if dt.itemsize is not None and len(data) != _num_elements(shape) * dt.itemsize:
+            raise ValueError(f"{len(data)} bytes do not hold {list(shape)} of {dt.name}")
+        if extents is not None:
+            extents = tuple(extents)
+            key = self._slice_key(name, dt, full_shape, extents, shape)
+        else:
+            key = _encode_name(name)
+        self._check_open(key, name)
+        self._reserve(len(data))
+        offset = self._shard_size
+        self._write(data)
+        self._shard_size += len(data)
+        self._record(key, dt, shape, offset, len(data), crc32c(data))
+        if extents is not None:
+            self._register_slice(name, dt, full_shape, extents)
+
+    def add_slice(self, name: str, full_shape, extents: Sequence[Extent], value,
+                  dtype=None) -> None:
+        """Add one slice of a partitioned tensor.
+
+        ``extents`` has one ``(start, length)`` per axis; a length of None takes
+        the whole axis. The slices of a tensor must together cover it exactly.
+        """
+        full_shape = _shape_tuple(full_shape)
+        extents = tuple((int(s), None if n is None else int(n)) for s, n in extents)
+        dt = _infer_dtype(value, dtype)
+        if _is_full_slice(full_shape, extents):
+            return self.add(name, value, dt.name)
+        slice_shape = _slice_shape(full_shape, extents)
+        arr = _as_string_array(value) if dt is _dt.STRING else np.asarray(value, dtype=dt.numpy)
+        if arr.shape != slice_shape:
+            raise ValueError(f"slice {_format_slice(extents)} of {list(full_shape)} has shape "
+                             f"{list(slice_shape)}, value has {list(arr.shape)}")
+        key = self._slice_key(name, dt, full_shape, extents, slice_shape)
+        self._check_open(key, name)
+        self._add(key, arr, dt)
+        self._register_slice(name, dt, full_shape, extents)
+
+    def _slice_key(self, name: str, dt: _dt.DType, full_shape, extents: Slice,
+                   slice_shape) -> bytes:
+        full_shape = _shape_tuple(full_shape)
+        if len(extents) != len(full_shape):
+            raise ValueError(f"{len(extents)} extents for a tensor of rank {len(full_shape)}")
+        for (start, length), d in zip(extents, full_shape):
+            if start < 0 or (length is None and start != 0) \
+                    or (length is not None and (length < 0 or start + length > d)):
+                raise ValueError(f"slice {_format_slice(extents)} lies outside {list(full_shape)}")
+        if tuple(slice_shape) != _slice_shape(full_shape, extents):
+            raise ValueError(f"slice {_format_slice(extents)} has shape "
+                             f"{list(_slice_shape(full_shape, extents))}, not {list(slice_shape)}")
+        full_key = _encode_name(name)
+        if full_key in self._entries and full_key not in self._slices_of:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        known = self._slices_of.get(full_key)
+        if known is not None and known != (dt, full_shape):
+            raise ValueError(f"slices of {name!r} disagree: {known[0].name} {list(known[1])} vs "
+                             f"{dt.name} {list(full_shape)}")
+        return orderedcode.encode_slice_key(name, extents)
+
+    def _register_slice(self, name: str, dt: _dt.DType, full_shape, extents: Slice) -> None:
+        """Record a written slice on its full tensor's entry."""
+        full_shape = _shape_tuple(full_shape)
+        full_key = _encode_name(name)
+        full = self._entries.get(full_key)
+        if full is None:
+            full = BundleEntryProto()
+            full.dtype = dt.enum
+            full.shape.SetInParent()
+            for d in full_shape:
+                full.shape.dim.add().size = d
+            self._entries[full_key] = full
+            self._slices_of[full_key] = (dt, full_shape)
+        proto = full.slices.add()
+        for start, length in extents:
+            e = proto.extent.add()
+            if length is not None:
+                e.start = start
+                e.length = length
+
+    def stream(self, name: str, dtype, shape) -> "_TensorStream":
+        """Add a fixed-size tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``."""
+        key = _encode_name(name)
+        self._check_open(key, name)
+        dt = _dt.lookup(dtype)
+        if dt.numpy is None:
+            raise ValueError(f"{dt.name} tensors cannot be streamed")
+        return self._stream(key, dt, _shape_tuple(shape))
+
+    def _stream(self, key: bytes, dt: _dt.DType, shape: tuple[int, ...]) -> "_TensorStream":
+        size = _num_elements(shape) * dt.itemsize
+        self._reserve(size)
+        self._streaming = True
+        return _TensorStream(self, key, dt, shape, size)
+
+    # -- commit
+
+    def __enter__(self) -> "BundleWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        """Discard everything written; nothing is left at the destination."""
+        self._done = True
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        for path in self._shard_paths + [f"{self._tmp_base}.index"]:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def finish(self) -> str:
+        """Write the index and move everything into place; returns the prefix."""
+        if self._done:
+            raise ValueError("the writer is finished")
+        if self._streaming:
+            self.abort()
+            raise ValueError("a tensor stream was not closed")
+        try:
+            return self._commit()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _commit(self) -> str:
+        for full_key, (dt, shape) in self._slices_of.items():
+            slices = tuple(_slice_from_proto(s) for s in self._entries[full_key].slices)
+            _check_slice_cover(slices, shape, lambda what: ValueError(
+                f"partitioned tensor {_decode_name(full_key)!r}: {what}"))
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            num_shards = len(self._shard_paths)
+            header = BundleHeaderProto()
+            header.num_shards = num_shards
+            header.endianness = 1 if self.endianness == "big" else 0
+            header.version.producer = FORMAT_VERSION
+            index_tmp = f"{self._tmp_base}.index"
+            with open(index_tmp, "xb") as f:
+                table = TableBuilder(f)
+                table.add(HEADER_KEY, header.SerializeToString())
+                for key in sorted(self._entries):
+                    table.add(key, self._entries[key].SerializeToString())
+                table.finish()
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.prefix) from None
+        self._done = True
+        index = paths.index_filename(self.prefix)
+        old_shards = _existing_data_files(self.prefix)
+        try:
+            if os.path.exists(index):
+                # Never let the old index point at new data files.
+                os.unlink(index)
+            finals = []
+            for i, tmp in enumerate(self._shard_paths):
+                final = paths.data_filename(self.prefix, i, num_shards)
+                os.replace(tmp, final)
+                finals.append(final)
+            os.replace(index_tmp, index)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot move the checkpoint into place: {e.strerror}",
+                                       path=self.prefix) from None
+        _fsync_dir(os.path.dirname(self.prefix) or ".")
+        for stale in old_shards:
+            if stale not in finals:
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
+        return self.prefix
+
+
+class _TensorStream:
+    """Receives one fixed-size tensor's elements in row-major order."""
+
+    def __init__(self, writer: BundleWriter, key: bytes, dtype: _dt.DType,
+                 shape: tuple[int, ...], size: int):
+        self._w = writer
+        self._key = key
+        self.dtype = dtype
+        self.shape = shape
+        self._size = size
+        self._offset = writer._shard_size
+        self._written = 0
+        self._crc = 0
+        self._swap = writer.endianness != _NATIVE and dtype.swap_unit > 1
+
+    def write(self, chunk) -> None:
+        arr = np.asarray(chunk)
+        if arr.dtype != self.dtype.numpy:
+            raise ValueError(f"chunk of {arr.dtype} written to a {self.dtype.name} tensor")
+        data = np.ascontiguousarray(arr.reshape(-1)).view(np.uint8)
+        if self._swap:
+            data = data.view(np.dtype(f"u{self.dtype.swap_unit}")).byteswap().view(np.uint8)
+        if self._written + data.nbytes > self._size:
+            raise ValueError(f"more than the {self._size} bytes of shape {list(self.shape)} "
+                             f"{self.dtype.name} written")
+        self._w._write(data)
+        self._crc = crc32c(data, self._crc)
+        self._written += data.nbytes
+        self._w._shard_size += data.nbytes
+
+    def close(self) -> None:
+        self._w._streaming = False
+        if self._written != self._size:
+            raise ValueError(f"{self._written} bytes written to a tensor of "
+                             f"{self._size} bytes")
+        self._w._record(self._key, self.dtype, self.shape, self._offset, self._size, self._crc)
+
+    def __enter__(self) -> "_TensorStream":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._w._streaming = False
+            self._w.abort()
+
+
+def _infer_dtype(value, dtype) -> _dt.DType:
+    if dtype is not None:
+        return _dt.lookup(dtype)
+    if isinstance(value, (bytes, str)):
+        return _dt.STRING
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.dtype == object:
+        return _dt.STRING
+    return _dt.lookup(arr.dtype)
+
+
+def _existing_data_files(prefix: str) -> list[str]:
+    directory = os.path.dirname(prefix) or "."
+    base = os.path.basename(prefix)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        parsed = paths.parse_data_filename(n)
+        if parsed and parsed[0] == base:
+            out.append(os.path.join(os.path.dirname(prefix), n))
+    return out
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(tensors: Mapping[str, object], prefix, *, max_shard_bytes: int | None = None,
+         overwrite: bool = False, endianness: str = "little") -> str:
+    """Write ``{name: array}`` as a checkpoint that TensorFlow reads bit-for-bit.
+
+    Arrays of numeric dtypes keep their dtype; object arrays of ``bytes`` (or
+    ``bytes``/``str`` values) become string tensors. Tensors are written in
+    name order, so the same input always gives the same bytes.
+
+    >>> tfckpt.save({"w": np.zeros((2, 3), np.float16)}, "out/model")
+    'out/model'
+    """
+    with BundleWriter(prefix, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                      endianness=endianness) as w:
+        for name in sorted(tensors, key=_encode_name):
+            w.add(name, tensors[name])
+    return w.prefix

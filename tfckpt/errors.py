@@ -1,0 +1,46 @@
+"""The one exception family tfckpt raises for anything wrong with a checkpoint."""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base of every error tfckpt raises about a checkpoint.
+
+    ``path`` is the file involved and ``tensor`` the tensor name, when known;
+    both are also part of the message.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None):
+        self.path = path
+        self.tensor = tensor
+        self.detail = message
+        parts = []
+        if path is not None:
+            parts.append(str(path))
+        if tensor is not None:
+            parts.append(f"tensor {tensor!r}")
+        self.message = ": ".join(parts + [message])
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No checkpoint, or no such tensor, where one was asked for."""
+
+
+class TensorNotFoundError(CheckpointNotFoundError, KeyError):
+    """The checkpoint has no tensor of that name (also a ``KeyError``, as in a mapping)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The bytes on disk are not a valid checkpoint: checksum, truncation, malformed entry."""
+
+
+class UnsupportedCheckpointError(CheckpointError):
+    """Valid content that tfckpt cannot represent in the form asked for."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint failed; nothing was left at the destination."""

@@ -1,0 +1,99 @@
+"""Where a checkpoint's files are: prefixes, file names, state files, SavedModels."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from google.protobuf import text_format
+
+from ._proto.checkpoint_state_pb2 import CheckpointState
+from .errors import CheckpointNotFoundError, CorruptCheckpointError
+
+STATE_FILENAME = "checkpoint"
+_DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
+
+
+def index_filename(prefix: str) -> str:
+    return f"{prefix}.index"
+
+
+def data_filename(prefix: str, shard: int, num_shards: int) -> str:
+    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+def parse_data_filename(path: str) -> tuple[str, int, int] | None:
+    """(prefix, shard, num_shards) of a data shard's file name, or None."""
+    m = _DATA_RE.match(path)
+    if not m:
+        return None
+    return m["prefix"], int(m["shard"]), int(m["num"])
+
+
+def read_state_file(directory: str) -> CheckpointState | None:
+    """The ``checkpoint`` state file of ``directory``, or None when there is none."""
+    path = os.path.join(directory, STATE_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return text_format.Parse(f.read(), CheckpointState())
+    except (text_format.ParseError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(f"unreadable checkpoint state file: {e}", path=path) from None
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The prefix the state file of ``directory`` names as latest, as TensorFlow resolves it."""
+    state = read_state_file(directory)
+    if state is None or not state.model_checkpoint_path:
+        return None
+    prefix = state.model_checkpoint_path
+    if not os.path.isabs(prefix):
+        prefix = os.path.join(directory, prefix)
+    return prefix
+
+
+def resolve_prefix(path) -> str:
+    """The checkpoint prefix that ``path`` designates.
+
+    ``path`` may be a prefix, its ``.index`` or a data file, a directory with a
+    ``checkpoint`` state file (the latest checkpoint is taken), or a SavedModel
+    directory (its ``variables/variables``).
+    """
+    p = os.fspath(path)
+    if os.path.isfile(index_filename(p)):
+        return p
+    if p.endswith(".index") and os.path.isfile(p):
+        return p[: -len(".index")]
+    parsed = parse_data_filename(p)
+    if parsed and os.path.isfile(p) and os.path.isfile(index_filename(parsed[0])):
+        return parsed[0]
+    if os.path.isdir(p):
+        return _resolve_directory(p)
+    looked = [index_filename(p)]
+    if p.endswith(".index"):
+        looked.append(p)
+    raise CheckpointNotFoundError(
+        "no checkpoint found; looked for " + ", ".join(looked) + " and a directory", path=p)
+
+
+def _resolve_directory(directory: str) -> str:
+    latest = latest_checkpoint(directory)
+    if latest is not None:
+        if os.path.isfile(index_filename(latest)):
+            return latest
+        raise CheckpointNotFoundError(
+            f"the state file names {latest!r} as latest, but {index_filename(latest)} "
+            "does not exist", path=os.path.join(directory, STATE_FILENAME))
+    for candidate in (os.path.join(directory, "variables", "variables"),
+                      os.path.join(directory, "variables")):
+        if os.path.isfile(index_filename(candidate)):
+            return candidate
+    indexes = sorted(f for f in os.listdir(directory) if f.endswith(".index"))
+    if len(indexes) == 1:
+        return os.path.join(directory, indexes[0][: -len(".index")])
+    found = f"; found {len(indexes)} .index files: {', '.join(indexes[:5])}" if indexes else ""
+    raise CheckpointNotFoundError(
+        f"no checkpoint in directory; looked for a '{STATE_FILENAME}' state file, "
+        f"a SavedModel's variables/variables.index and a single *.index file{found}",
+        path=directory)

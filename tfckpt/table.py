@@ -1,0 +1,421 @@
+"""The sorted key/value table a checkpoint's ``.index`` file is made of.
+
+The layout is LevelDB's SSTable as TensorFlow writes it: data blocks of
+prefix-compressed entries with restart points, an empty metaindex block, an
+index block with one entry per data block, and a 48-byte footer. Every block is
+followed by a compression-type byte and a masked CRC32C.
+
+:class:`TableReader` parses a whole table held in memory (index files are
+small); :class:`TableBuilder` writes one byte-for-byte as TensorFlow would for
+the same entries. Neither knows anything about tensors.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+import crc32c as _crc32c
+
+from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+
+MAGIC = 0xDB4775248B80FB57
+FOOTER_SIZE = 48
+BLOCK_TRAILER_SIZE = 5
+BLOCK_SIZE = 256 * 1024
+RESTART_INTERVAL = 16
+
+NO_COMPRESSION = 0
+SNAPPY_COMPRESSION = 1
+
+_MASK_DELTA = 0xA282EAD8
+_U32 = struct.Struct("<I")
+
+
+# --- checksums -------------------------------------------------------------
+
+def crc32c(data, value: int = 0) -> int:
+    """CRC32C of ``data`` (any buffer), continuing from ``value``."""
+    return _crc32c.crc32c(data, value)
+
+
+def mask_crc(crc: int) -> int:
+    """The masked form of a CRC32C that TensorFlow stores on disk."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def unmask_crc(masked: int) -> int:
+    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+# --- varints ---------------------------------------------------------------
+
+def encode_varint(value: int) -> bytes:
+    """Unsigned LEB128, as LevelDB's PutVarint32/64."""
+    if value < 0:
+        raise ValueError("varint of a negative number")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def decode_varint(buf, pos: int, limit: int, max_bytes: int = 10) -> tuple[int, int]:
+    """Decode a varint at ``buf[pos:limit]``; returns (value, next position).
+
+    Raises ``ValueError`` when the varint runs past ``limit`` or is longer than
+    ``max_bytes`` (5 for varint32, 10 for varint64).
+    """
+    result = 0
+    shift = 0
+    end = min(limit, pos + max_bytes)
+    while pos < end:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            if max_bytes == 5 and result > 0xFFFFFFFF:
+                raise ValueError("varint32 out of range")
+            if result > 0xFFFFFFFFFFFFFFFF:
+                raise ValueError("varint64 out of range")
+            return result, pos
+        shift += 7
+    raise ValueError("truncated or overlong varint")
+
+
+# --- block handles and footer ----------------------------------------------
+
+@dataclass(frozen=True)
+class BlockHandle:
+    """Where a block's contents are: byte offset and size (trailer excluded)."""
+
+    offset: int
+    size: int
+
+    def encode(self) -> bytes:
+        return encode_varint(self.offset) + encode_varint(self.size)
+
+    @classmethod
+    def decode(cls, buf, pos: int, limit: int) -> tuple["BlockHandle", int]:
+        offset, pos = decode_varint(buf, pos, limit)
+        size, pos = decode_varint(buf, pos, limit)
+        return cls(offset, size), pos
+
+
+@dataclass(frozen=True)
+class Footer:
+    metaindex: BlockHandle
+    index: BlockHandle
+
+    def encode(self) -> bytes:
+        handles = self.metaindex.encode() + self.index.encode()
+        return handles.ljust(FOOTER_SIZE - 8, b"\0") + struct.pack("<Q", MAGIC)
+
+    @classmethod
+    def decode(cls, buf) -> "Footer":
+        if len(buf) != FOOTER_SIZE:
+            raise ValueError("footer must be 48 bytes")
+        (magic,) = struct.unpack_from("<Q", buf, FOOTER_SIZE - 8)
+        if magic != MAGIC:
+            raise ValueError(f"bad magic number {magic:#018x} (not a table)")
+        metaindex, pos = BlockHandle.decode(buf, 0, FOOTER_SIZE - 8)
+        index, _ = BlockHandle.decode(buf, pos, FOOTER_SIZE - 8)
+        return cls(metaindex, index)
+
+
+# --- snappy ----------------------------------------------------------------
+
+def snappy_decompress(data: bytes) -> bytes:
+    """Decode a raw Snappy buffer (the format early TensorFlow used for index blocks)."""
+    n = len(data)
+    length, pos = decode_varint(data, 0, n, max_bytes=5)
+    # A literal or copy element expands to at most 64 bytes per input byte, so a
+    # declared length beyond that cannot be genuine: refuse before allocating.
+    if length > 64 * n:
+        raise ValueError(f"snappy length {length} impossible for {n} input bytes")
+    out = bytearray()
+    while pos < n:
+        tag = data[pos]
+        pos += 1
+        kind = tag & 3
+        if kind == 0:  # literal
+            size = tag >> 2
+            if size >= 60:
+                extra = size - 59
+                if pos + extra > n:
+                    raise ValueError("truncated snappy literal length")
+                size = int.from_bytes(data[pos:pos + extra], "little")
+                pos += extra
+            size += 1
+            if pos + size > n:
+                raise ValueError("snappy literal runs past the input")
+            out += data[pos:pos + size]
+            pos += size
+            continue
+        if kind == 1:
+            if pos + 1 > n:
+                raise ValueError("truncated snappy copy")
+            size = 4 + ((tag >> 2) & 7)
+            offset = ((tag >> 5) << 8) | data[pos]
+            pos += 1
+        else:
+            width = 2 if kind == 2 else 4
+            if pos + width > n:
+                raise ValueError("truncated snappy copy")
+            size = (tag >> 2) + 1
+            offset = int.from_bytes(data[pos:pos + width], "little")
+            pos += width
+        if offset == 0 or offset > len(out):
+            raise ValueError("snappy copy offset out of range")
+        if len(out) + size > length:
+            raise ValueError("snappy output longer than declared")
+        start = len(out) - offset
+        if offset >= size:
+            out += out[start:start + size]
+        else:  # overlapping copy repeats the last `offset` bytes
+            chunk = out[start:]
+            reps, rest = divmod(size, offset)
+            out += chunk * reps + chunk[:rest]
+    if len(out) != length:
+        raise ValueError(f"snappy output is {len(out)} bytes, declared {length}")
+    return bytes(out)
+
+
+# --- reading ---------------------------------------------------------------
+
+def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (key, value) of every entry of one block's contents."""
+    n = len(contents)
+    if n < 4:
+        raise ValueError("block shorter than its restart count")
+    (num_restarts,) = _U32.unpack_from(contents, n - 4)
+    if num_restarts > (n - 4) // 4:
+        raise ValueError(f"block restart count {num_restarts} exceeds block size {n}")
+    limit = n - 4 - 4 * num_restarts
+    for i in range(num_restarts):
+        (restart,) = _U32.unpack_from(contents, limit + 4 * i)
+        if restart > limit:
+            raise ValueError(f"restart offset {restart} past the entries ({limit} bytes)")
+    pos = 0
+    key = b""
+    while pos < limit:
+        # Fast path: all three varints fit in one byte each (nearly always).
+        shared = contents[pos]
+        non_shared = contents[pos + 1] if pos + 1 < limit else 0x80
+        value_len = contents[pos + 2] if pos + 2 < limit else 0x80
+        if (shared | non_shared | value_len) < 0x80:
+            pos += 3
+        else:
+            shared, pos = decode_varint(contents, pos, limit, 5)
+            non_shared, pos = decode_varint(contents, pos, limit, 5)
+            value_len, pos = decode_varint(contents, pos, limit, 5)
+        if shared > len(key):
+            raise ValueError(f"entry shares {shared} bytes of a {len(key)}-byte key")
+        end = pos + non_shared + value_len
+        if end > limit:
+            raise ValueError("entry runs past the end of its block")
+        key = key[:shared] + contents[pos:pos + non_shared]
+        pos += non_shared
+        yield key, contents[pos:end]
+        pos = end
+
+
+class TableReader:
+    """All entries of a table held in memory as ``bytes``, in file order.
+
+    ``path`` only names the file in error messages.
+    """
+
+    def __init__(self, data: bytes, path: str = "<table>"):
+        self.path = path
+        self._data = data
+        self.entries: list[tuple[bytes, bytes]] = self._read_all()
+
+    def _corrupt(self, what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"corrupt index table: {what}", path=self.path)
+
+    def _read_block(self, handle: BlockHandle, what: str) -> bytes:
+        data = self._data
+        end = handle.offset + handle.size + BLOCK_TRAILER_SIZE
+        if end > len(data) - FOOTER_SIZE:
+            raise self._corrupt(
+                f"{what} at offset {handle.offset} of size {handle.size} lies past the "
+                f"end of the file ({len(data)} bytes)")
+        contents = data[handle.offset:handle.offset + handle.size]
+        ctype = data[handle.offset + handle.size]
+        (stored,) = _U32.unpack_from(data, handle.offset + handle.size + 1)
+        actual = crc32c(data[handle.offset + handle.size:handle.offset + handle.size + 1],
+                        crc32c(contents))
+        if unmask_crc(stored) != actual:
+            raise self._corrupt(
+                f"checksum mismatch in {what} at offset {handle.offset} "
+                f"(stored {unmask_crc(stored):#010x}, computed {actual:#010x})")
+        if ctype == NO_COMPRESSION:
+            return contents
+        if ctype == SNAPPY_COMPRESSION:
+            try:
+                return snappy_decompress(contents)
+            except ValueError as e:
+                raise self._corrupt(f"{what} at offset {handle.offset}: {e}") from None
+        raise UnsupportedCheckpointError(
+            f"{what} at offset {handle.offset} uses unknown compression type {ctype}",
+            path=self.path)
+
+    def _read_all(self) -> list[tuple[bytes, bytes]]:
+        data = self._data
+        if len(data) < FOOTER_SIZE:
+            raise self._corrupt(f"file is {len(data)} bytes, shorter than the 48-byte footer")
+        try:
+            footer = Footer.decode(data[-FOOTER_SIZE:])
+        except ValueError as e:
+            raise self._corrupt(f"footer: {e}") from None
+        index = self._read_block(footer.index, "index block")
+        entries: list[tuple[bytes, bytes]] = []
+        last_key = None
+        try:
+            for sep, handle_bytes in parse_block(index):
+                handle, _ = BlockHandle.decode(handle_bytes, 0, len(handle_bytes))
+                block = self._read_block(handle, "data block")
+                for key, value in parse_block(block):
+                    if last_key is not None and key <= last_key:
+                        raise self._corrupt(
+                            f"key {key!r} is not after {last_key!r}: keys unsorted or duplicated")
+                    if key > sep:
+                        raise self._corrupt(f"key {key!r} lies beyond its index entry {sep!r}")
+                    entries.append((key, value))
+                    last_key = key
+        except ValueError as e:
+            raise self._corrupt(str(e)) from None
+        return entries
+
+
+# --- writing ---------------------------------------------------------------
+
+class _BlockBuilder:
+    def __init__(self, restart_interval: int):
+        self.restart_interval = restart_interval
+        self.reset()
+
+    def reset(self) -> None:
+        self.buffer = bytearray()
+        self.restarts = [0]
+        self.counter = 0
+        self.last_key = b""
+        self.empty = True
+
+    def add(self, key: bytes, value: bytes) -> None:
+        shared = 0
+        if self.counter < self.restart_interval:
+            last = self.last_key
+            limit = min(len(last), len(key))
+            while shared < limit and last[shared] == key[shared]:
+                shared += 1
+        else:
+            self.restarts.append(len(self.buffer))
+            self.counter = 0
+        buf = self.buffer
+        buf += encode_varint(shared)
+        buf += encode_varint(len(key) - shared)
+        buf += encode_varint(len(value))
+        buf += key[shared:]
+        buf += value
+        self.last_key = key
+        self.counter += 1
+        self.empty = False
+
+    def size_estimate(self) -> int:
+        return len(self.buffer) + 4 * len(self.restarts) + 4
+
+    def finish(self) -> bytes:
+        tail = b"".join(_U32.pack(r) for r in self.restarts) + _U32.pack(len(self.restarts))
+        return bytes(self.buffer) + tail
+
+
+def _shortest_separator(start: bytes, limit: bytes) -> bytes:
+    """A short key k with start <= k < limit (TensorFlow's choice, for identical files)."""
+    n = min(len(start), len(limit))
+    i = 0
+    while i < n and start[i] == limit[i]:
+        i += 1
+    if i < n:
+        b = start[i]
+        if b < 0xFF and b + 1 < limit[i]:
+            return start[:i] + bytes([b + 1])
+    return start
+
+
+def _short_successor(key: bytes) -> bytes:
+    for i, b in enumerate(key):
+        if b != 0xFF:
+            return key[:i] + bytes([b + 1])
+    return key
+
+
+class TableBuilder:
+    """Writes sorted entries to a binary file object as TensorFlow's table writer does.
+
+    Keys must be added in strictly increasing bytewise order. Call
+    :meth:`finish` once; the caller owns and closes the file.
+    """
+
+    def __init__(self, file: BinaryIO, *, block_size: int = BLOCK_SIZE,
+                 compression: int = NO_COMPRESSION):
+        if compression != NO_COMPRESSION:
+            raise ValueError("tfckpt writes uncompressed tables only")
+        self._file = file
+        self._block_size = block_size
+        self._offset = 0
+        self._data = _BlockBuilder(RESTART_INTERVAL)
+        self._index = _BlockBuilder(1)
+        self._last_key: bytes | None = None
+        self._pending: BlockHandle | None = None
+        self._closed = False
+
+    def add(self, key: bytes, value: bytes) -> None:
+        if self._last_key is not None:
+            if key <= self._last_key:
+                raise ValueError(f"table keys out of order: {key!r} after {self._last_key!r}")
+            if len(key) + len(value) >= 2 * self._block_size:
+                self._flush()
+        if self._pending is not None:
+            self._index.add(_shortest_separator(self._last_key, key), self._pending.encode())
+            self._pending = None
+        self._last_key = key
+        self._data.add(key, value)
+        if self._data.size_estimate() >= self._block_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._data.empty:
+            return
+        self._pending = self._write_block(self._data)
+
+    def _write_block(self, block: _BlockBuilder) -> BlockHandle:
+        contents = block.finish()
+        block.reset()
+        handle = BlockHandle(self._offset, len(contents))
+        trailer = bytes([NO_COMPRESSION])
+        crc = mask_crc(crc32c(trailer, crc32c(contents)))
+        self._file.write(contents)
+        self._file.write(trailer + _U32.pack(crc))
+        self._offset += len(contents) + BLOCK_TRAILER_SIZE
+        return handle
+
+    def finish(self) -> int:
+        """Write the remaining blocks and the footer; returns the table's size."""
+        if self._closed:
+            raise ValueError("table already finished")
+        self._closed = True
+        self._flush()
+        metaindex = self._write_block(_BlockBuilder(RESTART_INTERVAL))
+        if self._pending is not None:
+            self._index.add(_short_successor(self._last_key), self._pending.encode())
+            self._pending = None
+        index = self._write_block(self._index)
+        self._file.write(Footer(metaindex, index).encode())
+        self._offset += FOOTER_SIZE
+        return self._offset
