@@ -1,0 +1,36 @@
+# Quickstart targets: `make demo` and `make test` each set up what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip -q --disable-pip-version-check
+
+.PHONY: demo test protos clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# The package alone (numpy, protobuf, crc32c, ml-dtypes): enough for the demo.
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PIP) install -e .
+	touch $@
+
+# Plus tensorflow-cpu and the test tools.
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) install -e ".[dev]"
+	touch $@ $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-base
+	$(PY) -m tfckpt.demo demo-out
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest
+
+# Regenerate tfckpt/_proto from proto/ with protoc 25 (grpcio-tools 1.62.3): its output
+# imports under every protobuf runtime from 4.25 to 7.x.
+protos:
+	$(PYTHON) -m venv .venv-protoc
+	.venv-protoc/bin/pip -q install grpcio-tools==1.62.3
+	.venv-protoc/bin/python -m grpc_tools.protoc -Iproto --python_out=. proto/tfckpt/_proto/*.proto
+
+clean:
+	rm -rf demo-out .pytest_cache .venv-protoc
