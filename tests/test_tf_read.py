@@ -108,7 +108,7 @@ def test_every_tensor_bit_exact(case, ckpt):
         except Exception as e:  # report every tensor, not just the first
             failures[key] = f"raised {e!r}"
             continue
-        why = tfc.mismatch(got, tfc.tf_tensor(reader, key, case), tfc.numpy_dtype(dtypes[key]))
+        why = tfc.mismatch(got, tfc.tf_tensor(reader, key, case, dtypes[key]), tfc.numpy_dtype(dtypes[key]))
         if why:
             failures[key] = why
     assert not failures, tfc.report(failures, f"tensors of {case.name} differ from TensorFlow's")
@@ -218,8 +218,9 @@ def test_dtype_bit_exact(key, tf_checkpoints):
     case = tf_checkpoints("all_dtypes")
     source = case.extra["values"][key]
     reader = tf.train.load_checkpoint(case.prefix)
-    tf_value = tfc.tf_tensor(reader, key)
-    want_dtype = tfc.numpy_dtype(reader.get_variable_to_dtype_map()[key])
+    tf_dtype = reader.get_variable_to_dtype_map()[key]
+    tf_value = tfc.tf_tensor(reader, key, dtype=tf_dtype)
+    want_dtype = tfc.numpy_dtype(tf_dtype)
     assert tfc.mismatch(source, tf_value, want_dtype) is None  # TensorFlow kept what it was given
     with tfckpt.open(case.path) as ckpt:
         info = ckpt.info(key)

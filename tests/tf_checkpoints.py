@@ -419,8 +419,10 @@ WRITERS = {
 # ---------------------------------------------------------------- comparing with TensorFlow
 
 
-def tf_tensor(reader, key: str, case: TFCheckpoint | None = None) -> np.ndarray:
-    """``reader.get_tensor(key)``, with a scalar string (returned as ``bytes``) as a 0-d array.
+def tf_tensor(reader, key: str, case: TFCheckpoint | None = None, dtype=None) -> np.ndarray:
+    """``reader.get_tensor(key)`` as an ndarray: scalars (TF returns numpy scalars, and ``bytes``
+    for strings) as 0-d arrays; with ``dtype`` (the TF dtype), quantized values in the structured
+    numpy dtype TF names for them (TF's reader returns the plain integer type).
 
     For the few tensors TensorFlow's reader cannot return, the values ``case`` was written with.
     """
@@ -428,7 +430,11 @@ def tf_tensor(reader, key: str, case: TFCheckpoint | None = None) -> np.ndarray:
         return case.extra["tf_cannot_read"][key]
     value = reader.get_tensor(key)
     if isinstance(value, bytes):
-        value = np.array(value, dtype=object)
+        return np.array(value, dtype=object)
+    value = np.asarray(value)
+    if dtype is not None and tf.as_dtype(dtype).is_quantized:
+        assert value.dtype == numpy_dtype(dtype)[0], (key, value.dtype)
+        value = value.view(numpy_dtype(dtype))
     return value
 
 

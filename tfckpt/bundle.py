@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -20,7 +19,7 @@ from google.protobuf.message import DecodeError
 from . import dtypes as _dt
 from . import orderedcode, paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
-from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
+from .errors import (CheckpointNotFoundError, CheckpointWriteError,
                      CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
 from .table import TableBuilder, TableReader, crc32c, decode_varint, encode_varint, mask_crc, \
     unmask_crc
@@ -444,52 +443,36 @@ class Checkpoint:
 
     def _decode_strings(self, entry: _Entry) -> np.ndarray:
         n = _num_elements(entry.shape)
-        size = entry.proto.size
-        out = np.empty(n, dtype=object)
-        if size == 0:
+        if entry.proto.size == 0:
             if n:
                 raise self._corrupt(f"string tensor of {n} elements has no bytes", entry.name)
-            return out.reshape(entry.shape)
-        if n > size:  # every element takes at least one length byte
-            raise self._corrupt(f"{n} strings cannot fit in {size} bytes", entry.name)
+            return np.empty(entry.shape, dtype=object)
+        if n > entry.proto.size:  # checked before reading: one length byte per element
+            raise self._corrupt(f"{n} strings cannot fit in {entry.proto.size} bytes", entry.name)
         buf = self._read_entry_bytes(entry).tobytes()
-        big = self.header.endianness == "big"
-        pos = 0
-        lengths = []
-        crc = 0
         try:
-            for _ in range(n):
-                length, pos = decode_varint(buf, pos, size)
-                lengths.append(length)
-                if length <= 0xFFFFFFFF:
-                    crc = crc32c(length.to_bytes(4, "big" if big else "little"), crc)
-                else:
-                    crc = crc32c(length.to_bytes(8, "big" if big else "little"), crc)
+            framing = StringFraming(buf, n, self.header.endianness)
         except ValueError as e:
-            raise self._corrupt(f"string lengths: {e}", entry.name) from None
-        if pos + 4 > size:
-            raise self._corrupt("string tensor truncated before its length checksum",
-                                entry.name)
-        raw_check = buf[pos:pos + 4]
-        (stored,) = struct.unpack(">I" if big else "<I", raw_check)
-        if self.verify and unmask_crc(stored) != crc:
-            raise self._corrupt(f"string length checksum mismatch: stored "
-                                f"{unmask_crc(stored):#010x}, computed {crc:#010x}", entry.name)
-        crc = crc32c(raw_check, crc)
-        pos += 4
-        if pos + sum(lengths) != size:
-            raise self._corrupt(f"string lengths add up to {sum(lengths)} bytes but the entry "
-                                f"holds {size - pos}", entry.name)
-        for i, length in enumerate(lengths):
+            raise self._corrupt(f"malformed string tensor: {e}", entry.name) from None
+        if self.verify:
+            if framing.stored_lengths_crc != framing.lengths_crc:
+                raise self._corrupt(
+                    f"string length checksum mismatch: stored {framing.stored_lengths_crc:#010x}"
+                    f", computed {framing.lengths_crc:#010x}", entry.name)
+            self._check_crc(entry, framing.crc)
+        out = np.empty(n, dtype=object)
+        pos = framing.data_offset
+        for i, length in enumerate(framing.lengths):
             out[i] = buf[pos:pos + length]
             pos += length
-        if self.verify:
-            self._check_crc(entry, crc32c(memoryview(buf)[size - sum(lengths):], crc))
         return out.reshape(entry.shape)
 
     def _assemble(self, entry: _Entry) -> np.ndarray:
         _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
         parts = [self._slice_entry(entry, s) for s in entry.slices]
+        for part in parts:
+            # Every slice's bytes must exist before the full tensor is allocated.
+            self._check_extent(part)
         if entry.dtype is _dt.STRING:
             out = np.empty(entry.shape, dtype=object)
         elif entry.dtype.numpy is None:
@@ -623,6 +606,47 @@ def _encode_strings(values: np.ndarray, endian: str) -> tuple[bytes, int]:
     return bytes(lengths) + check + body, crc32c(body, crc)
 
 
+class StringFraming:
+    """The parsed framing of a string tensor's bytes: lengths, then their checksum, then data.
+
+    ``crc`` is the entry checksum (unmasked) computed the way the format defines
+    it: over each length as uint32 (uint64 when larger), the 4 stored checksum
+    bytes, then the element bytes. ``ValueError`` when the bytes are malformed.
+    """
+
+    def __init__(self, buf: bytes, count: int, endian: str):
+        size = len(buf)
+        if count > size:  # every element takes at least one length byte
+            raise ValueError(f"{count} strings cannot fit in {size} bytes")
+        pos = 0
+        lengths = []
+        crc = 0
+        for _ in range(count):
+            length, pos = decode_varint(buf, pos, size)
+            lengths.append(length)
+            crc = crc32c(length.to_bytes(4 if length <= 0xFFFFFFFF else 8, endian), crc)
+        if pos + 4 > size:
+            raise ValueError("truncated before the length checksum")
+        raw_check = buf[pos:pos + 4]
+        self.lengths_crc = crc
+        self.stored_lengths_crc = unmask_crc(int.from_bytes(raw_check, endian))
+        pos += 4
+        if pos + sum(lengths) != size:
+            raise ValueError(f"lengths add up to {sum(lengths)} bytes but {size - pos} follow")
+        self.lengths = lengths
+        self.data_offset = pos
+        self.crc = crc32c(memoryview(buf)[pos:], crc32c(raw_check, crc))
+
+
+class _Shard:
+    __slots__ = ("path", "file", "size")
+
+    def __init__(self, path: str):
+        self.path = path
+        self.file = open(path, "xb", buffering=1 << 20)
+        self.size = 0
+
+
 class BundleWriter:
     """Writes a checkpoint under ``prefix``, streaming, committed atomically.
 
@@ -630,6 +654,10 @@ class BundleWriter:
     :meth:`finish` (or leaving the ``with`` block cleanly) the data files are
     renamed into place and the index is written last, so no reader ever sees a
     partial checkpoint. On an exception everything written is removed.
+
+    Tensors go to the current shard, and a new shard is started when
+    ``max_shard_bytes`` would be exceeded; passing ``shard=`` places a tensor in a
+    given shard instead (to keep a source checkpoint's layout).
 
     >>> with BundleWriter("out/model") as w:
     ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
@@ -648,9 +676,8 @@ class BundleWriter:
         self._entries: dict[bytes, BundleEntryProto] = {}
         self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
         self._tmp_base = f"{self.prefix}.tfckpt-tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        self._shard_paths: list[str] = []
-        self._file = None
-        self._shard_size = 0
+        self._shards: list[_Shard] = []
+        self._current = 0
         self._streaming = False
         self._done = False
         index = paths.index_filename(self.prefix)
@@ -661,7 +688,7 @@ class BundleWriter:
         try:
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            self._new_shard()
+            self._shard(0)
         except OSError as e:
             self.abort()
             raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
@@ -669,26 +696,36 @@ class BundleWriter:
 
     # -- shards
 
-    def _new_shard(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        path = f"{self._tmp_base}.data-{len(self._shard_paths)}"
-        self._shard_paths.append(path)
-        self._file = open(path, "xb", buffering=1 << 20)
-        self._shard_size = 0
+    def _shard(self, shard_id: int) -> _Shard:
+        while len(self._shards) <= shard_id:
+            self._shards.append(_Shard(f"{self._tmp_base}.data-{len(self._shards)}"))
+        return self._shards[shard_id]
 
-    def _reserve(self, nbytes: int) -> None:
-        """Start a new shard if ``nbytes`` more would overflow the current one."""
-        if self.max_shard_bytes is not None and self._shard_size > 0 \
-                and self._shard_size + nbytes > self.max_shard_bytes:
-            self._new_shard()
+    def _begin(self, nbytes: int, shard: int | None) -> int:
+        """The shard that the next ``nbytes`` go to."""
+        if shard is not None:
+            if shard < 0:
+                raise ValueError(f"negative shard id {shard}")
+            try:
+                self._shard(shard)
+            except OSError as e:
+                raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
+                                           path=self._tmp_base) from None
+            return shard
+        current = self._shards[self._current]
+        if self.max_shard_bytes is not None and current.size > 0 \
+                and current.size + nbytes > self.max_shard_bytes:
+            self._current = len(self._shards)
+            return self._begin(nbytes, self._current)
+        return self._current
 
-    def _write(self, data) -> None:
+    def _write(self, shard_id: int, data) -> None:
+        shard = self._shards[shard_id]
         try:
-            self._file.write(data)
+            shard.file.write(data)
         except OSError as e:
-            raise CheckpointWriteError(f"write failed: {e.strerror}",
-                                       path=self._shard_paths[-1]) from None
+            raise CheckpointWriteError(f"write failed: {e.strerror}", path=shard.path) from None
+        shard.size += len(memoryview(data).cast("B"))
 
     # -- adding tensors
 
@@ -704,48 +741,53 @@ class BundleWriter:
         if key in self._entries:
             raise ValueError(f"duplicate tensor name {name!r}")
 
-    def _record(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int,
-                size: int, crc: int) -> None:
+    def _record(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], shard_id: int,
+                offset: int, size: int, crc: int) -> None:
         e = BundleEntryProto()
         e.dtype = dtype.enum
         e.shape.SetInParent()
         for d in shape:
             e.shape.dim.add().size = d
-        e.shard_id = len(self._shard_paths) - 1
+        e.shard_id = shard_id
         e.offset = offset
         e.size = size
         e.crc32c = mask_crc(crc)
         self._entries[key] = e
 
-    def add(self, name: str, value, dtype=None) -> None:
+    def _add_bytes(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], data,
+                   crc: int, shard: int | None) -> None:
+        size = len(data)
+        shard_id = self._begin(size, shard)
+        offset = self._shards[shard_id].size
+        self._write(shard_id, data)
+        self._record(key, dtype, shape, shard_id, offset, size, crc)
+
+    def add(self, name: str, value, dtype=None, *, shard: int | None = None) -> None:
         """Add a whole tensor. ``dtype`` (a TensorFlow name) overrides the inferred one."""
         key = _encode_name(name)
         self._check_open(key, name)
-        self._add(key, value, dtype)
+        self._add(key, value, dtype, shard)
 
-    def _add(self, key: bytes, value, dtype) -> None:
+    def _add(self, key: bytes, value, dtype, shard: int | None) -> None:
         dt = _infer_dtype(value, dtype)
         if dt is _dt.STRING:
             arr = _as_string_array(value)
             data, crc = _encode_strings(arr, self.endianness)
-            self._reserve(len(data))
-            offset = self._shard_size
-            self._write(data)
-            self._shard_size += len(data)
-            self._record(key, dt, arr.shape, offset, len(data), crc)
+            self._add_bytes(key, dt, arr.shape, data, crc, shard)
             return
         if dt.numpy is None:
             raise ValueError(f"{dt.name} tensors can only be added as raw bytes (add_raw)")
         arr = np.asarray(value, dtype=dt.numpy)
-        with self._stream(key, dt, arr.shape) as s:
+        with self._stream(key, dt, arr.shape, shard) as s:
             s.write(arr)
 
     def add_raw(self, name: str, dtype, shape, data, *, extents: Slice | None = None,
-                full_shape=None) -> None:
+                full_shape=None, shard: int | None = None) -> None:
         """Add a tensor (or a slice, with ``extents`` and ``full_shape``) from its on-disk bytes.
 
-        The bytes are written as they are, in this writer's byte order; this is how
-        dtypes without a numpy form (variant, resource) are carried through.
+        The bytes are written as they are and must already be in this writer's
+        byte order; this is how dtypes without a numpy form (variant, resource)
+        are carried through.
         """
         dt = _dt.lookup(dtype)
         shape = _shape_tuple(shape)
@@ -758,16 +800,16 @@ class BundleWriter:
         else:
             key = _encode_name(name)
         self._check_open(key, name)
-        self._reserve(len(data))
-        offset = self._shard_size
-        self._write(data)
-        self._shard_size += len(data)
-        self._record(key, dt, shape, offset, len(data), crc32c(data))
+        if dt is _dt.STRING:
+            crc = StringFraming(data.tobytes(), _num_elements(shape), self.endianness).crc
+        else:
+            crc = crc32c(data)
+        self._add_bytes(key, dt, shape, data, crc, shard)
         if extents is not None:
             self._register_slice(name, dt, full_shape, extents)
 
     def add_slice(self, name: str, full_shape, extents: Sequence[Extent], value,
-                  dtype=None) -> None:
+                  dtype=None, *, shard: int | None = None) -> None:
         """Add one slice of a partitioned tensor.
 
         ``extents`` has one ``(start, length)`` per axis; a length of None takes
@@ -777,7 +819,7 @@ class BundleWriter:
         extents = tuple((int(s), None if n is None else int(n)) for s, n in extents)
         dt = _infer_dtype(value, dtype)
         if _is_full_slice(full_shape, extents):
-            return self.add(name, value, dt.name)
+            return self.add(name, value, dt.name, shard=shard)
         slice_shape = _slice_shape(full_shape, extents)
         arr = _as_string_array(value) if dt is _dt.STRING else np.asarray(value, dtype=dt.numpy)
         if arr.shape != slice_shape:
@@ -785,8 +827,23 @@ class BundleWriter:
                              f"{list(slice_shape)}, value has {list(arr.shape)}")
         key = self._slice_key(name, dt, full_shape, extents, slice_shape)
         self._check_open(key, name)
-        self._add(key, arr, dt)
+        self._add(key, arr, dt, shard)
         self._register_slice(name, dt, full_shape, extents)
+
+    def stream_slice(self, name: str, dtype, full_shape, extents: Sequence[Extent], *,
+                     shard: int | None = None) -> "_TensorStream":
+        """Like :meth:`stream`, for one slice of a partitioned tensor."""
+        dt = _dt.lookup(dtype)
+        full_shape = _shape_tuple(full_shape)
+        extents = tuple((int(s), None if n is None else int(n)) for s, n in extents)
+        slice_shape = _slice_shape(full_shape, extents)
+        key = self._slice_key(name, dt, full_shape, extents, slice_shape)
+        self._check_open(key, name)
+        if dt.numpy is None:
+            raise ValueError(f"{dt.name} tensors cannot be streamed")
+        stream = self._stream(key, dt, slice_shape, shard)
+        stream.on_close = lambda: self._register_slice(name, dt, full_shape, extents)
+        return stream
 
     def _slice_key(self, name: str, dt: _dt.DType, full_shape, extents: Slice,
                    slice_shape) -> bytes:
@@ -829,20 +886,21 @@ class BundleWriter:
                 e.start = start
                 e.length = length
 
-    def stream(self, name: str, dtype, shape) -> "_TensorStream":
+    def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> "_TensorStream":
         """Add a fixed-size tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``."""
         key = _encode_name(name)
         self._check_open(key, name)
         dt = _dt.lookup(dtype)
         if dt.numpy is None:
             raise ValueError(f"{dt.name} tensors cannot be streamed")
-        return self._stream(key, dt, _shape_tuple(shape))
+        return self._stream(key, dt, _shape_tuple(shape), shard)
 
-    def _stream(self, key: bytes, dt: _dt.DType, shape: tuple[int, ...]) -> "_TensorStream":
+    def _stream(self, key: bytes, dt: _dt.DType, shape: tuple[int, ...],
+                shard: int | None) -> "_TensorStream":
         size = _num_elements(shape) * dt.itemsize
-        self._reserve(size)
+        shard_id = self._begin(size, shard)
         self._streaming = True
-        return _TensorStream(self, key, dt, shape, size)
+        return _TensorStream(self, key, dt, shape, size, shard_id)
 
     # -- commit
 
@@ -855,16 +913,18 @@ class BundleWriter:
         else:
             self.abort()
 
+    def _close_files(self) -> None:
+        for shard in self._shards:
+            try:
+                shard.file.close()
+            except OSError:
+                pass
+
     def abort(self) -> None:
         """Discard everything written; nothing is left at the destination."""
         self._done = True
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
-        for path in self._shard_paths + [f"{self._tmp_base}.index"]:
+        self._close_files()
+        for path in [s.path for s in self._shards] + [f"{self._tmp_base}.index"]:
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -888,17 +948,17 @@ class BundleWriter:
             slices = tuple(_slice_from_proto(s) for s in self._entries[full_key].slices)
             _check_slice_cover(slices, shape, lambda what: ValueError(
                 f"partitioned tensor {_decode_name(full_key)!r}: {what}"))
+        num_shards = len(self._shards)
+        index_tmp = f"{self._tmp_base}.index"
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
-            num_shards = len(self._shard_paths)
+            for shard in self._shards:
+                shard.file.flush()
+                os.fsync(shard.file.fileno())
+                shard.file.close()
             header = BundleHeaderProto()
             header.num_shards = num_shards
             header.endianness = 1 if self.endianness == "big" else 0
             header.version.producer = FORMAT_VERSION
-            index_tmp = f"{self._tmp_base}.index"
             with open(index_tmp, "xb") as f:
                 table = TableBuilder(f)
                 table.add(HEADER_KEY, header.SerializeToString())
@@ -909,22 +969,20 @@ class BundleWriter:
                 os.fsync(f.fileno())
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.prefix) from None
-        self._done = True
         index = paths.index_filename(self.prefix)
         old_shards = _existing_data_files(self.prefix)
+        finals = [paths.data_filename(self.prefix, i, num_shards) for i in range(num_shards)]
         try:
             if os.path.exists(index):
                 # Never let the old index point at new data files.
                 os.unlink(index)
-            finals = []
-            for i, tmp in enumerate(self._shard_paths):
-                final = paths.data_filename(self.prefix, i, num_shards)
-                os.replace(tmp, final)
-                finals.append(final)
+            for shard, final in zip(self._shards, finals):
+                os.replace(shard.path, final)
             os.replace(index_tmp, index)
         except OSError as e:
             raise CheckpointWriteError(f"cannot move the checkpoint into place: {e.strerror}",
                                        path=self.prefix) from None
+        self._done = True
         _fsync_dir(os.path.dirname(self.prefix) or ".")
         for stale in old_shards:
             if stale not in finals:
@@ -939,16 +997,18 @@ class _TensorStream:
     """Receives one fixed-size tensor's elements in row-major order."""
 
     def __init__(self, writer: BundleWriter, key: bytes, dtype: _dt.DType,
-                 shape: tuple[int, ...], size: int):
+                 shape: tuple[int, ...], size: int, shard_id: int):
         self._w = writer
         self._key = key
         self.dtype = dtype
         self.shape = shape
         self._size = size
-        self._offset = writer._shard_size
+        self._shard_id = shard_id
+        self._offset = writer._shards[shard_id].size
         self._written = 0
         self._crc = 0
         self._swap = writer.endianness != _NATIVE and dtype.swap_unit > 1
+        self.on_close = None
 
     def write(self, chunk) -> None:
         arr = np.asarray(chunk)
@@ -960,17 +1020,19 @@ class _TensorStream:
         if self._written + data.nbytes > self._size:
             raise ValueError(f"more than the {self._size} bytes of shape {list(self.shape)} "
                              f"{self.dtype.name} written")
-        self._w._write(data)
+        self._w._write(self._shard_id, data)
         self._crc = crc32c(data, self._crc)
         self._written += data.nbytes
-        self._w._shard_size += data.nbytes
 
     def close(self) -> None:
         self._w._streaming = False
         if self._written != self._size:
             raise ValueError(f"{self._written} bytes written to a tensor of "
                              f"{self._size} bytes")
-        self._w._record(self._key, self.dtype, self.shape, self._offset, self._size, self._crc)
+        self._w._record(self._key, self.dtype, self.shape, self._shard_id, self._offset,
+                        self._size, self._crc)
+        if self.on_close is not None:
+            self.on_close()
 
     def __enter__(self) -> "_TensorStream":
         return self
