@@ -14,6 +14,7 @@ from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
 from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
                      CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
 from .paths import latest_checkpoint
+from .transform import Plan, Summary, convert, merge, plan, rename, select, transform
 
 __version__ = "0.1.0"
 
@@ -33,7 +34,8 @@ def open(path, *, verify: bool = True) -> Checkpoint:  # noqa: A001 - mirrors sa
 
 
 __all__ = [
-    "open", "save", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
+    "open", "save", "transform", "convert", "rename", "select", "merge", "plan", "Plan",
+    "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
     "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError", "CorruptCheckpointError",
     "UnsupportedCheckpointError", "CheckpointWriteError", "TensorNotFoundError",
 ]

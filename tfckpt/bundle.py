@@ -8,6 +8,7 @@ This is the only module that knows how tensor bytes are laid out in a shard.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class TensorInfo:
     offset: int | None
     crc32c: int | None
     slices: tuple[Slice, ...] = ()
+    extents: Slice | None = None  # set when this describes one slice of a partitioned tensor
 
     @property
     def partitioned(self) -> bool:
@@ -329,7 +331,8 @@ class Checkpoint:
     def slice_info(self, name: str) -> list[TensorInfo]:
         """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty)."""
         entry = self._full_entry(name)
-        return [self._info(self._slice_entry(entry, s)) for s in entry.slices]
+        return [dataclasses.replace(self._info(self._slice_entry(entry, s)), extents=s)
+                for s in entry.slices]
 
     def entry_proto(self, name: str) -> BundleEntryProto:
         """A copy of the raw ``BundleEntryProto`` of tensor ``name``."""
@@ -685,7 +688,12 @@ class BundleWriter:
             raise CheckpointWriteError("a checkpoint already exists here (pass overwrite=True "
                                        "to replace it)", path=index)
         parent = os.path.dirname(self.prefix)
+        self._created_dirs: list[str] = []
         try:
+            missing = parent
+            while missing and not os.path.isdir(missing):
+                self._created_dirs.append(missing)
+                missing = os.path.dirname(missing)
             if parent:
                 os.makedirs(parent, exist_ok=True)
             self._shard(0)
@@ -700,6 +708,15 @@ class BundleWriter:
         while len(self._shards) <= shard_id:
             self._shards.append(_Shard(f"{self._tmp_base}.data-{len(self._shards)}"))
         return self._shards[shard_id]
+
+    def reserve_shards(self, count: int) -> None:
+        """Make the output have at least ``count`` shards, even if some stay empty."""
+        try:
+            if count > 0:
+                self._shard(count - 1)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
+                                       path=self._tmp_base) from None
 
     def _begin(self, nbytes: int, shard: int | None) -> int:
         """The shard that the next ``nbytes`` go to."""
@@ -929,6 +946,11 @@ class BundleWriter:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        for directory in self._created_dirs:  # innermost first; only if still empty
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
 
     def finish(self) -> str:
         """Write the index and move everything into place; returns the prefix."""

@@ -42,6 +42,20 @@ def read_state_file(directory: str) -> CheckpointState | None:
         raise CorruptCheckpointError(f"unreadable checkpoint state file: {e}", path=path) from None
 
 
+def write_state_file(directory: str, prefix_name: str) -> None:
+    """Record ``prefix_name`` as the latest checkpoint of ``directory`` (atomically)."""
+    state = read_state_file(directory) or CheckpointState()
+    state.model_checkpoint_path = prefix_name
+    if prefix_name not in state.all_model_checkpoint_paths:
+        state.all_model_checkpoint_paths.append(prefix_name)
+        del state.all_model_checkpoint_timestamps[:]
+    path = os.path.join(directory, STATE_FILENAME)
+    tmp = f"{path}.tfckpt-tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text_format.MessageToString(state))
+    os.replace(tmp, path)
+
+
 def latest_checkpoint(directory: str) -> str | None:
     """The prefix the state file of ``directory`` names as latest, as TensorFlow resolves it."""
     state = read_state_file(directory)

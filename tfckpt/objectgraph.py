@@ -1,0 +1,261 @@
+"""The TF2 object graph stored under ``_CHECKPOINTABLE_OBJECT_GRAPH``: parse, prune, re-key, merge.
+
+A TF2 checkpoint is restored by walking this graph from the root (node 0),
+matching children by local name to the live objects, then reading each
+attribute's ``checkpoint_key``. Keys are labels only, so tensors can be renamed
+as long as the attributes are rewritten to match, and one node may be reachable
+by several paths (Keras 3 tracks ``model.optimizer``), so dropping is done on
+objects, not on key prefixes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Mapping
+
+from google.protobuf.message import DecodeError
+
+from ._proto.trackable_object_graph_pb2 import TrackableObjectGraph
+from .errors import CheckpointError, CorruptCheckpointError
+
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+class ObjectGraph:
+    """A mutable TF2 object graph. ``path`` names the checkpoint in error messages."""
+
+    def __init__(self, proto: TrackableObjectGraph, path: str | None = None):
+        self.proto = proto
+        self.path = path
+        self._check_ids()
+
+    @classmethod
+    def parse(cls, data: bytes, path: str | None = None) -> "ObjectGraph":
+        try:
+            proto = TrackableObjectGraph.FromString(data)
+        except DecodeError:
+            raise CorruptCheckpointError("the object graph is not a TrackableObjectGraph",
+                                         path=path, tensor=OBJECT_GRAPH_KEY) from None
+        if not proto.nodes:
+            raise CorruptCheckpointError("the object graph has no root node", path=path,
+                                         tensor=OBJECT_GRAPH_KEY)
+        return cls(proto, path)
+
+    def serialize(self) -> bytes:
+        return self.proto.SerializeToString()
+
+    @property
+    def nodes(self):
+        return self.proto.nodes
+
+    def _check_ids(self) -> None:
+        n = len(self.proto.nodes)
+        for i, node in enumerate(self.proto.nodes):
+            for child in node.children:
+                if not 0 <= child.node_id < n:
+                    raise CorruptCheckpointError(
+                        f"node {i} has child {child.local_name!r} with node id {child.node_id}, "
+                        f"but there are {n} nodes", path=self.path, tensor=OBJECT_GRAPH_KEY)
+            for slot in node.slot_variables:
+                for ref in (slot.original_variable_node_id, slot.slot_variable_node_id):
+                    if not 0 <= ref < n:
+                        raise CorruptCheckpointError(
+                            f"node {i} has slot variable {slot.slot_name!r} referring to node "
+                            f"{ref}, but there are {n} nodes", path=self.path,
+                            tensor=OBJECT_GRAPH_KEY)
+
+    # -- reading
+
+    def checkpoint_keys(self) -> dict[str, int]:
+        """Every attribute's checkpoint key and the node it belongs to."""
+        return {a.checkpoint_key: i for i, node in enumerate(self.proto.nodes)
+                for a in node.attributes}
+
+    def missing_keys(self, keys: Iterable[str]) -> list[str]:
+        """Checkpoint keys the graph names that are not among ``keys``."""
+        present = set(keys)
+        return sorted(k for k in self.checkpoint_keys() if k not in present)
+
+    def paths(self) -> dict[int, str]:
+        """The first path (breadth-first, by local names) to every reachable node."""
+        found = {0: ""}
+        queue = deque([0])
+        while queue:
+            i = queue.popleft()
+            for child in self.proto.nodes[i].children:
+                if child.node_id not in found:
+                    found[child.node_id] = f"{found[i]}/{child.local_name}".lstrip("/")
+                    queue.append(child.node_id)
+            for slot in self.proto.nodes[i].slot_variables:
+                if slot.slot_variable_node_id not in found and \
+                        slot.original_variable_node_id in found:
+                    found[slot.slot_variable_node_id] = (
+                        f"{found[slot.original_variable_node_id]}/.OPTIMIZER_SLOT/"
+                        f"{found[i]}/{slot.slot_name}")
+                    queue.append(slot.slot_variable_node_id)
+        return found
+
+    # -- rewriting
+
+    def rekey(self, mapping: Mapping[str, str]) -> None:
+        """Rewrite attributes' checkpoint keys by ``{old: new}``."""
+        for node in self.proto.nodes:
+            for attr in node.attributes:
+                new = mapping.get(attr.checkpoint_key)
+                if new is not None:
+                    attr.checkpoint_key = new
+
+    def drop_keys(self, keys: Iterable[str]) -> None:
+        """Remove the attributes whose checkpoint key is in ``keys``."""
+        keys = set(keys)
+        for node in self.proto.nodes:
+            kept = [a for a in node.attributes if a.checkpoint_key not in keys]
+            if len(kept) != len(node.attributes):
+                del node.attributes[:]
+                node.attributes.extend(kept)
+
+    def drop_objects(self, specs: Iterable[str]) -> set[str]:
+        """Cut child edges, then remove every node no longer reachable from the root.
+
+        A bare name removes every edge with that local name anywhere; a path
+        ``a/b/c`` removes exactly that edge, found by walking from the root.
+        Returns the checkpoint keys of the removed nodes' attributes.
+        """
+        nodes = self.proto.nodes
+        for spec in specs:
+            parts = [p for p in spec.split("/") if p]
+            if not parts:
+                raise CheckpointError(f"empty object path {spec!r}", path=self.path)
+            if len(parts) == 1:
+                hits = 0
+                for node in nodes:
+                    kept = [c for c in node.children if c.local_name != parts[0]]
+                    hits += len(node.children) - len(kept)
+                    if len(kept) != len(node.children):
+                        del node.children[:]
+                        node.children.extend(kept)
+                if not hits:
+                    raise CheckpointError(f"no object named {parts[0]!r} in the object graph",
+                                          path=self.path)
+                continue
+            current = 0
+            for depth, name in enumerate(parts):
+                children = nodes[current].children
+                match = [k for k, c in enumerate(children) if c.local_name == name]
+                if not match:
+                    raise CheckpointError(
+                        f"no object at {'/'.join(parts[:depth + 1])!r} in the object graph",
+                        path=self.path)
+                if depth == len(parts) - 1:
+                    del children[match[0]]
+                else:
+                    current = children[match[0]].node_id
+        return self.prune()
+
+    def prune(self) -> set[str]:
+        """Remove unreachable nodes and renumber; returns the removed attributes' keys."""
+        nodes = self.proto.nodes
+        reachable = set(self.paths())
+        removed_keys = {a.checkpoint_key for i, node in enumerate(nodes) if i not in reachable
+                        for a in node.attributes}
+        order = sorted(reachable)
+        new_id = {old: new for new, old in enumerate(order)}
+        kept = []
+        for old in order:
+            node = type(nodes[old])()
+            node.CopyFrom(nodes[old])
+            for child in node.children:
+                child.node_id = new_id[child.node_id]
+            slots = [s for s in node.slot_variables
+                     if s.original_variable_node_id in new_id and s.slot_variable_node_id in new_id]
+            del node.slot_variables[:]
+            for s in slots:
+                s.original_variable_node_id = new_id[s.original_variable_node_id]
+                s.slot_variable_node_id = new_id[s.slot_variable_node_id]
+                node.slot_variables.append(s)
+            kept.append(node)
+        del nodes[:]
+        nodes.extend(kept)
+        self.refresh_has_values()
+        return removed_keys
+
+    def refresh_has_values(self) -> None:
+        """Recompute ``has_checkpoint_values`` where TensorFlow recorded it."""
+        nodes = self.proto.nodes
+        parents: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
+        for i, node in enumerate(nodes):
+            for child in node.children:
+                parents[child.node_id].append(i)
+            for slot in node.slot_variables:
+                parents[slot.slot_variable_node_id].append(i)
+        has = {i for i, node in enumerate(nodes) if node.attributes}
+        queue = deque(has)
+        while queue:
+            for p in parents[queue.popleft()]:
+                if p not in has:
+                    has.add(p)
+                    queue.append(p)
+        for i, node in enumerate(nodes):
+            if node.HasField("has_checkpoint_values"):
+                node.has_checkpoint_values.value = i in has
+
+    @classmethod
+    def merge(cls, graphs: list["ObjectGraph"], names: list[str]) -> "ObjectGraph":
+        """One graph whose root has the children of every graph's root.
+
+        A local name under two roots is an error naming both sources.
+        """
+        out = TrackableObjectGraph()
+        root = out.nodes.add()
+        owner: dict[str, str] = {}
+        root_attrs: dict[str, str] = {}
+        for graph, name in zip(graphs, names):
+            offset = len(out.nodes) - 1  # graph node k > 0 becomes offset + k; its root is 0
+            remap = lambda k, offset=offset: 0 if k == 0 else offset + k  # noqa: E731
+            src_root = graph.proto.nodes[0]
+            for child in src_root.children:
+                if child.local_name in owner:
+                    raise CheckpointError(
+                        f"both {owner[child.local_name]} and {name} have a root object named "
+                        f"{child.local_name!r}", path=name)
+                owner[child.local_name] = name
+                ref = root.children.add()
+                ref.CopyFrom(child)
+                ref.node_id = remap(child.node_id)
+            for attr in src_root.attributes:
+                if attr.name in root_attrs:
+                    raise CheckpointError(f"both {root_attrs[attr.name]} and {name} have a root "
+                                          f"attribute {attr.name!r}", path=name)
+                root_attrs[attr.name] = name
+                root.attributes.add().CopyFrom(attr)
+            for slot in src_root.slot_variables:
+                s = root.slot_variables.add()
+                s.CopyFrom(slot)
+                s.original_variable_node_id = remap(slot.original_variable_node_id)
+                s.slot_variable_node_id = remap(slot.slot_variable_node_id)
+            if src_root.HasField("has_checkpoint_values"):
+                root.has_checkpoint_values.value = True
+            for node in list(graph.proto.nodes)[1:]:
+                new = out.nodes.add()
+                new.CopyFrom(node)
+                for child in new.children:
+                    child.node_id = remap(child.node_id)
+                for slot in new.slot_variables:
+                    slot.original_variable_node_id = remap(slot.original_variable_node_id)
+                    slot.slot_variable_node_id = remap(slot.slot_variable_node_id)
+        merged = cls(out)
+        merged.refresh_has_values()
+        return merged
+
+    def drop_root_child(self, local_name: str) -> set[str]:
+        """Remove the root's child ``local_name`` (if any) and what only it reached."""
+        root = self.proto.nodes[0]
+        kept = [c for c in root.children if c.local_name != local_name]
+        if len(kept) == len(root.children):
+            return set()
+        del root.children[:]
+        root.children.extend(kept)
+        return self.prune()
+
+    def root_children(self) -> list[str]:
+        return [c.local_name for c in self.proto.nodes[0].children]

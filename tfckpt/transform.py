@@ -1,0 +1,505 @@
+"""One streaming engine for every rewrite: sources -> select -> rename -> cast -> one output.
+
+:func:`plan` decides, from the indexes alone, what each output tensor is (its
+source, new name, new dtype, bytes); :func:`execute` streams the tensors through
+in bounded chunks and commits the output atomically. :func:`transform` does
+both; :func:`convert`, :func:`rename`, :func:`select` and :func:`merge` are thin
+helpers over it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import paths
+from .bundle import DEFAULT_CHUNK_BYTES, BundleWriter, Checkpoint, TensorInfo
+from .cast import CAST_TARGETS, Caster, CastCounts, should_cast
+from .errors import CheckpointError, UnsupportedCheckpointError
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
+
+SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
+PREFER = (None, "first", "last")
+
+
+@dataclass
+class Source:
+    """One input checkpoint of a transform."""
+
+    label: str
+    ckpt: Checkpoint
+    graph: ObjectGraph | None
+    shard_base: int = 0  # where its shards start in the output, when following its layout
+
+
+@dataclass
+class PlannedTensor:
+    """One output tensor: where it comes from and what it becomes."""
+
+    source: int
+    name: str
+    new_name: str
+    info: TensorInfo
+    new_dtype: str
+    bytes_out: int
+
+    @property
+    def renamed(self) -> bool:
+        return self.name != self.new_name
+
+    @property
+    def cast(self) -> bool:
+        return self.info.dtype != self.new_dtype
+
+
+@dataclass
+class Plan:
+    """What a transform will write; ``to_dict()`` is what ``--dry-run --json`` prints."""
+
+    sources: list[Source]
+    dst: str
+    tensors: list[PlannedTensor]
+    dropped: list[tuple[str, str, str]]  # (source label, name, reason)
+    object_graph: bytes | None
+    options: dict
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(t.info.nbytes for t in self.tensors)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.bytes_out for t in self.tensors)
+
+    def to_dict(self) -> dict:
+        return {
+            "dst": self.dst,
+            "sources": [s.label for s in self.sources],
+            "tensors": [{"source": self.sources[t.source].label, "name": t.name,
+                         "new_name": t.new_name, "dtype": t.info.dtype,
+                         "new_dtype": t.new_dtype, "shape": list(t.info.shape),
+                         "bytes_in": t.info.nbytes, "bytes_out": t.bytes_out}
+                        for t in self.tensors],
+            "dropped": [{"source": s, "name": n, "reason": r} for s, n, r in self.dropped],
+            "object_graph": self.object_graph is not None,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
+
+
+@dataclass
+class Summary:
+    """What a transform did."""
+
+    dst: str
+    kept: int
+    dropped: int
+    renamed: int
+    cast: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    cast_counts: dict[str, CastCounts] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("dst", "kept", "dropped", "renamed", "cast",
+                                           "bytes_in", "bytes_out", "seconds")}
+        d["overflow"] = {n: c.overflow for n, c in self.cast_counts.items() if c.overflow}
+        d["to_zero"] = {n: c.to_zero for n, c in self.cast_counts.items() if c.to_zero}
+        d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
+        return d
+
+
+class OverflowError_(CheckpointError):
+    """Values would overflow the target dtype and the policy is ``'error'``."""
+
+    def __init__(self, counts: dict[str, int], dst: str):
+        self.counts = counts
+        listed = ", ".join(f"{n} ({c} values)" for n, c in sorted(counts.items()))
+        super().__init__(f"values beyond the target dtype's range in {len(counts)} tensor(s), "
+                         f"nothing written (use overflow='clip' or 'inf'): {listed}", path=dst)
+
+
+# --- planning ----------------------------------------------------------------
+
+RenameRules = Sequence[tuple[str, str]] | Mapping[str, str]
+
+
+def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
+    if rename is None:
+        return []
+    items = rename.items() if isinstance(rename, Mapping) else rename
+    out = []
+    for pattern, repl in items:
+        try:
+            out.append((re.compile(pattern), repl))
+        except re.error as e:
+            raise CheckpointError(f"bad rename pattern {pattern!r}: {e}") from None
+    return out
+
+
+def _new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
+    if name in exact:
+        return exact[name]
+    for rx, repl in rules:
+        m = rx.match(name)
+        if m:
+            try:
+                return m.expand(repl) + name[m.end():]
+            except (re.error, IndexError) as e:
+                raise CheckpointError(f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}") \
+                    from None
+    return name
+
+
+def _patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    try:
+        return [re.compile(v) for v in values]
+    except re.error as e:
+        raise CheckpointError(f"bad regular expression: {e}") from None
+
+
+def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
+    """The output prefix; refuses sources and (without ``overwrite``) existing checkpoints."""
+    dst = os.fspath(dst)
+    if dst.endswith(os.sep) or os.path.isdir(dst):
+        dst = os.path.join(dst, os.path.basename(sources[0].ckpt.prefix))
+    real = os.path.realpath(dst)
+    for s in sources:
+        if os.path.realpath(s.ckpt.prefix) == real:
+            raise CheckpointError("the destination is a source checkpoint; write elsewhere "
+                                  "(sources are never modified)", path=dst)
+        for f in s.ckpt.data_files:
+            parsed = paths.parse_data_filename(os.path.realpath(f))
+            if parsed and parsed[0] == real:
+                raise CheckpointError("the destination would overwrite a source's data files",
+                                      path=dst)
+    if os.path.exists(paths.index_filename(dst)) and not overwrite:
+        raise CheckpointError("the destination already exists (use overwrite)",
+                              path=paths.index_filename(dst))
+    return dst
+
+
+def open_sources(sources) -> list[Source]:
+    if isinstance(sources, (str, os.PathLike, Checkpoint)):
+        sources = [sources]
+    out = []
+    for src in sources:
+        ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src)
+        graph = None
+        if OBJECT_GRAPH_KEY in ckpt:
+            graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+        out.append(Source(os.fspath(src) if not isinstance(src, Checkpoint) else src.prefix,
+                          ckpt, graph))
+    if not out:
+        raise CheckpointError("no source checkpoint given")
+    return out
+
+
+def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str] = (),
+         rename: RenameRules | None = None, rename_exact: Mapping[str, str] | None = None,
+         cast: str | None = None, cast_from: Iterable[str] | None = None,
+         prefer: str | None = None, max_shard_bytes: int | None = None,
+         overwrite: bool = False) -> Plan:
+    """Decide every output tensor from the sources' indexes; reads no tensor data.
+
+    See :func:`transform` for the options.
+    """
+    srcs = open_sources(sources)
+    if prefer not in PREFER:
+        raise CheckpointError(f"prefer must be 'first' or 'last', not {prefer!r}")
+    target = None
+    if cast is not None:
+        target = _dt.lookup(cast)
+        if target.name not in CAST_TARGETS:
+            raise CheckpointError(f"cannot cast to {cast!r}; targets: {', '.join(CAST_TARGETS)}")
+    from_set = None
+    if cast_from is not None:
+        from_set = frozenset(_dt.lookup(d).name for d in cast_from)
+    includes, excludes = _patterns(include), _patterns(exclude)
+    rules = _compile_rules(rename)
+    exact = dict(rename_exact or {})
+    dst = resolve_destination(dst, srcs, overwrite)
+
+    dropped: list[tuple[str, str, str]] = []
+    graphs: list[tuple[int, ObjectGraph]] = []
+    per_source: list[list[tuple[str, str]]] = []  # (old, new) per kept tensor
+    drop_specs = list(drop_objects)
+    if drop_specs and not any(s.graph for s in srcs):
+        raise CheckpointError("--drop-object needs a TF2 object-based checkpoint (one with "
+                              f"{OBJECT_GRAPH_KEY})", path=srcs[0].ckpt.prefix)
+    matched_specs: set[str] = set()
+    seen_counter = False
+    for i, s in enumerate(srcs):
+        names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+        gone: set[str] = set()
+        if s.graph is not None:
+            for spec in drop_specs:
+                try:
+                    removed = s.graph.drop_objects([spec])
+                except CheckpointError:
+                    continue  # this source lacks the object; another may have it
+                matched_specs.add(spec)
+                gone |= removed
+                dropped += [(s.label, n, f"object {spec!r} dropped") for n in sorted(removed)
+                            if n in s.ckpt]
+            if len(srcs) > 1 and SAVE_COUNTER in s.graph.root_children():
+                if seen_counter:
+                    removed = s.graph.drop_root_child(SAVE_COUNTER)
+                    gone |= removed
+                    dropped += [(s.label, n, "save_counter of an earlier source kept")
+                                for n in sorted(removed) if n in s.ckpt]
+                seen_counter = True
+            missing = s.graph.missing_keys(s.ckpt.keys())
+            if missing:
+                raise CheckpointError(f"the object graph names tensors the checkpoint lacks: "
+                                      f"{', '.join(missing[:5])}", path=s.ckpt.prefix)
+        kept = []
+        for n in names:
+            if n in gone:
+                continue
+            if includes and not any(rx.search(n) for rx in includes):
+                dropped.append((s.label, n, "not included"))
+                continue
+            if any(rx.search(n) for rx in excludes):
+                dropped.append((s.label, n, "excluded"))
+                continue
+            kept.append((n, _new_name(n, exact, rules)))
+        if s.graph is not None:
+            kept_names = {n for n, _ in kept}
+            s.graph.drop_keys(set(names) - kept_names)
+            s.graph.rekey({old: new for old, new in kept if old != new})
+            graphs.append((i, s.graph))
+        per_source.append(kept)
+    for spec in drop_specs:
+        if spec not in matched_specs:
+            raise CheckpointError(f"no object {spec!r} in the object graph of any source")
+
+    # One name, one tensor: clashes inside a source are errors; across sources
+    # they are errors unless the user said which source wins.
+    chosen: dict[str, tuple[int, str]] = {}
+    for i, kept in enumerate(per_source):
+        local: dict[str, str] = {}
+        for old, new in kept:
+            if new == OBJECT_GRAPH_KEY:
+                raise CheckpointError(f"{old!r} cannot be renamed to {OBJECT_GRAPH_KEY}")
+            if new in local:
+                raise CheckpointError(f"{local[new]!r} and {old!r} would both be named {new!r}",
+                                      path=srcs[i].label)
+            local[new] = old
+            if new in chosen:
+                j, other = chosen[new]
+                if prefer is None:
+                    raise CheckpointError(
+                        f"{new!r} comes from both {srcs[j].label} ({other!r}) and "
+                        f"{srcs[i].label} ({old!r}); choose with prefer='first' or 'last'")
+                if prefer == "first":
+                    dropped.append((srcs[i].label, old, f"{new!r} taken from {srcs[j].label}"))
+                    continue
+                dropped.append((srcs[j].label, other, f"{new!r} taken from {srcs[i].label}"))
+            chosen[new] = (i, old)
+
+    # Graphs lose the attributes of tensors another source won, then merge.
+    graph_bytes = None
+    if graphs:
+        for i, g in graphs:
+            g.drop_keys({new for _, new in per_source[i] if chosen[new][0] != i})
+        merged = graphs[0][1] if len(graphs) == 1 else ObjectGraph.merge(
+            [g for _, g in graphs], [srcs[i].label for i, _ in graphs])
+        graph_bytes = merged.serialize()
+
+    if max_shard_bytes is None:
+        base = 0
+        for s in srcs:
+            s.shard_base = base
+            base += s.ckpt.header.num_shards
+
+    tensors = []
+    for new, (i, old) in chosen.items():
+        info = srcs[i].ckpt.info(old)
+        dtype = _dt.lookup(info.dtype)
+        new_dtype = target if should_cast(dtype, target, from_set) else dtype
+        out_bytes = info.nbytes if new_dtype is dtype else \
+            info.size * new_dtype.itemsize
+        tensors.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
+    # Read each source in file order: by source, shard, offset.
+    tensors.sort(key=lambda t: (t.source, t.info.shard if t.info.shard is not None else -1,
+                                t.info.offset or 0, t.new_name))
+    options = {"max_shard_bytes": max_shard_bytes, "overwrite": overwrite,
+               "cast": None if target is None else target.name}
+    return Plan(srcs, dst, tensors, dropped, graph_bytes, options)
+
+
+# --- execution -----------------------------------------------------------------
+
+def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+            progress: Callable[[int], None] | None = None) -> Summary:
+    """Stream the planned tensors into the destination and commit it.
+
+    ``progress`` is called with the number of source bytes done after each chunk.
+    With ``overflow='error'``, values beyond the target's range abort the run
+    before anything is committed, listing every affected tensor.
+    """
+    start = time.perf_counter()
+    follow = p.options["max_shard_bytes"] is None
+    counts: dict[str, CastCounts] = {}
+    overflowed: dict[str, int] = {}
+    graph_shard = None
+    if follow and p.object_graph is not None:
+        first = next(s for s in p.sources if s.graph is not None)
+        graph_shard = first.shard_base + (first.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
+    with BundleWriter(p.dst, max_shard_bytes=p.options["max_shard_bytes"],
+                      overwrite=p.options["overwrite"]) as w:
+        if follow:
+            # Keep the layout: every source shard exists in the output, even if emptied.
+            last = p.sources[-1]
+            w.reserve_shards(last.shard_base + last.ckpt.header.num_shards)
+        for t in p.tensors:
+            src = p.sources[t.source]
+            shard = (lambda s: src.shard_base + s) if follow else (lambda s: None)
+            caster = None
+            if t.cast:
+                caster = Caster(_dt.lookup(t.info.dtype), _dt.lookup(t.new_dtype), overflow)
+            if t.info.slices:
+                for sl in sorted(src.ckpt.slice_info(t.name), key=lambda s: (s.shard, s.offset)):
+                    _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(sl.shard),
+                          extents=sl.extents)
+            else:
+                _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(t.info.shard))
+            if caster is not None:
+                counts[t.new_name] = caster.counts
+                if overflow == "error" and caster.counts.overflow:
+                    overflowed[t.new_name] = caster.counts.overflow
+        if p.object_graph is not None:
+            w.add(OBJECT_GRAPH_KEY, np.array(p.object_graph, dtype=object), shard=graph_shard)
+        if overflowed:
+            w.abort()
+            raise OverflowError_(overflowed, p.dst)
+    _write_state_file(p)
+    return Summary(p.dst, kept=len(p.tensors), dropped=len(p.dropped),
+                   renamed=sum(t.renamed for t in p.tensors),
+                   cast=sum(t.cast for t in p.tensors), bytes_in=p.bytes_in,
+                   bytes_out=p.bytes_out, seconds=time.perf_counter() - start,
+                   cast_counts=counts)
+
+
+def _copy(ckpt: Checkpoint, w: BundleWriter, t: PlannedTensor, caster, progress,
+          chunk_bytes: int, shard, extents=None) -> None:
+    dtype = _dt.lookup(t.info.dtype)
+    if dtype.numpy is None or dtype is _dt.STRING:
+        if ckpt.header.endianness != w.endianness and dtype is not _dt.STRING:
+            raise UnsupportedCheckpointError(
+                f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
+                "be rewritten", path=ckpt.prefix, tensor=t.name)
+        if dtype is _dt.STRING and ckpt.header.endianness != w.endianness:
+            value = ckpt.read_slice(t.name, extents) if extents else ckpt[t.name]
+            if extents:
+                w.add_slice(t.new_name, t.info.shape, extents, value, dtype.name, shard=shard)
+            else:
+                w.add(t.new_name, value, dtype.name, shard=shard)
+            return
+        data = ckpt.read_bytes(t.name, extents)
+        shape = t.info.shape if not extents else \
+            tuple(d if n is None else n for d, (_, n) in zip(t.info.shape, extents))
+        w.add_raw(t.new_name, dtype.name, shape, data, shard=shard,
+                  extents=extents, full_shape=t.info.shape if extents else None)
+        if progress:
+            progress(len(data))
+        return
+    if extents:
+        stream = w.stream_slice(t.new_name, t.new_dtype, t.info.shape, extents, shard=shard)
+    else:
+        stream = w.stream(t.new_name, t.new_dtype, t.info.shape, shard=shard)
+    with stream:
+        for chunk in ckpt.iter_chunks(t.name, chunk_bytes, extents=extents):
+            stream.write(caster(chunk) if caster is not None else chunk)
+            if progress:
+                progress(chunk.nbytes)
+
+
+def _write_state_file(p: Plan) -> None:
+    """Point the output directory's ``checkpoint`` file at the result.
+
+    Left alone when the directory holds a source checkpoint, whose state file
+    is the source's.
+    """
+    directory = os.path.dirname(p.dst) or "."
+    for s in p.sources:
+        if os.path.realpath(os.path.dirname(s.ckpt.prefix) or ".") == \
+                os.path.realpath(directory):
+            return
+    paths.write_state_file(directory, os.path.basename(p.dst))
+
+
+def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str] = (),
+              rename: RenameRules | None = None, rename_exact: Mapping[str, str] | None = None,
+              cast: str | None = None, cast_from: Iterable[str] | None = None,
+              overflow: str = "error", prefer: str | None = None,
+              max_shard_bytes: int | None = None, overwrite: bool = False,
+              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              progress: Callable[[int], None] | None = None) -> Summary:
+    """Select, rename and cast the tensors of one or more checkpoints into a new one.
+
+    - ``include`` / ``exclude``: regexes (``re.search`` on source names); include
+      first, then exclude.
+    - ``drop_objects``: TF2 objects to cut from the object graph: a bare name cuts
+      every edge with that local name, ``a/b/c`` exactly that path; nodes left
+      unreachable go with their tensors.
+    - ``rename``: ordered ``{regex: replacement}`` (or pairs), matched at the start
+      of the name; the first match applies. ``rename_exact``: ``{old: new}``, tried
+      first. TF2 object graphs are re-keyed to match.
+    - ``cast``: target dtype for floating-point tensors (``cast_from`` narrows
+      which source dtypes); ``overflow``: ``'error'``, ``'clip'`` or ``'inf'``.
+    - ``prefer``: which source wins a name present in several (default: error).
+    - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
+
+    >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
+    """
+    p = plan(sources, dst, include=include, exclude=exclude, drop_objects=drop_objects,
+             rename=rename, rename_exact=rename_exact, cast=cast, cast_from=cast_from,
+             prefer=prefer, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    return execute(p, overflow=overflow, chunk_bytes=chunk_bytes, progress=progress)
+
+
+def convert(src, dst, dtype: str, **options) -> Summary:
+    """Cast every floating-point tensor to ``dtype`` (see :func:`transform`).
+
+    >>> tfckpt.convert("train/model.ckpt-7", "fp16/", "float16")
+    """
+    return transform(src, dst, cast=dtype, **options)
+
+
+def rename(src, dst, rules: RenameRules, **options) -> Summary:
+    """Rename tensors by ordered ``{regex: replacement}`` rules (see :func:`transform`).
+
+    >>> tfckpt.rename("pre/model", "new/model", {"simple-conv1/": "complex-conv1/"})
+    """
+    return transform(src, dst, rename=rules, **options)
+
+
+def select(src, dst, *, include=None, exclude=None, drop_objects: Sequence[str] = (),
+           **options) -> Summary:
+    """Keep only some tensors or objects (see :func:`transform`).
+
+    >>> tfckpt.select("trained/ckpt-3", "shipped/", drop_objects=["optimizer"])
+    """
+    return transform(src, dst, include=include, exclude=exclude, drop_objects=drop_objects,
+                     **options)
+
+
+def merge(sources: Sequence, dst, *, prefer: str | None = None, **options) -> Summary:
+    """Combine several checkpoints into one (see :func:`transform`).
+
+    >>> tfckpt.merge(["a/ckpt-1", "b/ckpt-1"], "c/ckpt")
+    """
+    return transform(list(sources), dst, prefer=prefer, **options)
