@@ -315,3 +315,41 @@ def test_slice_key_mutation_fuzz(name, extents, pos, byte):
         oc.decode_slice_key(bytes(key))
     except ValueError:
         pass
+
+
+# --- 10-byte encodings beyond int64 -------------------------------------------------------
+
+# TensorFlow's ReadSignedNumIncreasing (core/lib/strings/ordered_code.cc) accepts a
+# 10-byte number only when, after undoing the sign, the second byte is exactly 0xc0
+# and the third is below 0x80: "either len > 10 or len == 10 and #bits > 63" is an
+# error. These are all 10 leading one bits but carry more than 63 bits of value.
+BEYOND_INT64 = [
+    (b"\xff\xc0\x80" + b"\x00" * 7, 2**63),
+    (b"\xff\xc1" + b"\x00" * 8, 2**64),
+    (b"\xff\xdf" + b"\xff" * 8, 2**69 - 1),
+    (b"\x00\x3f\x7f" + b"\xff" * 7, -(2**63) - 1),
+    (b"\x00\x3e" + b"\xff" * 8, -(2**64) - 1),
+]
+
+
+def test_ten_byte_encodings_at_int64_limits_decode():
+    # The valid extremes, for contrast.
+    assert oc.decode_signed_num_increasing(b"\xff\xc0\x7f" + b"\xff" * 7, 0) == (INT64_MAX, 10)
+    assert oc.decode_signed_num_increasing(b"\x00\x3f\x80" + b"\x00" * 7, 0) == (INT64_MIN, 10)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: decode_signed_num_increasing accepts 10-byte "
+                   "encodings of values outside int64 (TensorFlow rejects them)")
+@pytest.mark.parametrize("encoded,wrong_value", BEYOND_INT64,
+                         ids=["2**63", "2**64", "2**69-1", "-2**63-1", "-2**64-1"])
+def test_signed_beyond_int64_rejected(encoded, wrong_value):
+    with pytest.raises(ValueError):
+        oc.decode_signed_num_increasing(encoded, 0)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: decode_slice_key returns extents outside int64 "
+                   "that encode_slice_key then refuses")
+def test_slice_key_with_start_beyond_int64_rejected():
+    key = b"\x00w\x00\x01\x01\x01" + b"\xff\xc0\x80" + b"\x00" * 7 + b"\x80"
+    with pytest.raises(ValueError):
+        oc.decode_slice_key(key)

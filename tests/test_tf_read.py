@@ -224,7 +224,7 @@ def test_dtype_bit_exact(key, tf_checkpoints):
     assert tfc.mismatch(source, tf_value, want_dtype) is None  # TensorFlow kept what it was given
     with tfckpt.open(case.path) as ckpt:
         info = ckpt.info(key)
-        assert info.dtype == tfc.expected_tf_dtype_name(key, source)
+        assert info.dtype == tfc.tf_dtype_for(source).name
         assert info.shape == source.shape
         got = ckpt[key]
     assert tfc.mismatch(got, tf_value, want_dtype) is None, tfc.mismatch(got, tf_value, want_dtype)
@@ -319,10 +319,14 @@ def test_saved_model_directory(tf_checkpoints):
         assert "w/.ATTRIBUTES/VARIABLE_VALUE" in ckpt
 
 
-def test_index_file_path(tf_checkpoints):
+@pytest.mark.parametrize("form", ["index_file", "data_file", "pathlib"])
+def test_other_path_forms(form, tf_checkpoints):
     case = tf_checkpoints("tf1_saver")
-    with tfckpt.open(case.prefix + ".index") as ckpt:
+    path = {"index_file": case.prefix + ".index", "data_file": str(tfc.data_files(case.prefix)[0]),
+            "pathlib": Path(case.prefix)}[form]
+    with tfckpt.open(path) as ckpt:
         assert same_path(ckpt.prefix, case.prefix)
+        assert ckpt.keys() == [n for n, _ in tf.train.list_variables(case.prefix)]
 
 
 def test_missing_paths(tmp_path):

@@ -87,7 +87,7 @@ def test_numpy_dtype_written(key, tmp_path):
     assert tfckpt.save({key: value}, prefix) == prefix
     assert_tf_reads(prefix, {key: value})
     reader = tf.train.load_checkpoint(prefix)
-    assert reader.get_variable_to_dtype_map()[key].name == tfc.expected_tf_dtype_name(key, value)
+    assert reader.get_variable_to_dtype_map()[key].name == tfc.tf_dtype_for(value).name
     with tfckpt.open(prefix) as ckpt:
         assert tfc.mismatch(ckpt[key], value, value.dtype) is None
 
@@ -177,7 +177,10 @@ def test_add_slice_columns_and_grid(tmp_path):
         w.add_slice("cube", cube.shape, [(0, None), (1, 3), (0, None)], cube[:, 1:4])
         w.add_slice("cube", cube.shape, [(0, None), (0, 1), (0, None)], cube[:, 0:1])
         w.add("plain", cols)
-    assert_tf_reads(prefix, {"cols": cols, "grid": grid, "cube": cube, "plain": cols})
+        w.add_slice(tfc.WEIRD_NAME, (6, 2), [(3, 3), (0, None)], cols[3:6, 0:2])
+        w.add_slice(tfc.WEIRD_NAME, (6, 2), [(0, 3), (0, None)], cols[0:3, 0:2])
+    assert_tf_reads(prefix, {"cols": cols, "grid": grid, "cube": cube, "plain": cols,
+                             tfc.WEIRD_NAME: cols[:, 0:2].copy()})
 
 
 def restore_tf1_partitioned(prefix: str) -> np.ndarray:

@@ -36,16 +36,11 @@ def data_files(prefix: str | os.PathLike) -> list[Path]:
     return sorted(p.parent.glob(p.name + ".data-*-of-*"))
 
 
-def _save_v2(prefix: str, tensors: dict, slices: dict | None = None) -> None:
-    """One SaveV2 op; ``slices`` maps a name to its shape_and_slice string."""
+def _save_v2(prefix: str, tensors: dict) -> None:
+    """One SaveV2 op writing whole (unsliced) tensors."""
     names = list(tensors)
-    slices = slices or {}
-    tf.raw_ops.SaveV2(
-        prefix=prefix,
-        tensor_names=names,
-        shape_and_slices=[slices.get(n, "") for n in names],
-        tensors=[tensors[n] for n in names],
-    )
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tensors[n] for n in names])
 
 
 # ---------------------------------------------------------------- values with sharp edges
@@ -96,13 +91,20 @@ def random_complex(np_dtype, shape, rng) -> np.ndarray:
 
 
 STRINGS_1D = [b"", b"a", b"\x00\xff\xfe not utf-8 \x80\x81", "h\u00e9llo w\u00f6rld".encode(), b"\x00" * 7,
-              bytes(range(256)), b"x" * 70_000]
+              bytes(range(256)), b"x" * 70_000, b"b" * 127, b"c" * 128, b"d" * 16_383, b"e" * 16_384]
 
 
 def numpy_values(rng=None) -> dict[str, np.ndarray]:
     """Every dtype TensorFlow can put in a checkpoint, as numpy arrays (key = tensor name).
 
     Quantized types are numpy's structured dtypes exactly as ``tf.qint8.as_numpy_dtype``.
+
+    What TF 2.21 (CPU) can save, tried with SaveV2 of a ``tf.constant``: every fixed-size dtype
+    with a DataType number (float16/bfloat16/32/64, (u)int8..64, bool, complex64/128, the five
+    float8s, float4_e2m1fn, int4/uint4, int2/uint2 -- the sub-byte ones one element per byte --
+    and qint8/quint8/qint16/quint16/qint32) plus string. Nothing had to be skipped. (``tf.cast``
+    to most of the new types is unimplemented on CPU, hence constants.) Not covered: resource
+    and variant, which SaveV2 does not take as plain values.
     """
     rng = rng or np.random.default_rng(RNG_SEED)
     v: dict[str, np.ndarray] = {}
@@ -126,9 +128,6 @@ def numpy_values(rng=None) -> dict[str, np.ndarray]:
     v["zero_size_float32"] = np.zeros((0,), dtype=np.float32)
     v["zero_size_int64_3x0"] = np.zeros((3, 0), dtype=np.int64)
     v["zero_size_bfloat16_0x2x0"] = np.zeros((0, 2, 0), dtype=ml_dtypes.bfloat16)
-    # Newer dtypes. TF 2.21 saves all of these on CPU from a tf.constant (checked: float8_*,
-    # float4_e2m1fn, int4/uint4, int2/uint2 are stored one element per byte). None had to be
-    # skipped; Cast to most of them is unimplemented on CPU, which is why we build constants.
     for name in ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2fnuz"]:
         v[name] = random_floats(getattr(ml_dtypes, name), (4, 5), rng)
     v["float4_e2m1fn"] = rng.integers(0, 16, size=(7,), dtype=np.uint8).view(ml_dtypes.float4_e2m1fn)
@@ -146,10 +145,6 @@ def tf_dtype_for(arr: np.ndarray) -> tf.dtypes.DType:
     if arr.dtype == object:
         return tf.string
     return tf.as_dtype(arr.dtype)
-
-
-def expected_tf_dtype_name(key: str, arr: np.ndarray) -> str:
-    return tf_dtype_for(arr).name
 
 
 def to_tf_tensor(arr: np.ndarray) -> tf.Tensor:
@@ -227,6 +222,9 @@ def write_tf1_partitioned(d: Path) -> TFCheckpoint:
                         {"partitioned": ["emb/table", "vec", "wide"]})
 
 
+WEIRD_NAME = "we\x00ird\x01name/\u00e9"
+
+
 def write_savev2_slices(d: Path) -> TFCheckpoint:
     """tf.raw_ops.SaveV2 with shape_and_slices: row slices, column slices, a 2x2 grid, and plain tensors."""
     rng = np.random.default_rng(4)
@@ -238,6 +236,7 @@ def write_savev2_slices(d: Path) -> TFCheckpoint:
     # TF's CheckpointReader cannot reassemble sliced half/uint16/uint32/uint64/string tensors
     # ("Dtype half not supported"); these two are checked against the values written instead.
     half = random_floats(np.float16, (5, 3), rng)
+    weird = rng.standard_normal((6, 2)).astype(np.float32)
     strs = np.array([[b"a", b""], [b"\xff" * 3, b"long" * 100], [b"x", b"y"]], dtype=object)
     names, specs, vals = [], [], []
 
@@ -258,13 +257,18 @@ def write_savev2_slices(d: Path) -> TFCheckpoint:
     add("half", "5 3 2,3:-", half[2:5])
     add("strs", "3 2 -:0,1", strs[:, 0:1])
     add("strs", "3 2 -:1,1", strs[:, 1:2])
+    # NUL and other low bytes in a name: escaped in the slice keys (OrderedCode).
+    add(WEIRD_NAME, "6 2 0,3:-", weird[0:3])
+    add(WEIRD_NAME, "6 2 3,3:-", weird[3:6])
+    add("plain\x00nul", "", np.arange(3, dtype=np.uint8))
     add("plain_a", "", rng.standard_normal(5).astype(np.float32))
     add("plain_b", "", np.array([b"x", b"yy"], dtype=object))
     add("plain_scalar", "", np.int64(42))
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=vals)
     return TFCheckpoint("savev2_slices", prefix, prefix,
-                        {"partitioned": ["cols", "cube", "emb", "grid", "half", "strs"],
-                         "full": {"emb": emb, "cols": cols, "grid": grid, "cube": cube, "half": half, "strs": strs},
+                        {"partitioned": ["cols", "cube", "emb", "grid", "half", "strs", WEIRD_NAME],
+                         "full": {"emb": emb, "cols": cols, "grid": grid, "cube": cube, "half": half, "strs": strs,
+                                  WEIRD_NAME: weird},
                          "tf_cannot_read": {"half": half, "strs": strs}})
 
 

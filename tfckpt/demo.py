@@ -1,8 +1,8 @@
 """The built-in example: ``python -m tfckpt.demo [DIR]``.
 
 Writes a small float32 checkpoint laid out like a TF1 training run (two conv
-layers with batch norm, a dense head, Adam slots and a global step), then shows
-what ``tfckpt dump`` reports about it.
+layers with batch norm, a dense head, Adam slots and a global step), converts it
+to float16 without the optimizer slots, and shows both with ``tfckpt dump``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = argv[0] if argv else "demo-out"
     prefix = os.path.join(out_dir, "model.ckpt-7")
     save(example_tensors(), prefix, overwrite=True)
-    print(f"wrote {prefix} (float32)\n\n$ tfckpt dump {prefix}")
-    return cli.main(["dump", prefix])
+    print(f"wrote {prefix} (float32)\n\n$ tfckpt dump {prefix}", flush=True)
+    cli.main(["dump", prefix])
+    fp16 = os.path.join(out_dir, "fp16") + os.sep
+    steps = [["convert", prefix, fp16, "--dtype", "float16", "--exclude", "/Adam",
+              "--overwrite"], ["dump", fp16]]
+    for args in steps:
+        print(f"\n$ tfckpt {' '.join(args)}", flush=True)
+        rc = cli.main(args)
+        if rc:
+            return rc
+    return 0
 
 
 if __name__ == "__main__":
