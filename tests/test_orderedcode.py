@@ -338,8 +338,6 @@ def test_ten_byte_encodings_at_int64_limits_decode():
     assert oc.decode_signed_num_increasing(b"\x00\x3f\x80" + b"\x00" * 7, 0) == (INT64_MIN, 10)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode_signed_num_increasing accepts 10-byte "
-                   "encodings of values outside int64 (TensorFlow rejects them)")
 @pytest.mark.parametrize("encoded,wrong_value", BEYOND_INT64,
                          ids=["2**63", "2**64", "2**69-1", "-2**63-1", "-2**64-1"])
 def test_signed_beyond_int64_rejected(encoded, wrong_value):
@@ -347,8 +345,6 @@ def test_signed_beyond_int64_rejected(encoded, wrong_value):
         oc.decode_signed_num_increasing(encoded, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode_slice_key returns extents outside int64 "
-                   "that encode_slice_key then refuses")
 def test_slice_key_with_start_beyond_int64_rejected():
     key = b"\x00w\x00\x01\x01\x01" + b"\xff\xc0\x80" + b"\x00" * 7 + b"\x80"
     with pytest.raises(ValueError):

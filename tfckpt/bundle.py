@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from . import dtypes as _dt
 from . import orderedcode, paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
-from .errors import (CheckpointNotFoundError, CheckpointWriteError,
+from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
                      CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
 from .table import TableBuilder, TableReader, crc32c, decode_varint, encode_varint, mask_crc, \
     unmask_crc
@@ -333,6 +333,17 @@ class Checkpoint:
         entry = self._full_entry(name)
         return [dataclasses.replace(self._info(self._slice_entry(entry, s)), extents=s)
                 for s in entry.slices]
+
+    def orphan_slice_keys(self) -> list[bytes]:
+        """Slice entries that no partitioned tensor lists (left by a broken writer)."""
+        listed = set()
+        for name in self._names:
+            try:
+                entry = self._full_entry(name)
+            except CheckpointError:
+                continue
+            listed.update(orderedcode.encode_slice_key(name, s) for s in entry.slices)
+        return [k for k in self._raw if k[:1] == b"\0" and k not in listed]
 
     def entry_proto(self, name: str) -> BundleEntryProto:
         """A copy of the raw ``BundleEntryProto`` of tensor ``name``."""

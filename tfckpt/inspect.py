@@ -6,10 +6,18 @@ CLI's job.
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
-from .bundle import Checkpoint
+import numpy as np
+
+from . import dtypes as _dt
+from . import paths
+from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint
+from .cast import Caster
+from .errors import CheckpointError, UnsupportedCheckpointError
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
 
 
 def scope_of(name: str) -> str:
@@ -64,3 +72,303 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
         "scopes": [{"scope": s, "bytes": b, "tensors": n}
                    for s, (b, n) in sorted(scopes.items(), key=lambda kv: (-kv[1][0], kv[0]))],
     }
+
+
+# --- object graph ------------------------------------------------------------
+
+def object_graph(ckpt: Checkpoint) -> dict:
+    """The TF2 object graph as data: one record per node, reachable ones with their path.
+
+    ``{"nodes": [{"id", "path", "children": [{"name", "node_id"}], "attributes":
+    [{"name", "checkpoint_key", "dtype", "shape"}], "slot_variables":
+    [{"slot_name", "original_variable_node_id", "slot_variable_node_id"}]}]}``.
+    """
+    if OBJECT_GRAPH_KEY not in ckpt:
+        raise UnsupportedCheckpointError(
+            f"no {OBJECT_GRAPH_KEY}: a name-based (TF1) checkpoint has no object graph",
+            path=ckpt.prefix)
+    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    node_paths = graph.paths()
+    nodes = []
+    for i, node in enumerate(graph.nodes):
+        attrs = []
+        for a in node.attributes:
+            rec = {"name": a.name, "checkpoint_key": a.checkpoint_key, "dtype": None,
+                   "shape": None}
+            if a.checkpoint_key in ckpt:
+                info = ckpt.info(a.checkpoint_key)
+                rec["dtype"], rec["shape"] = info.dtype, list(info.shape)
+            attrs.append(rec)
+        nodes.append({
+            "id": i,
+            "path": node_paths.get(i),
+            "children": [{"name": c.local_name, "node_id": c.node_id} for c in node.children],
+            "attributes": attrs,
+            "slot_variables": [{"slot_name": s.slot_name,
+                                "original_variable_node_id": s.original_variable_node_id,
+                                "slot_variable_node_id": s.slot_variable_node_id}
+                               for s in node.slot_variables],
+        })
+    return {"prefix": ckpt.prefix, "nodes": nodes}
+
+
+# --- diff --------------------------------------------------------------------
+
+def _paired_chunks(a: Iterator[np.ndarray], b: Iterator[np.ndarray]):
+    """Re-cut two streams of 1-D chunks of equal total length into aligned pairs."""
+    buf_a = buf_b = None
+    for chunk_a in a:
+        buf_a = chunk_a if buf_a is None or not len(buf_a) else np.concatenate([buf_a, chunk_a])
+        while buf_b is None or len(buf_b) < len(buf_a):
+            nxt = next(b, None)
+            if nxt is None:
+                break
+            buf_b = nxt if buf_b is None or not len(buf_b) else np.concatenate([buf_b, nxt])
+        n = min(len(buf_a), len(buf_b) if buf_b is not None else 0)
+        if n:
+            yield buf_a[:n], buf_b[:n]
+            buf_a, buf_b = buf_a[n:], buf_b[n:]
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind == "c":
+        return x.astype(np.complex128)
+    if x.dtype.kind in "biu" and x.dtype.itemsize == 8:
+        return x  # int64/uint64 compared exactly, not through float64
+    return x.astype(np.float64)
+
+
+def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None = None, *,
+                   atol: float = 0.0, rtol: float = 0.0,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+    """Element-wise comparison of two tensors of one shape, streamed, in the wider dtype.
+
+    Returns ``{"elements", "differing", "max_abs", "max_rel"}``; NaNs in the same
+    place count as equal. Strings are compared element by element.
+    """
+    name_b = name_b or name_a
+    ia, ib = a.info(name_a), b.info(name_b)
+    elements = differing = 0
+    max_abs = max_rel = 0.0
+    pairs = _paired_chunks(a.iter_chunks(name_a, chunk_bytes), b.iter_chunks(name_b, chunk_bytes))
+    strings = "string" in (ia.dtype, ib.dtype)
+    for ca, cb in pairs:
+        elements += len(ca)
+        if strings:
+            differing += sum(1 for x, y in zip(ca.tolist(), cb.tolist()) if x != y)
+            continue
+        if ca.dtype.fields or cb.dtype.fields:  # quantized: compare the stored integers
+            ca = ca.view(ca.dtype[0]) if ca.dtype.fields else ca
+            cb = cb.view(cb.dtype[0]) if cb.dtype.fields else cb
+        wa, wb = _wide(ca), _wide(cb)
+        if wa.dtype.kind in "iu" and wb.dtype.kind in "iu" and wa.dtype != wb.dtype:
+            wa, wb = wa.astype(np.float64), wb.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if wa.dtype.kind in "iu" and wa.dtype == wb.dtype:
+                diff = np.abs(wa.astype(np.float64) - wb.astype(np.float64))
+                bad = wa != wb
+            else:
+                diff = np.abs(wa - wb)
+                both_nan = np.isnan(wa) & np.isnan(wb)
+                same_inf = (wa == wb)
+                diff = np.where(both_nan | same_inf, 0.0, diff)
+                bad = ~(both_nan | same_inf)
+                bad &= ~(diff <= atol + rtol * np.abs(wb))
+            if diff.size:
+                finite = diff[np.isfinite(diff)] if not np.isfinite(diff).all() else diff
+                if diff.size != finite.size:
+                    max_abs = float("inf")
+                elif finite.size:
+                    max_abs = max(max_abs, float(finite.max()))
+                denom = np.abs(wb).astype(np.float64)
+                rel = np.divide(diff.astype(np.float64), denom, out=np.zeros(diff.shape),
+                                where=denom > 0)
+                if rel.size:
+                    max_rel = max(max_rel, float(np.nanmax(rel)))
+        differing += int(np.count_nonzero(bad))
+    return {"elements": elements, "differing": differing,
+            "max_abs": None if strings else max_abs, "max_rel": None if strings else max_rel}
+
+
+def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
+         values: bool = True, filter: str | None = None,
+         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+    """What differs between two checkpoints: names, dtypes and shapes, then values.
+
+    ``{"a", "b", "only_in_a", "only_in_b", "changed": [{"name", "dtype_a",
+    "dtype_b", "shape_a", "shape_b"}], "values": [{"name", "elements",
+    "differing", "max_abs", "max_rel"}], "same": bool}``. ``values`` lists every
+    common tensor of equal shape whose elements differ beyond ``atol + rtol*|b|``;
+    tensors that only changed dtype (a float16 conversion) are compared too.
+    """
+    names_a = set(_match(a.keys(), filter)) - {OBJECT_GRAPH_KEY}
+    names_b = set(_match(b.keys(), filter)) - {OBJECT_GRAPH_KEY}
+    changed, value_diffs = [], []
+    for name in sorted(names_a & names_b):
+        ia, ib = a.info(name), b.info(name)
+        if ia.dtype != ib.dtype or ia.shape != ib.shape:
+            changed.append({"name": name, "dtype_a": ia.dtype, "dtype_b": ib.dtype,
+                            "shape_a": list(ia.shape), "shape_b": list(ib.shape)})
+        if not values or ia.shape != ib.shape or not _comparable(ia.dtype, ib.dtype):
+            continue
+        result = compare_values(a, b, name, atol=atol, rtol=rtol, chunk_bytes=chunk_bytes)
+        if result["differing"]:
+            value_diffs.append({"name": name, **result})
+    only_a, only_b = sorted(names_a - names_b), sorted(names_b - names_a)
+    return {"a": a.prefix, "b": b.prefix, "only_in_a": only_a, "only_in_b": only_b,
+            "changed": changed, "values": value_diffs,
+            "same": not (only_a or only_b or changed or value_diffs)}
+
+
+def _comparable(dtype_a: str, dtype_b: str) -> bool:
+    kinds = [_dt.lookup(d) for d in (dtype_a, dtype_b)]
+    if any(k.kind == "opaque" for k in kinds):
+        return False
+    return (kinds[0].kind == "string") == (kinds[1].kind == "string")
+
+
+# --- stats -------------------------------------------------------------------
+
+CAST_CHECK_TARGETS = ("float16", "bfloat16")
+
+
+def stats(ckpt: Checkpoint, *, filter: str | None = None,
+          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+    """Per-tensor statistics, streamed in bounded chunks.
+
+    For each numeric tensor: ``min``, ``max`` (over non-NaN values), ``mean``,
+    ``std`` (over finite values), ``nan``, ``inf``, ``zeros`` (fraction), and for
+    floating-point tensors ``cast``: for float16 and bfloat16, how many values
+    would overflow, become zero or become subnormal if cast.
+    """
+    out = []
+    for name in _match(ckpt.keys(), filter):
+        info = ckpt.info(name)
+        dt = _dt.lookup(info.dtype)
+        rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape),
+               "elements": info.size}
+        if dt.numpy is None or dt.kind == "string":
+            out.append(rec)
+            continue
+        acc = _Moments()
+        casters = {t: Caster(dt, _dt.lookup(t), "inf") for t in CAST_CHECK_TARGETS
+                   if dt.is_floating and dt.name != t}
+        for chunk in ckpt.iter_chunks(name, chunk_bytes):
+            if chunk.dtype.fields:
+                chunk = chunk.view(chunk.dtype[0])
+            acc.add(chunk)
+            for c in casters.values():
+                c(chunk)
+        rec.update(acc.result())
+        if casters:
+            rec["cast"] = {t: {"overflow": c.counts.overflow, "to_zero": c.counts.to_zero,
+                               "subnormal": c.counts.subnormal} for t, c in casters.items()}
+        out.append(rec)
+    return {"prefix": ckpt.prefix, "tensors": out}
+
+
+class _Moments:
+    """Streaming min/max/mean/std (Chan et al.'s pairwise update) and counts."""
+
+    def __init__(self):
+        self.n = self.count = self.nan = self.inf = self.zeros = 0
+        self.mean = self.m2 = 0.0
+        self.min = self.max = None
+
+    def add(self, chunk: np.ndarray) -> None:
+        self.count += chunk.size
+        if chunk.dtype.kind == "c":
+            x = chunk.astype(np.complex128)
+            self.nan += int(np.count_nonzero(np.isnan(x)))
+            self.inf += int(np.count_nonzero(np.isinf(x)))
+            self.zeros += int(np.count_nonzero(x == 0))
+            return
+        x = chunk.astype(np.float64)
+        nan = np.isnan(x)
+        self.nan += int(np.count_nonzero(nan))
+        finite = np.isfinite(x)
+        self.inf += int(np.count_nonzero(~finite & ~nan))
+        self.zeros += int(np.count_nonzero(x == 0))
+        valid = x[~nan]
+        if valid.size:
+            lo, hi = valid.min(), valid.max()
+            if chunk.dtype.kind in "iub":
+                lo, hi = chunk[~nan].min(), chunk[~nan].max()
+            self.min = lo if self.min is None else min(self.min, lo)
+            self.max = hi if self.max is None else max(self.max, hi)
+        f = x[finite]
+        if f.size:
+            n_b, mean_b = f.size, float(f.mean())
+            m2_b = float(((f - mean_b) ** 2).sum())
+            delta = mean_b - self.mean
+            total = self.n + n_b
+            self.mean += delta * n_b / total
+            self.m2 += m2_b + delta * delta * self.n * n_b / total
+            self.n = total
+
+    def result(self) -> dict:
+        def py(v):
+            return None if v is None else (v.item() if hasattr(v, "item") else v)
+        return {"min": py(self.min), "max": py(self.max),
+                "mean": self.mean if self.n else None,
+                "std": (self.m2 / self.n) ** 0.5 if self.n else None,
+                "nan": self.nan, "inf": self.inf,
+                "zeros": self.zeros / self.count if self.count else 0.0}
+
+
+# --- verify ------------------------------------------------------------------
+
+def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+    """A full integrity check; returns ``{"prefix", "tensors", "bytes", "problems"}``.
+
+    Checks every index block checksum, every tensor's CRC32C, that every entry
+    lies inside its shard, the shard files against the header, that slices cover
+    each partitioned tensor exactly once, string framing, and that the object
+    graph parses and every ``checkpoint_key`` in it exists. Problems are listed,
+    one line each, instead of stopping at the first.
+    """
+    problems: list[str] = []
+    try:
+        ckpt = Checkpoint(path, verify=True)
+    except CheckpointError as e:
+        return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)]}
+    with ckpt:
+        problems += _check_shard_files(ckpt)
+        checked = nbytes = 0
+        for name in ckpt.keys():
+            try:
+                info = ckpt.info(name)
+                for _ in ckpt.iter_chunks(name, chunk_bytes):
+                    pass
+                checked += 1
+                nbytes += info.nbytes
+            except CheckpointError as e:
+                problems.append(str(e))
+        for key in ckpt.orphan_slice_keys():
+            problems.append(f"{ckpt.index_path}: slice entry {key!r} belongs to no tensor")
+        if OBJECT_GRAPH_KEY in ckpt:
+            try:
+                graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+                for key in graph.missing_keys(ckpt.keys()):
+                    problems.append(f"{ckpt.prefix}: the object graph names {key!r}, which "
+                                    "the checkpoint lacks")
+            except CheckpointError as e:
+                problems.append(str(e))
+        return {"prefix": ckpt.prefix, "tensors": checked, "bytes": nbytes,
+                "problems": problems}
+
+
+def _check_shard_files(ckpt: Checkpoint) -> list[str]:
+    problems = []
+    for f in ckpt.data_files:
+        if not os.path.isfile(f):
+            problems.append(f"{f}: data shard is missing")
+    directory = os.path.dirname(ckpt.prefix) or "."
+    base = os.path.basename(ckpt.prefix)
+    for n in sorted(os.listdir(directory)):
+        parsed = paths.parse_data_filename(n)
+        if parsed and parsed[0] == base and parsed[2] != ckpt.header.num_shards:
+            problems.append(f"{os.path.join(directory, n)}: data file of a "
+                            f"{parsed[2]}-shard checkpoint, but the header says "
+                            f"{ckpt.header.num_shards}")
+    return problems

@@ -80,7 +80,10 @@ def decode_signed_num_increasing(buf: bytes, pos: int) -> tuple[int, int]:
     raw[0] ^= first
     if length > 1:
         raw[1] ^= second
-    return int.from_bytes(raw, "big", signed=True), pos + length
+    value = int.from_bytes(raw, "big", signed=True)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError("signed number beyond int64")
+    return value, pos + length
 
 
 def decode_string(buf: bytes, pos: int) -> tuple[bytes, int]:
