@@ -405,6 +405,27 @@ def test_flipped_data_byte(where, tf_checkpoints, tmp_path):
         assert sum(a != b for a, b in zip(got, want)) == 1
 
 
+@pytest.mark.parametrize("where", ["body", "lengths_crc"])
+def test_flipped_string_byte(where, tmp_path):
+    prefix = str(tmp_path / "strings")
+    elems = [b"hello", b"", b"world" * 10]
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["s"], shape_and_slices=[""],
+                      tensors=[tf.constant(np.array(elems, dtype=object))])
+    data = Path(prefix + ".data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
+    assert len(raw) == 3 + 4 + 55  # three 1-byte varints, the lengths' CRC, the bytes
+    pos = len(raw) - 1 if where == "body" else 4
+    raw[pos] ^= 0x01
+    data.write_bytes(bytes(raw))
+    assert tf_unreadable_keys(prefix) == {"s"}
+    with tfckpt.open(prefix) as ckpt:
+        with pytest.raises(tfckpt.CorruptCheckpointError):
+            ckpt["s"]
+    if where == "body":
+        with tfckpt.open(prefix, verify=False) as ckpt:
+            assert ckpt["s"].tolist() == elems[:2] + [b"world" * 9 + b"worle"]
+
+
 def test_truncated_data_shard(tf_checkpoints, tmp_path):
     prefix = copy_checkpoint(tf_checkpoints("corruptible").prefix, tmp_path)
     data = Path(prefix + ".data-00000-of-00001")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import ml_dtypes
@@ -42,7 +41,7 @@ def assert_tf_reads(prefix: str, expected: dict[str, np.ndarray]) -> None:
     assert not failures, tfc.report(failures, f"tensors TensorFlow reads wrong from {prefix}")
 
 
-def random_tensors(rng, n=6):
+def random_tensors(rng):
     return {
         "layer/kernel": rng.standard_normal((13, 7)).astype(np.float32),
         "layer/bias": rng.standard_normal(7).astype(np.float64),

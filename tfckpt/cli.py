@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import sys
+import traceback
 
 import numpy as np
 
@@ -35,12 +38,42 @@ def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+def _width() -> int | None:
+    """Columns to fit: the terminal's, or $COLUMNS; None (no limit) when piped."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return shutil.get_terminal_size((80, 24)).columns
+    return None
+
+
+def _color(text: str, code: str) -> str:
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        return f"\033[{code}m{text}\033[0m"
+    return text
+
+
+def _shorten(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    keep = max(width - 1, 2)
+    head = keep // 2
+    return text[:head] + "…" + text[len(text) - (keep - head):]
+
+
+def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> list[str]:
+    """Aligned columns; column ``squeeze`` is shortened to fit the terminal."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    limit = _width()
+    if limit is not None:
+        others = sum(widths) - widths[squeeze] + 2 * (len(widths) - 1)
+        room = max(limit - others, 12)
+        if widths[squeeze] > room:
+            rows = [r[:squeeze] + [_shorten(r[squeeze], room)] + r[squeeze + 1:] for r in rows]
+            widths[squeeze] = room
     out = []
-    for r in rows:
+    for k, r in enumerate(rows):
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
-        out.append("  ".join(cells).rstrip())
+        line = "  ".join(cells).rstrip()
+        out.append(_color(line, "1") if k == 0 else line)
     return out
 
 
@@ -85,9 +118,43 @@ def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
         value = ckpt[name]
         print(f"{name} ({info.dtype} {_shape(info.shape)})")
         # --full prints each float in its shortest form that reads back exactly.
-        print(np.array2string(value, threshold=threshold, max_line_width=100,
+        if value.dtype == object and not full:
+            value = np.vectorize(lambda b: b if len(b) <= 64 else
+                                 b[:48] + b"...(%d bytes)" % len(b), otypes=[object])(value)
+        print(np.array2string(value, threshold=threshold, max_line_width=_width() or 100,
                               floatmode="unique" if full else "maxprec")
               if value.ndim else repr(value.item()))
+
+
+def _print_object_graph(data: dict) -> None:
+    """The graph as a tree from the root, each node shown once (later paths point back)."""
+    nodes = data["nodes"]
+    shown: set[int] = set()
+
+    def walk(node_id: int, label: str, depth: int) -> None:
+        indent = "  " * depth
+        node = nodes[node_id]
+        if node_id in shown:
+            print(f"{indent}{label} -> {node['path'] or '(root)'}")
+            return
+        shown.add(node_id)
+        print(f"{indent}{label}" + _color(f"  #{node_id}", "2"))
+        for a in node["attributes"]:
+            kind = f"{a['dtype']} {_shape(a['shape'])}" if a["dtype"] else "MISSING"
+            print(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
+        for s in node["slot_variables"]:
+            original = nodes[s["original_variable_node_id"]]["path"]
+            print(f"{indent}  slot {s['slot_name']!r} of {original}: "
+                  f"#{s['slot_variable_node_id']}")
+        for c in node["children"]:
+            walk(c["node_id"], c["name"], depth + 1)
+
+    print(f"object graph of {data['prefix']}: {len(nodes)} nodes")
+    walk(0, "(root)", 0)
+    for s_node in nodes:
+        for s in s_node["slot_variables"]:
+            if s["slot_variable_node_id"] not in shown:
+                walk(s["slot_variable_node_id"], f"slot {s['slot_name']!r}", 1)
 
 
 def cmd_dump(args) -> int:
@@ -95,13 +162,111 @@ def cmd_dump(args) -> int:
         if args.tensor:
             _print_values(ckpt, args.tensor, args.full)
             return 0
+        if args.object_graph:
+            data = _inspect.object_graph(ckpt)
+            if args.json:
+                _print_json(data)
+            else:
+                _print_object_graph(data)
+            return 0
         data = _inspect.dump(ckpt, filter=args.filter)
     if args.json:
-        json.dump(data, sys.stdout, indent=1)
-        print()
+        _print_json(data)
     else:
         _print_dump(data)
     return 0
+
+
+def _print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=1)
+    print()
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def cmd_diff(args) -> int:
+    with Checkpoint(args.a) as a, Checkpoint(args.b) as b:
+        data = _inspect.diff(a, b, atol=args.atol, rtol=args.rtol, values=not args.names_only,
+                             filter=args.filter)
+    if args.json:
+        _print_json(data)
+    else:
+        for name in data["only_in_a"]:
+            print(_color(f"- {name}", "31") + "  (only in A)")
+        for name in data["only_in_b"]:
+            print(_color(f"+ {name}", "32") + "  (only in B)")
+        for c in data["changed"]:
+            print(f"~ {c['name']}  {c['dtype_a']} {_shape(c['shape_a'])} -> "
+                  f"{c['dtype_b']} {_shape(c['shape_b'])}")
+        if data["values"]:
+            rows = [["NAME", "DIFFERING", "ELEMENTS", "MAX ABS", "MAX REL"]]
+            for v in data["values"]:
+                rows.append([v["name"], str(v["differing"]), str(v["elements"]),
+                             _fmt(v["max_abs"]), _fmt(v["max_rel"])])
+            print("\n".join(_table(rows, right={1, 2, 3, 4})))
+        print("same" if data["same"] else
+              f"different: {len(data['only_in_a'])} only in A, {len(data['only_in_b'])} only in "
+              f"B, {len(data['changed'])} changed dtype/shape, {len(data['values'])} with "
+              "different values")
+    return 0 if data["same"] else 1
+
+
+def cmd_stats(args) -> int:
+    with Checkpoint(args.path) as ckpt:
+        data = _inspect.stats(ckpt, filter=args.filter)
+    if args.json:
+        _print_json(data)
+        return 0
+    rows = [["NAME", "DTYPE", "MIN", "MAX", "MEAN", "STD", "NAN", "INF", "ZEROS"]]
+    risky = []
+    for t in data["tensors"]:
+        rows.append([t["name"], t["dtype"], _fmt(t.get("min")), _fmt(t.get("max")),
+                     _fmt(t.get("mean")), _fmt(t.get("std")), _fmt(t.get("nan")),
+                     _fmt(t.get("inf")),
+                     f"{100 * t['zeros']:.1f}%" if "zeros" in t else "-"])
+        for target, c in t.get("cast", {}).items():
+            if c["overflow"] or c["to_zero"] or c["subnormal"]:
+                risky.append([t["name"], target, str(c["overflow"]), str(c["to_zero"]),
+                              str(c["subnormal"])])
+    print("\n".join(_table(rows, right={2, 3, 4, 5, 6, 7, 8})))
+    print()
+    if risky:
+        print("if cast:")
+        print("\n".join(_table([["NAME", "TO", "OVERFLOW", "TO ZERO", "SUBNORMAL"]] + risky,
+                               right={2, 3, 4})))
+    else:
+        print("every floating-point tensor casts to float16 and bfloat16 without overflow, "
+              "flush to zero or subnormals")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    data = _inspect.verify(args.path)
+    if args.tf and not data["problems"]:
+        from .tf import verify_with_tf
+        tf_report = verify_with_tf(args.path, reference=args.reference)
+        data["tf"] = tf_report
+        data["problems"] += tf_report["mismatches"]
+    if args.json:
+        _print_json(data)
+    elif data["problems"]:
+        for p in data["problems"]:
+            print(p, file=sys.stderr)
+    else:
+        extra = ""
+        if "tf" in data:
+            extra = ("; TensorFlow's reader agrees bit-for-bit"
+                     + (f", {data['tf']['cast_checked']} casts equal tf.cast"
+                        if args.reference else ""))
+        print(f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
+              f"every checksum, shard, slice and object-graph key checked{extra}")
+    return 1 if data["problems"] else 0
 
 
 def _parse_size(text: str) -> int:
@@ -235,46 +400,124 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     p.set_defaults(func=cmd_transform)
 
 
+EXAMPLES = {
+    "dump": """examples:
+  tfckpt dump train/model.ckpt-7
+  tfckpt dump train/ --filter '^optimizer/' --json
+  tfckpt dump train/ --tensor global_step --tensor '^logits/' --full
+  tfckpt dump saved_model_dir --object-graph""",
+    "diff": """examples:
+  tfckpt diff fp32/model.ckpt fp16/model.ckpt        # how much error did float16 add?
+  tfckpt diff old/ new/ --names-only                 # which variables does new/ lack?
+  tfckpt diff a b --atol 1e-3 --json
+
+exit status: 0 same, 1 different, 2 error""",
+    "stats": """examples:
+  tfckpt stats train/model.ckpt-7                    # is it safe to cast to float16?
+  tfckpt stats train/ --filter 'kernel' --json""",
+    "verify": """examples:
+  tfckpt verify train/model.ckpt-7
+  tfckpt verify fp16/model.ckpt --tf --reference train/model.ckpt-7
+
+exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
+    "convert": """examples:
+  tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
+  tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
+  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run""",
+    "rename": """examples:
+  tfckpt rename pre/model new/model --map 'simple-conv1/=complex-conv1/'
+  tfckpt rename pre/ new/ --map '(.*)/weights$=\\1/kernel' --map-file exact.json""",
+    "select": """examples:
+  tfckpt select pre/model new/model --include '^simple-conv1/(weights|biases)$'
+  tfckpt select trained/ shipped/ --drop-object optimizer
+  tfckpt select trained/ small/ --exclude 'BatchNorm'""",
+    "merge": """examples:
+  tfckpt merge a/model.ckpt b/model.ckpt -o c/model.ckpt
+  tfckpt merge a/ b/ -o c/ --prefer last""",
+}
+
+
+def _sub(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=description, epilog=EXAMPLES[name],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tfckpt", description="Read, inspect and rewrite TensorFlow checkpoints.")
+        prog="tfckpt", description="Read, inspect and rewrite TensorFlow checkpoints "
+                                   "directly from their files.")
     parser.add_argument("--version", action="version", version=f"tfckpt {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("dump", help="list the tensors of a checkpoint",
-                       description="Show what a checkpoint holds; reads only the index unless "
-                                   "values are asked for.")
+    p = _sub(sub, "dump", "list the tensors of a checkpoint",
+             "Show what a checkpoint holds; reads only the index unless values are asked for.")
     p.add_argument("path", help="checkpoint prefix, .index file, directory or SavedModel")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")
     p.add_argument("--tensor", metavar="NAME_OR_REGEX", action="append",
                    help="print the values of these tensors (repeatable)")
     p.add_argument("--full", action="store_true", help="with --tensor, print every element")
+    p.add_argument("--object-graph", action="store_true",
+                   help="TF2: show the object graph that tf.train.Checkpoint.restore matches")
     p.set_defaults(func=cmd_dump)
 
-    p = sub.add_parser("convert", help="cast floating-point tensors to another dtype",
-                       description="Write a copy of SRC with floating-point tensors cast, e.g. "
-                                   "float32 -> float16. Accepts every transform option.")
+    p = _sub(sub, "diff", "compare two checkpoints",
+             "Names only in A or B, dtype and shape changes, and value differences of common "
+             "tensors (compared in the wider dtype).")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0)")
+    p.add_argument("--names-only", action="store_true", help="compare names, dtypes, shapes")
+    p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_diff)
+
+    p = _sub(sub, "stats", "value statistics, and what a float16/bfloat16 cast would do",
+             "Per tensor: min, max, mean, std, NaN and inf counts, fraction of zeros; for "
+             "floating-point tensors, how many values would overflow, become zero or become "
+             "subnormal in float16 and bfloat16. Streams in bounded memory.")
+    p.add_argument("path")
+    p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_stats)
+
+    p = _sub(sub, "verify", "check a checkpoint's integrity",
+             "Every block checksum, tensor CRC32C, shard extent, shard file, slice cover, "
+             "string framing and object-graph key.")
+    p.add_argument("path")
+    p.add_argument("--tf", action="store_true",
+                   help="also read every tensor with TensorFlow and compare bit-for-bit")
+    p.add_argument("--reference", metavar="SRC",
+                   help="with --tf: the checkpoint this one was converted from; cast tensors "
+                        "must equal TensorFlow's tf.cast of it")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_verify)
+
+    p = _sub(sub, "convert", "cast floating-point tensors to another dtype",
+             "Write a copy of SRC with floating-point tensors cast, e.g. float32 -> float16. "
+             "Accepts every transform option.")
     p.add_argument("src")
     p.add_argument("dst", help="output prefix, or a directory (the source's name is kept)")
     _add_transform_options(p, dtype_required=True)
 
-    p = sub.add_parser("rename", help="rename tensors by regex rules or an exact map",
-                       description="Write a copy of SRC with tensors renamed; TF2 object "
-                                   "graphs are re-keyed so restore still finds every value.")
+    p = _sub(sub, "rename", "rename tensors by regex rules or an exact map",
+             "Write a copy of SRC with tensors renamed; TF2 object graphs are re-keyed so "
+             "restore still finds every value.")
     p.add_argument("src")
     p.add_argument("dst")
     _add_transform_options(p)
 
-    p = sub.add_parser("select", help="keep only some tensors or TF2 objects",
-                       description="Write a copy of SRC with only the selected tensors.")
+    p = _sub(sub, "select", "keep only some tensors or TF2 objects",
+             "Write a copy of SRC with only the selected tensors.")
     p.add_argument("src")
     p.add_argument("dst")
     _add_transform_options(p)
 
-    p = sub.add_parser("merge", help="combine several checkpoints into one",
-                       description="Write one checkpoint holding the tensors of all SOURCES; "
-                                   "TF2 object graphs are joined at the root.")
+    p = _sub(sub, "merge", "combine several checkpoints into one",
+             "Write one checkpoint holding the tensors of all SOURCES; TF2 object graphs are "
+             "joined at the root.")
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("-o", "--output", required=True, metavar="DST")
     _add_transform_options(p)
@@ -285,14 +528,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CheckpointError as e:
-        print(f"tfckpt: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except re.error as e:
-        print(f"tfckpt: error: bad regular expression: {e}", file=sys.stderr)
-        return EXIT_ERROR
     except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, like other Unix tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (CheckpointError, re.error, OSError) as e:
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(e, re.error):
+            message = f"bad regular expression: {e}"
+        elif isinstance(e, OSError) and not isinstance(e, CheckpointError):
+            message = f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
+        else:
+            message = str(e)
+        print(f"tfckpt: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("tfckpt: interrupted", file=sys.stderr)
         return 130

@@ -15,7 +15,7 @@ from ..errors import CheckpointError
 
 
 def _tensorflow():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
         import tensorflow as tf
     except ImportError as e:
