@@ -503,11 +503,12 @@ class Checkpoint:
                     extents: Slice | None = None) -> Iterator[np.ndarray]:
         """Yield tensor ``name`` as 1-D arrays of consecutive elements in row-major order.
 
-        At most about ``chunk_bytes`` are held at once for fixed-size dtypes, so a
-        tensor larger than memory can be streamed. The checksum is verified
-        incrementally and a mismatch raises after the last chunk. With
-        ``extents``, streams one stored slice of a partitioned tensor. String
-        tensors come as one chunk.
+        At most about ``chunk_bytes`` (or one row of the tensor, if larger) are
+        held at once for fixed-size dtypes, so a tensor larger than memory can be
+        streamed, partitioned ones included: their slices are read band of rows
+        by band of rows. Checksums are verified incrementally; a mismatch raises
+        once the affected bytes are all read. With ``extents``, streams one
+        stored slice of a partitioned tensor. String tensors come as one chunk.
 
         >>> total = sum(float(c.sum()) for c in ckpt.iter_chunks("emb", 1 << 20))
         """
@@ -516,13 +517,56 @@ class Checkpoint:
             yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes)
         elif not entry.slices:
             yield from self._iter_entry(entry, chunk_bytes)
-        elif _row_partitioned(entry):
+        elif entry.dtype.numpy is None or entry.dtype is _dt.STRING or not entry.shape:
+            yield self._assemble(entry).reshape(-1)
+        elif all(_is_full_slice(entry.shape[1:], ext[1:]) for ext in entry.slices):
+            # Partitioned by rows only: the slices, in row order, are the tensor.
             _check_slice_cover(entry.slices, entry.shape,
                                lambda what: self._corrupt(what, entry.name))
-            for extents in sorted(entry.slices, key=lambda s: s[0][0]):
-                yield from self._iter_entry(self._slice_entry(entry, extents), chunk_bytes)
+            for ext in sorted(entry.slices, key=lambda ext: ext[0][0]):
+                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes)
         else:
-            yield self._assemble(entry).reshape(-1)
+            yield from self._iter_bands(entry, chunk_bytes)
+
+    def _iter_bands(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
+        """Stream a partitioned tensor in bands of whole rows (axis 0).
+
+        Within a slice, rows are contiguous bytes, so each band reads one byte
+        range per slice crossing it, and each slice's bytes are read in order,
+        which lets its checksum be carried from band to band.
+        """
+        _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
+        shape, dtype = entry.shape, entry.dtype
+        parts = []
+        for extents in entry.slices:
+            part = self._slice_entry(entry, extents)
+            fd = self._check_extent(part)
+            start, length = extents[0]
+            rows = (0, shape[0]) if length is None else (start, start + length)
+            parts.append((extents, part, fd, rows, [0]))
+            if self.verify and part.proto.size == 0:
+                self._check_crc(part, 0)
+        row_bytes = _num_elements(shape[1:]) * dtype.itemsize
+        rows_per_band = max(1, chunk_bytes // max(row_bytes, 1))
+        cuts = sorted({0, shape[0]} | {r for p in parts for r in p[3]})
+        for lo, hi in zip(cuts, cuts[1:]):
+            for r0 in range(lo, hi, rows_per_band):
+                r1 = min(hi, r0 + rows_per_band)
+                out = np.empty((r1 - r0,) + shape[1:], dtype=dtype.numpy)
+                for extents, part, fd, (s0, s1), crc in parts:
+                    if not (s0 <= r0 and r1 <= s1):
+                        continue
+                    part_row = _num_elements(part.shape[1:]) * dtype.itemsize
+                    buf = np.empty((r1 - r0) * part_row, dtype=np.uint8)
+                    self._pread_into(fd, memoryview(buf), part.proto.offset + (r0 - s0) * part_row,
+                                     part)
+                    if self.verify:
+                        crc[0] = crc32c(buf, crc[0])
+                        if r1 == s1:
+                            self._check_crc(part, crc[0])
+                    index = (slice(None),) + _slice_index(extents[1:])
+                    out[index] = self._to_array(buf, dtype, (r1 - r0,) + part.shape[1:])
+                yield out.reshape(-1)
 
     def _iter_entry(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
         dtype = entry.dtype
@@ -548,12 +592,6 @@ class Checkpoint:
 
 
 _NATIVE = "little" if np.little_endian else "big"
-
-
-def _row_partitioned(entry: _Entry) -> bool:
-    """True when every slice is a range of rows, so row-major order follows slice order."""
-    return all(all(length is None for _, length in s[1:]) for s in entry.slices) \
-        and len(entry.shape) >= 1
 
 
 def _format_slice(extents: Slice) -> str:
