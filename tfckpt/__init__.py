@@ -19,6 +19,26 @@ from .transform import Plan, Summary, convert, merge, plan, rename, select, tran
 __version__ = "0.1.0"
 
 
+def restore(target, path, **options):
+    """Restore ``path`` into live TensorFlow variables, casting each value to its variable.
+
+    See :func:`tfckpt.tf.restore`. Imports TensorFlow.
+
+    >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
+    """
+    from .tf import restore as _restore
+    return _restore(target, path, **options)
+
+
+def verify_with_tf(path, *, reference=None) -> dict:
+    """Compare every tensor with TensorFlow's own reader (and casts with ``tf.cast``).
+
+    See :func:`tfckpt.tf.verify_with_tf`. Imports TensorFlow.
+    """
+    from .tf import verify_with_tf as _verify
+    return _verify(path, reference=reference)
+
+
 def open(path, *, verify: bool = True) -> Checkpoint:  # noqa: A001 - mirrors safetensors' safe_open
     """Open a checkpoint for reading.
 
@@ -34,7 +54,7 @@ def open(path, *, verify: bool = True) -> Checkpoint:  # noqa: A001 - mirrors sa
 
 
 __all__ = [
-    "open", "save", "transform", "convert", "rename", "select", "merge", "plan", "Plan",
+    "open", "save", "restore", "verify_with_tf", "transform", "convert", "rename", "select", "merge", "plan", "Plan",
     "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
     "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError", "CorruptCheckpointError",
     "UnsupportedCheckpointError", "CheckpointWriteError", "TensorNotFoundError",

@@ -3,12 +3,19 @@
 Finite values round to nearest, ties to even; ±inf, NaN and -0.0 are kept.
 A float64 value cast to a type narrower than float32 is first rounded to
 float32, then to the target, because that is what TensorFlow computes (a
-single direct rounding differs in rare ties).
+single direct rounding differs in rare ties). A NaN comes out as the target's
+quiet NaN with the source's sign: payload bits are not carried, because
+TensorFlow itself carries them differently on different paths.
+
+The rounding itself is pluggable (``convert``): numpy/ml-dtypes by default,
+``tf.cast`` on an accelerator from :mod:`tfckpt.tf`; everything after it
+(overflow policy, NaNs, counts) is shared, so both give the same bits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -47,6 +54,7 @@ class Caster:
     target: _dt.DType
     overflow: str = "error"
     counts: CastCounts = field(default_factory=CastCounts)
+    convert: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None
 
     def __post_init__(self):
         if self.overflow not in OVERFLOW_POLICIES:
@@ -55,6 +63,7 @@ class Caster:
         src, dst = _finfo(self.source.numpy), _finfo(self.target.numpy)
         self._max = self.target.numpy.type(dst.max)
         self._tiny = self.target.numpy.type(dst.smallest_normal)
+        self._nan = np.array(np.nan, dtype=self.target.numpy)
         # Widening casts are exact: nothing to count.
         self._exact = float(dst.max) >= float(src.max) and \
             float(dst.smallest_subnormal) <= float(src.smallest_subnormal) and \
@@ -64,7 +73,14 @@ class Caster:
         c = self.counts
         c.elements += chunk.size
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            out = (chunk.astype(np.float32) if self._via32 else chunk).astype(self.target.numpy)
+            src = chunk.astype(np.float32) if self._via32 else chunk
+            if self.convert is None:
+                out = src.astype(self.target.numpy)
+            else:
+                out = self.convert(src, self.target.numpy)
+            nan = np.isnan(out)
+            if nan.any():
+                out[nan] = np.where(np.signbit(chunk[nan]), -self._nan, self._nan)
             if self._exact:
                 return out
             # Boolean temporaries only (one byte per element), compared in native dtypes.

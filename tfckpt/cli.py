@@ -21,7 +21,7 @@ from . import inspect as _inspect
 from .bundle import Checkpoint
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
 from .errors import CheckpointError
-from .transform import Plan, Summary, execute, plan
+from .transform import BACKENDS, DEFAULT_TF_THRESHOLD, Plan, Summary, execute, plan
 
 EXIT_ERROR = 2
 
@@ -355,7 +355,7 @@ def cmd_transform(args) -> int:
     update, close = _progress(p.bytes_in)
     try:
         summary = execute(p, overflow=args.overflow, chunk_bytes=args.chunk_bytes,
-                          progress=update)
+                          progress=update, backend=args.backend, tf_threshold=args.tf_threshold)
     finally:
         close()
     if args.json:
@@ -371,6 +371,11 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
                    help="cast floating-point tensors to this dtype")
     g.add_argument("--from", dest="cast_from", metavar="DTYPES",
                    help="only cast these source dtypes (comma-separated, e.g. float32,float64)")
+    g.add_argument("--backend", choices=BACKENDS, default="numpy",
+                   help="who rounds: numpy (default), tf (tf.cast on the best device for "
+                        "tensors of at least --tf-threshold), auto (tf only with a GPU)")
+    g.add_argument("--tf-threshold", type=_parse_size, default=DEFAULT_TF_THRESHOLD,
+                   metavar="SIZE", help="smallest tensor cast by the tf backend (default 64M)")
     g.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="error",
                    help="values beyond the target's range: fail (default), clip to the "
                         "largest finite value, or keep IEEE inf")

@@ -1,0 +1,274 @@
+"""Restoring a checkpoint into live TensorFlow variables, casting each value to its variable.
+
+Values are read and cast by tfckpt (exactly as ``tf.cast`` rounds); TensorFlow
+only assigns. Everything is matched and checked before the first assignment, so
+a mismatch leaves every variable as it was.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..bundle import Checkpoint
+from ..cast import Caster
+from ..errors import CheckpointError
+from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
+from ._tf import tensorflow
+
+
+@dataclass
+class Restored:
+    checkpoint_name: str
+    variable: str
+    dtype: str      # in the checkpoint
+    new_dtype: str  # of the variable
+
+    @property
+    def cast(self) -> bool:
+        return self.dtype != self.new_dtype
+
+
+@dataclass
+class RestoreReport:
+    """What :func:`restore` did: values restored (with any cast), variables the
+    checkpoint had no value for, and checkpoint tensors nothing asked for."""
+
+    restored: list[Restored] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"restored": [vars(r) for r in self.restored], "missing": self.missing,
+                "unused": self.unused}
+
+
+def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | None = None,
+            allow_missing: bool = False, overflow: str = "error") -> RestoreReport:
+    """Restore ``path`` into ``target``, casting every value to its variable's dtype.
+
+    - TF1 graph mode: ``target`` is a list of variables (matched by op name;
+      partitioned variables by their slices) or a dict ``{checkpoint_name:
+      variable}``; ``session`` is required. Eager variables work the same way
+      without a session.
+    - TF2: ``target`` is a trackable (``tf.train.Checkpoint``, ``tf.Module``, a
+      Keras model), matched through the checkpoint's object graph the way
+      ``tf.train.Checkpoint.restore`` matches: children by local name from the root.
+    - ``assignment_map`` (name-based targets), as in
+      ``tf.compat.v1.train.init_from_checkpoint``: ``{"old_scope/": "new_scope/"}``
+      or exact ``{"ckpt_name": "var_name"}``; only variables it covers are restored.
+
+    A shape mismatch is an error naming both shapes; a variable without a value in
+    the checkpoint is an error unless ``allow_missing``. ``overflow`` is the cast
+    policy (``'error'``, ``'clip'``, ``'inf'``).
+
+    >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
+    """
+    tf = tensorflow()
+    with Checkpoint(path) as ckpt:
+        if isinstance(target, (list, tuple, dict)):
+            pairs, report = _match_by_name(tf, target, ckpt, assignment_map)
+        else:
+            if assignment_map:
+                raise CheckpointError("assignment_map applies to name-based targets (a list "
+                                      "or dict of variables), not to object-based ones")
+            pairs, report = _match_objects(tf, target, ckpt)
+        if report.missing and not allow_missing:
+            raise CheckpointError(
+                f"no value for {len(report.missing)} variable(s): "
+                f"{', '.join(report.missing[:10])} (pass allow_missing=True to skip them)",
+                path=ckpt.prefix)
+        values = [(var, _converted(ckpt, name, var_name, var, value_fn, overflow))
+                  for name, var_name, var, value_fn in pairs]
+        report.restored = [Restored(name, var_name, ckpt.info(name).dtype,
+                                    _var_dtype(tf, var).name)
+                           for name, var_name, var, _ in pairs]
+    _assign_all(tf, values, session)
+    return report
+
+
+def _var_dtype(tf, var):
+    return tf.as_dtype(var.dtype)
+
+
+def _var_shape(var) -> tuple:
+    return tuple(int(d) for d in var.shape)
+
+
+def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn, overflow: str):
+    tf = tensorflow()
+    value = value_fn()
+    want = _dt.lookup(_var_dtype(tf, var).name)
+    have = _dt.lookup(value.dtype) if value.dtype != object else _dt.STRING
+    if value.shape != _var_shape(var):
+        raise CheckpointError(f"shape {list(value.shape)} in the checkpoint, "
+                              f"{list(_var_shape(var))} in variable {var_name!r}",
+                              path=ckpt.prefix, tensor=name)
+    if have is want:
+        return value
+    if have.is_floating and want.is_floating:
+        caster = Caster(have, want, overflow)
+        out = caster(value.reshape(-1)).reshape(value.shape)
+        if caster.counts.overflow and overflow == "error":
+            raise CheckpointError(f"{caster.counts.overflow} values beyond the range of "
+                                  f"{want.name} (use overflow='clip' or 'inf')",
+                                  path=ckpt.prefix, tensor=name)
+        return out
+    if have.kind in ("int", "uint", "bool") and want.kind in ("int", "uint", "bool"):
+        out = value.astype(want.numpy)
+        if not np.array_equal(out.astype(value.dtype), value):
+            raise CheckpointError(f"values do not fit {want.name}", path=ckpt.prefix, tensor=name)
+        return out
+    raise CheckpointError(f"cannot restore {have.name} into {want.name} variable {var_name!r}",
+                          path=ckpt.prefix, tensor=name)
+
+
+def _assign_all(tf, values, session) -> None:
+    graph_vars = [(v, x) for v, x in values if _in_graph(tf, v)]
+    if graph_vars:
+        if session is None:
+            raise CheckpointError("graph-mode variables need session=")
+        with session.graph.as_default():
+            feeds, ops = {}, []
+            for var, value in graph_vars:
+                ph = tf.compat.v1.placeholder(_var_dtype(tf, var).base_dtype, shape=value.shape)
+                ops.append(tf.compat.v1.assign(var, ph))
+                feeds[ph] = value
+            session.run(ops, feed_dict=feeds)
+    for var, value in values:
+        if not _in_graph(tf, var):
+            var.assign(value)
+
+
+def _in_graph(tf, var) -> bool:
+    """True for TF1 graph-mode variables, which are assigned through a session."""
+    return bool(getattr(var, "_in_graph_mode", type(var).__name__ == "RefVariable"))
+
+
+# --- name-based ----------------------------------------------------------------
+
+def _var_name(var) -> str:
+    info = getattr(var, "_save_slice_info", None)
+    if info is not None:
+        return info.full_name
+    op = getattr(var, "op", None)
+    if op is not None and getattr(op, "name", None) and not callable(op):
+        try:
+            return op.name
+        except Exception:
+            pass
+    return var.name.split(":")[0]
+
+
+def _map_name(var_name: str, assignment_map: Mapping[str, str] | None) -> str | None:
+    """The checkpoint name for a variable, or None when the map does not cover it."""
+    if assignment_map is None:
+        return var_name
+    for ckpt_name, current in assignment_map.items():
+        if current == var_name and not current.endswith("/"):
+            return ckpt_name
+    for ckpt_scope, scope in assignment_map.items():
+        if scope.endswith("/") and (var_name.startswith(scope) or scope == "/"):
+            rest = var_name if scope == "/" else var_name[len(scope):]
+            return rest if ckpt_scope == "/" else ckpt_scope + rest
+    return None
+
+
+def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map):
+    if isinstance(target, dict):
+        items = list(target.items())
+    else:
+        items = []
+        for var in target:
+            parts = list(var) if hasattr(var, "_get_variable_list") or \
+                type(var).__name__ == "PartitionedVariable" else [var]
+            for part in parts:
+                mapped = _map_name(_var_name(part), assignment_map)
+                if mapped is not None:
+                    items.append((mapped, part))
+    report = RestoreReport()
+    pairs = []
+    cache: dict[str, np.ndarray] = {}
+
+    def full_value(name):
+        if name not in cache:
+            cache[name] = ckpt[name]
+        return cache[name]
+
+    used = set()
+    for ckpt_name, var in items:
+        label = getattr(var, "name", ckpt_name)
+        if ckpt_name not in ckpt:
+            report.missing.append(label)
+            continue
+        used.add(ckpt_name)
+        info = getattr(var, "_save_slice_info", None)
+        if info is not None and list(info.var_shape) != list(info.full_shape):
+            index = tuple(slice(o, o + n) for o, n in zip(info.var_offset, info.var_shape))
+            pairs.append((ckpt_name, label, var,
+                          lambda n=ckpt_name, ix=index: full_value(n)[ix]))
+        else:
+            pairs.append((ckpt_name, label, var, lambda n=ckpt_name: ckpt[n]))
+    report.unused = [n for n in ckpt.keys() if n not in used and n != OBJECT_GRAPH_KEY]
+    return pairs, report
+
+
+# --- object-based --------------------------------------------------------------
+
+def _is_variable(obj) -> bool:
+    return hasattr(obj, "assign") and hasattr(obj, "dtype") and hasattr(obj, "shape")
+
+
+def _match_objects(tf, target, ckpt: Checkpoint):
+    if OBJECT_GRAPH_KEY not in ckpt:
+        raise CheckpointError("an object-based restore needs a TF2 checkpoint (one with an "
+                              "object graph); pass a list of variables for a name-based one",
+                              path=ckpt.prefix)
+    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    view = tf.train.TrackableView(target)
+    matched: dict[int, object] = {0: target}
+    queue = deque([0])
+    pairs = []
+    used = set()
+    assigned = set()
+    while queue:
+        node_id = queue.popleft()
+        obj = matched[node_id]
+        node = graph.nodes[node_id]
+        for attr in node.attributes:
+            if attr.name == "VARIABLE_VALUE" and _is_variable(obj) and id(obj) not in assigned:
+                if attr.checkpoint_key not in ckpt:
+                    raise CheckpointError(f"the object graph names {attr.checkpoint_key!r}, "
+                                          "which the checkpoint lacks", path=ckpt.prefix)
+                assigned.add(id(obj))
+                used.add(attr.checkpoint_key)
+                label = getattr(obj, "path", None) or getattr(obj, "name", attr.checkpoint_key)
+                pairs.append((attr.checkpoint_key, label, obj,
+                              lambda k=attr.checkpoint_key: ckpt[k]))
+        if not node.children:
+            continue
+        try:
+            children = view.children(obj)
+        except Exception:
+            continue
+        for ref in node.children:
+            child = children.get(ref.local_name)
+            if child is None or ref.node_id in matched:
+                continue
+            matched[ref.node_id] = child
+            queue.append(ref.node_id)
+    report = RestoreReport()
+    live = [v for v in view.descendants() if _is_variable(v)]
+    seen = set()
+    for v in live:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) not in assigned:
+            report.missing.append(getattr(v, "path", None) or getattr(v, "name", repr(v)))
+    report.unused = [n for n in ckpt.keys() if n not in used and n != OBJECT_GRAPH_KEY]
+    return pairs, report
