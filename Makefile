@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 
-.PHONY: demo test protos clean
+.PHONY: demo test protos clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,7 @@ protos:
 
 clean:
 	rm -rf demo-out .pytest_cache .venv-protoc
+
+# Benchmarks against TensorFlow (not part of the tests); writes benchmarks/out/results.json.
+bench: $(VENV)/.installed-dev
+	$(PY) benchmarks/run.py

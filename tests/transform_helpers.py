@@ -336,7 +336,8 @@ def cast_edge_values(source: str, rng, *, f32_subnormals: bool) -> np.ndarray:
         rand |= rng.integers(0, 2, 3000, dtype=np.uint64) << np.uint64(63)
     rand = rand.astype(ub).view(dt)
     arr = np.concatenate([arr, ext, nans, rand])
-    mag = np.abs(arr.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        mag = np.abs(arr.astype(np.float64))
     if source != "float16":
         arr = arr[~((mag > 0) & (mag < F32_TINY))]
     return arr

@@ -500,7 +500,8 @@ class Checkpoint:
         return out
 
     def iter_chunks(self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                    extents: Slice | None = None) -> Iterator[np.ndarray]:
+                    extents: Slice | None = None, *, reuse: bool = False
+                    ) -> Iterator[np.ndarray]:
         """Yield tensor ``name`` as 1-D arrays of consecutive elements in row-major order.
 
         At most about ``chunk_bytes`` (or one row of the tensor, if larger) are
@@ -509,14 +510,19 @@ class Checkpoint:
         by band of rows. Checksums are verified incrementally; a mismatch raises
         once the affected bytes are all read. With ``extents``, streams one
         stored slice of a partitioned tensor. String tensors come as one chunk.
+        With ``reuse``, chunks are read into a small ring of buffers, so a chunk
+        stays valid only until two more have been taken: for consumers that
+        process each chunk before asking for the next but one.
 
         >>> total = sum(float(c.sum()) for c in ckpt.iter_chunks("emb", 1 << 20))
         """
         entry = self._full_entry(name)
+        ring = _BufferRing(3) if reuse else None
         if extents is not None:
-            yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes)
+            yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes,
+                                        ring)
         elif not entry.slices:
-            yield from self._iter_entry(entry, chunk_bytes)
+            yield from self._iter_entry(entry, chunk_bytes, ring)
         elif entry.dtype.numpy is None or entry.dtype is _dt.STRING or not entry.shape:
             yield self._assemble(entry).reshape(-1)
         elif all(_is_full_slice(entry.shape[1:], ext[1:]) for ext in entry.slices):
@@ -524,7 +530,7 @@ class Checkpoint:
             _check_slice_cover(entry.slices, entry.shape,
                                lambda what: self._corrupt(what, entry.name))
             for ext in sorted(entry.slices, key=lambda ext: ext[0][0]):
-                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes)
+                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes, ring)
         else:
             yield from self._iter_bands(entry, chunk_bytes)
 
@@ -568,7 +574,8 @@ class Checkpoint:
                     out[index] = self._to_array(buf, dtype, (r1 - r0,) + part.shape[1:])
                 yield out.reshape(-1)
 
-    def _iter_entry(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
+    def _iter_entry(self, entry: _Entry, chunk_bytes: int,
+                    ring: "_BufferRing | None" = None) -> Iterator[np.ndarray]:
         dtype = entry.dtype
         if dtype.numpy is None or dtype is _dt.STRING:
             yield self._decode(entry).reshape(-1)
@@ -580,7 +587,7 @@ class Checkpoint:
         crc = 0
         while remaining:
             n = min(step, remaining)
-            buf = np.empty(n, dtype=np.uint8)
+            buf = np.empty(n, dtype=np.uint8) if ring is None else ring.take(n, step)
             self._pread_into(fd, memoryview(buf), offset, entry)
             if self.verify:
                 crc = crc32c(buf, crc)
@@ -592,6 +599,24 @@ class Checkpoint:
 
 
 _NATIVE = "little" if np.little_endian else "big"
+
+
+class _BufferRing:
+    """A few chunk buffers used in turn, so streaming does not fault in fresh pages."""
+
+    def __init__(self, count: int):
+        self._buffers: list[np.ndarray] = []
+        self._count = count
+        self._next = 0
+
+    def take(self, n: int, size: int) -> np.ndarray:
+        i = self._next % self._count
+        self._next += 1
+        if i == len(self._buffers):
+            self._buffers.append(np.empty(size, dtype=np.uint8))
+        elif len(self._buffers[i]) < n:
+            self._buffers[i] = np.empty(size, dtype=np.uint8)
+        return self._buffers[i][:n]
 
 
 def _format_slice(extents: Slice) -> str:

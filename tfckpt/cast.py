@@ -14,6 +14,8 @@ The rounding itself is pluggable (``convert``): numpy/ml-dtypes by default,
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,6 +37,7 @@ class CastCounts:
     elements: int = 0
 
     def add(self, other: "CastCounts") -> None:
+        """Accumulate another part's counts (elements included)."""
         self.overflow += other.overflow
         self.to_zero += other.to_zero
         self.subnormal += other.subnormal
@@ -48,6 +51,8 @@ class Caster:
     ``overflow``: ``'error'`` and ``'inf'`` both produce IEEE results (±inf, or
     NaN for float8 types without infinities) and count them; ``'clip'``
     saturates to the largest finite value of the target, keeping the sign.
+    With ``reuse_output``, results are written into one reused buffer: each is
+    valid until the next call (for streaming consumers).
     """
 
     source: _dt.DType
@@ -55,50 +60,114 @@ class Caster:
     overflow: str = "error"
     counts: CastCounts = field(default_factory=CastCounts)
     convert: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None
+    reuse_output: bool = False
 
     def __post_init__(self):
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}")
         self._via32 = (self.source.name == "float64" and self.target.itemsize < 4)
         src, dst = _finfo(self.source.numpy), _finfo(self.target.numpy)
-        self._max = self.target.numpy.type(dst.max)
-        self._tiny = self.target.numpy.type(dst.smallest_normal)
-        self._nan = np.array(np.nan, dtype=self.target.numpy)
+        tgt = self.target.numpy
+        self._max = tgt.type(dst.max)
+        self._tiny = tgt.type(dst.smallest_normal)
+        self._nan = np.array(np.nan, dtype=tgt)
         # Widening casts are exact: nothing to count.
         self._exact = float(dst.max) >= float(src.max) and \
             float(dst.smallest_subnormal) <= float(src.smallest_subnormal) and \
             dst.nmant >= src.nmant
+        # Magnitudes from here on round beyond the largest finite target value.
+        self._overflow_at = float(dst.max) * (1 + 2.0 ** -(dst.nmant + 1))
+        self._bits = np.dtype(f"u{tgt.itemsize}")
+        self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
+        self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]
+        self._out: np.ndarray | None = None
 
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
-        c = self.counts
-        c.elements += chunk.size
+        n = chunk.size
+        if self.reuse_output:
+            if self._out is None or len(self._out) < n:
+                self._out = np.empty(n, dtype=self.target.numpy)
+            out = self._out[:n]
+        else:
+            out = np.empty(n, dtype=self.target.numpy)
+        flat = chunk.reshape(-1)
+        workers = _workers()
+        if self.convert is None and n >= _PARALLEL_MIN and workers > 1:
+            # numpy's casts release the GIL: split big chunks over the cores.
+            step = -(-n // workers)
+            parts = list(_pool().map(lambda a: self._part(flat[a:a + step], out[a:a + step]),
+                                     range(0, n, step)))
+        else:
+            parts = [self._part(flat, out)]
+        for p in parts:
+            self.counts.add(p)
+        return out.reshape(chunk.shape)
+
+    def _part(self, chunk: np.ndarray, out: np.ndarray) -> CastCounts:
+        counts = CastCounts(elements=chunk.size)
+        if not chunk.size:
+            return counts
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             src = chunk.astype(np.float32) if self._via32 else chunk
-            if self.convert is None:
-                out = src.astype(self.target.numpy)
+            if self.convert is not None:
+                out[...] = self.convert(src, self.target.numpy)
             else:
-                out = self.convert(src, self.target.numpy)
-            nan = np.isnan(out)
-            if nan.any():
-                out[nan] = np.where(np.signbit(chunk[nan]), -self._nan, self._nan)
-            if self._exact:
-                return out
-            # Boolean temporaries only (one byte per element), compared in native dtypes.
-            over = np.isfinite(chunk)
-            over &= ~np.isfinite(out)
-            n_over = int(np.count_nonzero(over))
-            if n_over:
-                c.overflow += n_over
-                if self.overflow == "clip":
-                    out[over] = np.where(np.signbit(chunk[over]), -self._max, self._max)
-            mask = out == 0
-            mask &= chunk != 0
-            c.to_zero += int(np.count_nonzero(mask))
-            mag = np.abs(out)
-            np.less(mag, self._tiny, out=mask)
-            mask &= mag > 0
-            c.subnormal += int(np.count_nonzero(mask))
-        return out
+                np.copyto(out, src, casting="unsafe")
+            # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
+            lo, hi = float(src.min()), float(src.max())
+            if -self._overflow_at < lo and hi < self._overflow_at:
+                if not self._exact:
+                    self._count_small(out, chunk, counts)
+            else:
+                self._special(chunk, out, counts)
+        return counts
+
+    def _count_small(self, out: np.ndarray, chunk: np.ndarray, counts: CastCounts) -> None:
+        """Count zeros and subnormals from the output's bits (integer compares only)."""
+        mag = np.bitwise_and(out.view(self._bits), self._abs_mask)
+        small = int(np.count_nonzero(mag < self._tiny_bits))
+        if small:
+            zeros = int(np.count_nonzero(mag == 0))
+            counts.subnormal += small - zeros
+            if zeros:
+                counts.to_zero += zeros - int(np.count_nonzero(chunk == 0))
+
+    def _special(self, chunk: np.ndarray, out: np.ndarray, c: CastCounts) -> None:
+        """The general path, for chunks with NaN, inf or values near the overflow point."""
+        nan = np.isnan(chunk)
+        if nan.any():
+            out[nan] = np.where(np.signbit(chunk[nan]), -self._nan, self._nan)
+        if self._exact:
+            return
+        over = np.isfinite(chunk)
+        over &= ~np.isfinite(out)
+        n_over = int(np.count_nonzero(over))
+        if n_over:
+            c.overflow += n_over
+            if self.overflow == "clip":
+                out[over] = np.where(np.signbit(chunk[over]), -self._max, self._max)
+        mask = out == 0
+        mask &= chunk != 0
+        c.to_zero += int(np.count_nonzero(mask))
+        mag = np.abs(out)
+        np.less(mag, self._tiny, out=mask)
+        mask &= mag > 0
+        c.subnormal += int(np.count_nonzero(mask))
+
+
+_PARALLEL_MIN = 1 << 20  # elements; smaller chunks are cast on the calling thread
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _workers() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tfckpt-cast")
+    return _POOL
 
 
 def _finfo(npdtype: np.dtype):

@@ -401,7 +401,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     g.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     g.add_argument("--json", action="store_true", help="print the plan or summary as JSON")
     g.add_argument("--chunk-bytes", type=_parse_size, default=64 << 20, metavar="SIZE",
-                   help="memory budget per chunk (default 64M)")
+                   help="memory budget for tensor data in flight (default 64M)")
     p.set_defaults(func=cmd_transform)
 
 

@@ -1,10 +1,15 @@
-"""TensorFlow's DataType numbers, their names, and their numpy equivalents."""
+"""TensorFlow's DataType numbers, their names, and their numpy equivalents.
+
+The ml-dtypes types (bfloat16, float8, int4, ...) are resolved on first use:
+importing ml-dtypes costs more than everything else tfckpt imports together,
+and most commands never meet those types.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-import ml_dtypes
 import numpy as np
 
 from .errors import UnsupportedCheckpointError
@@ -22,12 +27,18 @@ class DType:
 
     enum: int
     name: str
-    numpy: np.dtype | None
+    spec: object  # a numpy dtype spec, "ml_dtypes:NAME", or None
     kind: str  # 'float', 'complex', 'int', 'uint', 'bool', 'quantized', 'string', 'opaque'
+    itemsize: int | None
 
-    @property
-    def itemsize(self) -> int | None:
-        return None if self.numpy is None else self.numpy.itemsize
+    @cached_property
+    def numpy(self) -> np.dtype | None:
+        if self.spec is None:
+            return None
+        if isinstance(self.spec, str) and self.spec.startswith("ml_dtypes:"):
+            import ml_dtypes
+            return np.dtype(getattr(ml_dtypes, self.spec.split(":", 1)[1]))
+        return np.dtype(self.spec)
 
     @property
     def is_floating(self) -> bool:
@@ -43,54 +54,53 @@ class DType:
         return self.name
 
 
-def _q(name: str, base: str) -> np.dtype:
+def _q(name: str, base: str) -> list:
     # TensorFlow returns quantized tensors as one-field structured arrays.
-    return np.dtype([(name, base)])
+    return [(name, base)]
 
 
+_ML = "ml_dtypes:"
 _TABLE = [
-    (1, "float32", np.float32, "float"),
-    (2, "float64", np.float64, "float"),
-    (3, "int32", np.int32, "int"),
-    (4, "uint8", np.uint8, "uint"),
-    (5, "int16", np.int16, "int"),
-    (6, "int8", np.int8, "int"),
-    (7, "string", None, "string"),
-    (8, "complex64", np.complex64, "complex"),
-    (9, "int64", np.int64, "int"),
-    (10, "bool", np.bool_, "bool"),
-    (11, "qint8", _q("qint8", "i1"), "quantized"),
-    (12, "quint8", _q("quint8", "u1"), "quantized"),
-    (13, "qint32", _q("qint32", "<i4"), "quantized"),
-    (14, "bfloat16", ml_dtypes.bfloat16, "float"),
-    (15, "qint16", _q("qint16", "<i2"), "quantized"),
-    (16, "quint16", _q("quint16", "<u2"), "quantized"),
-    (17, "uint16", np.uint16, "uint"),
-    (18, "complex128", np.complex128, "complex"),
-    (19, "float16", np.float16, "float"),
-    (20, "resource", None, "opaque"),
-    (21, "variant", None, "opaque"),
-    (22, "uint32", np.uint32, "uint"),
-    (23, "uint64", np.uint64, "uint"),
-    (24, "float8_e5m2", ml_dtypes.float8_e5m2, "float"),
-    (25, "float8_e4m3fn", ml_dtypes.float8_e4m3fn, "float"),
-    (26, "float8_e4m3fnuz", ml_dtypes.float8_e4m3fnuz, "float"),
-    (27, "float8_e4m3b11fnuz", ml_dtypes.float8_e4m3b11fnuz, "float"),
-    (28, "float8_e5m2fnuz", ml_dtypes.float8_e5m2fnuz, "float"),
-    (29, "int4", ml_dtypes.int4, "int"),
-    (30, "uint4", ml_dtypes.uint4, "uint"),
-    (31, "int2", ml_dtypes.int2, "int"),
-    (32, "uint2", ml_dtypes.uint2, "uint"),
-    (33, "float4_e2m1fn", ml_dtypes.float4_e2m1fn, "float"),
+    (1, "float32", np.float32, "float", 4),
+    (2, "float64", np.float64, "float", 8),
+    (3, "int32", np.int32, "int", 4),
+    (4, "uint8", np.uint8, "uint", 1),
+    (5, "int16", np.int16, "int", 2),
+    (6, "int8", np.int8, "int", 1),
+    (7, "string", None, "string", None),
+    (8, "complex64", np.complex64, "complex", 8),
+    (9, "int64", np.int64, "int", 8),
+    (10, "bool", np.bool_, "bool", 1),
+    (11, "qint8", _q("qint8", "i1"), "quantized", 1),
+    (12, "quint8", _q("quint8", "u1"), "quantized", 1),
+    (13, "qint32", _q("qint32", "<i4"), "quantized", 4),
+    (14, "bfloat16", _ML + "bfloat16", "float", 2),
+    (15, "qint16", _q("qint16", "<i2"), "quantized", 2),
+    (16, "quint16", _q("quint16", "<u2"), "quantized", 2),
+    (17, "uint16", np.uint16, "uint", 2),
+    (18, "complex128", np.complex128, "complex", 16),
+    (19, "float16", np.float16, "float", 2),
+    (20, "resource", None, "opaque", None),
+    (21, "variant", None, "opaque", None),
+    (22, "uint32", np.uint32, "uint", 4),
+    (23, "uint64", np.uint64, "uint", 8),
+    (24, "float8_e5m2", _ML + "float8_e5m2", "float", 1),
+    (25, "float8_e4m3fn", _ML + "float8_e4m3fn", "float", 1),
+    (26, "float8_e4m3fnuz", _ML + "float8_e4m3fnuz", "float", 1),
+    (27, "float8_e4m3b11fnuz", _ML + "float8_e4m3b11fnuz", "float", 1),
+    (28, "float8_e5m2fnuz", _ML + "float8_e5m2fnuz", "float", 1),
+    (29, "int4", _ML + "int4", "int", 1),
+    (30, "uint4", _ML + "uint4", "uint", 1),
+    (31, "int2", _ML + "int2", "int", 1),
+    (32, "uint2", _ML + "uint2", "uint", 1),
+    (33, "float4_e2m1fn", _ML + "float4_e2m1fn", "float", 1),
 ]
 
-_BY_ENUM: dict[int, DType] = {
-    e: DType(e, name, None if npt is None else np.dtype(npt), kind) for e, name, npt, kind in _TABLE
-}
+_BY_ENUM: dict[int, DType] = {e: DType(e, name, spec, kind, size)
+                              for e, name, spec, kind, size in _TABLE}
 _BY_NAME: dict[str, DType] = {d.name: d for d in _BY_ENUM.values()}
 _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bytes": "string",
             "str": "string", "object": "string"}
-_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in _BY_ENUM.values() if d.numpy is not None}
 
 STRING = _BY_NAME["string"]
 
@@ -121,10 +131,13 @@ def lookup(spec) -> DType:
     if npd is not None:
         if npd.kind in "OSU":
             return STRING
-        if npd in _BY_NUMPY:
-            return _BY_NUMPY[npd]
-        if npd.byteorder == ">" and npd.newbyteorder("=") in _BY_NUMPY:
-            return _BY_NUMPY[npd.newbyteorder("=")]
+        # numpy's names agree with TensorFlow's for every type both have, ml-dtypes'
+        # included; quantized types are one-field structs named after the type.
+        key = npd.names[0] if npd.names and len(npd.names) == 1 else npd.name
+        found = _BY_NAME.get(key)
+        if found is not None and found.numpy is not None and \
+                found.numpy.newbyteorder("=") == npd.newbyteorder("="):
+            return found
     raise ValueError(f"no TensorFlow dtype for {spec!r}")
 
 

@@ -10,16 +10,18 @@ helpers over it.
 from __future__ import annotations
 
 import os
+import queue
 import re
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import paths
-from .bundle import DEFAULT_CHUNK_BYTES, BundleWriter, Checkpoint, TensorInfo
+from .bundle import BundleWriter, Checkpoint, TensorInfo
 from .cast import CAST_TARGETS, Caster, CastCounts, should_cast
 from .errors import CheckpointError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
@@ -358,11 +360,16 @@ def _tf_converter(backend: str):
     return tf_cast.converter()
 
 
-def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+MEMORY_BUDGET = 64 << 20
+
+
+def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGET,
             progress: Callable[[int], None] | None = None, backend: str = "numpy",
             tf_threshold: int = DEFAULT_TF_THRESHOLD) -> Summary:
     """Stream the planned tensors into the destination and commit it.
 
+    ``chunk_bytes`` is the memory budget for tensor data in flight: reads are a
+    quarter of it, so the read-ahead ring, the cast output and temporaries fit.
     ``progress`` is called with the number of source bytes done after each chunk.
     With ``overflow='error'``, values beyond the target's range abort the run
     before anything is committed, listing every affected tensor. ``backend='tf'``
@@ -392,7 +399,7 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = DEFAULT_CHUN
             if t.cast:
                 convert = tf_convert if t.info.nbytes >= tf_threshold else None
                 caster = Caster(_dt.lookup(t.info.dtype), _dt.lookup(t.new_dtype), overflow,
-                                convert=convert)
+                                convert=convert, reuse_output=True)
             if t.info.slices:
                 for sl in sorted(src.ckpt.slice_info(t.name), key=lambda s: (s.shard, s.offset)):
                     _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(sl.shard),
@@ -444,10 +451,51 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: PlannedTensor, caster, progress,
     else:
         stream = w.stream(t.new_name, t.new_dtype, t.info.shape, shard=shard)
     with stream:
-        for chunk in ckpt.iter_chunks(t.name, chunk_bytes, extents=extents):
+        # Reading (and checking the source's CRC) runs one chunk ahead in a thread;
+        # casting, writing and the output's CRC here: both cores busy, as numpy,
+        # crc32c and file I/O release the GIL.
+        chunks = ckpt.iter_chunks(t.name, max(chunk_bytes // 4, 1 << 16), extents=extents,
+                                  reuse=True)
+        for chunk in _prefetch(chunks):
             stream.write(caster(chunk) if caster is not None else chunk)
             if progress:
                 progress(chunk.nbytes)
+
+
+def _prefetch(iterator: Iterator):
+    """Run ``iterator`` one item ahead in a background thread."""
+    items: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    done = object()
+
+    def produce():
+        try:
+            for item in iterator:
+                while not stop.is_set():
+                    try:
+                        items.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put((done, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            items.put((done, e))
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = items.get()
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
 
 
 def _write_state_file(p: Plan) -> None:
@@ -469,7 +517,7 @@ def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequenc
               cast: str | None = None, cast_from: Iterable[str] | None = None,
               overflow: str = "error", prefer: str | None = None,
               max_shard_bytes: int | None = None, overwrite: bool = False,
-              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              chunk_bytes: int = MEMORY_BUDGET,
               progress: Callable[[int], None] | None = None, backend: str = "numpy",
               tf_threshold: int = DEFAULT_TF_THRESHOLD) -> Summary:
     """Select, rename and cast the tensors of one or more checkpoints into a new one.
