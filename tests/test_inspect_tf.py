@@ -357,12 +357,20 @@ def test_dump_tensor_strings_full_and_shortened(tf_checkpoints):
     assert "b'a'" in short and r"b'\x00\x00\x00\x00\x00\x00\x00'" in short
 
 
-def test_dump_tensor_scalars_and_object_graph_string(tf_checkpoints):
+def test_dump_tensor_scalars(tf_checkpoints):
     case = tf_checkpoints("all_dtypes")
-    rc, out, _ = cli("dump", case.path, "--tensor", "^scalar_int64$", "--tensor", "^scalar_float32$")
+    rc, out, _ = cli("dump", case.path, "--tensor", "^scalar_int64$",
+                     "--tensor", "^scalar_float32$")
     assert rc == 0
     assert out.splitlines() == ["scalar_int64 (int64 [])", str(-(2**62) - 5),
                                 "scalar_float32 (float32 [])", "-0.0"]
+    # A long string scalar (the serialized object graph) is shortened too, unless --full.
+    keras = tf_checkpoints("keras_manager")
+    raw = tf.train.load_checkpoint(keras.prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    rc, out, _ = cli("dump", keras.path, "--tensor", "_CHECKPOINTABLE_OBJECT_GRAPH")
+    assert rc == 0 and f"...({len(raw)} bytes)" in out and len(out) < 300
+    rc, out, _ = cli("dump", keras.path, "--tensor", "_CHECKPOINTABLE_OBJECT_GRAPH", "--full")
+    assert rc == 0 and ast.literal_eval(out.splitlines()[1]) == raw
 
 
 def test_dump_tensor_partitioned_value_equals_tensorflow(tf_checkpoints):
@@ -638,6 +646,7 @@ _NEAR_OVERFLOW_BUG = (
     "chunks of the planted 3.4e38 give bfloat16 overflow 0 instead of 1")
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # see test_stats_prints_no_numpy_warnings
 @pytest.mark.parametrize("which", [
     pytest.param("planted", marks=pytest.mark.xfail(strict=True, reason=_NEAR_OVERFLOW_BUG)),
     "savev2_slices", "tf1_partitioned", "max_shard_policy", "all_dtypes", "tf1_sharded"])
@@ -656,6 +665,8 @@ def test_stats_chunked_equals_one_chunk(stats_planted, tf_checkpoints, which):
                         # Summation order differs: exact to rounding at the values' scale.
                         x = as_f64(ckpt[w["name"]])
                         scale = float(np.abs(x[np.isfinite(x)]).max())
+                        if scale > 1e150:  # squares overflow: test_stats_moments_of_huge_float64
+                            continue
                         assert s[k] == pytest.approx(w[k], rel=1e-9, abs=1e-12 * scale), \
                             (w["name"], k, chunk)
                     else:
@@ -673,6 +684,20 @@ def test_stats_counts_overflow_just_past_the_rounding_edge(tmp_path, values, tar
     prefix = save_v2(str(tmp_path / "edge"), {"x": a})
     with tfckpt.open(prefix) as ckpt:
         assert tfi.stats(ckpt)["tensors"][0]["cast"][target]["overflow"] == want
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: _Moments.add computes delta*delta*n*n_b/total, which "
+                   "is inf*0 = NaN on the first chunk once |mean| > ~1.3e154: stats of float64 "
+                   "[1e200, 1e200, 1e200] gives std NaN (numpy: 0.0), one chunk or many; and for values "
+                   "near float64's max (all_dtypes 'float64') 1-element chunks make delta itself "
+                   "overflow, so the mean is NaN where one chunk gives 7.19e287")
+@pytest.mark.parametrize("chunk", [1 << 20, 8])
+def test_stats_moments_of_huge_float64(tmp_path, chunk):
+    a = np.array([1e200, 1e200, 1e200])
+    prefix = save_v2(str(tmp_path / "huge"), {"x": a})
+    with tfckpt.open(prefix) as ckpt:
+        rec = tfi.stats(ckpt, chunk_bytes=chunk)["tensors"][0]
+    assert rec["mean"] == pytest.approx(1e200) and rec["std"] == a.std() == 0.0
 
 
 def test_stats_partitioned_equals_numpy_of_full_tensor(tf_checkpoints):
@@ -861,6 +886,17 @@ def test_verify_tf_agrees(tf_checkpoints, case_name):
     rc, out, err = cli("verify", case.path, "--tf")
     assert rc == 0, err
     assert "TensorFlow's reader agrees bit-for-bit" in out
+
+
+def test_verify_tf_all_dtypes_only_quantized_disagree(tf_checkpoints):
+    """Every dtype TF can save reads back bit-for-bit; see the xfail below for the quantized ones."""
+    from tfckpt.tf import verify_with_tf
+    case = tf_checkpoints("all_dtypes")
+    report = verify_with_tf(case.path)
+    quantized = ["qint16", "qint32", "qint8", "quint16", "quint8"]
+    assert report["tensors"] == len(case.extra["values"]) and report["cast_checked"] == 0
+    named = [m[len(case.prefix) + 2:].split(": ")[0] for m in report["mismatches"]]
+    assert set(named) <= set(quantized), report["mismatches"]
 
 
 @pytest.mark.xfail(strict=True, reason="BUG: verify --tf flags every quantized tensor (qint8, "

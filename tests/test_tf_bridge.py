@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -147,6 +146,7 @@ def build_tf1_float16(dtype="float16", table_parts=3):
     return {"enc/kernel": tf1_var("enc/kernel", dtype=dtype, shape=(6, 5)),
             "enc/bias": tf1_var("enc/bias", dtype=dtype, shape=(5,)),
             "emb/table": tf1_var("emb/table", dtype=dtype, shape=(10, 4), parts=table_parts),
+            # A resource variable: ref variables hit a bug (test_tf1_ref_variables).
             "global_step": tf1_var("global_step", dtype=tf.int64, shape=())}
 
 
@@ -199,13 +199,8 @@ def test_tf1_float32_checkpoint_into_float16_graph(tf1_float32, form):
     assert report.unused == ([] if form != "dict" else ["emb/table"])
 
 
-REF_BUG = ("BUG: tfckpt.restore fails on TF1 ref variables (use_resource=False, or any graph "
-           "after disable_resource_variables()): their dtype is e.g. 'int64_ref'/'float16_ref' "
-           "and restore.py _converted() looks up _var_dtype(var).name instead of the base "
-           "dtype -> ValueError: no TensorFlow dtype for 'int64_ref' (not even a CheckpointError)")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=REF_BUG)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_tf1_ref_variables(tf1_float32, dtype):
     """Classic TF1 ref variables, same dtype (int64 step) and cast (float32 -> float16)."""
@@ -223,6 +218,18 @@ def test_tf1_ref_variables(tf1_float32, dtype):
     assert_bits(after["global_step"], np.array(1234, np.int64), "global_step")
     assert names_of(report) == [("enc/kernel", "enc/kernel:0", "float32", dtype),
                                 ("global_step", "global_step:0", "int64", "int64")]
+
+
+def test_tf1_dict_with_partitioned_variable(tf1_float32):
+    prefix, original = tf1_float32
+    with tf1_session(build_tf1_float16) as (sess, variables):
+        report = tfckpt.restore({"emb/table": variables["emb/table"],
+                                 "enc/bias": variables["enc/bias"]}, prefix, session=sess)
+        after = run_values(sess, variables)
+    assert ("emb/table", "float32", "float16") in [(r.checkpoint_name, r.dtype, r.new_dtype)
+                                                   for r in report.restored]
+    assert_bits(after["enc/bias"], cast_np(original["enc/bias"], "float16"), "enc/bias")
+    assert_bits(after["emb/table"], cast_np(original["emb/table"], "float16"), "emb/table")
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +320,23 @@ def test_tf2_keras_model_with_adam_into_other_dtype(tf_checkpoints, dtype):
     else:  # the float16/bfloat16 model runs
         x = np.random.default_rng(0).random((2, 6, 6, 2)).astype(NP[dtype])
         assert model(x, training=False).shape == (2, 4)
+
+
+def test_tf2_keras_model_and_adam_slots_into_float16(tf_checkpoints):
+    """The optimizer restored too: its float16 slots from the float32 ones, iterations as int64."""
+    case = tf_checkpoints("keras_manager")
+    model = keras_model("float16")
+    optimizer = keras.optimizers.Adam(1e-2)
+    optimizer.build(model.trainable_variables)
+    report = tfckpt.restore(tf.train.Checkpoint(model=model, optimizer=optimizer), case.prefix)
+    assert report.missing == []
+    assert report.unused == ["save_counter/.ATTRIBUTES/VARIABLE_VALUE"]
+    for v, w in zip(optimizer.variables, case.extra["optimizer_variables"]):
+        want = w if v.dtype in ("int64", "float32") else cast_np(w, v.dtype)
+        assert_bits(v.numpy(), want, v.path)
+    assert int(optimizer.iterations.numpy()) == 4  # two epochs of two batches
+    for v, w in zip(model.weights, case.extra["weights"]):
+        assert_bits(v.numpy(), cast_np(w, "float16"), v.path)
 
 
 class Leaf(tf.Module):
@@ -450,6 +474,46 @@ def test_two_checkpoints_into_one_graph_under_new_names(ab_checkpoints):
             theirs = run_values(sess, variables)
     for k in theirs:
         assert_bits(ours[k], theirs[k], k)
+
+
+@pytest.mark.parametrize("which,assignment_map", [
+    ("a", {"/": "net/"}),                           # the whole checkpoint under a new scope
+    ("a", {"a1/": "x/"}),
+    ("a", {"a1/w": "net/a1/w", "a2/": "net/a2/"}),  # exact and scope together
+    ("parts", {"emb": "net/emb", "/": "net/"}),     # a partitioned variable, by exact name
+])
+def test_assignment_map_agrees_with_init_from_checkpoint(ab_checkpoints, tf1_partitioned32,
+                                                         which, assignment_map):
+    """Same dtypes, so TensorFlow's own init_from_checkpoint can say what the map means."""
+    prefix = ab_checkpoints[0] if which == "a" else tf1_partitioned32[0]
+
+    def build():
+        if which == "parts":
+            return {"net/emb": tf1_var("net/emb", dtype="float32", shape=(10, 4), parts=2),
+                    "net/vec": tf1_var("net/vec", dtype="float32", shape=(12,)),
+                    "net/wide": tf1_var("net/wide", dtype="float32", shape=(5, 7), parts=3,
+                                        axis=1)}
+        return {n: tf1_var(n, dtype="float32", shape=s) for n, s in [
+            ("net/a1/w", (3, 4)), ("net/a1/b", (4,)), ("net/a2/w", (2,)), ("x/w", (3, 4)),
+            ("x/b", (4,))]}
+
+    with tf1_session(build) as (sess, variables):
+        zeros = run_values(sess, variables)
+        report = tfckpt.restore(list(variables.values()), prefix, session=sess,
+                                assignment_map=assignment_map)
+        ours = run_values(sess, variables)
+    with tf.Graph().as_default() as g:
+        variables = build()
+        v1.train.init_from_checkpoint(prefix, assignment_map)
+        with v1.Session(graph=g) as sess:
+            sess.run(v1.global_variables_initializer())
+            theirs = run_values(sess, variables)
+    for k in theirs:
+        assert_bits(ours[k], theirs[k], k)
+    changed = sorted(k for k in ours if ours[k].tobytes() != zeros[k].tobytes())
+    assert changed == sorted({r.variable.split("/part_")[0].split(":")[0]
+                              for r in report.restored})
+    assert report.missing == []
 
 
 def test_exact_name_assignment_map(ab_checkpoints):
@@ -609,35 +673,30 @@ OVERFLOWED = {"clip": [65504.0, -65504.0, 1.5, 65504.0, 65504.0, np.inf],
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 def test_overflow_policy(overflow_ckpt, mode):
+    """float32 1e5 into float16: an error by default (nothing assigned), else clip or inf."""
     prefix, _ = overflow_ckpt
+    with contextlib.ExitStack() as stack:
+        if mode == "graph":
+            graph = stack.enter_context(tf.Graph().as_default())
+            sess = stack.enter_context(v1.Session(graph=graph))
+            small = tf1_var("small", dtype="float16", shape=(2,))
+            big = tf1_var("big", dtype="float16", shape=(6,))
+            sess.run(v1.global_variables_initializer())
+            read = sess.run
+        else:
+            sess = None
+            small = tf.Variable(np.zeros(2, np.float16), name="small")
+            big = tf.Variable(np.zeros(6, np.float16), name="big")
+            read = lambda v: v.numpy()  # noqa: E731
 
-    def check(make, read):
-        small, big = make("small", (2,)), make("big", (6,))
         with pytest.raises(CheckpointError, match="beyond the range of float16") as e:
-            read(lambda **kw: tfckpt.restore([small, big], prefix, **kw))
+            tfckpt.restore([small, big], prefix, session=sess)
         assert e.value.tensor == "big"
-        assert not read(lambda **kw: None, small).any() and not read(lambda **kw: None, big).any()
+        assert not read(small).any() and not read(big).any()
         for policy, want in OVERFLOWED.items():
-            read(lambda **kw: tfckpt.restore([small, big], prefix, overflow=policy, **kw))
-            assert_bits(read(lambda **kw: None, big), np.array(want, np.float16), policy)
-            assert_bits(read(lambda **kw: None, small), np.array([1, 2], np.float16), policy)
-
-    if mode == "eager":
-        def read(fn, var=None):
-            fn()
-            return None if var is None else var.numpy()
-        check(lambda n, s: tf.Variable(np.zeros(s, np.float16), name=n), read)
-    else:
-        with tf.Graph().as_default() as g, v1.Session(graph=g) as sess:
-            def make(n, s):
-                v = tf1_var(n, dtype="float16", shape=s)
-                sess.run(v.initializer)
-                return v
-
-            def read(fn, var=None):
-                fn(session=sess)
-                return None if var is None else sess.run(var)
-            check(make, read)
+            tfckpt.restore([small, big], prefix, session=sess, overflow=policy)
+            assert_bits(read(big), np.array(want, np.float16), policy)
+            assert_bits(read(small), np.array([1, 2], np.float16), policy)
 
 
 def test_integer_and_kind_mismatches(overflow_ckpt):
@@ -781,15 +840,11 @@ PAIRS = [("float32", "float16"), ("float32", "bfloat16"), ("float64", "float16")
 # tf.cast on TensorFlow's CPU threads flushes float32 subnormals (inputs and results) to ±0;
 # numpy (and tfckpt's numpy backend) keeps them. These pairs meet such values.
 FTZ_PAIRS = {("float32", "float64"), ("float64", "float32"), ("bfloat16", "float64")}
-FTZ_BUG = ("BUG: backend='tf' is not bit-identical to backend='numpy': tf.cast on TensorFlow's "
-           "CPU threads flushes float32-range subnormals to ±0 (float32->float64, "
-           "bfloat16->float64 inputs; float64->float32 results), the numpy backend keeps them")
 
 
 @pytest.mark.parametrize("overflow", ["inf", "clip"])
 @pytest.mark.parametrize("src,dst", [
-    pytest.param(s, d, marks=pytest.mark.xfail(strict=True, reason=FTZ_BUG))
-    if (s, d) in FTZ_PAIRS else (s, d) for s, d in PAIRS])
+    (s, d) for s, d in PAIRS])
 def test_tf_backend_bitwise_equals_numpy(cast_sources, tmp_path, src, dst, overflow):
     prefix, vals = cast_sources[src, "full"]
     out_np, out_tf, s_np, s_tf = convert_both(prefix, dst, tmp_path, overflow)
@@ -889,34 +944,43 @@ def test_cli_backends(cast_sources, tmp_path):
     cli_tf, cli_auto = str(tmp_path / "cli_tf" / "out"), str(tmp_path / "cli_auto" / "out")
     for backend, out in [("tf", cli_tf), ("auto", cli_auto)]:
         proc = th.run_cli("convert", prefix, out, "--dtype", "float16", "--backend", backend,
-                          "--tf-threshold", "0", "--overflow", "clip")
+                          "--tf-threshold", "1", "--overflow", "clip")
         assert proc.returncode == 0, proc.stderr
         assert_same_checkpoints(api, out, vals)
     # auto on this GPU-less machine is the numpy backend: float32 -> float64 keeps subnormals
     # there, which tf.cast on the CPU would flush.
     proc = th.run_cli("convert", prefix, str(tmp_path / "auto64" / "out"), "--dtype", "float64",
-                      "--backend", "auto", "--tf-threshold", "0")
+                      "--backend", "auto", "--tf-threshold", "1")
     assert proc.returncode == 0, proc.stderr
     tfckpt.convert(prefix, str(tmp_path / "np64" / "out"), "float64")
     assert_same_checkpoints(str(tmp_path / "np64" / "out"), str(tmp_path / "auto64" / "out"), vals)
 
 
+def test_cli_tf_threshold_zero(cast_sources, tmp_path):
+    prefix, vals = cast_sources["float32", "full"]
+    out = str(tmp_path / "cli" / "out")
+    proc = th.run_cli("convert", prefix, out, "--dtype", "float16", "--backend", "tf",
+                      "--tf-threshold", "0", "--overflow", "inf")
+    assert proc.returncode == 0, proc.stderr
+    tfckpt.convert(prefix, str(tmp_path / "api" / "out"), "float16", overflow="inf")
+    assert_same_checkpoints(str(tmp_path / "api" / "out"), out, vals)
+
+
 # ---------------------------------------------------------------- 6. verify_with_tf
 
 
-VERIFY_BUG = ("BUG: verify_with_tf reports numpy-backend float32->float64 casts of float32 "
-              "subnormals as mismatches: its judge tf.cast flushes them to 0 on the CPU, "
-              "tfckpt keeps them (tfckpt's cast is not 'exactly as tf.cast' here)")
 
 
 @pytest.mark.parametrize("name,dtype,backend", [
-    ("tf1_saver", "float16", "numpy"), ("tf1_saver", "bfloat16", "numpy"),
-    ("tf1_saver", "float16", "tf"),
+    ("tf1_saver", "float16", "numpy"), ("tf1_saver", "float16", "tf"),
+    ("tf1_saver", "float64", "tf"),
     ("keras_manager", "float16", "numpy"), ("keras_manager", "bfloat16", "tf"),
-    ("tf1_partitioned", "float16", "numpy"), ("tf1_sharded", "float64", "numpy"),
+    ("keras_manager", "float64", "numpy"),
+    ("tf1_partitioned", "bfloat16", "numpy"), ("tf1_partitioned", "float64", "tf"),
+    ("tf1_sharded", "float64", "numpy"), ("tf1_sharded", "float16", "tf"),
     ("max_shard_policy", "bfloat16", "numpy"), ("saved_model", "float16", "numpy"),
-    pytest.param("tf1_saver", "float64", "numpy",
-                 marks=pytest.mark.xfail(strict=True, reason=VERIFY_BUG)),
+    ("tf1_saver", "float64", "numpy"), ("tf1_saver", "bfloat16", "numpy"),
+    ("tf1_partitioned", "float16", "numpy"),
 ])
 def test_verify_with_tf_after_convert(tf_checkpoints, tmp_path, name, dtype, backend):
     case = tf_checkpoints(name)
@@ -928,6 +992,41 @@ def test_verify_with_tf_after_convert(tf_checkpoints, tmp_path, name, dtype, bac
     assert result["mismatches"] == [], result["mismatches"]
     assert result["cast_checked"] == summary.cast > 0
     assert result["tensors"] == len(ckpt_keys(out)) + (OBJECT_GRAPH in tfckpt.open(out))
+
+
+def test_verify_with_tf_negative_nan_to_bfloat16(tmp_path):
+    """The smallest case: eight float32 -NaNs, written by TF, converted to bfloat16."""
+    src = str(tmp_path / "src")
+    tf.raw_ops.SaveV2(prefix=src, tensor_names=["x"], shape_and_slices=[""],
+                      tensors=[tf.constant(np.full(8, -np.nan, np.float32))])
+    out = str(tmp_path / "out" / "m")
+    tfckpt.convert(src, out, "bfloat16")
+    with tfckpt.open(out) as c:
+        assert (c["x"].view(np.uint16) == 0xFFC0).all()  # sign kept, as numpy keeps it
+    result = tfckpt.verify_with_tf(out, reference=src)
+    assert result["mismatches"] == [], result["mismatches"]
+
+
+def test_tf_saver_restores_converted_partitioned_float16(tf_checkpoints, tmp_path):
+    """What verify_with_tf cannot read (sliced float16), TensorFlow's Saver restores exactly."""
+    case = tf_checkpoints("tf1_partitioned")
+    with tfckpt.open(case.prefix) as c:
+        original = {k: c[k] for k in c.keys()}
+    out = str(tmp_path / "out" / "model")
+    tfckpt.convert(case.prefix, out, "float16")
+
+    def build():
+        return {"vec": tf1_var("vec", dtype="float16", shape=(12,), parts=3),
+                "emb/table": tf1_var("emb/table", dtype="float16", shape=(10, 4), parts=3),
+                "wide": tf1_var("wide", dtype=tf.int64, shape=(5, 7), parts=2, axis=1),
+                "plain": tf1_var("plain", dtype=tf.int32, shape=(6,))}
+
+    with tf1_session(build) as (sess, variables):
+        v1.train.Saver().restore(sess, out)
+        theirs = run_values(sess, variables)
+    for k, v in theirs.items():
+        want = original[k] if original[k].dtype.kind == "i" else cast_np(original[k], "float16")
+        assert_bits(v, want, k)
 
 
 def test_verify_with_tf_catches_a_wrong_cast(tf_checkpoints, tmp_path):

@@ -143,6 +143,17 @@ def test_every_command_takes_every_option(src, tmp_path):
     assert th.tf_dtypes(out) == {"head/kernel": "float16", "head/bias": "float16"}
 
 
+def test_tf_backend_writes_the_same_bytes(src, tmp_path):
+    """``--backend tf`` (tf.cast in the CLI process) writes what the default numpy backend
+    writes, on values without float32-range subnormals (see test_transform_tf for those)."""
+    ok(run_cli("convert", src.tf1, tmp_path / "np", "--dtype", "float16"))
+    ok(run_cli("convert", src.tf1, tmp_path / "tf", "--dtype", "float16", "--backend", "tf",
+               "--tf-threshold", "1"))
+    for a, b in zip(th.checkpoint_files(tmp_path / "np"), th.checkpoint_files(tmp_path / "tf")):
+        assert a.name[:2] == "np" and b.name[:2] == "tf" and a.name[2:] == b.name[2:]
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
 # ---------------------------------------------------------------- --dry-run and --json
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -31,6 +31,7 @@ FORMAT_VERSION = 1  # the bundle version TensorFlow writes and reads
 _MIN_PRODUCER = 0
 DEFAULT_CHUNK_BYTES = 16 << 20
 _MAX_RANK = 254
+MAX_SHARDS = 1 << 20  # a header claiming more shards than this is not a real checkpoint
 _MAX_ELEMENTS = (1 << 63) - 1
 
 Extent = tuple[int, "int | None"]
@@ -183,7 +184,7 @@ class Checkpoint:
         if h.endianness not in (0, 1):
             raise CorruptCheckpointError(f"unknown endianness {h.endianness} in header",
                                          path=self.index_path)
-        if h.num_shards < 1:
+        if not 1 <= h.num_shards <= MAX_SHARDS:
             raise CorruptCheckpointError(f"header declares {h.num_shards} data shards",
                                          path=self.index_path)
         return Header(h.num_shards, "big" if h.endianness == 1 else "little",

@@ -269,12 +269,16 @@ def cmd_verify(args) -> int:
     return 1 if data["problems"] else 0
 
 
-def _parse_size(text: str) -> int:
+def _parse_size(text: str, *, minimum: int = 1) -> int:
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if not m or float(m[1]) <= 0:
+    if not m or int(float(m[1]) * units[m[2]]) < minimum:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
     return int(float(m[1]) * units[m[2]])
+
+
+def _parse_size_or_zero(text: str) -> int:
+    return _parse_size(text, minimum=0)
 
 
 def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
@@ -374,7 +378,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     g.add_argument("--backend", choices=BACKENDS, default="numpy",
                    help="who rounds: numpy (default), tf (tf.cast on the best device for "
                         "tensors of at least --tf-threshold), auto (tf only with a GPU)")
-    g.add_argument("--tf-threshold", type=_parse_size, default=DEFAULT_TF_THRESHOLD,
+    g.add_argument("--tf-threshold", type=_parse_size_or_zero, default=DEFAULT_TF_THRESHOLD,
                    metavar="SIZE", help="smallest tensor cast by the tf backend (default 64M)")
     g.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="error",
                    help="values beyond the target's range: fail (default), clip to the "

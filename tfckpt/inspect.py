@@ -359,16 +359,23 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
 
 
 def _check_shard_files(ckpt: Checkpoint) -> list[str]:
-    problems = []
-    for f in ckpt.data_files:
-        if not os.path.isfile(f):
-            problems.append(f"{f}: data shard is missing")
+    """The data files on disk against the header's shard count (from one directory listing)."""
     directory = os.path.dirname(ckpt.prefix) or "."
     base = os.path.basename(ckpt.prefix)
-    for n in sorted(os.listdir(directory)):
-        parsed = paths.parse_data_filename(n)
-        if parsed and parsed[0] == base and parsed[2] != ckpt.header.num_shards:
-            problems.append(f"{os.path.join(directory, n)}: data file of a "
-                            f"{parsed[2]}-shard checkpoint, but the header says "
-                            f"{ckpt.header.num_shards}")
+    n = ckpt.header.num_shards
+    present, problems = set(), []
+    for name in sorted(os.listdir(directory)):
+        parsed = paths.parse_data_filename(name)
+        if not parsed or parsed[0] != base:
+            continue
+        if parsed[2] != n:
+            problems.append(f"{os.path.join(directory, name)}: data file of a {parsed[2]}-shard "
+                            f"checkpoint, but the header says {n}")
+        elif parsed[1] < n:
+            present.add(parsed[1])
+    missing = [i for i in range(min(n, len(present) + 6)) if i not in present]
+    for i in missing[:5]:
+        problems.append(f"{paths.data_filename(ckpt.prefix, i, n)}: data shard is missing")
+    if n - len(present) > 5:
+        problems.append(f"{ckpt.prefix}: {n - len(present)} of {n} data shards are missing")
     return problems

@@ -8,6 +8,8 @@ import numpy as np
 
 from ._tf import tensorflow
 
+_F32_TINY = np.finfo(np.float32).tiny
+
 
 def best_device() -> str:
     tf = tensorflow()
@@ -28,7 +30,15 @@ def converter(device: str | None = None):
 
     def convert(chunk: np.ndarray, target: np.dtype) -> np.ndarray:
         with tf.device(dev):
-            return tf.cast(tf.constant(chunk), tf.as_dtype(target)).numpy()
+            out = tf.cast(tf.constant(chunk), tf.as_dtype(target)).numpy()
+        # TensorFlow's CPU threads flush values below float32's normal range to zero
+        # (in and out); those few elements are rounded here instead, as IEEE says.
+        with np.errstate(invalid="ignore"):
+            tiny = np.abs(chunk) < _F32_TINY
+            tiny &= chunk != 0
+        if tiny.any():
+            out[tiny] = chunk[tiny].astype(target)
+        return out
 
     convert.device = dev
     return convert

@@ -92,7 +92,8 @@ def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | N
 
 
 def _var_dtype(tf, var):
-    return tf.as_dtype(var.dtype)
+    # Ref variables (TF1, use_resource=False) report 'float32_ref' and the like.
+    return tf.as_dtype(var.dtype).base_dtype
 
 
 def _var_shape(var) -> tuple:
@@ -164,6 +165,13 @@ def _var_name(var) -> str:
     return var.name.split(":")[0]
 
 
+def _parts(var) -> list:
+    """The variables that hold a (possibly partitioned) variable's values."""
+    if type(var).__name__ == "PartitionedVariable" or hasattr(var, "_get_variable_list"):
+        return list(var)
+    return [var]
+
+
 def _map_name(var_name: str, assignment_map: Mapping[str, str] | None) -> str | None:
     """The checkpoint name for a variable, or None when the map does not cover it."""
     if assignment_map is None:
@@ -179,14 +187,13 @@ def _map_name(var_name: str, assignment_map: Mapping[str, str] | None) -> str | 
 
 
 def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map):
+    items = []
     if isinstance(target, dict):
-        items = list(target.items())
+        for name, var in target.items():
+            items.extend((name, part) for part in _parts(var))
     else:
-        items = []
         for var in target:
-            parts = list(var) if hasattr(var, "_get_variable_list") or \
-                type(var).__name__ == "PartitionedVariable" else [var]
-            for part in parts:
+            for part in _parts(var):
                 mapped = _map_name(_var_name(part), assignment_map)
                 if mapped is not None:
                     items.append((mapped, part))
