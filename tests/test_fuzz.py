@@ -24,8 +24,8 @@ import tfckpt
 from tfckpt import inspect as tfinspect
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-from tfckpt.table import BLOCK_TRAILER_SIZE, FOOTER_SIZE, TableBuilder, TableReader, crc32c, \
-    mask_crc, _BlockBuilder, RESTART_INTERVAL, _shortest_separator, _short_successor
+from tfckpt.table import BLOCK_TRAILER_SIZE, FOOTER_SIZE, TableBuilder, TableReader, \
+    _shortest_separator
 
 RANDOM_CASES = int(os.environ.get("TFCKPT_FUZZ_CASES", "2000"))
 TIME_LIMIT_S = 10

@@ -465,15 +465,16 @@ class Checkpoint:
         if n > entry.proto.size:  # checked before reading: one length byte per element
             raise self._corrupt(f"{n} strings cannot fit in {entry.proto.size} bytes", entry.name)
         buf = self._read_entry_bytes(entry).tobytes()
+        shard = self._shard_path(entry)
         try:
             framing = StringFraming(buf, n, self.header.endianness)
         except ValueError as e:
-            raise self._corrupt(f"malformed string tensor: {e}", entry.name) from None
+            raise self._corrupt(f"malformed string tensor: {e}", entry.name, shard) from None
         if self.verify:
             if framing.stored_lengths_crc != framing.lengths_crc:
                 raise self._corrupt(
                     f"string length checksum mismatch: stored {framing.stored_lengths_crc:#010x}"
-                    f", computed {framing.lengths_crc:#010x}", entry.name)
+                    f", computed {framing.lengths_crc:#010x}", entry.name, shard)
             self._check_crc(entry, framing.crc)
         out = np.empty(n, dtype=object)
         pos = framing.data_offset

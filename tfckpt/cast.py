@@ -75,8 +75,9 @@ class Caster:
         self._exact = float(dst.max) >= float(src.max) and \
             float(dst.smallest_subnormal) <= float(src.smallest_subnormal) and \
             dst.nmant >= src.nmant
-        # Magnitudes from here on round beyond the largest finite target value.
-        self._overflow_at = float(dst.max) * (1 + 2.0 ** -(dst.nmant + 1))
+        # Magnitudes from max + ulp(max)/2 on round beyond the largest finite value.
+        top = float(dst.max)
+        self._overflow_at = top + 2.0 ** (np.frexp(top)[1] - 1 - dst.nmant) / 2
         self._bits = np.dtype(f"u{tgt.itemsize}")
         self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
         self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]

@@ -177,16 +177,27 @@ def cmd_dump(args) -> int:
     return 0
 
 
+def _json_safe(value):
+    """Strict JSON: non-finite floats become the strings "NaN", "Infinity", "-Infinity"."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _print_json(data) -> None:
-    json.dump(data, sys.stdout, indent=1)
+    json.dump(_json_safe(data), sys.stdout, indent=1, allow_nan=False)
     print()
 
 
-def _fmt(v) -> str:
+def _fmt(v, digits: int = 6) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.6g}"
+        return f"{v:.{digits}g}"
     return str(v)
 
 
@@ -223,18 +234,21 @@ def cmd_stats(args) -> int:
     if args.json:
         _print_json(data)
         return 0
-    rows = [["NAME", "DTYPE", "MIN", "MAX", "MEAN", "STD", "NAN", "INF", "ZEROS"]]
+    # NaN and inf columns only when some tensor has them: the table fits 80 columns.
+    special = any(t.get("nan") or t.get("inf") for t in data["tensors"])
+    rows = [["NAME", "DTYPE", "MIN", "MAX", "MEAN", "STD"] + (["NAN", "INF"] if special else [])
+            + ["ZEROS"]]
     risky = []
     for t in data["tensors"]:
-        rows.append([t["name"], t["dtype"], _fmt(t.get("min")), _fmt(t.get("max")),
-                     _fmt(t.get("mean")), _fmt(t.get("std")), _fmt(t.get("nan")),
-                     _fmt(t.get("inf")),
-                     f"{100 * t['zeros']:.1f}%" if "zeros" in t else "-"])
+        rows.append([t["name"], t["dtype"], _fmt(t.get("min"), 4), _fmt(t.get("max"), 4),
+                     _fmt(t.get("mean"), 4), _fmt(t.get("std"), 4)]
+                    + ([_fmt(t.get("nan")), _fmt(t.get("inf"))] if special else [])
+                    + [f"{100 * t['zeros']:.1f}%" if "zeros" in t else "-"])
         for target, c in t.get("cast", {}).items():
             if c["overflow"] or c["to_zero"] or c["subnormal"]:
                 risky.append([t["name"], target, str(c["overflow"]), str(c["to_zero"]),
                               str(c["subnormal"])])
-    print("\n".join(_table(rows, right={2, 3, 4, 5, 6, 7, 8})))
+    print("\n".join(_table(rows, right=set(range(2, len(rows[0]))))))
     print()
     if risky:
         print("if cast:")
@@ -363,8 +377,7 @@ def cmd_transform(args) -> int:
     finally:
         close()
     if args.json:
-        json.dump(summary.to_dict(), sys.stdout, indent=1)
-        print()
+        _print_json(summary.to_dict())
     _print_summary(summary)
     return 0
 

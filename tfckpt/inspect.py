@@ -16,7 +16,7 @@ from . import dtypes as _dt
 from . import paths
 from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint
 from .cast import Caster
-from .errors import CheckpointError, UnsupportedCheckpointError
+from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
 
 
@@ -256,7 +256,8 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
         for chunk in ckpt.iter_chunks(name, chunk_bytes):
             if chunk.dtype.fields:
                 chunk = chunk.view(chunk.dtype[0])
-            acc.add(chunk)
+            with np.errstate(all="ignore"):
+                acc.add(chunk)
             for c in casters.values():
                 c(chunk)
         rec.update(acc.result())
@@ -300,10 +301,13 @@ class _Moments:
         if f.size:
             n_b, mean_b = f.size, float(f.mean())
             m2_b = float(((f - mean_b) ** 2).sum())
+            if self.n == 0:
+                self.n, self.mean, self.m2 = n_b, mean_b, m2_b
+                return
             delta = mean_b - self.mean
             total = self.n + n_b
-            self.mean += delta * n_b / total
-            self.m2 += m2_b + delta * delta * self.n * n_b / total
+            self.mean += delta * (n_b / total)
+            self.m2 += m2_b + delta * delta * (self.n / total) * n_b
             self.n = total
 
     def result(self) -> dict:
@@ -330,6 +334,8 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     problems: list[str] = []
     try:
         ckpt = Checkpoint(path, verify=True)
+    except CheckpointNotFoundError:
+        raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:
         return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)]}
     with ckpt:

@@ -208,6 +208,29 @@ def open_sources(sources) -> list[Source]:
     return out
 
 
+def _root_object_owners(srcs: list[Source], prefer: str | None) -> dict[str, int]:
+    """For root objects of several TF2 sources: which source keeps each.
+
+    ``save_counter`` (bookkeeping every ``Checkpoint.save`` adds) comes from the
+    first source; other clashes follow ``prefer``, and without it are left for
+    the merge to report.
+    """
+    having: dict[str, list[int]] = {}
+    for i, s in enumerate(srcs):
+        if s.graph is not None:
+            for child in s.graph.root_children():
+                having.setdefault(child, []).append(i)
+    owners = {}
+    for child, where in having.items():
+        if len(where) < 2:
+            continue
+        if child == SAVE_COUNTER or prefer == "first":
+            owners[child] = where[0]
+        elif prefer == "last":
+            owners[child] = where[-1]
+    return owners
+
+
 def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str] = (),
          rename: RenameRules | None = None, rename_exact: Mapping[str, str] | None = None,
          cast: str | None = None, cast_from: Iterable[str] | None = None,
@@ -241,7 +264,7 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
         raise CheckpointError("--drop-object needs a TF2 object-based checkpoint (one with "
                               f"{OBJECT_GRAPH_KEY})", path=srcs[0].ckpt.prefix)
     matched_specs: set[str] = set()
-    seen_counter = False
+    winner = _root_object_owners(srcs, prefer)
     for i, s in enumerate(srcs):
         names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
         gone: set[str] = set()
@@ -255,13 +278,13 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
                 gone |= removed
                 dropped += [(s.label, n, f"object {spec!r} dropped") for n in sorted(removed)
                             if n in s.ckpt]
-            if len(srcs) > 1 and SAVE_COUNTER in s.graph.root_children():
-                if seen_counter:
-                    removed = s.graph.drop_root_child(SAVE_COUNTER)
+            for child in s.graph.root_children():
+                owner = winner.get(child, i)
+                if owner != i:
+                    removed = s.graph.drop_root_child(child)
                     gone |= removed
-                    dropped += [(s.label, n, "save_counter of an earlier source kept")
-                                for n in sorted(removed) if n in s.ckpt]
-                seen_counter = True
+                    dropped += [(s.label, n, f"root object {child!r} taken from "
+                                 f"{srcs[owner].label}") for n in sorted(removed) if n in s.ckpt]
             missing = s.graph.missing_keys(s.ckpt.keys())
             if missing:
                 raise CheckpointError(f"the object graph names tensors the checkpoint lacks: "
@@ -400,12 +423,15 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
                 convert = tf_convert if t.info.nbytes >= tf_threshold else None
                 caster = Caster(_dt.lookup(t.info.dtype), _dt.lookup(t.new_dtype), overflow,
                                 convert=convert, reuse_output=True)
-            if t.info.slices:
+            if t.info.slices and _keep_sliced(src, t):
                 for sl in sorted(src.ckpt.slice_info(t.name), key=lambda s: (s.shard, s.offset)):
                     _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(sl.shard),
                           extents=sl.extents)
             else:
-                _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(t.info.shard))
+                # A partitioned tensor written whole goes where its first slice was.
+                first = t.info.shard if not t.info.slices else \
+                    min(sl.shard for sl in src.ckpt.slice_info(t.name))
+                _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(first))
             if caster is not None:
                 counts[t.new_name] = caster.counts
                 if overflow == "error" and caster.counts.overflow:
@@ -423,6 +449,23 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
                    cast_counts=counts)
 
 
+# Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list).
+TF_SLICE_COPYABLE = frozenset({"float32", "float64", "int32", "uint8", "int16", "int8",
+                               "complex64", "complex128", "int64", "bool", "qint32", "quint8",
+                               "qint8", "bfloat16"})
+
+
+def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
+    """Whether a partitioned tensor stays partitioned in the output.
+
+    TF1 partitioned variables read back exactly their own slices, which works for
+    every dtype. TF2 variables saved in slices (MaxShardSizePolicy) are read back
+    whole, which TensorFlow can only reassemble for some dtypes: float16 slices,
+    for one, it cannot restore. Such tensors are written whole instead.
+    """
+    return src.graph is None or t.new_dtype in TF_SLICE_COPYABLE
+
+
 def _copy(ckpt: Checkpoint, w: BundleWriter, t: PlannedTensor, caster, progress,
           chunk_bytes: int, shard, extents=None) -> None:
     dtype = _dt.lookup(t.info.dtype)
@@ -431,7 +474,8 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: PlannedTensor, caster, progress,
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
                 "be rewritten", path=ckpt.prefix, tensor=t.name)
-        if dtype is _dt.STRING and ckpt.header.endianness != w.endianness:
+        whole = bool(t.info.slices) and extents is None  # a partitioned tensor made whole
+        if dtype is _dt.STRING and (ckpt.header.endianness != w.endianness or whole):
             value = ckpt.read_slice(t.name, extents) if extents else ckpt[t.name]
             if extents:
                 w.add_slice(t.new_name, t.info.shape, extents, value, dtype.name, shard=shard)
