@@ -439,7 +439,8 @@ def test_verify_ok_line_and_json(planted):
     assert re.fullmatch(rf"ok: {re.escape(planted['a'])}: 5 tensors, \d+ B, every checksum, "
                         r"shard, slice and object-graph key checked\n", proc.stdout), proc.stdout
     data = json.loads(run("verify", planted["a"], "--json").stdout)
-    assert data == {"prefix": planted["a"], "tensors": 5, "bytes": data["bytes"], "problems": []}
+    assert data == {"prefix": planted["a"], "tensors": 5, "bytes": data["bytes"], "problems": [],
+                    "warnings": []}
 
 
 def test_verify_reports_every_problem_once(tmp_path):

@@ -754,7 +754,8 @@ class BundleWriter:
         self.overwrite = overwrite
         self._entries: dict[bytes, BundleEntryProto] = {}
         self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
-        self._tmp_base = f"{self.prefix}.tfckpt-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        _remove_stale_temporaries(self.prefix)
+        self._tmp_base = f"{self.prefix}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         self._shards: list[_Shard] = []
         self._current = 0
         self._streaming = False
@@ -1046,7 +1047,19 @@ class BundleWriter:
             slices = tuple(_slice_from_proto(s) for s in self._entries[full_key].slices)
             _check_slice_cover(slices, shape, lambda what: ValueError(
                 f"partitioned tensor {_decode_name(full_key)!r}: {what}"))
+        index = paths.index_filename(self.prefix)
+        old_shards = _existing_data_files(self.prefix)
         num_shards = len(self._shards)
+        if os.path.exists(index):
+            # Data files go into place before the index. Should they take the names of
+            # the data files already here (an overwrite with as many shards), the old
+            # checkpoint would break before the new index replaces its own; one more,
+            # empty, shard gives them other names, so the old checkpoint stays whole
+            # until the index rename switches to the new one.
+            taken = {paths.parse_data_filename(f)[2] for f in old_shards}
+            while num_shards in taken:
+                num_shards += 1
+            self.reserve_shards(num_shards)
         index_tmp = f"{self._tmp_base}.index"
         try:
             for shard in self._shards:
@@ -1067,16 +1080,11 @@ class BundleWriter:
                 os.fsync(f.fileno())
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.prefix) from None
-        index = paths.index_filename(self.prefix)
-        old_shards = _existing_data_files(self.prefix)
         finals = [paths.data_filename(self.prefix, i, num_shards) for i in range(num_shards)]
         try:
-            if os.path.exists(index):
-                # Never let the old index point at new data files.
-                os.unlink(index)
             for shard, final in zip(self._shards, finals):
                 os.replace(shard.path, final)
-            os.replace(index_tmp, index)
+            os.replace(index_tmp, index)  # the commit: one atomic rename
         except OSError as e:
             raise CheckpointWriteError(f"cannot move the checkpoint into place: {e.strerror}",
                                        path=self.prefix) from None
@@ -1152,6 +1160,39 @@ def _infer_dtype(value, dtype) -> _dt.DType:
     if arr.dtype == object:
         return _dt.STRING
     return _dt.lookup(arr.dtype)
+
+
+_TMP_MARK = ".tfckpt-tmp-"
+
+
+def _remove_stale_temporaries(prefix: str) -> None:
+    """Delete what a killed writer left at ``prefix`` (temporaries of processes now gone)."""
+    directory = os.path.dirname(prefix) or "."
+    start = os.path.basename(prefix) + _TMP_MARK
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(start):
+            continue
+        pid = name[len(start):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _process_alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _existing_data_files(prefix: str) -> list[str]:

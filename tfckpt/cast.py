@@ -14,6 +14,7 @@ The rounding itself is pluggable (``convert``): numpy/ml-dtypes by default,
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ class Caster:
             dst.nmant >= src.nmant
         # Magnitudes from max + ulp(max)/2 on round beyond the largest finite value.
         top = float(dst.max)
-        self._overflow_at = top + 2.0 ** (np.frexp(top)[1] - 1 - dst.nmant) / 2
+        self._overflow_at = top + math.ldexp(0.5, math.frexp(top)[1] - 1 - int(dst.nmant))
         self._bits = np.dtype(f"u{tgt.itemsize}")
         self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
         self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]

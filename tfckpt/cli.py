@@ -269,7 +269,10 @@ def cmd_verify(args) -> int:
         data["problems"] += tf_report["mismatches"]
     if args.json:
         _print_json(data)
-    elif data["problems"]:
+        return 1 if data["problems"] else 0
+    for w in data["warnings"]:
+        print(w, file=sys.stderr)
+    if data["problems"]:
         for p in data["problems"]:
             print(p, file=sys.stderr)
     else:

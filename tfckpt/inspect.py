@@ -323,13 +323,14 @@ class _Moments:
 # --- verify ------------------------------------------------------------------
 
 def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
-    """A full integrity check; returns ``{"prefix", "tensors", "bytes", "problems"}``.
+    """A full integrity check: ``{"prefix", "tensors", "bytes", "problems", "warnings"}``.
 
     Checks every index block checksum, every tensor's CRC32C, that every entry
     lies inside its shard, the shard files against the header, that slices cover
     each partitioned tensor exactly once, string framing, and that the object
     graph parses and every ``checkpoint_key`` in it exists. Problems are listed,
-    one line each, instead of stopping at the first.
+    one line each, instead of stopping at the first; ``warnings`` lists what is odd
+    but harmless (data files of another shard count at the same prefix).
     """
     problems: list[str] = []
     try:
@@ -337,9 +338,11 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     except CheckpointNotFoundError:
         raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:
-        return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)]}
+        return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)],
+                "warnings": []}
     with ckpt:
-        problems += _check_shard_files(ckpt)
+        shard_problems, warnings = _check_shard_files(ckpt)
+        problems += shard_problems
         checked = nbytes = 0
         for name in ckpt.keys():
             try:
@@ -361,22 +364,26 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
             except CheckpointError as e:
                 problems.append(str(e))
         return {"prefix": ckpt.prefix, "tensors": checked, "bytes": nbytes,
-                "problems": problems}
+                "problems": problems, "warnings": warnings}
 
 
-def _check_shard_files(ckpt: Checkpoint) -> list[str]:
-    """The data files on disk against the header's shard count (from one directory listing)."""
+def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
+    """The data files on disk against the header's shard count (one directory listing).
+
+    Missing shards are problems; data files of the same prefix with another shard
+    count (left by an earlier checkpoint) are only warnings: nothing reads them.
+    """
     directory = os.path.dirname(ckpt.prefix) or "."
     base = os.path.basename(ckpt.prefix)
     n = ckpt.header.num_shards
-    present, problems = set(), []
+    present, problems, warnings = set(), [], []
     for name in sorted(os.listdir(directory)):
         parsed = paths.parse_data_filename(name)
         if not parsed or parsed[0] != base:
             continue
         if parsed[2] != n:
-            problems.append(f"{os.path.join(directory, name)}: data file of a {parsed[2]}-shard "
-                            f"checkpoint, but the header says {n}")
+            warnings.append(f"{os.path.join(directory, name)}: data file of a {parsed[2]}-shard "
+                            f"checkpoint, but the header says {n}; it is not part of this one")
         elif parsed[1] < n:
             present.add(parsed[1])
     missing = [i for i in range(min(n, len(present) + 6)) if i not in present]
@@ -384,4 +391,4 @@ def _check_shard_files(ckpt: Checkpoint) -> list[str]:
         problems.append(f"{paths.data_filename(ckpt.prefix, i, n)}: data shard is missing")
     if n - len(present) > 5:
         problems.append(f"{ckpt.prefix}: {n - len(present)} of {n} data shards are missing")
-    return problems
+    return problems, warnings
