@@ -24,10 +24,10 @@ def _tf():
     return tf
 
 
-def tfckpt_convert(src: str, dst: str, dtype: str) -> None:
+def tfckpt_convert(src: str, dst: str, dtype: str, *flags: str) -> None:
     from tfckpt import cli
     t = time.perf_counter()
-    rc = cli.main(["convert", src, dst, "--dtype", dtype, "--overwrite"])
+    rc = cli.main(["convert", src, dst, "--dtype", dtype, "--overwrite", *flags])
     _report(time.perf_counter() - t, 0, rc=rc)
 
 

@@ -376,7 +376,8 @@ def cmd_transform(args) -> int:
     update, close = _progress(p.bytes_in)
     try:
         summary = execute(p, overflow=args.overflow, chunk_bytes=args.chunk_bytes,
-                          progress=update, backend=args.backend, tf_threshold=args.tf_threshold)
+                          progress=update, backend=args.backend, tf_threshold=args.tf_threshold,
+                          durable=args.durable)
     finally:
         close()
     if args.json:
@@ -418,6 +419,9 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     g.add_argument("--max-shard-bytes", type=_parse_size, metavar="SIZE",
                    help="re-shard the output (default: keep the sources' shards)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    g.add_argument("--no-fsync", dest="durable", action="store_false",
+                   help="skip the fsyncs before the commit: faster; a killed run still leaves "
+                        "no partial checkpoint, but a power cut may")
     g.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     g.add_argument("--json", action="store_true", help="print the plan or summary as JSON")
     g.add_argument("--chunk-bytes", type=_parse_size, default=64 << 20, metavar="SIZE",

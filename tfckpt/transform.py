@@ -388,7 +388,7 @@ MEMORY_BUDGET = 64 << 20
 
 def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGET,
             progress: Callable[[int], None] | None = None, backend: str = "numpy",
-            tf_threshold: int = DEFAULT_TF_THRESHOLD) -> Summary:
+            tf_threshold: int = DEFAULT_TF_THRESHOLD, durable: bool = True) -> Summary:
     """Stream the planned tensors into the destination and commit it.
 
     ``chunk_bytes`` is the memory budget for tensor data in flight: reads are a
@@ -398,7 +398,8 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
     before anything is committed, listing every affected tensor. ``backend='tf'``
     casts tensors of at least ``tf_threshold`` bytes with ``tf.cast`` on the best
     device (a GPU if TensorFlow sees one); ``'auto'`` does so only when there is a
-    GPU. The bits are the same either way.
+    GPU. The bits are the same either way. ``durable=False`` skips the fsyncs
+    (see :class:`~tfckpt.BundleWriter`).
     """
     start = time.perf_counter()
     tf_convert = _tf_converter(backend) if any(t.cast for t in p.tensors) else None
@@ -410,7 +411,7 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
         first = next(s for s in p.sources if s.graph is not None)
         graph_shard = first.shard_base + (first.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
     with BundleWriter(p.dst, max_shard_bytes=p.options["max_shard_bytes"],
-                      overwrite=p.options["overwrite"]) as w:
+                      overwrite=p.options["overwrite"], durable=durable) as w:
         if follow:
             # Keep the layout: every source shard exists in the output, even if emptied.
             last = p.sources[-1]
@@ -563,7 +564,7 @@ def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequenc
               max_shard_bytes: int | None = None, overwrite: bool = False,
               chunk_bytes: int = MEMORY_BUDGET,
               progress: Callable[[int], None] | None = None, backend: str = "numpy",
-              tf_threshold: int = DEFAULT_TF_THRESHOLD) -> Summary:
+              tf_threshold: int = DEFAULT_TF_THRESHOLD, durable: bool = True) -> Summary:
     """Select, rename and cast the tensors of one or more checkpoints into a new one.
 
     - ``include`` / ``exclude``: regexes (``re.search`` on source names); include
@@ -586,7 +587,7 @@ def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequenc
              rename=rename, rename_exact=rename_exact, cast=cast, cast_from=cast_from,
              prefer=prefer, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
     return execute(p, overflow=overflow, chunk_bytes=chunk_bytes, progress=progress,
-                   backend=backend, tf_threshold=tf_threshold)
+                   backend=backend, tf_threshold=tf_threshold, durable=durable)
 
 
 def convert(src, dst, dtype: str, **options) -> Summary:
