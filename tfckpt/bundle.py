@@ -9,6 +9,7 @@ This is the only module that knows how tensor bytes are laid out in a shard.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import secrets
 from dataclasses import dataclass
@@ -86,10 +87,7 @@ class TensorInfo:
 
 
 def _num_elements(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape)
 
 
 def _slice_shape(full_shape: Sequence[int], extents: Slice) -> tuple[int, ...]:
@@ -228,10 +226,10 @@ class Checkpoint:
     def _check_shape(self, proto: BundleEntryProto, name: str) -> tuple[int, ...]:
         if proto.shape.unknown_rank:
             raise self._corrupt("stored shape has unknown rank", name)
-        shape = tuple(d.size for d in proto.shape.dim)
+        shape = tuple([d.size for d in proto.shape.dim])
         if len(shape) > _MAX_RANK:
             raise self._corrupt(f"rank {len(shape)} exceeds {_MAX_RANK}", name)
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise self._corrupt(f"negative dimension in shape {list(shape)}", name)
         if _num_elements(shape) > _MAX_ELEMENTS:
             raise self._corrupt(f"shape {list(shape)} has more than 2**63-1 elements", name)
@@ -513,13 +511,13 @@ class Checkpoint:
         once the affected bytes are all read. With ``extents``, streams one
         stored slice of a partitioned tensor. String tensors come as one chunk.
         With ``reuse``, chunks are read into a small ring of buffers, so a chunk
-        stays valid only until two more have been taken: for consumers that
-        process each chunk before asking for the next but one.
+        stays valid only until ``REUSE_RING - 1`` more have been taken: for
+        streaming consumers that keep only a few chunks in flight.
 
         >>> total = sum(float(c.sum()) for c in ckpt.iter_chunks("emb", 1 << 20))
         """
         entry = self._full_entry(name)
-        ring = _BufferRing(3) if reuse else None
+        ring = _BufferRing(REUSE_RING) if reuse else None
         if extents is not None:
             yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes,
                                         ring)
@@ -601,6 +599,9 @@ class Checkpoint:
 
 
 _NATIVE = "little" if np.little_endian else "big"
+
+
+REUSE_RING = 5  # chunk buffers a reusing iter_chunks cycles through
 
 
 class _BufferRing:

@@ -52,8 +52,8 @@ class Caster:
     ``overflow``: ``'error'`` and ``'inf'`` both produce IEEE results (±inf, or
     NaN for float8 types without infinities) and count them; ``'clip'``
     saturates to the largest finite value of the target, keeping the sign.
-    With ``reuse_output``, results are written into one reused buffer: each is
-    valid until the next call (for streaming consumers).
+    With ``reuse_output``, results are written into a ring of three reused
+    buffers: each is valid until two more calls (for streaming consumers).
     """
 
     source: _dt.DType
@@ -82,14 +82,19 @@ class Caster:
         self._bits = np.dtype(f"u{tgt.itemsize}")
         self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
         self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]
-        self._out: np.ndarray | None = None
+        self._outs: list[np.ndarray] = []
+        self._calls = 0
 
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
         if self.reuse_output:
-            if self._out is None or len(self._out) < n:
-                self._out = np.empty(n, dtype=self.target.numpy)
-            out = self._out[:n]
+            i = self._calls % 3
+            self._calls += 1
+            if i == len(self._outs):
+                self._outs.append(np.empty(n, dtype=self.target.numpy))
+            elif len(self._outs[i]) < n:
+                self._outs[i] = np.empty(n, dtype=self.target.numpy)
+            out = self._outs[i][:n]
         else:
             out = np.empty(n, dtype=self.target.numpy)
         flat = chunk.reshape(-1)

@@ -189,8 +189,13 @@ def _json_safe(value):
 
 
 def _print_json(data) -> None:
-    json.dump(_json_safe(data), sys.stdout, indent=1, allow_nan=False)
-    print()
+    # Indented for a person at a terminal; compact (and C-encoded: fast) for programs.
+    indent = 1 if sys.stdout.isatty() else None
+    try:
+        text = json.dumps(data, indent=indent, allow_nan=False)
+    except ValueError:  # NaN or inf somewhere: spell them out, strict JSON has none
+        text = json.dumps(_json_safe(data), indent=indent, allow_nan=False)
+    sys.stdout.write(text + "\n")
 
 
 def _fmt(v, digits: int = 6) -> str:

@@ -495,16 +495,54 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: PlannedTensor, caster, progress,
         stream = w.stream_slice(t.new_name, t.new_dtype, t.info.shape, extents, shard=shard)
     else:
         stream = w.stream(t.new_name, t.new_dtype, t.info.shape, shard=shard)
-    with stream:
-        # Reading (and checking the source's CRC) runs one chunk ahead in a thread;
-        # casting, writing and the output's CRC here: both cores busy, as numpy,
-        # crc32c and file I/O release the GIL.
-        chunks = ckpt.iter_chunks(t.name, max(chunk_bytes // 4, 1 << 16), extents=extents,
-                                  reuse=True)
+    # Three stages overlap: reading (and checking the source's CRC) one chunk ahead
+    # in a thread, casting here (itself split over the cores), writing (and the
+    # output's CRC) one chunk behind in another thread. numpy, crc32c and file I/O
+    # release the GIL, so both cores stay busy. Chunk buffers are rings sized for
+    # the chunks in flight; the budget covers them all.
+    read_bytes = max(chunk_bytes // 8, 1 << 16)
+    with stream, _WriteBehind(stream) as writer:
+        chunks = ckpt.iter_chunks(t.name, read_bytes, extents=extents, reuse=True)
         for chunk in _prefetch(chunks):
-            stream.write(caster(chunk) if caster is not None else chunk)
+            writer.write(caster(chunk) if caster is not None else chunk)
             if progress:
                 progress(chunk.nbytes)
+
+
+class _WriteBehind:
+    """Writes to a tensor stream from a thread, one item behind the producer."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._items: queue.Queue = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._items.get()
+            if item is None:
+                return
+            if self._error is None:
+                try:
+                    self._stream.write(item)
+                except BaseException as e:  # raised in the producer's thread
+                    self._error = e
+
+    def write(self, data) -> None:
+        if self._error is not None:
+            raise self._error
+        self._items.put(data)
+
+    def __enter__(self) -> "_WriteBehind":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._items.put(None)
+        self._thread.join()
+        if self._error is not None and exc_type is None:
+            raise self._error
 
 
 def _prefetch(iterator: Iterator):
