@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from . import dtypes as _dt
 from . import orderedcode, paths
+from .storage import storage_for
 from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
 from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
                      CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
@@ -144,14 +145,13 @@ class Checkpoint:
         self.prefix = paths.resolve_prefix(path)
         self.verify = verify
         self.index_path = paths.index_filename(self.prefix)
-        self._fds: dict[int, int] = {}
-        self._shard_sizes: dict[int, int] = {}
+        self.storage = storage_for(self.prefix)
+        self._readers: dict[int, object] = {}
         self._parsed: dict[bytes, _Entry] = {}
         try:
-            with open(self.index_path, "rb") as f:
-                data = f.read()
+            data = self.storage.read_bytes(self.index_path)
         except OSError as e:
-            raise CheckpointNotFoundError(f"cannot read index: {e.strerror}",
+            raise CheckpointNotFoundError(f"cannot read index: {e.strerror or e}",
                                           path=self.index_path) from None
         table = TableReader(data, self.index_path)
         self._raw: dict[bytes, bytes] = dict(table.entries)
@@ -301,9 +301,9 @@ class Checkpoint:
         return f"<tfckpt.Checkpoint {self.prefix!r}: {len(self)} tensors>"
 
     def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.close()
 
     def __del__(self):
         try:
@@ -357,39 +357,39 @@ class Checkpoint:
 
     # -- raw access to shards
 
-    def _shard(self, shard_id: int, tensor: str) -> tuple[int, int]:
-        fd = self._fds.get(shard_id)
-        if fd is None:
+    def _shard(self, shard_id: int, tensor: str):
+        reader = self._readers.get(shard_id)
+        if reader is None:
             path = paths.data_filename(self.prefix, shard_id, self.header.num_shards)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                reader = self.storage.open_reader(path)
             except OSError as e:
-                raise CheckpointNotFoundError(f"cannot open data shard: {e.strerror}",
+                raise CheckpointNotFoundError(f"cannot open data shard: {e.strerror or e}",
                                               path=path, tensor=tensor) from None
-            self._fds[shard_id] = fd
-            self._shard_sizes[shard_id] = os.fstat(fd).st_size
-        return fd, self._shard_sizes[shard_id]
+            self._readers[shard_id] = reader
+        return reader
 
     def _shard_path(self, entry: _Entry) -> str:
         return paths.data_filename(self.prefix, entry.proto.shard_id, self.header.num_shards)
 
-    def _check_extent(self, entry: _Entry) -> int:
-        fd, size = self._shard(entry.proto.shard_id, entry.name)
+    def _check_extent(self, entry: _Entry):
+        reader = self._shard(entry.proto.shard_id, entry.name)
         end = entry.proto.offset + entry.proto.size
-        if end > size:
+        if end > reader.size:
             raise self._corrupt(
                 f"bytes [{entry.proto.offset}, {end}) lie past the end of the shard "
-                f"({size} bytes); the file is truncated", entry.name, self._shard_path(entry))
-        return fd
+                f"({reader.size} bytes); the file is truncated", entry.name,
+                self._shard_path(entry))
+        return reader
 
-    def _pread_into(self, fd: int, buf: memoryview, offset: int, entry: _Entry) -> None:
+    def _pread_into(self, reader, buf: memoryview, offset: int, entry: _Entry) -> None:
         done = 0
         total = len(buf)
         while done < total:
             try:
-                n = os.preadv(fd, [buf[done:]], offset + done)
+                n = reader.readinto(buf[done:], offset + done)
             except OSError as e:
-                raise CorruptCheckpointError(f"read failed: {e.strerror}",
+                raise CorruptCheckpointError(f"read failed: {e.strerror or e}",
                                              path=self._shard_path(entry),
                                              tensor=entry.name) from None
             if n == 0:
@@ -398,9 +398,9 @@ class Checkpoint:
 
     def _read_entry_bytes(self, entry: _Entry) -> np.ndarray:
         """The entry's bytes as a uint8 array, checksum verified when asked to."""
-        fd = self._check_extent(entry)
+        reader = self._check_extent(entry)
         buf = np.empty(entry.proto.size, dtype=np.uint8)
-        self._pread_into(fd, memoryview(buf), entry.proto.offset, entry)
+        self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
         if self.verify and entry.dtype is not _dt.STRING:
             self._check_crc(entry, crc32c(buf))
         return buf
@@ -546,10 +546,10 @@ class Checkpoint:
         parts = []
         for extents in entry.slices:
             part = self._slice_entry(entry, extents)
-            fd = self._check_extent(part)
+            reader = self._check_extent(part)
             start, length = extents[0]
             rows = (0, shape[0]) if length is None else (start, start + length)
-            parts.append((extents, part, fd, rows, [0]))
+            parts.append((extents, part, reader, rows, [0]))
             if self.verify and part.proto.size == 0:
                 self._check_crc(part, 0)
         row_bytes = _num_elements(shape[1:]) * dtype.itemsize
@@ -559,12 +559,12 @@ class Checkpoint:
             for r0 in range(lo, hi, rows_per_band):
                 r1 = min(hi, r0 + rows_per_band)
                 out = np.empty((r1 - r0,) + shape[1:], dtype=dtype.numpy)
-                for extents, part, fd, (s0, s1), crc in parts:
+                for extents, part, reader, (s0, s1), crc in parts:
                     if not (s0 <= r0 and r1 <= s1):
                         continue
                     part_row = _num_elements(part.shape[1:]) * dtype.itemsize
                     buf = np.empty((r1 - r0) * part_row, dtype=np.uint8)
-                    self._pread_into(fd, memoryview(buf), part.proto.offset + (r0 - s0) * part_row,
+                    self._pread_into(reader, memoryview(buf), part.proto.offset + (r0 - s0) * part_row,
                                      part)
                     if self.verify:
                         crc[0] = crc32c(buf, crc[0])
@@ -580,7 +580,7 @@ class Checkpoint:
         if dtype.numpy is None or dtype is _dt.STRING:
             yield self._decode(entry).reshape(-1)
             return
-        fd = self._check_extent(entry)
+        reader = self._check_extent(entry)
         itemsize = dtype.itemsize
         step = max(1, chunk_bytes // itemsize) * itemsize
         offset, remaining = entry.proto.offset, entry.proto.size
@@ -588,7 +588,7 @@ class Checkpoint:
         while remaining:
             n = min(step, remaining)
             buf = np.empty(n, dtype=np.uint8) if ring is None else ring.take(n, step)
-            self._pread_into(fd, memoryview(buf), offset, entry)
+            self._pread_into(reader, memoryview(buf), offset, entry)
             if self.verify:
                 crc = crc32c(buf, crc)
             offset += n

@@ -6,7 +6,6 @@ CLI's job.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Iterable, Iterator
 
@@ -373,16 +372,17 @@ def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
     Missing shards are problems; data files of the same prefix with another shard
     count (left by an earlier checkpoint) are only warnings: nothing reads them.
     """
-    directory = os.path.dirname(ckpt.prefix) or "."
-    base = os.path.basename(ckpt.prefix)
+    store = ckpt.storage
+    directory = store.dirname(ckpt.prefix) or "."
+    base = store.basename(ckpt.prefix)
     n = ckpt.header.num_shards
     present, problems, warnings = set(), [], []
-    for name in sorted(os.listdir(directory)):
+    for name in sorted(store.listdir(directory)):
         parsed = paths.parse_data_filename(name)
         if not parsed or parsed[0] != base:
             continue
         if parsed[2] != n:
-            warnings.append(f"{os.path.join(directory, name)}: data file of a {parsed[2]}-shard "
+            warnings.append(f"{store.join(directory, name)}: data file of a {parsed[2]}-shard "
                             f"checkpoint, but the header says {n}; it is not part of this one")
         elif parsed[1] < n:
             present.add(parsed[1])

@@ -9,6 +9,7 @@ from google.protobuf import text_format
 
 from ._proto.checkpoint_state_pb2 import CheckpointState
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
+from .storage import Storage, storage_for
 
 STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
@@ -32,12 +33,12 @@ def parse_data_filename(path: str) -> tuple[str, int, int] | None:
 
 def read_state_file(directory: str) -> CheckpointState | None:
     """The ``checkpoint`` state file of ``directory``, or None when there is none."""
-    path = os.path.join(directory, STATE_FILENAME)
-    if not os.path.isfile(path):
+    store = storage_for(directory)
+    path = store.join(directory, STATE_FILENAME)
+    if not store.isfile(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            return text_format.Parse(f.read(), CheckpointState())
+        return text_format.Parse(store.read_bytes(path).decode("utf-8"), CheckpointState())
     except (text_format.ParseError, UnicodeDecodeError) as e:
         raise CorruptCheckpointError(f"unreadable checkpoint state file: {e}", path=path) from None
 
@@ -49,10 +50,15 @@ def write_state_file(directory: str, prefix_name: str) -> None:
     if prefix_name not in state.all_model_checkpoint_paths:
         state.all_model_checkpoint_paths.append(prefix_name)
         del state.all_model_checkpoint_timestamps[:]
-    path = os.path.join(directory, STATE_FILENAME)
+    store = storage_for(directory)
+    path = store.join(directory, STATE_FILENAME)
+    data = text_format.MessageToString(state).encode("utf-8")
+    if not store.local:
+        store.write_bytes(path, data)  # one PUT: all or nothing on an object store
+        return
     tmp = f"{path}.tfckpt-tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text_format.MessageToString(state))
+    with open(tmp, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 
@@ -61,9 +67,10 @@ def latest_checkpoint(directory: str) -> str | None:
     state = read_state_file(directory)
     if state is None or not state.model_checkpoint_path:
         return None
+    store = storage_for(directory)
     prefix = state.model_checkpoint_path
-    if not os.path.isabs(prefix):
-        prefix = os.path.join(directory, prefix)
+    if not store.isabs(prefix):
+        prefix = store.join(directory, prefix)
     return prefix
 
 
@@ -72,18 +79,21 @@ def resolve_prefix(path) -> str:
 
     ``path`` may be a prefix, its ``.index`` or a data file, a directory with a
     ``checkpoint`` state file (the latest checkpoint is taken), or a SavedModel
-    directory (its ``variables/variables``).
+    directory (its ``variables/variables``); a local path or an fsspec URL.
     """
     p = os.fspath(path)
-    if os.path.isfile(index_filename(p)):
+    if p.startswith("file://"):
+        p = p[len("file://"):]
+    store = storage_for(p)
+    if store.isfile(index_filename(p)):
         return p
-    if p.endswith(".index") and os.path.isfile(p):
+    if p.endswith(".index") and store.isfile(p):
         return p[: -len(".index")]
     parsed = parse_data_filename(p)
-    if parsed and os.path.isfile(p) and os.path.isfile(index_filename(parsed[0])):
+    if parsed and store.isfile(p) and store.isfile(index_filename(parsed[0])):
         return parsed[0]
-    if os.path.isdir(p):
-        return _resolve_directory(p)
+    if store.isdir(p):
+        return _resolve_directory(store, p.rstrip("/") if not store.local else p)
     looked = [index_filename(p)]
     if p.endswith(".index"):
         looked.append(p)
@@ -91,21 +101,21 @@ def resolve_prefix(path) -> str:
         "no checkpoint found; looked for " + ", ".join(looked) + " and a directory", path=p)
 
 
-def _resolve_directory(directory: str) -> str:
+def _resolve_directory(store: Storage, directory: str) -> str:
     latest = latest_checkpoint(directory)
     if latest is not None:
-        if os.path.isfile(index_filename(latest)):
+        if store.isfile(index_filename(latest)):
             return latest
         raise CheckpointNotFoundError(
             f"the state file names {latest!r} as latest, but {index_filename(latest)} "
-            "does not exist", path=os.path.join(directory, STATE_FILENAME))
-    for candidate in (os.path.join(directory, "variables", "variables"),
-                      os.path.join(directory, "variables")):
-        if os.path.isfile(index_filename(candidate)):
+            "does not exist", path=store.join(directory, STATE_FILENAME))
+    for candidate in (store.join(directory, "variables", "variables"),
+                      store.join(directory, "variables")):
+        if store.isfile(index_filename(candidate)):
             return candidate
-    indexes = sorted(f for f in os.listdir(directory) if f.endswith(".index"))
+    indexes = sorted(f for f in store.listdir(directory) if f.endswith(".index"))
     if len(indexes) == 1:
-        return os.path.join(directory, indexes[0][: -len(".index")])
+        return store.join(directory, indexes[0][: -len(".index")])
     found = f"; found {len(indexes)} .index files: {', '.join(indexes[:5])}" if indexes else ""
     raise CheckpointNotFoundError(
         f"no checkpoint in directory; looked for a '{STATE_FILENAME}' state file, "
