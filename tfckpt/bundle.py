@@ -737,17 +737,28 @@ _WRITEBACK_STEP = 32 << 20
 
 
 class _Shard:
-    __slots__ = ("path", "file", "size", "flushed")
+    __slots__ = ("path", "file", "size", "flushed", "local")
 
     def __init__(self, path: str):
+        store = storage_for(path)
         self.path = path
-        self.file = open(path, "xb", buffering=1 << 20)
+        self.local = store.local
+        self.file = open(path, "xb", buffering=1 << 20) if store.local else store.open_writer(path)
         self.size = 0
         self.flushed = 0  # bytes handed to the disk so far
 
+    def sync(self, durable: bool) -> None:
+        if self.file is None:  # written and closed elsewhere (commit_shards)
+            return
+        self.file.flush()
+        if durable and self.local:
+            os.fsync(self.file.fileno())
+        self.file.close()
+
     def start_writeback(self) -> None:
         """Let the disk work while we compute, so the final fsync has little left to wait for."""
-        if _SYNC_FILE_RANGE is None or self.size - self.flushed < _WRITEBACK_STEP:
+        if not self.local or _SYNC_FILE_RANGE is None or \
+                self.size - self.flushed < _WRITEBACK_STEP:
             return
         self.file.flush()
         _SYNC_FILE_RANGE(self.file.fileno(), self.flushed, self.size - self.flushed,
@@ -789,8 +800,8 @@ class BundleWriter:
         self.overwrite = overwrite
         self._entries: dict[bytes, BundleEntryProto] = {}
         self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
-        _remove_stale_temporaries(self.prefix)
-        self._tmp_base = f"{self.prefix}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        remove_stale_temporaries(self.prefix)
+        self._tmp_base = f"{self.prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         self._shards: list[_Shard] = []
         self._current = 0
         self._streaming = False
@@ -847,6 +858,52 @@ class BundleWriter:
             self._current = len(self._shards)
             return self._begin(nbytes, self._current)
         return self._current
+
+    @classmethod
+    def for_shard(cls, path: str, *, endianness: str = "little",
+                  durable: bool = True) -> "BundleWriter":
+        """A writer of one data shard at ``path`` (local file or URL), without an index.
+
+        Used by tasks that each write one shard of a checkpoint; :meth:`finish_shard`
+        returns the index entries, which :func:`commit_shards` merges into the index.
+        """
+        w = cls.__new__(cls)
+        w.prefix = path
+        w.durable = durable
+        w.endianness = endianness
+        w.max_shard_bytes = None
+        w.overwrite = True
+        w._entries = {}
+        w._slices_of = {}
+        w._tmp_base = path
+        w._created_dirs = []
+        w._shards = []
+        w._current = 0
+        w._streaming = False
+        w._done = False
+        store = storage_for(path)
+        try:
+            if store.local and os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            w._shards.append(_Shard(path))
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create data file: {e.strerror or e}",
+                                       path=path) from None
+        return w
+
+    def finish_shard(self) -> dict[bytes, BundleEntryProto]:
+        """Close the one shard of a :meth:`for_shard` writer; its index entries."""
+        if self._streaming:
+            self.abort()
+            raise ValueError("a tensor stream was not closed")
+        try:
+            self._shards[0].sync(self.durable)
+        except OSError as e:
+            self.abort()
+            raise CheckpointWriteError(f"write failed: {e.strerror or e}",
+                                       path=self.prefix) from None
+        self._done = True
+        return self._entries
 
     def _write(self, shard_id: int, data) -> None:
         shard = self._shards[shard_id]
@@ -1047,7 +1104,8 @@ class BundleWriter:
     def _close_files(self) -> None:
         for shard in self._shards:
             try:
-                shard.file.close()
+                if shard.file is not None:
+                    shard.file.close()
             except OSError:
                 pass
 
@@ -1057,8 +1115,8 @@ class BundleWriter:
         self._close_files()
         for path in [s.path for s in self._shards] + [f"{self._tmp_base}.index"]:
             try:
-                os.unlink(path)
-            except FileNotFoundError:
+                storage_for(path).remove(path)
+            except (FileNotFoundError, OSError):
                 pass
         for directory in self._created_dirs:  # innermost first; only if still empty
             try:
@@ -1100,23 +1158,8 @@ class BundleWriter:
         index_tmp = f"{self._tmp_base}.index"
         try:
             for shard in self._shards:
-                shard.file.flush()
-                if self.durable:
-                    os.fsync(shard.file.fileno())
-                shard.file.close()
-            header = BundleHeaderProto()
-            header.num_shards = num_shards
-            header.endianness = 1 if self.endianness == "big" else 0
-            header.version.producer = FORMAT_VERSION
-            with open(index_tmp, "xb") as f:
-                table = TableBuilder(f)
-                table.add(HEADER_KEY, header.SerializeToString())
-                for key in sorted(self._entries):
-                    table.add(key, self._entries[key].SerializeToString())
-                table.finish()
-                f.flush()
-                if self.durable:
-                    os.fsync(f.fileno())
+                shard.sync(self.durable)
+            write_index(index_tmp, self._entries, num_shards, self.endianness, self.durable)
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.prefix) from None
         finals = [paths.data_filename(self.prefix, i, num_shards) for i in range(num_shards)]
@@ -1137,6 +1180,98 @@ class BundleWriter:
                 except OSError:
                     pass
         return self.prefix
+
+
+def write_index(path: str, entries: Mapping[bytes, BundleEntryProto], num_shards: int,
+                endianness: str, durable: bool) -> None:
+    """Write the index table: the header, then every entry in key order."""
+    header = BundleHeaderProto()
+    header.num_shards = num_shards
+    header.endianness = 1 if endianness == "big" else 0
+    header.version.producer = FORMAT_VERSION
+    store = storage_for(path)
+    f = open(path, "xb") if store.local else store.open_writer(path)
+    with f:
+        table = TableBuilder(f)
+        table.add(HEADER_KEY, header.SerializeToString())
+        for key in sorted(entries):
+            table.add(key, entries[key].SerializeToString())
+        table.finish()
+        f.flush()
+        if durable and store.local:
+            os.fsync(f.fileno())
+
+
+def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
+    """The index entries of shards written separately: shard ids set, slices joined.
+
+    ``shards[k]`` are the entries :meth:`BundleWriter.finish_shard` returned for
+    shard ``k``; a partitioned tensor's slices may be spread over several.
+    """
+    merged: dict[bytes, BundleEntryProto] = {}
+    for shard_id, entries in enumerate(shards):
+        for key, entry in entries.items():
+            if entry.slices:  # a partitioned tensor's own entry: holds no bytes
+                known = merged.get(key)
+                if known is None:
+                    known = merged[key] = BundleEntryProto()
+                    known.CopyFrom(entry)
+                    del known.slices[:]
+                known.slices.extend(entry.slices)
+                continue
+            if key in merged:
+                raise ValueError(f"tensor {_decode_name(key)!r} written to two shards")
+            e = BundleEntryProto()
+            e.CopyFrom(entry)
+            e.shard_id = shard_id
+            merged[key] = e
+    return merged
+
+
+def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
+                  endianness: str = "little", durable: bool = True) -> str:
+    """Make shards written separately one checkpoint at ``prefix``: the index goes last.
+
+    Locally, ``shard_paths`` are temporary files renamed into place before the index
+    (with the same care for an overwritten checkpoint as :class:`BundleWriter`); on
+    an object store they already carry their final names, and writing the index is
+    the commit.
+    """
+    for key, entry in entries.items():
+        if entry.slices:
+            shape = tuple(d.size for d in entry.shape.dim)
+            _check_slice_cover(tuple(_slice_from_proto(x) for x in entry.slices), shape,
+                               lambda what: ValueError(
+                                   f"partitioned tensor {_decode_name(key)!r}: {what}"))
+    store = storage_for(prefix)
+    num_shards = len(shard_paths)
+    if not store.local:
+        finals = [paths.data_filename(prefix, i, num_shards) for i in range(num_shards)]
+        if list(shard_paths) != finals:
+            raise ValueError("remote shards must be written under their final names")
+        write_index(paths.index_filename(prefix), entries, num_shards, endianness, durable)
+        return prefix
+    w = BundleWriter.__new__(BundleWriter)
+    w.prefix = prefix
+    w.durable = durable
+    w.endianness = endianness
+    w._entries = entries
+    w._slices_of = {}
+    w._tmp_base = f"{shard_paths[0].rsplit('.data-', 1)[0]}" if shard_paths else \
+        f"{prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    w._shards = []
+    for path in shard_paths:
+        shard = _Shard.__new__(_Shard)
+        shard.path, shard.file, shard.size, shard.flushed, shard.local = path, None, 0, 0, True
+        w._shards.append(shard)
+    w._created_dirs = []
+    w._done = False
+    w._streaming = False
+    try:
+        return w._commit()
+    except BaseException:
+        w.abort()
+        raise
 
 
 class _TensorStream:
@@ -1202,13 +1337,13 @@ def _infer_dtype(value, dtype) -> _dt.DType:
     return _dt.lookup(arr.dtype)
 
 
-_TMP_MARK = ".tfckpt-tmp-"
+TMP_MARK = ".tfckpt-tmp-"
 
 
-def _remove_stale_temporaries(prefix: str) -> None:
+def remove_stale_temporaries(prefix: str) -> None:
     """Delete what a killed writer left at ``prefix`` (temporaries of processes now gone)."""
     directory = os.path.dirname(prefix) or "."
-    start = os.path.basename(prefix) + _TMP_MARK
+    start = os.path.basename(prefix) + TMP_MARK
     try:
         names = os.listdir(directory)
     except OSError:

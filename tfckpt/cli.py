@@ -362,6 +362,36 @@ def _progress(total: int):
     return bar.update, bar.close
 
 
+def _executor(spec: str | None):
+    """The executor an --executor SPEC names, and how to shut it down."""
+    if spec is None:
+        return None, lambda: None
+    kind, _, arg = spec.partition(":")
+    if kind in ("threads", "processes"):
+        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+        try:
+            workers = int(arg) if arg else None
+        except ValueError:
+            raise CheckpointError(f"--executor {spec}: the worker count must be a number") \
+                from None
+        pool = (ThreadPoolExecutor if kind == "threads" else ProcessPoolExecutor)(workers)
+        return pool, pool.shutdown
+    if kind == "dask":
+        try:
+            from dask.distributed import Client
+        except ImportError:
+            raise CheckpointError("--executor dask:// needs Dask: pip install 'tfckpt[dask]'") \
+                from None
+        try:
+            client = Client(spec[len("dask://"):] if spec.startswith("dask://") else arg,
+                            timeout=30)
+        except OSError as e:
+            raise CheckpointError(f"cannot reach the Dask scheduler {spec}: {e}") from None
+        return client, client.close
+    raise CheckpointError(f"unknown --executor {spec!r}: use threads:N, processes:N or "
+                          "dask://HOST:PORT")
+
+
 def cmd_transform(args) -> int:
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
@@ -379,12 +409,14 @@ def cmd_transform(args) -> int:
             _print_plan(p)
         return 0
     update, close = _progress(p.bytes_in)
+    executor, shutdown = _executor(args.executor)
     try:
         summary = execute(p, overflow=args.overflow, chunk_bytes=args.chunk_bytes,
                           progress=update, backend=args.backend, tf_threshold=args.tf_threshold,
-                          durable=args.durable)
+                          durable=args.durable, executor=executor)
     finally:
         close()
+        shutdown()
     if args.json:
         _print_json(summary.to_dict())
     _print_summary(summary)
@@ -429,6 +461,9 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
                         "no partial checkpoint, but a power cut may")
     g.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     g.add_argument("--json", action="store_true", help="print the plan or summary as JSON")
+    g.add_argument("--executor", metavar="SPEC",
+                   help="run the per-shard tasks on: threads:N, processes:N, or a Dask "
+                        "scheduler dask://HOST:PORT (default: here, one after another)")
     g.add_argument("--chunk-bytes", type=_parse_size, default=64 << 20, metavar="SIZE",
                    help="memory budget for tensor data in flight (default 64M)")
     p.set_defaults(func=cmd_transform)

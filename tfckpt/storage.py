@@ -126,11 +126,11 @@ class RemoteStorage(Storage):
         return posixpath.join(head, *rest) if rest else head
 
     def dirname(self, path: str) -> str:
-        scheme, rest = path.split("://", 1)
-        return f"{scheme}://{posixpath.dirname(rest)}"
+        scheme, sep, rest = path.rpartition("://")
+        return f"{scheme}{sep}{posixpath.dirname(rest)}"
 
     def basename(self, path: str) -> str:
-        return posixpath.basename(path.split("://", 1)[1])
+        return posixpath.basename(path.rpartition("://")[2])
 
     def isabs(self, path: str) -> bool:
         return "://" in path

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,8 +22,12 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import paths
-from .bundle import BundleWriter, Checkpoint, TensorInfo
-from .cast import CAST_TARGETS, Caster, CastCounts, should_cast
+from ._proto.tensor_bundle_pb2 import BundleEntryProto
+from .bundle import (TMP_MARK, BundleWriter, Checkpoint, TensorInfo, commit_shards,
+                     merge_entries, remove_stale_temporaries)
+from .cast import CAST_TARGETS, OVERFLOW_POLICIES, Caster, CastCounts, should_cast
+from .storage import storage_for
+from .table import encode_varint
 from .errors import CheckpointError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
 
@@ -174,19 +179,21 @@ def _patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
 def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
     """The output prefix; refuses sources and (without ``overwrite``) existing checkpoints."""
     dst = os.fspath(dst)
-    if dst.endswith(os.sep) or os.path.isdir(dst):
-        dst = os.path.join(dst, os.path.basename(sources[0].ckpt.prefix))
-    real = os.path.realpath(dst)
+    store = storage_for(dst)
+    if dst.endswith(("/", os.sep)) or store.isdir(dst):
+        dst = store.join(dst.rstrip("/") if not store.local else dst,
+                         sources[0].ckpt.storage.basename(sources[0].ckpt.prefix))
+    real = store.realpath(dst)
     for s in sources:
-        if os.path.realpath(s.ckpt.prefix) == real:
+        if s.ckpt.storage.realpath(s.ckpt.prefix) == real:
             raise CheckpointError("the destination is a source checkpoint; write elsewhere "
                                   "(sources are never modified)", path=dst)
-        for f in s.ckpt.data_files:
-            parsed = paths.parse_data_filename(os.path.realpath(f))
-            if parsed and parsed[0] == real:
-                raise CheckpointError("the destination would overwrite a source's data files",
-                                      path=dst)
-    if os.path.exists(paths.index_filename(dst)) and not overwrite:
+        if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == \
+                store.realpath(store.dirname(dst)) and \
+                s.ckpt.storage.basename(s.ckpt.prefix) == store.basename(dst):
+            raise CheckpointError("the destination would overwrite a source's data files",
+                                  path=dst)
+    if store.isfile(paths.index_filename(dst)) and not overwrite:
         raise CheckpointError("the destination already exists (use overwrite)",
                               path=paths.index_filename(dst))
     return dst
@@ -388,66 +395,235 @@ MEMORY_BUDGET = 64 << 20
 
 def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGET,
             progress: Callable[[int], None] | None = None, backend: str = "numpy",
-            tf_threshold: int = DEFAULT_TF_THRESHOLD, durable: bool = True) -> Summary:
-    """Stream the planned tensors into the destination and commit it.
+            tf_threshold: int = DEFAULT_TF_THRESHOLD, durable: bool = True,
+            executor=None) -> Summary:
+    """Write the planned checkpoint: one task per output shard, then the index.
 
-    ``chunk_bytes`` is the memory budget for tensor data in flight: reads are a
-    quarter of it, so the read-ahead ring, the cast output and temporaries fit.
-    ``progress`` is called with the number of source bytes done after each chunk.
-    With ``overflow='error'``, values beyond the target's range abort the run
-    before anything is committed, listing every affected tensor. ``backend='tf'``
-    casts tensors of at least ``tf_threshold`` bytes with ``tf.cast`` on the best
-    device (a GPU if TensorFlow sees one); ``'auto'`` does so only when there is a
-    GPU. The bits are the same either way. ``durable=False`` skips the fsyncs
-    (see :class:`~tfckpt.BundleWriter`).
+    Each task reads the byte ranges its tensors need from the sources, streams
+    them through the cast and writes its shard; the commit merges the tasks'
+    index entries and writes the index last (like TensorFlow's
+    MergeV2Checkpoints). ``executor`` runs the tasks: None runs them here, one
+    after another (each already keeps both cores busy); anything with
+    ``submit(fn, arg)`` returning futures — a ``concurrent.futures`` executor or a
+    Dask ``distributed.Client`` — runs them there. The output is byte-identical
+    whichever ran it. A failed task fails the run; nothing is committed.
+
+    ``chunk_bytes`` is the memory budget for tensor data in flight per task.
+    ``progress`` is called with source bytes done. With ``overflow='error'``,
+    values beyond the target's range abort the run before anything is committed,
+    listing every affected tensor. ``backend='tf'`` casts tensors of at least
+    ``tf_threshold`` bytes with ``tf.cast`` on the best device (a GPU if
+    TensorFlow sees one); ``'auto'`` does so only when there is a GPU. The bits are
+    the same either way. ``durable=False`` skips the fsyncs (see
+    :class:`~tfckpt.BundleWriter`).
     """
     start = time.perf_counter()
-    tf_convert = _tf_converter(backend) if any(t.cast for t in p.tensors) else None
-    follow = p.options["max_shard_bytes"] is None
-    counts: dict[str, CastCounts] = {}
-    overflowed: dict[str, int] = {}
-    graph_shard = None
-    if follow and p.object_graph is not None:
-        first = next(s for s in p.sources if s.graph is not None)
-        graph_shard = first.shard_base + (first.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
-    with BundleWriter(p.dst, max_shard_bytes=p.options["max_shard_bytes"],
-                      overwrite=p.options["overwrite"], durable=durable) as w:
-        if follow:
-            # Keep the layout: every source shard exists in the output, even if emptied.
-            last = p.sources[-1]
-            w.reserve_shards(last.shard_base + last.ckpt.header.num_shards)
-        for t in p.tensors:
-            src = p.sources[t.source]
-            shard = (lambda s: src.shard_base + s) if follow else (lambda s: None)
-            caster = None
-            if t.cast:
-                convert = tf_convert if t.info.nbytes >= tf_threshold else None
-                caster = Caster(_dt.lookup(t.info.dtype), _dt.lookup(t.new_dtype), overflow,
-                                convert=convert, reuse_output=True)
-            if t.info.slices and _keep_sliced(src, t):
-                for sl in sorted(src.ckpt.slice_info(t.name), key=lambda s: (s.shard, s.offset)):
-                    _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(sl.shard),
-                          extents=sl.extents)
-            else:
-                # A partitioned tensor written whole goes where its first slice was.
-                first = t.info.shard if not t.info.slices else \
-                    min(sl.shard for sl in src.ckpt.slice_info(t.name))
-                _copy(src.ckpt, w, t, caster, progress, chunk_bytes, shard(first))
-            if caster is not None:
-                counts[t.new_name] = caster.counts
-                if overflow == "error" and caster.counts.overflow:
-                    overflowed[t.new_name] = caster.counts.overflow
-        if p.object_graph is not None:
-            w.add(OBJECT_GRAPH_KEY, np.array(p.object_graph, dtype=object), shard=graph_shard)
-        if overflowed:
-            w.abort()
+    if overflow not in OVERFLOW_POLICIES:
+        raise CheckpointError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
+    if backend not in BACKENDS:
+        raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
+    store = storage_for(p.dst)
+    if store.local:
+        remove_stale_temporaries(p.dst)
+    made_dir = store.local and not os.path.isdir(os.path.dirname(p.dst) or ".")
+    tasks = shard_tasks(p, overflow=overflow, chunk_bytes=chunk_bytes, backend=backend,
+                        tf_threshold=tf_threshold, durable=durable)
+    try:
+        results = _run_tasks(tasks, executor, progress)
+        counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
+        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
+        if overflow == "error" and overflowed:
             raise OverflowError_(overflowed, p.dst)
+        entries = merge_entries([{k: BundleEntryProto.FromString(v)
+                                  for k, v in r.entries.items()} for r in results])
+        commit_shards(p.dst, [t.path for t in tasks], entries, durable=durable)
+    except BaseException:
+        for t in tasks:
+            try:
+                storage_for(t.path).remove(t.path)
+            except OSError:
+                pass
+        if made_dir:
+            try:
+                os.rmdir(os.path.dirname(p.dst))
+            except OSError:
+                pass
+        raise
     _write_state_file(p)
     return Summary(p.dst, kept=len(p.tensors), dropped=len(p.dropped),
                    renamed=sum(t.renamed for t in p.tensors),
                    cast=sum(t.cast for t in p.tensors), bytes_in=p.bytes_in,
                    bytes_out=p.bytes_out, seconds=time.perf_counter() - start,
                    cast_counts=counts)
+
+
+@dataclass
+class TaskItem:
+    """One tensor, or one slice of one, that a shard task writes."""
+
+    source: int
+    name: str
+    new_name: str
+    dtype: str
+    new_dtype: str
+    shape: tuple
+    partitioned: bool          # the source tensor is partitioned
+    extents: tuple | None      # which slice (None: the whole tensor)
+    bytes_in: int
+    bytes_out: int
+    tf_cast: bool = False      # cast with tf.cast (a big tensor, tf backend)
+
+
+@dataclass
+class ShardTask:
+    """Everything one worker needs to write one output shard (picklable)."""
+
+    shard_id: int
+    path: str                  # a temporary file locally; the final object remotely
+    sources: list[str]
+    items: list[TaskItem]
+    object_graph: bytes | None
+    overflow: str
+    chunk_bytes: int
+    backend: str
+    durable: bool
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(i.bytes_in for i in self.items)
+
+
+@dataclass
+class ShardResult:
+    shard_id: int
+    entries: dict[bytes, bytes]            # key -> serialized BundleEntryProto
+    counts: dict[str, tuple[int, int, int, int]]
+    bytes_in: int
+
+
+def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGET,
+                backend: str = "numpy", tf_threshold: int = DEFAULT_TF_THRESHOLD,
+                durable: bool = True) -> list[ShardTask]:
+    """Cut the plan into one task per output shard (the same cut for any executor).
+
+    By default each tensor keeps its source shard (offset by the shards of the
+    sources before it); with ``max_shard_bytes``, tensors are packed in plan
+    order into shards of at most that size (a bigger tensor gets one of its own).
+    """
+    follow = p.options["max_shard_bytes"] is None
+    limit = p.options["max_shard_bytes"]
+    shards: list[list[TaskItem]] = []
+    sizes: list[int] = []
+
+    def place(item_bytes: int, shard: int | None) -> int:
+        if shard is None:
+            shard = max(len(shards) - 1, 0)
+            if shards and sizes[shard] and sizes[shard] + item_bytes > limit:
+                shard += 1
+        while len(shards) <= shard:
+            shards.append([])
+            sizes.append(0)
+        sizes[shard] += item_bytes
+        return shard
+
+    if follow:
+        last = p.sources[-1]
+        place(0, last.shard_base + last.ckpt.header.num_shards - 1)  # every source shard
+    for t in p.tensors:
+        src = p.sources[t.source]
+        target = _dt.lookup(t.new_dtype)
+        big = t.cast and t.info.nbytes >= tf_threshold
+        parts = src.ckpt.slice_info(t.name) if t.info.slices else []
+        if parts and _keep_sliced(src, t):
+            for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
+                out = sl.nbytes if not t.cast else sl.size * target.itemsize
+                k = place(out, src.shard_base + sl.shard if follow else None)
+                shards[k].append(TaskItem(t.source, t.name, t.new_name, t.info.dtype,
+                                          t.new_dtype, t.info.shape, True, sl.extents,
+                                          sl.nbytes, out, big))
+            continue
+        # A partitioned tensor written whole goes where its first slice was.
+        first = min(x.shard for x in parts) if parts else t.info.shard
+        k = place(t.bytes_out, src.shard_base + first if follow else None)
+        shards[k].append(TaskItem(t.source, t.name, t.new_name, t.info.dtype, t.new_dtype,
+                                  t.info.shape, bool(parts), None, t.info.nbytes, t.bytes_out,
+                                  big))
+    graph_shard = None
+    if p.object_graph is not None:
+        size = len(p.object_graph) + len(encode_varint(len(p.object_graph))) + 4
+        if follow:
+            first_tf2 = next(s for s in p.sources if s.graph is not None)
+            graph_shard = place(size, first_tf2.shard_base +
+                                (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0))
+        else:
+            graph_shard = place(size, None)
+    if not shards:
+        place(0, 0)
+    store = storage_for(p.dst)
+    if store.local:
+        base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        out_paths = [f"{base}.data-{k}" for k in range(len(shards))]
+    else:
+        out_paths = [paths.data_filename(p.dst, k, len(shards)) for k in range(len(shards))]
+    return [ShardTask(k, out_paths[k], [s.ckpt.prefix for s in p.sources], items,
+                      p.object_graph if k == graph_shard else None, overflow, chunk_bytes,
+                      backend, durable)
+            for k, items in enumerate(shards)]
+
+
+def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
+    if executor is None:
+        return [run_shard_task(t, progress) for t in tasks]
+    futures = [executor.submit(run_shard_task, t) for t in tasks]
+    results = []
+    try:
+        for f in futures:
+            results.append(f.result())
+            if progress:
+                progress(results[-1].bytes_in)
+    except BaseException as e:
+        for f in futures:
+            f.cancel()
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
+    return results
+
+
+def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None
+                   ) -> ShardResult:
+    """Write one shard: its tensors, read from the sources and cast, in plan order."""
+    ckpts: dict[int, Checkpoint] = {}
+    counts: dict[str, tuple[int, int, int, int]] = {}
+    w = BundleWriter.for_shard(task.path, durable=task.durable)
+    try:
+        tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) \
+            else None
+        for item in task.items:
+            if item.source not in ckpts:
+                ckpts[item.source] = Checkpoint(task.sources[item.source])
+            caster = None
+            if item.dtype != item.new_dtype:
+                caster = Caster(_dt.lookup(item.dtype), _dt.lookup(item.new_dtype),
+                                task.overflow, convert=tf_convert if item.tf_cast else None,
+                                reuse_output=True)
+            _copy(ckpts[item.source], w, item, caster, progress, task.chunk_bytes)
+            if caster is not None:
+                c = caster.counts
+                old = counts.get(item.new_name, (0, 0, 0, 0))
+                counts[item.new_name] = (old[0] + c.overflow, old[1] + c.to_zero,
+                                         old[2] + c.subnormal, old[3] + c.elements)
+        if task.object_graph is not None:
+            w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
+        entries = w.finish_shard()
+    except BaseException:
+        w.abort()
+        raise
+    finally:
+        for ckpt in ckpts.values():
+            ckpt.close()
+    return ShardResult(task.shard_id, {k: v.SerializeToString() for k, v in entries.items()},
+                       counts, task.bytes_in)
 
 
 # Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list).
@@ -467,34 +643,35 @@ def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
     return src.graph is None or t.new_dtype in TF_SLICE_COPYABLE
 
 
-def _copy(ckpt: Checkpoint, w: BundleWriter, t: PlannedTensor, caster, progress,
-          chunk_bytes: int, shard, extents=None) -> None:
-    dtype = _dt.lookup(t.info.dtype)
+def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
+          chunk_bytes: int) -> None:
+    dtype = _dt.lookup(t.dtype)
+    extents = t.extents
     if dtype.numpy is None or dtype is _dt.STRING:
         if ckpt.header.endianness != w.endianness and dtype is not _dt.STRING:
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
                 "be rewritten", path=ckpt.prefix, tensor=t.name)
-        whole = bool(t.info.slices) and extents is None  # a partitioned tensor made whole
+        whole = t.partitioned and extents is None  # a partitioned tensor made whole
         if dtype is _dt.STRING and (ckpt.header.endianness != w.endianness or whole):
             value = ckpt.read_slice(t.name, extents) if extents else ckpt[t.name]
             if extents:
-                w.add_slice(t.new_name, t.info.shape, extents, value, dtype.name, shard=shard)
+                w.add_slice(t.new_name, t.shape, extents, value, dtype.name)
             else:
-                w.add(t.new_name, value, dtype.name, shard=shard)
+                w.add(t.new_name, value, dtype.name)
             return
         data = ckpt.read_bytes(t.name, extents)
-        shape = t.info.shape if not extents else \
-            tuple(d if n is None else n for d, (_, n) in zip(t.info.shape, extents))
-        w.add_raw(t.new_name, dtype.name, shape, data, shard=shard,
-                  extents=extents, full_shape=t.info.shape if extents else None)
+        shape = t.shape if not extents else \
+            tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
+        w.add_raw(t.new_name, dtype.name, shape, data, extents=extents,
+                  full_shape=t.shape if extents else None)
         if progress:
             progress(len(data))
         return
     if extents:
-        stream = w.stream_slice(t.new_name, t.new_dtype, t.info.shape, extents, shard=shard)
+        stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, extents)
     else:
-        stream = w.stream(t.new_name, t.new_dtype, t.info.shape, shard=shard)
+        stream = w.stream(t.new_name, t.new_dtype, t.shape)
     # Three stages overlap: reading (and checking the source's CRC) one chunk ahead
     # in a thread, casting here (itself split over the cores), writing (and the
     # output's CRC) one chunk behind in another thread. numpy, crc32c and file I/O
@@ -587,12 +764,13 @@ def _write_state_file(p: Plan) -> None:
     Left alone when the directory holds a source checkpoint, whose state file
     is the source's.
     """
-    directory = os.path.dirname(p.dst) or "."
+    store = storage_for(p.dst)
+    directory = store.dirname(p.dst) or "."
     for s in p.sources:
-        if os.path.realpath(os.path.dirname(s.ckpt.prefix) or ".") == \
-                os.path.realpath(directory):
+        src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
+        if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
             return
-    paths.write_state_file(directory, os.path.basename(p.dst))
+    paths.write_state_file(directory, store.basename(p.dst))
 
 
 def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str] = (),
@@ -602,7 +780,8 @@ def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequenc
               max_shard_bytes: int | None = None, overwrite: bool = False,
               chunk_bytes: int = MEMORY_BUDGET,
               progress: Callable[[int], None] | None = None, backend: str = "numpy",
-              tf_threshold: int = DEFAULT_TF_THRESHOLD, durable: bool = True) -> Summary:
+              tf_threshold: int = DEFAULT_TF_THRESHOLD, durable: bool = True,
+              executor=None) -> Summary:
     """Select, rename and cast the tensors of one or more checkpoints into a new one.
 
     - ``include`` / ``exclude``: regexes (``re.search`` on source names); include
@@ -618,6 +797,8 @@ def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequenc
     - ``prefer``: which source wins a name present in several (default: error).
     - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
     - ``backend``: ``'numpy'`` (default), ``'tf'`` or ``'auto'``: see :func:`execute`.
+    - ``executor``: where the shard tasks run (a ``concurrent.futures`` executor, a
+      Dask ``Client``); ``sources`` and ``dst`` may be fsspec URLs: see :func:`execute`.
 
     >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
     """
@@ -625,7 +806,8 @@ def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequenc
              rename=rename, rename_exact=rename_exact, cast=cast, cast_from=cast_from,
              prefer=prefer, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
     return execute(p, overflow=overflow, chunk_bytes=chunk_bytes, progress=progress,
-                   backend=backend, tf_threshold=tf_threshold, durable=durable)
+                   backend=backend, tf_threshold=tf_threshold, durable=durable,
+                   executor=executor)
 
 
 def convert(src, dst, dtype: str, **options) -> Summary:
