@@ -822,9 +822,11 @@ def test_verify_extra_data_file_with_other_shard_count(tf_checkpoints, tmp_path)
     stray = prefix + ".data-00001-of-00003"
     shutil.copy(prefix + ".data-00000-of-00001", stray)
     proc = run("verify", prefix)
-    assert proc.returncode == 1
-    lines = _one_line_problems(proc)
+    # Nothing reads a data file of another shard count: a warning, not a problem.
+    assert proc.returncode == 0
+    lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(stray + ":") and "3" in lines[0], lines
+    assert "not part of this one" in lines[0]
 
 
 @pytest.fixture(scope="module")
