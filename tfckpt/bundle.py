@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from . import dtypes as _dt
 from . import orderedcode, paths
-from .storage import storage_for
+from .storage import normalize, storage_for
 from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
 from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
                      CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
@@ -430,9 +430,10 @@ class Checkpoint:
             raise UnsupportedCheckpointError(
                 "partitioned tensor has no bytes of its own; read its slices", path=self.prefix,
                 tensor=name)
+        data = self._read_entry_bytes(entry).tobytes()
         if entry.dtype is _dt.STRING:
-            self._decode(entry)  # verifies the framing and checksum
-        return self._read_entry_bytes(entry).tobytes()
+            self._check_string_bytes(entry, data)
+        return data
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         """The value of one stored slice of a partitioned tensor."""
@@ -463,6 +464,17 @@ class Checkpoint:
         if n > entry.proto.size:  # checked before reading: one length byte per element
             raise self._corrupt(f"{n} strings cannot fit in {entry.proto.size} bytes", entry.name)
         buf = self._read_entry_bytes(entry).tobytes()
+        framing = self._check_string_bytes(entry, buf)
+        out = np.empty(n, dtype=object)
+        pos = framing.data_offset
+        for i, length in enumerate(framing.lengths):
+            out[i] = buf[pos:pos + length]
+            pos += length
+        return out.reshape(entry.shape)
+
+    def _check_string_bytes(self, entry: _Entry, buf: bytes) -> "StringFraming":
+        """Parse a string tensor's framing, checking its checksums when verifying."""
+        n = _num_elements(entry.shape)
         shard = self._shard_path(entry)
         try:
             framing = StringFraming(buf, n, self.header.endianness)
@@ -474,12 +486,7 @@ class Checkpoint:
                     f"string length checksum mismatch: stored {framing.stored_lengths_crc:#010x}"
                     f", computed {framing.lengths_crc:#010x}", entry.name, shard)
             self._check_crc(entry, framing.crc)
-        out = np.empty(n, dtype=object)
-        pos = framing.data_offset
-        for i, length in enumerate(framing.lengths):
-            out[i] = buf[pos:pos + length]
-            pos += length
-        return out.reshape(entry.shape)
+        return framing
 
     def _assemble(self, entry: _Entry) -> np.ndarray:
         _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
@@ -739,11 +746,15 @@ _WRITEBACK_STEP = 32 << 20
 class _Shard:
     __slots__ = ("path", "file", "size", "flushed", "local")
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, exclusive: bool = True):
         store = storage_for(path)
         self.path = path
         self.local = store.local
-        self.file = open(path, "xb", buffering=1 << 20) if store.local else store.open_writer(path)
+        # A shard task may run twice (a cluster recomputing a result lost with its
+        # worker): its file, unique to the run, is then rewritten from the start.
+        mode = "xb" if exclusive else "wb"
+        self.file = open(path, mode, buffering=1 << 20) if store.local else \
+            store.open_writer(path)
         self.size = 0
         self.flushed = 0  # bytes handed to the disk so far
 
@@ -789,8 +800,9 @@ class BundleWriter:
 
     def __init__(self, prefix, *, max_shard_bytes: int | None = None, overwrite: bool = False,
                  endianness: str = "little", durable: bool = True):
-        self.prefix = os.fspath(prefix)
+        self.prefix = normalize(prefix)
         self.durable = durable
+        self._store = storage_for(self.prefix)
         if endianness not in ("little", "big"):
             raise ValueError("endianness must be 'little' or 'big'")
         if max_shard_bytes is not None and max_shard_bytes <= 0:
@@ -800,17 +812,18 @@ class BundleWriter:
         self.overwrite = overwrite
         self._entries: dict[bytes, BundleEntryProto] = {}
         self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
-        remove_stale_temporaries(self.prefix)
+        if self._store.local:
+            remove_stale_temporaries(self.prefix)
         self._tmp_base = f"{self.prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         self._shards: list[_Shard] = []
         self._current = 0
         self._streaming = False
         self._done = False
         index = paths.index_filename(self.prefix)
-        if os.path.exists(index) and not overwrite:
+        if self._store.isfile(index) and not overwrite:
             raise CheckpointWriteError("a checkpoint already exists here (pass overwrite=True "
                                        "to replace it)", path=index)
-        parent = os.path.dirname(self.prefix)
+        parent = os.path.dirname(self.prefix) if self._store.local else ""
         self._created_dirs: list[str] = []
         try:
             missing = parent
@@ -869,6 +882,7 @@ class BundleWriter:
         """
         w = cls.__new__(cls)
         w.prefix = path
+        w._store = storage_for(path)
         w.durable = durable
         w.endianness = endianness
         w.max_shard_bytes = None
@@ -885,7 +899,7 @@ class BundleWriter:
         try:
             if store.local and os.path.dirname(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-            w._shards.append(_Shard(path))
+            w._shards.append(_Shard(path, exclusive=False))
         except OSError as e:
             raise CheckpointWriteError(f"cannot create data file: {e.strerror or e}",
                                        path=path) from None
@@ -1143,6 +1157,8 @@ class BundleWriter:
             _check_slice_cover(slices, shape, lambda what: ValueError(
                 f"partitioned tensor {_decode_name(full_key)!r}: {what}"))
         index = paths.index_filename(self.prefix)
+        if not self._store.local:
+            return self._commit_remote(index)
         old_shards = _existing_data_files(self.prefix)
         num_shards = len(self._shards)
         if os.path.exists(index):
@@ -1179,6 +1195,22 @@ class BundleWriter:
                     os.unlink(stale)
                 except OSError:
                     pass
+        return self.prefix
+
+
+    def _commit_remote(self, index: str) -> str:
+        """On an object store: move the shards to their names (server-side), then the index."""
+        num_shards = len(self._shards)
+        try:
+            for shard in self._shards:
+                shard.sync(self.durable)
+            for i, shard in enumerate(self._shards):
+                self._store.move(shard.path, paths.data_filename(self.prefix, i, num_shards))
+            write_index(index, self._entries, num_shards, self.endianness, self.durable)
+        except OSError as e:
+            raise CheckpointWriteError(f"write failed: {e.strerror or e}",
+                                       path=self.prefix) from None
+        self._done = True
         return self.prefix
 
 
@@ -1253,6 +1285,7 @@ def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
         return prefix
     w = BundleWriter.__new__(BundleWriter)
     w.prefix = prefix
+    w._store = store
     w.durable = durable
     w.endianness = endianness
     w._entries = entries

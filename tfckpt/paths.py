@@ -9,7 +9,7 @@ from google.protobuf import text_format
 
 from ._proto.checkpoint_state_pb2 import CheckpointState
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
-from .storage import Storage, storage_for
+from .storage import Storage, normalize, storage_for
 
 STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
@@ -81,9 +81,7 @@ def resolve_prefix(path) -> str:
     ``checkpoint`` state file (the latest checkpoint is taken), or a SavedModel
     directory (its ``variables/variables``); a local path or an fsspec URL.
     """
-    p = os.fspath(path)
-    if p.startswith("file://"):
-        p = p[len("file://"):]
+    p = normalize(path)
     store = storage_for(p)
     if store.isfile(index_filename(p)):
         return p

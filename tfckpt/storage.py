@@ -14,6 +14,12 @@ import posixpath
 from .errors import CheckpointError
 
 
+def normalize(path) -> str:
+    """A path as tfckpt keeps it: ``file://`` URLs become plain local paths."""
+    text = os.fspath(path)
+    return text[len("file://"):] if text.startswith("file://") else text
+
+
 def is_url(path) -> bool:
     text = os.fspath(path)
     return "://" in text and not text.startswith("file://")
@@ -171,7 +177,8 @@ class RemoteStorage(Storage):
         self.fs.mv(self._strip(src), self._strip(dst))
 
     def realpath(self, path: str) -> str:
-        return path
+        """One spelling per object (``memory:///a`` and ``memory://a`` are the same)."""
+        return f"{self.protocol}://{self._strip(path).lstrip('/')}"
 
 
 class RemoteReader:

@@ -26,7 +26,7 @@ from ._proto.tensor_bundle_pb2 import BundleEntryProto
 from .bundle import (TMP_MARK, BundleWriter, Checkpoint, TensorInfo, commit_shards,
                      merge_entries, remove_stale_temporaries)
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES, Caster, CastCounts, should_cast
-from .storage import storage_for
+from .storage import normalize, storage_for
 from .table import encode_varint
 from .errors import CheckpointError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
@@ -178,7 +178,7 @@ def _patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
 
 def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
     """The output prefix; refuses sources and (without ``overwrite``) existing checkpoints."""
-    dst = os.fspath(dst)
+    dst = normalize(dst)
     store = storage_for(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
         dst = store.join(dst.rstrip("/") if not store.local else dst,
@@ -582,8 +582,15 @@ def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
             if progress:
                 progress(results[-1].bytes_in)
     except BaseException as e:
+        # Stop what has not started, and let what runs finish before the clean-up,
+        # or it would write its shard after the clean-up removed it.
         for f in futures:
             f.cancel()
+        for f in futures:
+            try:
+                f.result()
+            except BaseException:
+                pass
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
