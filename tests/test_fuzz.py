@@ -6,7 +6,7 @@ random points and at every block boundary) or a targeted structural change
 (sizes, offsets, shapes, shard counts, key order, string framing, slices,
 object graphs). Every case must finish within a time bound, raise nothing but
 ``tfckpt.CheckpointError`` subclasses, and allocate no more than the files'
-size allows. ``TFCKPT_FUZZ_CASES`` sets the number of random cases (default 2000).
+size allows. ``TFCKPT_FUZZ_CASES`` sets the number of random cases (default 5000).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
 from tfckpt.table import BLOCK_TRAILER_SIZE, FOOTER_SIZE, TableBuilder, TableReader, \
     _shortest_separator
 
-RANDOM_CASES = int(os.environ.get("TFCKPT_FUZZ_CASES", "2000"))
+RANDOM_CASES = int(os.environ.get("TFCKPT_FUZZ_CASES", "5000"))
 TIME_LIMIT_S = 10
 
 

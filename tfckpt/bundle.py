@@ -397,10 +397,16 @@ class Checkpoint:
             done += n
 
     def _read_entry_bytes(self, entry: _Entry) -> np.ndarray:
-        """The entry's bytes as a uint8 array, checksum verified when asked to."""
+        """The entry's bytes as a uint8 array, checksum verified when asked to.
+
+        From a local file this is a read-only view of the mapped file: zero-copy.
+        """
         reader = self._check_extent(entry)
-        buf = np.empty(entry.proto.size, dtype=np.uint8)
-        self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
+        if entry.proto.size and hasattr(reader, "view"):
+            buf = reader.view(entry.proto.offset, entry.proto.size)
+        else:
+            buf = np.empty(entry.proto.size, dtype=np.uint8)
+            self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
         if self.verify and entry.dtype is not _dt.STRING:
             self._check_crc(entry, crc32c(buf))
         return buf
@@ -452,6 +458,8 @@ class Checkpoint:
 
     def _to_array(self, buf: np.ndarray, dtype: _dt.DType, shape: tuple[int, ...]) -> np.ndarray:
         if self.header.endianness != _NATIVE and dtype.swap_unit > 1:
+            if not buf.flags.writeable:
+                buf = buf.copy()
             buf.view(np.dtype(f"u{dtype.swap_unit}")).byteswap(inplace=True)
         return buf.view(dtype.numpy).reshape(shape)
 
@@ -800,31 +808,18 @@ class BundleWriter:
 
     def __init__(self, prefix, *, max_shard_bytes: int | None = None, overwrite: bool = False,
                  endianness: str = "little", durable: bool = True):
-        self.prefix = normalize(prefix)
-        self.durable = durable
-        self._store = storage_for(self.prefix)
-        if endianness not in ("little", "big"):
-            raise ValueError("endianness must be 'little' or 'big'")
         if max_shard_bytes is not None and max_shard_bytes <= 0:
             raise ValueError("max_shard_bytes must be positive")
-        self.endianness = endianness
+        self._setup(normalize(prefix), endianness, durable)
         self.max_shard_bytes = max_shard_bytes
         self.overwrite = overwrite
-        self._entries: dict[bytes, BundleEntryProto] = {}
-        self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
         if self._store.local:
             remove_stale_temporaries(self.prefix)
-        self._tmp_base = f"{self.prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        self._shards: list[_Shard] = []
-        self._current = 0
-        self._streaming = False
-        self._done = False
         index = paths.index_filename(self.prefix)
         if self._store.isfile(index) and not overwrite:
             raise CheckpointWriteError("a checkpoint already exists here (pass overwrite=True "
                                        "to replace it)", path=index)
         parent = os.path.dirname(self.prefix) if self._store.local else ""
-        self._created_dirs: list[str] = []
         try:
             missing = parent
             while missing and not os.path.isdir(missing):
@@ -872,6 +867,25 @@ class BundleWriter:
             return self._begin(nbytes, self._current)
         return self._current
 
+    def _setup(self, prefix: str, endianness: str, durable: bool) -> None:
+        """The state every writer starts from (full checkpoint, one shard, or a commit)."""
+        if endianness not in ("little", "big"):
+            raise ValueError("endianness must be 'little' or 'big'")
+        self.prefix = prefix
+        self._store = storage_for(prefix)
+        self.durable = durable
+        self.endianness = endianness
+        self.max_shard_bytes = None
+        self.overwrite = True
+        self._entries: dict[bytes, BundleEntryProto] = {}
+        self._slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
+        self._tmp_base = f"{prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        self._shards: list[_Shard] = []
+        self._created_dirs: list[str] = []
+        self._current = 0
+        self._streaming = False
+        self._done = False
+
     @classmethod
     def for_shard(cls, path: str, *, endianness: str = "little",
                   durable: bool = True) -> "BundleWriter":
@@ -881,23 +895,10 @@ class BundleWriter:
         returns the index entries, which :func:`commit_shards` merges into the index.
         """
         w = cls.__new__(cls)
-        w.prefix = path
-        w._store = storage_for(path)
-        w.durable = durable
-        w.endianness = endianness
-        w.max_shard_bytes = None
-        w.overwrite = True
-        w._entries = {}
-        w._slices_of = {}
+        w._setup(path, endianness, durable)
         w._tmp_base = path
-        w._created_dirs = []
-        w._shards = []
-        w._current = 0
-        w._streaming = False
-        w._done = False
-        store = storage_for(path)
         try:
-            if store.local and os.path.dirname(path):
+            if w._store.local and os.path.dirname(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
             w._shards.append(_Shard(path, exclusive=False))
         except OSError as e:
@@ -1284,22 +1285,14 @@ def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
         write_index(paths.index_filename(prefix), entries, num_shards, endianness, durable)
         return prefix
     w = BundleWriter.__new__(BundleWriter)
-    w.prefix = prefix
-    w._store = store
-    w.durable = durable
-    w.endianness = endianness
+    w._setup(prefix, endianness, durable)
     w._entries = entries
-    w._slices_of = {}
-    w._tmp_base = f"{shard_paths[0].rsplit('.data-', 1)[0]}" if shard_paths else \
-        f"{prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    w._shards = []
+    if shard_paths:  # extra (empty) shards go beside the ones written
+        w._tmp_base = shard_paths[0].rsplit(".data-", 1)[0]
     for path in shard_paths:
-        shard = _Shard.__new__(_Shard)
+        shard = _Shard.__new__(_Shard)  # written and closed by its task already
         shard.path, shard.file, shard.size, shard.flushed, shard.local = path, None, 0, 0, True
         w._shards.append(shard)
-    w._created_dirs = []
-    w._done = False
-    w._streaming = False
     try:
         return w._commit()
     except BaseException:

@@ -8,6 +8,7 @@ no rename, so there the index being written last is the commit.
 
 from __future__ import annotations
 
+import mmap
 import os
 import posixpath
 
@@ -78,17 +79,34 @@ class Storage:
 
 
 class LocalReader:
-    """Positioned reads from one local file (thread-safe: no shared file position)."""
+    """Positioned reads from one local file (thread-safe: no shared file position).
+
+    :meth:`view` maps the file instead: the page cache's own bytes, no copy.
+    """
 
     def __init__(self, path: str):
         self.path = path
         self._fd = os.open(path, os.O_RDONLY)
         self.size = os.fstat(self._fd).st_size
+        self._map = None
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         return os.preadv(self._fd, [buf], offset)
 
+    def view(self, offset: int, n: int):
+        """A read-only numpy view of bytes [offset, offset + n) of the mapped file."""
+        import numpy as np
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(self._map, dtype=np.uint8, count=n, offset=offset)
+
     def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # arrays still view it; it closes when the last one goes
+            self._map = None
         os.close(self._fd)
 
 
