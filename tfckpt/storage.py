@@ -141,10 +141,6 @@ class RemoteStorage(Storage):
     def _strip(self, url: str) -> str:
         return self.fs._strip_protocol(url)
 
-    def _url(self, path: str) -> str:
-        return f"{self.protocol}://{path.lstrip('/')}" if self.protocol != "memory" \
-            else f"memory://{path}"
-
     def join(self, *parts: str) -> str:
         head, *rest = parts
         return posixpath.join(head, *rest) if rest else head
