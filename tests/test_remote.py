@@ -563,10 +563,7 @@ def test_task_fails_when_a_source_shard_is_gone(cases, mem, mem_case, tmp_path, 
         if pool:
             pool.shutdown()
     assert gone in str(e.value)
-    if where == "memory":
-        assert mem_files(f"{mem.url}/out") == {}
-    else:
-        assert not (tmp_path / "out").exists()
+    assert_nothing_left(where, mem, tmp_path)
 
 
 class FailingExecutor:
@@ -596,7 +593,12 @@ def test_executor_whose_futures_raise(cases, mem, tmp_path, dst_kind):
     with pytest.raises(tfckpt.CorruptCheckpointError, match="bad bytes"):
         tfckpt.convert(cases["max_shard_policy"].path, dst, "float16",
                        executor=FailingExecutor(err))
-    if dst_kind == "memory":
+    assert_nothing_left(dst_kind, mem, tmp_path)
+
+
+def assert_nothing_left(kind: str, mem, tmp_path) -> None:
+    """A failed run left no object (memory) or directory (local) at its destination."""
+    if kind == "memory":
         assert mem_files(f"{mem.url}/out") == {}
     else:
         assert not (tmp_path / "out").exists()

@@ -41,13 +41,19 @@ def _hash_files(prefix: str) -> dict[str, str]:
             for f in sorted(os.listdir(d)) if f.startswith(base + ".")}
 
 
-def _state(prefix: str) -> str:
-    """'absent', 'old', 'new' or a description of what is wrong with the checkpoint there."""
+def _verified(prefix: str) -> str | None:
+    """'absent' or 'broken: ...' when there is no intact checkpoint at ``prefix``."""
     if not os.path.exists(prefix + ".index"):
         return "absent"
     report = tfinspect.verify(prefix)
-    if report["problems"]:
-        return "broken: " + report["problems"][0]
+    return "broken: " + report["problems"][0] if report["problems"] else None
+
+
+def _state(prefix: str) -> str:
+    """'absent', 'old', 'new' or a description of what is wrong with the checkpoint there."""
+    bad = _verified(prefix)
+    if bad:
+        return bad
     with tfckpt.open(prefix) as ckpt:
         dtype = ckpt.info("layer_00/kernel").dtype
         if len(ckpt) != N_TENSORS + 1:
@@ -153,11 +159,9 @@ def test_sigkill_at_every_step_of_the_commit(tmp_path, existing):
 
 
 def _checkpoint_state_small(prefix: str) -> str:
-    if not os.path.exists(prefix + ".index"):
-        return "absent"
-    report = tfinspect.verify(prefix)
-    if report["problems"]:
-        return "broken: " + report["problems"][0]
+    bad = _verified(prefix)
+    if bad:
+        return bad
     with tfckpt.open(prefix) as ckpt:
         return {"float32": "old", "float16": "new"}.get(ckpt.info("layer_00/kernel").dtype, "?")
 
