@@ -14,6 +14,7 @@ TensorFlow writes every checkpoint during the test, and its own restore is the r
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 
 import ml_dtypes
@@ -22,8 +23,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import transform_helpers as th  # noqa: E402  (conftest put tests/ on sys.path)
 import tfckpt  # noqa: E402
+import tfckpt.cli  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
 
 v1 = tf.compat.v1
@@ -242,7 +243,7 @@ def test_partitioned_variable_of_another_full_shape_is_an_error(tf1_ckpt):
             tfckpt.restore(list(variables.values()), prefix, session=sess)
 
 
-# ---------------------------------------------------------------- restore: TF1 names, TF2 checkpoint
+# ------------------------------------------------------------ restore: TF1 names, TF2 checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +302,7 @@ def test_tf1_names_against_tf2_checkpoint_like_saver(tf2_named, dtype):
             tfckpt.restore(list(variables.values()), prefix, session=sess)
 
 
-# ---------------------------------------------------------------- verify_with_tf: documented differences
+#-------------------------------------------------------- verify_with_tf: documented differences
 
 
 NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -334,8 +335,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def run_cli(*args) -> tuple[int, str, str]:
-    import io
-    import tfckpt.cli
+    """``tfckpt.cli.main(ARGS)`` in this process: rc, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = tfckpt.cli.main([str(a) for a in args])

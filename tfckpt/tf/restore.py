@@ -72,8 +72,8 @@ def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | N
 
     A shape mismatch is an error naming both shapes, unless ``reshape`` (as
     ``Saver(reshape=True)``) and both have the same number of elements; a variable
-    without a value in the checkpoint is an error unless ``allow_missing``. ``overflow`` is the cast
-    policy (``'error'``, ``'clip'``, ``'inf'``).
+    without a value in the checkpoint is an error unless ``allow_missing``.
+    ``overflow`` is the cast policy (``'error'``, ``'clip'``, ``'inf'``).
 
     >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
     """
