@@ -291,7 +291,9 @@ def _match_objects(tf, target, ckpt: Checkpoint):
     graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
     # A tf.train.Checkpoint's own view knows its root: itself, or the object given
     # as tf.train.Checkpoint(root), with the keyword children attached to it.
-    view = getattr(getattr(target, "_saver", None), "_graph_view", None)
+    view = None
+    if isinstance(target, tf.train.Checkpoint):
+        view = getattr(getattr(target, "_saver", None), "_graph_view", None)
     if view is None:
         view = tf.train.TrackableView(target)
     matched: dict[int, object] = {0: view.root}
