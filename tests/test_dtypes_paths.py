@@ -282,12 +282,14 @@ def test_garbage_state_file(tmp_path, content):
     assert str(tmp_path / "checkpoint") in str(ei.value)
 
 
-def test_state_file_without_latest_falls_back(tmp_path):
-    # An empty state file names nothing; the directory's single .index is taken.
-    p = make_ckpt(tmp_path / "model.ckpt-7")
+def test_state_file_without_latest_is_an_error(tmp_path):
+    # An empty state file names nothing (TensorFlow raises); the single .index is not taken.
+    make_ckpt(tmp_path / "model.ckpt-7")
     (tmp_path / "checkpoint").write_text("")
-    assert paths.latest_checkpoint(str(tmp_path)) is None
-    assert paths.resolve_prefix(tmp_path) == str(p)
+    with pytest.raises(CorruptCheckpointError, match="names no checkpoint"):
+        paths.latest_checkpoint(str(tmp_path))
+    with pytest.raises(CorruptCheckpointError, match="names no checkpoint"):
+        paths.resolve_prefix(tmp_path)
 
 
 def test_latest_checkpoint_without_state_file(tmp_path):

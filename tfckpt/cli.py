@@ -288,6 +288,15 @@ def cmd_verify(args) -> int:
                         if args.reference else ""))
         print(f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
               f"every checksum, shard, slice and object-graph key checked{extra}")
+    for d in data.get("tf", {}).get("cast_differences", []):
+        # Documented differences from tf.cast: information, not problems.
+        parts = []
+        if d["subnormals_tf_flushes"]:
+            parts.append(f"{d['subnormals_tf_flushes']} subnormal results tf.cast flushes "
+                         "to zero (kept here, as IEEE 754 rounds)")
+        if d["nans_other_bits"]:
+            parts.append(f"{d['nans_other_bits']} NaNs of another sign or payload than tf.cast's")
+        print(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
     return 1 if data["problems"] else 0
 
 

@@ -63,11 +63,28 @@ def write_state_file(directory: str, prefix_name: str) -> None:
 
 
 def latest_checkpoint(directory: str) -> str | None:
-    """The prefix the state file of ``directory`` names as latest, as TensorFlow resolves it."""
+    """The prefix the state file of ``directory`` names as latest, as
+    ``tf.train.latest_checkpoint`` finds it: None when there is no state file or the
+    checkpoint it names has no ``.index``. A state file that names no checkpoint or
+    cannot be parsed is a :class:`CorruptCheckpointError` (TensorFlow raises for the
+    first and logs and returns None for the second).
+    """
+    prefix = _state_file_latest(directory)
+    if prefix is None or not storage_for(directory).isfile(index_filename(prefix)):
+        return None
+    return prefix
+
+
+def _state_file_latest(directory: str) -> str | None:
+    """The prefix the state file names, whether or not its files exist; None without one."""
     state = read_state_file(directory)
-    if state is None or not state.model_checkpoint_path:
+    if state is None:
         return None
     store = storage_for(directory)
+    if not state.model_checkpoint_path:
+        raise CorruptCheckpointError("the checkpoint state file names no checkpoint "
+                                     "(model_checkpoint_path is empty)",
+                                     path=store.join(directory, STATE_FILENAME))
     prefix = state.model_checkpoint_path
     if not store.isabs(prefix):
         prefix = store.join(directory, prefix)
@@ -100,7 +117,8 @@ def resolve_prefix(path) -> str:
 
 
 def _resolve_directory(store: Storage, directory: str) -> str:
-    latest = latest_checkpoint(directory)
+    # With a state file, its latest checkpoint or an error: never another .index.
+    latest = _state_file_latest(directory)
     if latest is not None:
         if store.isfile(index_filename(latest)):
             return latest

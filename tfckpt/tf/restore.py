@@ -7,6 +7,7 @@ a mismatch leaves every variable as it was.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -48,30 +49,38 @@ class RestoreReport:
 
 
 def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | None = None,
-            allow_missing: bool = False, overflow: str = "error") -> RestoreReport:
+            allow_missing: bool = False, overflow: str = "error",
+            reshape: bool = False) -> RestoreReport:
     """Restore ``path`` into ``target``, casting every value to its variable's dtype.
 
     - TF1 graph mode: ``target`` is a list of variables (matched by op name;
       partitioned variables by their slices) or a dict ``{checkpoint_name:
-      variable}``; ``session`` is required. Eager variables work the same way
-      without a session.
+      variable or list of partitions}``, as ``tf.compat.v1.train.Saver`` takes;
+      ``session`` is required. Eager variables work the same way without a
+      session. When names are not in a TF2 checkpoint, they are looked up as
+      the object graph recorded them (the variables' full names), as
+      ``Saver.restore`` falls back.
     - TF2: ``target`` is a trackable (``tf.train.Checkpoint``, ``tf.Module``, a
       Keras model), matched through the checkpoint's object graph the way
-      ``tf.train.Checkpoint.restore`` matches: children by local name from the root.
+      ``tf.train.Checkpoint.restore`` matches: children by local name from the
+      root (``tf.train.Checkpoint(root)`` starts at ``root``).
     - ``assignment_map`` (name-based targets), as in
       ``tf.compat.v1.train.init_from_checkpoint``: ``{"old_scope/": "new_scope/"}``
       or exact ``{"ckpt_name": "var_name"}``; only variables it covers are restored.
+      An exact entry naming no given variable, or no tensor of the checkpoint, is
+      an error.
 
-    A shape mismatch is an error naming both shapes; a variable without a value in
-    the checkpoint is an error unless ``allow_missing``. ``overflow`` is the cast
-    policy (``'error'``, ``'clip'``, ``'inf'``).
+    A shape mismatch is an error naming both shapes, unless ``reshape`` (as
+    ``Saver(reshape=True)``) and both have the same number of elements; a variable
+    without a value in the checkpoint is an error unless ``allow_missing``.
+    ``overflow`` is the cast policy (``'error'``, ``'clip'``, ``'inf'``).
 
     >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
     """
     tf = tensorflow()
     with Checkpoint(path) as ckpt:
         if isinstance(target, (list, tuple, dict)):
-            pairs, report = _match_by_name(tf, target, ckpt, assignment_map)
+            pairs, report = _match_by_name(tf, target, ckpt, assignment_map, reshape)
         else:
             if assignment_map:
                 raise CheckpointError("assignment_map applies to name-based targets (a list "
@@ -82,7 +91,7 @@ def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | N
                 f"no value for {len(report.missing)} variable(s): "
                 f"{', '.join(report.missing[:10])} (pass allow_missing=True to skip them)",
                 path=ckpt.prefix)
-        values = [(var, _converted(ckpt, name, var_name, var, value_fn, overflow))
+        values = [(var, _converted(ckpt, name, var_name, var, value_fn, overflow, reshape))
                   for name, var_name, var, value_fn in pairs]
         report.restored = [Restored(name, var_name, ckpt.info(name).dtype,
                                     _var_dtype(tf, var).name)
@@ -100,15 +109,12 @@ def _var_shape(var) -> tuple:
     return tuple(int(d) for d in var.shape)
 
 
-def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn, overflow: str):
+def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn, overflow: str,
+               reshape: bool = False):
     tf = tensorflow()
-    value = value_fn()
+    value = _fitted(ckpt, name, var_name, value_fn(), _var_shape(var), reshape)
     want = _dt.lookup(_var_dtype(tf, var).name)
     have = _dt.lookup(value.dtype) if value.dtype != object else _dt.STRING
-    if value.shape != _var_shape(var):
-        raise CheckpointError(f"shape {list(value.shape)} in the checkpoint, "
-                              f"{list(_var_shape(var))} in variable {var_name!r}",
-                              path=ckpt.prefix, tensor=name)
     if have is want:
         return value
     if have.is_floating and want.is_floating:
@@ -125,6 +131,19 @@ def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn, overfl
             raise CheckpointError(f"values do not fit {want.name}", path=ckpt.prefix, tensor=name)
         return out
     raise CheckpointError(f"cannot restore {have.name} into {want.name} variable {var_name!r}",
+                          path=ckpt.prefix, tensor=name)
+
+
+def _fitted(ckpt: Checkpoint, name: str, var_name: str, value: np.ndarray, shape: tuple,
+            reshape: bool) -> np.ndarray:
+    """``value`` in ``shape``: as it is, or reshaped when ``reshape`` allows (same size)."""
+    if value.shape == shape:
+        return value
+    if reshape and value.size == math.prod(shape):
+        return value.reshape(shape)
+    hint = " (pass reshape=True to reshape it)" if value.size == math.prod(shape) else ""
+    raise CheckpointError(f"shape {list(value.shape)} in the checkpoint, "
+                          f"{list(shape)} in variable {var_name!r}{hint}",
                           path=ckpt.prefix, tensor=name)
 
 
@@ -167,6 +186,8 @@ def _var_name(var) -> str:
 
 def _parts(var) -> list:
     """The variables that hold a (possibly partitioned) variable's values."""
+    if isinstance(var, (list, tuple)):  # partitions listed one by one, as Saver takes them
+        return [p for v in var for p in _parts(v)]
     if type(var).__name__ == "PartitionedVariable" or hasattr(var, "_get_variable_list"):
         return list(var)
     return [var]
@@ -186,24 +207,55 @@ def _map_name(var_name: str, assignment_map: Mapping[str, str] | None) -> str | 
     return None
 
 
-def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map):
+def _check_assignment_map(assignment_map: Mapping[str, str], names: set, ckpt: Checkpoint):
+    """Exact entries must name a given variable and a checkpoint tensor, as
+    ``init_from_checkpoint`` requires (scope entries may cover nothing)."""
+    for ckpt_name, var_name in assignment_map.items():
+        if var_name.endswith("/"):
+            continue
+        if var_name not in names:
+            raise CheckpointError(f"assignment_map maps {ckpt_name!r} to {var_name!r}, which "
+                                  "is none of the variables given", path=ckpt.prefix,
+                                  tensor=ckpt_name)
+        if ckpt_name not in ckpt:
+            raise CheckpointError(f"assignment_map maps {ckpt_name!r} to variable "
+                                  f"{var_name!r}, but the checkpoint has no such tensor",
+                                  path=ckpt.prefix, tensor=ckpt_name)
+
+
+def _object_graph_names(ckpt: Checkpoint) -> dict[str, str]:
+    """Variable full names -> checkpoint keys, as a TF2 checkpoint's object graph records them."""
+    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    return {attr.full_name: attr.checkpoint_key
+            for node in graph.nodes for attr in node.attributes}
+
+
+def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool = False):
     items = []
     if isinstance(target, dict):
         for name, var in target.items():
             items.extend((name, part) for part in _parts(var))
     else:
-        for var in target:
-            for part in _parts(var):
-                mapped = _map_name(_var_name(part), assignment_map)
-                if mapped is not None:
-                    items.append((mapped, part))
+        parts = [part for var in target for part in _parts(var)]
+        if assignment_map is not None:
+            _check_assignment_map(assignment_map, {_var_name(p) for p in parts}, ckpt)
+        for part in parts:
+            mapped = _map_name(_var_name(part), assignment_map)
+            if mapped is not None:
+                items.append((mapped, part))
+    if assignment_map is None and OBJECT_GRAPH_KEY in ckpt and \
+            any(name not in ckpt for name, _ in items):
+        # Names from a TF1 graph against a TF2 checkpoint: Saver.restore then maps
+        # every name through the object graph's full names.
+        keys = _object_graph_names(ckpt)
+        items = [(keys.get(name, name), var) for name, var in items]
     report = RestoreReport()
     pairs = []
     cache: dict[str, np.ndarray] = {}
 
-    def full_value(name):
+    def full_value(name, label, shape):
         if name not in cache:
-            cache[name] = ckpt[name]
+            cache[name] = _fitted(ckpt, name, label, ckpt[name], shape, reshape)
         return cache[name]
 
     used = set()
@@ -217,7 +269,8 @@ def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map):
         if info is not None and list(info.var_shape) != list(info.full_shape):
             index = tuple(slice(o, o + n) for o, n in zip(info.var_offset, info.var_shape))
             pairs.append((ckpt_name, label, var,
-                          lambda n=ckpt_name, ix=index: full_value(n)[ix]))
+                          lambda n=ckpt_name, ix=index, lb=info.full_name,
+                          s=tuple(info.full_shape): full_value(n, lb, s)[ix]))
         else:
             pairs.append((ckpt_name, label, var, lambda n=ckpt_name: ckpt[n]))
     report.unused = [n for n in ckpt.keys() if n not in used and n != OBJECT_GRAPH_KEY]
@@ -236,8 +289,14 @@ def _match_objects(tf, target, ckpt: Checkpoint):
                               "object graph); pass a list of variables for a name-based one",
                               path=ckpt.prefix)
     graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
-    view = tf.train.TrackableView(target)
-    matched: dict[int, object] = {0: target}
+    # A tf.train.Checkpoint's own view knows its root: itself, or the object given
+    # as tf.train.Checkpoint(root), with the keyword children attached to it.
+    view = None
+    if isinstance(target, tf.train.Checkpoint):
+        view = getattr(getattr(target, "_saver", None), "_graph_view", None)
+    if view is None:
+        view = tf.train.TrackableView(target)
+    matched: dict[int, object] = {0: view.root}
     queue = deque([0])
     pairs = []
     used = set()
