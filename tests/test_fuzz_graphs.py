@@ -18,7 +18,6 @@ import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

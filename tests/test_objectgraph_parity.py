@@ -11,17 +11,13 @@ objects.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
 from tfckpt import inspect as tfinspect  # noqa: E402
-from tfckpt.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
 
 import transform_helpers as th  # noqa: E402
 
@@ -185,7 +181,7 @@ def test_keeping_an_object_keeps_every_tensor_of_it(written, tmp_path):
 
 def test_excluding_one_tensor_drops_the_whole_attribute(written, tmp_path):
     out = tmp_path / "partial"
-    rc, data = cli_json("select", written["table_var"], out, "--exclude", "table-keys$",
+    _, data = cli_json("select", written["table_var"], out, "--exclude", "table-keys$",
                         "--dry-run")
     reasons = {d["name"]: d["reason"] for d in data["dropped"]}
     assert reasons == {TABLE + "-keys": "excluded",
