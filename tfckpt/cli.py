@@ -126,28 +126,49 @@ def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
               if value.ndim else repr(value.item()))
 
 
+TREE_INDENT_LEVELS = 32  # deeper nodes keep this indentation and show their depth
+
+
 def _print_object_graph(data: dict) -> None:
-    """The graph as a tree from the root, each node shown once (later paths point back)."""
+    """The graph as a tree from the root, each node shown once (later paths point back).
+
+    Walked with an explicit stack and printed by local names, with the
+    indentation capped, so the output stays linear in the graph's size however
+    deep it is.
+    """
     nodes = data["nodes"]
     shown: set[int] = set()
 
-    def walk(node_id: int, label: str, depth: int) -> None:
-        indent = "  " * depth
-        node = nodes[node_id]
-        if node_id in shown:
-            print(f"{indent}{label} -> {node['path'] or '(root)'}")
-            return
-        shown.add(node_id)
-        print(f"{indent}{label}" + _color(f"  #{node_id}", "2"))
-        for a in node["attributes"]:
-            kind = f"{a['dtype']} {_shape(a['shape'])}" if a["dtype"] else "MISSING"
-            print(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
-        for s in node["slot_variables"]:
-            original = nodes[s["original_variable_node_id"]]["path"]
-            print(f"{indent}  slot {s['slot_name']!r} of {original}: "
-                  f"#{s['slot_variable_node_id']}")
-        for c in node["children"]:
-            walk(c["node_id"], c["name"], depth + 1)
+    def walk(start: int, label: str, depth: int) -> None:
+        stack = [(start, label, depth)]
+        while stack:
+            node_id, label, depth = stack.pop()
+            indent = "  " * min(depth, TREE_INDENT_LEVELS)
+            if depth > TREE_INDENT_LEVELS:
+                label = f"(depth {depth}) {label}"
+            node = nodes[node_id]
+            if node_id in shown:
+                print(f"{indent}{label} -> {node['path'] or '(root)'}")
+                continue
+            shown.add(node_id)
+            print(f"{indent}{label}" + _color(f"  #{node_id}", "2"))
+            for a in node["attributes"]:
+                tensors = a["tensors"]
+                if len(tensors) == 1 and tensors[0]["name"] == a["checkpoint_key"]:
+                    t = tensors[0]
+                    kind = f"{t['dtype']} {_shape(t['shape'])}" if t["dtype"] else "MISSING"
+                    print(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
+                    continue
+                print(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {len(tensors)} tensors")
+                for t in tensors:
+                    kind = f"{t['dtype']} {_shape(t['shape'])}" if t["dtype"] else "MISSING"
+                    print(f"{indent}    {t['name']}  {kind}")
+            for s in node["slot_variables"]:
+                original = nodes[s["original_variable_node_id"]]["path"]
+                print(f"{indent}  slot {s['slot_name']!r} of {original}: "
+                      f"#{s['slot_variable_node_id']}")
+            for c in reversed(node["children"]):
+                stack.append((c["node_id"], c["name"], depth + 1))
 
     print(f"object graph of {data['prefix']}: {len(nodes)} nodes")
     walk(0, "(root)", 0)

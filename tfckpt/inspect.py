@@ -16,7 +16,7 @@ from . import paths
 from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint
 from .cast import Caster
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 
 
 def scope_of(name: str) -> str:
@@ -79,8 +79,13 @@ def object_graph(ckpt: Checkpoint) -> dict:
     """The TF2 object graph as data: one record per node, reachable ones with their path.
 
     ``{"nodes": [{"id", "path", "children": [{"name", "node_id"}], "attributes":
-    [{"name", "checkpoint_key", "dtype", "shape"}], "slot_variables":
-    [{"slot_name", "original_variable_node_id", "slot_variable_node_id"}]}]}``.
+    [{"name", "checkpoint_key", "dtype", "shape", "tensors": [{"name", "dtype",
+    "shape"}]}], "slot_variables": [{"slot_name", "original_variable_node_id",
+    "slot_variable_node_id"}]}]}``. ``tensors`` lists what TensorFlow reads for
+    the attribute: its key, or for a saveable stored as several tensors the key
+    plus each suffix (``dtype`` and ``shape`` then stay null); a missing tensor
+    has a null ``dtype``. A path longer than ``objectgraph.PATH_CHARS`` keeps
+    only its end, after a ``…``.
     """
     if OBJECT_GRAPH_KEY not in ckpt:
         raise UnsupportedCheckpointError(
@@ -93,10 +98,13 @@ def object_graph(ckpt: Checkpoint) -> dict:
         attrs = []
         for a in node.attributes:
             rec = {"name": a.name, "checkpoint_key": a.checkpoint_key, "dtype": None,
-                   "shape": None}
-            if a.checkpoint_key in ckpt:
-                info = ckpt.info(a.checkpoint_key)
-                rec["dtype"], rec["shape"] = info.dtype, list(info.shape)
+                   "shape": None, "tensors": []}
+            for t in attribute_tensors(a.checkpoint_key, ckpt):
+                info = ckpt.info(t) if t in ckpt else None
+                rec["tensors"].append({"name": t, "dtype": None if info is None else info.dtype,
+                                       "shape": None if info is None else list(info.shape)})
+            if rec["tensors"][0]["name"] == a.checkpoint_key:
+                rec["dtype"], rec["shape"] = rec["tensors"][0]["dtype"], rec["tensors"][0]["shape"]
             attrs.append(rec)
         nodes.append({
             "id": i,
@@ -357,7 +365,7 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         if OBJECT_GRAPH_KEY in ckpt:
             try:
                 graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
-                for key in graph.missing_keys(ckpt.keys()):
+                for key in graph.missing_keys(set(ckpt.keys())):
                     problems.append(f"{ckpt.prefix}: the object graph names {key!r}, which "
                                     "the checkpoint lacks")
             except CheckpointError as e:

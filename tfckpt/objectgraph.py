@@ -6,19 +6,78 @@ attribute's ``checkpoint_key``. Keys are labels only, so tensors can be renamed
 as long as the attributes are rewritten to match, and one node may be reachable
 by several paths (Keras 3 tracks ``model.optimizer``), so dropping is done on
 objects, not on key prefixes.
+
+Most attributes are stored as one tensor named by their ``checkpoint_key``; a few
+saveables are stored as several tensors named by the key plus a suffix (see
+:data:`SPEC_SUFFIXES`).
+
+Hostile graphs are handled in time and memory linear in their size: every walk
+is iterative, paths are built once per node from the parent's and cut to
+:data:`PATH_CHARS`, and graphs beyond :data:`MAX_ELEMENTS` are refused.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Mapping
+from typing import Container, Iterable, Mapping
 
 from google.protobuf.message import DecodeError
 
 from ._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-from .errors import CheckpointError, CorruptCheckpointError
+from .errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+# Saveables TensorFlow stores as several tensors. Each tensor of such a saveable
+# is named by the attribute's checkpoint_key plus the tensor's local name, and
+# TensorFlow reads exactly those names back: lookup tables (MutableHashTable,
+# DenseHashTable) write KEY-keys and KEY-values, tf.data iterators KEY_STATE.
+# Only these suffix sets are recognised, and only when KEY itself is not a
+# tensor, so a tensor that merely shares a prefix with a key is never claimed.
+SPEC_SUFFIXES = (("-keys", "-values"), ("_STATE",))
+
+# Limits for graphs from untrusted files, far above real ones (which have a few
+# elements per variable); within them every command stays linear in the graph.
+MAX_ELEMENTS = 500_000  # nodes + child edges + attributes + slot variables
+PATH_CHARS = 512  # a longer path is shown as "…" and its last characters
+
+
+def attribute_tensors(key: str, present: Container[str]) -> tuple[str, ...]:
+    """The tensors TensorFlow reads for the attribute with checkpoint key ``key``.
+
+    ``key`` itself when it is among ``present``; else the names of the first
+    suffix set of :data:`SPEC_SUFFIXES` with a member present (all of them: a
+    member not present is missing); else ``(key,)``, missing.
+    """
+    if key in present:
+        return (key,)
+    for suffixes in SPEC_SUFFIXES:
+        names = tuple(key + s for s in suffixes)
+        if any(n in present for n in names):
+            return names
+    return (key,)
+
+
+def renamed_key(key: str, tensors: Iterable[str], new_names: Mapping[str, str],
+                path: str | None = None) -> str:
+    """The checkpoint key an attribute gets when its tensors are renamed.
+
+    Each tensor ``key + suffix`` must become ``new_key + suffix`` for one
+    ``new_key``: TensorFlow finds the tensors from the key alone.
+    """
+    stems = set()
+    for t in tensors:
+        suffix, new = t[len(key):], new_names[t]
+        if not new.endswith(suffix):
+            stems.add(None)
+        else:
+            stems.add(new[:len(new) - len(suffix)] if suffix else new)
+    if len(stems) != 1 or None in stems:
+        listed = ", ".join(f"{t!r} -> {new_names[t]!r}" for t in tensors)
+        raise CheckpointError(f"the tensors of the attribute {key!r} are stored as its key "
+                              f"plus a suffix and must be renamed alike, not {listed}",
+                              path=path)
+    return stems.pop()
 
 
 class ObjectGraph:
@@ -49,14 +108,22 @@ class ObjectGraph:
         return self.proto.nodes
 
     def _check_ids(self) -> None:
-        n = len(self.proto.nodes)
-        for i, node in enumerate(self.proto.nodes):
-            for child in node.children:
+        nodes = self.proto.nodes
+        n = elements = len(nodes)
+        for i, node in enumerate(nodes):
+            children, slots = node.children, node.slot_variables
+            elements += len(children) + len(node.attributes) + len(slots)
+            if elements > MAX_ELEMENTS:
+                raise UnsupportedCheckpointError(
+                    f"the object graph has more than {MAX_ELEMENTS} elements (nodes, edges, "
+                    "attributes, slot variables), more than tfckpt accepts", path=self.path,
+                    tensor=OBJECT_GRAPH_KEY)
+            for child in children:
                 if not 0 <= child.node_id < n:
                     raise CorruptCheckpointError(
                         f"node {i} has child {child.local_name!r} with node id {child.node_id}, "
                         f"but there are {n} nodes", path=self.path, tensor=OBJECT_GRAPH_KEY)
-            for slot in node.slot_variables:
+            for slot in slots:
                 for ref in (slot.original_variable_node_id, slot.slot_variable_node_id):
                     if not 0 <= ref < n:
                         raise CorruptCheckpointError(
@@ -71,28 +138,68 @@ class ObjectGraph:
         return {a.checkpoint_key: i for i, node in enumerate(self.proto.nodes)
                 for a in node.attributes}
 
-    def missing_keys(self, keys: Iterable[str]) -> list[str]:
-        """Checkpoint keys the graph names that are not among ``keys``."""
-        present = set(keys)
-        return sorted(k for k in self.checkpoint_keys() if k not in present)
+    def attribute_tensors(self, present: Container[str]) -> dict[str, tuple[str, ...]]:
+        """Every attribute's checkpoint key and the tensor names TensorFlow reads for it."""
+        return {k: attribute_tensors(k, present) for k in self.checkpoint_keys()}
 
-    def paths(self) -> dict[int, str]:
-        """The first path (breadth-first, by local names) to every reachable node."""
+    def missing_keys(self, keys: Iterable[str]) -> list[str]:
+        """Tensors the graph's attributes need that are not among ``keys``."""
+        present = keys if isinstance(keys, (set, frozenset, dict)) else set(keys)
+        return sorted({t for names in self.attribute_tensors(present).values()
+                       for t in names if t not in present})
+
+    def _tree(self) -> tuple[list[int], dict[int, tuple]]:
+        """Breadth-first order of the reachable nodes and how each was first reached.
+
+        ``via[i]`` is ``(parent, local_name)`` for a child edge or ``(original,
+        optimizer, slot_name)`` for a slot variable; a slot variable is reached
+        once both its variable and the optimizer holding the reference are.
+        """
+        nodes = self.proto.nodes
+        via: dict[int, tuple] = {0: ()}
+        order = [0]
+        head = 0
+        while head < len(order):
+            i = order[head]
+            head += 1
+            for child in nodes[i].children:
+                if child.node_id not in via:
+                    via[child.node_id] = (i, child.local_name)
+                    order.append(child.node_id)
+            for slot in nodes[i].slot_variables:
+                if slot.slot_variable_node_id not in via and \
+                        slot.original_variable_node_id in via:
+                    via[slot.slot_variable_node_id] = (slot.original_variable_node_id, i,
+                                                       slot.slot_name)
+                    order.append(slot.slot_variable_node_id)
+        return order, via
+
+    def reachable(self) -> list[int]:
+        """The nodes a restore reaches from the root, breadth-first."""
+        return self._tree()[0]
+
+    def paths(self, limit: int = PATH_CHARS) -> dict[int, str]:
+        """The first path (breadth-first, by local names) to every reachable node.
+
+        A path longer than ``limit`` characters is given as ``…`` and its last
+        ``limit - 1`` characters, so the result stays linear in the graph's size
+        even when paths double at every slot variable.
+        """
+        order, via = self._tree()
+
+        def cut(path: str) -> str:
+            return path if len(path) <= limit else "…" + path[len(path) - limit + 1:]
+
         found = {0: ""}
-        queue = deque([0])
-        while queue:
-            i = queue.popleft()
-            for child in self.proto.nodes[i].children:
-                if child.node_id not in found:
-                    found[child.node_id] = f"{found[i]}/{child.local_name}".lstrip("/")
-                    queue.append(child.node_id)
-            for slot in self.proto.nodes[i].slot_variables:
-                if slot.slot_variable_node_id not in found and \
-                        slot.original_variable_node_id in found:
-                    found[slot.slot_variable_node_id] = (
-                        f"{found[slot.original_variable_node_id]}/.OPTIMIZER_SLOT/"
-                        f"{found[i]}/{slot.slot_name}")
-                    queue.append(slot.slot_variable_node_id)
+        for i in order[1:]:
+            step = via[i]
+            if len(step) == 2:
+                parent, name = step
+                found[i] = cut(f"{found[parent]}/{name}" if parent else name)
+            else:
+                original, optimizer, slot_name = step
+                found[i] = cut(f"{found[original]}/.OPTIMIZER_SLOT/"
+                               f"{found[optimizer]}/{slot_name}")
         return found
 
     # -- rewriting
@@ -155,7 +262,7 @@ class ObjectGraph:
     def prune(self) -> set[str]:
         """Remove unreachable nodes and renumber; returns the removed attributes' keys."""
         nodes = self.proto.nodes
-        reachable = set(self.paths())
+        reachable = set(self.reachable())
         removed_keys = {a.checkpoint_key for i, node in enumerate(nodes) if i not in reachable
                         for a in node.attributes}
         order = sorted(reachable)

@@ -29,7 +29,7 @@ from .cast import CAST_TARGETS, OVERFLOW_POLICIES, Caster, CastCounts, should_ca
 from .storage import normalize, storage_for
 from .table import encode_varint
 from .errors import CheckpointError, UnsupportedCheckpointError
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 PREFER = (None, "first", "last")
@@ -274,11 +274,16 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
     winner = _root_object_owners(srcs, prefer)
     for i, s in enumerate(srcs):
         names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+        present = set(names)
         gone: set[str] = set()
+
+        def tensors_of(keys: Iterable[str]) -> set[str]:
+            return {t for k in keys for t in attribute_tensors(k, present)}
+
         if s.graph is not None:
             for spec in drop_specs:
                 try:
-                    removed = s.graph.drop_objects([spec])
+                    removed = tensors_of(s.graph.drop_objects([spec]))
                 except CheckpointError:
                     continue  # this source lacks the object; another may have it
                 matched_specs.add(spec)
@@ -288,11 +293,11 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
             for child in s.graph.root_children():
                 owner = winner.get(child, i)
                 if owner != i:
-                    removed = s.graph.drop_root_child(child)
+                    removed = tensors_of(s.graph.drop_root_child(child))
                     gone |= removed
                     dropped += [(s.label, n, f"root object {child!r} taken from "
                                  f"{srcs[owner].label}") for n in sorted(removed) if n in s.ckpt]
-            missing = s.graph.missing_keys(s.ckpt.keys())
+            missing = s.graph.missing_keys(present)
             if missing:
                 raise CheckpointError(f"the object graph names tensors the checkpoint lacks: "
                                       f"{', '.join(missing[:5])}", path=s.ckpt.prefix)
@@ -308,9 +313,23 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
                 continue
             kept.append((n, _new_name(n, exact, rules)))
         if s.graph is not None:
-            kept_names = {n for n, _ in kept}
-            s.graph.drop_keys(set(names) - kept_names)
-            s.graph.rekey({old: new for old, new in kept if old != new})
+            # An attribute stored as several tensors is kept whole or not at all,
+            # and its tensors keep one key plus their suffixes.
+            new_of = dict(kept)
+            dead, rekey = set(), {}
+            for key, tensors in s.graph.attribute_tensors(present).items():
+                if all(t in new_of for t in tensors):
+                    new_key = renamed_key(key, tensors, new_of, path=s.label)
+                    if new_key != key:
+                        rekey[key] = new_key
+                    continue
+                dead.add(key)
+                for t in tensors:
+                    if new_of.pop(t, None) is not None:
+                        dropped.append((s.label, t, f"its attribute {key!r} is not kept whole"))
+            kept = [(n, new) for n, new in kept if n in new_of]
+            s.graph.drop_keys(dead)
+            s.graph.rekey(rekey)
             graphs.append((i, s.graph))
         per_source.append(kept)
     for spec in drop_specs:
@@ -345,7 +364,11 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
     graph_bytes = None
     if graphs:
         for i, g in graphs:
-            g.drop_keys({new for _, new in per_source[i] if chosen[new][0] != i})
+            mine = {new for _, new in per_source[i]}
+            lost = {new for new in mine if chosen[new][0] != i}
+            if lost:
+                g.drop_keys({k for k, ts in g.attribute_tensors(mine).items()
+                             if lost.intersection(ts)})
         merged = graphs[0][1] if len(graphs) == 1 else ObjectGraph.merge(
             [g for _, g in graphs], [srcs[i].label for i, _ in graphs])
         graph_bytes = merged.serialize()
