@@ -81,11 +81,12 @@ def with_restarts(contents: bytes, restarts) -> bytes:
         _U32.pack(len(restarts))
 
 
-def table(blocks, refs=None) -> bytes:
+def table(blocks, refs=None, index_items=None) -> bytes:
     """A table file: data blocks [(separator, contents)], metaindex, index block, footer.
 
     ``refs`` replaces the index block's entries: (separator, block number or a
-    BlockHandle of any bytes in the file).
+    BlockHandle of any bytes in the file); ``index_items`` gives them raw instead:
+    (shared, non-shared key bytes, block number), with one restart point.
     """
     out = bytearray()
     handles = []
@@ -101,6 +102,8 @@ def table(blocks, refs=None) -> bytes:
     for sep, ref in refs:
         index.add(sep, (handles[ref] if isinstance(ref, int) else ref).encode())
     contents = index.finish()
+    if index_items is not None:
+        contents = raw_block([(n, tail, handles[i].encode()) for n, tail, i in index_items], [0])
     index_handle = BlockHandle(len(out), len(contents))
     out += with_trailer(contents)
     return bytes(out + Footer(meta_handle, index_handle).encode())
@@ -167,15 +170,6 @@ def tf_bundle(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def tf_sharded(tf_checkpoints) -> str:
     return tf_checkpoints("tf1_sharded").prefix
-
-
-def test_table_helper_rebuilds_tensorflow_bytes(tf_bundle):
-    """The crafting helpers above give back TensorFlow's file byte for byte."""
-    index = Path(tf_bundle + ".index").read_bytes()
-    blocks = data_blocks(index)
-    assert len(blocks) == 1 and _U32.unpack_from(blocks[0][1], len(blocks[0][1]) - 4)[0] == 2
-    assert table(blocks) == index
-    assert table([(blocks[0][0], block(TableReader(index).entries))]) == index
 
 
 # --- 1. named pipes and directories in place of files -------------------------------
@@ -377,7 +371,10 @@ def test_restart_points_tensorflow_can_use(tf_bundle, tmp_path):
     with tfckpt.open(prefix) as ckpt:
         want = {k: ckpt[k] for k in ckpt.keys()}
     entries = TableReader(original).entries
-    (sep, _), = data_blocks(original)
+    (sep, contents), = data_blocks(original)
+    # The crafting helpers give back TensorFlow's file byte for byte.
+    assert _U32.unpack_from(contents, len(contents) - 4)[0] == 2  # two restart points
+    assert table([(sep, contents)]) == table([(sep, block(entries))]) == original
     variants = {f"interval {i}": table([(sep, block(entries, i))]) for i in (1, 3, 1000)}
     variants["missing one"] = _restart_variant(original, "missing one (interval 1)")
     for what, data in variants.items():
