@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from test_fuzz import check_case  # the harness: time limit and allocation bound
-from test_hostile_index import (block, copy_prefix, data_blocks, entry_starts, raw_block,
+from test_hostile_index import (block, copy_prefix, entry_starts, raw_block,
                                 table, with_restarts, with_trailer)
 
 tf = pytest.importorskip("tensorflow")

@@ -27,7 +27,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt import inspect as tfinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
-from tfckpt.table import (BLOCK_TRAILER_SIZE, FOOTER_SIZE, NO_COMPRESSION,  # noqa: E402
+from tfckpt.table import (FOOTER_SIZE, NO_COMPRESSION,  # noqa: E402
                           BlockHandle, Footer, TableReader, _BlockBuilder, _U32, crc32c,
                           decode_varint, encode_varint, mask_crc, parse_block)
 from tfckpt.transform import shard_tasks  # noqa: E402
