@@ -355,6 +355,25 @@ class Checkpoint:
         n = self.header.num_shards
         return [paths.data_filename(self.prefix, i, n) for i in range(n)]
 
+    def check_shard_files(self, shard_ids) -> None:
+        """Refuse when a data shard of ``shard_ids`` is missing or not a regular file.
+
+        One directory listing, whatever the count, so a header's shard count costs
+        nothing: only the shards that entries use are looked for.
+        """
+        store = self.storage
+        n = self.header.num_shards
+        try:
+            present = set(store.listdir(store.dirname(self.prefix) or "."))
+        except OSError:
+            present = set()
+        for i in sorted(shard_ids):
+            path = paths.data_filename(self.prefix, i, n)
+            if store.basename(path) not in present:
+                raise CheckpointNotFoundError("data shard is missing", path=path)
+            if store.local and not os.path.isfile(path):
+                raise CorruptCheckpointError("data shard is not a regular file", path=path)
+
     # -- raw access to shards
 
     def _shard(self, shard_id: int, tensor: str):
@@ -366,6 +385,8 @@ class Checkpoint:
             except OSError as e:
                 raise CheckpointNotFoundError(f"cannot open data shard: {e.strerror or e}",
                                               path=path, tensor=tensor) from None
+            except CheckpointError as e:
+                raise type(e)(e.detail, path=path, tensor=tensor) from None
             self._readers[shard_id] = reader
         return reader
 

@@ -6,6 +6,7 @@ CLI's job.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Iterable, Iterator
 
@@ -394,6 +395,9 @@ def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
                             f"checkpoint, but the header says {n}; it is not part of this one")
         elif parsed[1] < n:
             present.add(parsed[1])
+            path = store.join(directory, name)
+            if store.local and not os.path.isfile(path):
+                problems.append(f"{path}: data shard is not a regular file")
     missing = [i for i in range(min(n, len(present) + 6)) if i not in present]
     for i in missing[:5]:
         problems.append(f"{paths.data_filename(ckpt.prefix, i, n)}: data shard is missing")

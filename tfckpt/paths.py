@@ -109,6 +109,9 @@ def resolve_prefix(path) -> str:
         return parsed[0]
     if store.isdir(p):
         return _resolve_directory(store, p.rstrip("/") if not store.local else p)
+    for index in (index_filename(p), p if p.endswith(".index") else None):
+        if index and store.local and os.path.lexists(index):
+            return index[: -len(".index")]  # there, but no regular file: opening says why
     looked = [index_filename(p)]
     if p.endswith(".index"):
         looked.append(p)

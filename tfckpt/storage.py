@@ -11,8 +11,9 @@ from __future__ import annotations
 import mmap
 import os
 import posixpath
+import stat
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CorruptCheckpointError
 
 
 def normalize(path) -> str:
@@ -61,7 +62,7 @@ class Storage:
         return os.listdir(path)
 
     def read_bytes(self, path: str) -> bytes:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             return f.read()
 
     def write_bytes(self, path: str, data: bytes) -> None:
@@ -78,6 +79,30 @@ class Storage:
         return os.path.realpath(path)
 
 
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"))
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of ``path``, refused unless it is a regular file.
+
+    Opening does not block: a named pipe in place of a checkpoint file would
+    otherwise wait for a writer forever.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+            raise CorruptCheckpointError(f"not a regular file ({kind})", path=path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class LocalReader:
     """Positioned reads from one local file (thread-safe: no shared file position).
 
@@ -86,7 +111,7 @@ class LocalReader:
 
     def __init__(self, path: str):
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = open_regular(path)
         self.size = os.fstat(self._fd).st_size
         self._map = None
 

@@ -25,6 +25,9 @@ FOOTER_SIZE = 48
 BLOCK_TRAILER_SIZE = 5
 BLOCK_SIZE = 256 * 1024
 RESTART_INTERVAL = 16
+# With a restart every 16 entries, keys decode to at most 16 times the bytes of
+# their block; twice that leaves room for other writers' layouts.
+KEY_BYTES_PER_FILE_BYTE = 32
 
 NO_COMPRESSION = 0
 SNAPPY_COMPRESSION = 1
@@ -188,7 +191,12 @@ def snappy_decompress(data: bytes) -> bytes:
 # --- reading ---------------------------------------------------------------
 
 def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """Yield (key, value) of every entry of one block's contents."""
+    """Yield (key, value) of every entry of one block's contents.
+
+    The restart points are checked as well: TensorFlow's reader starts at the
+    first and binary-searches the others, so a block whose restarts do not each
+    mark an entry that shares no key bytes, in order, is one it cannot read.
+    """
     n = len(contents)
     if n < 4:
         raise ValueError("block shorter than its restart count")
@@ -196,13 +204,24 @@ def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
     if num_restarts > (n - 4) // 4:
         raise ValueError(f"block restart count {num_restarts} exceeds block size {n}")
     limit = n - 4 - 4 * num_restarts
-    for i in range(num_restarts):
-        (restart,) = _U32.unpack_from(contents, limit + 4 * i)
-        if restart > limit:
-            raise ValueError(f"restart offset {restart} past the entries ({limit} bytes)")
+    restarts = struct.unpack_from(f"<{num_restarts}I", contents, limit)
+    if limit and not num_restarts:
+        raise ValueError("block has entries but no restart points")
+    if limit and restarts[0] != 0:
+        raise ValueError(f"first restart offset is {restarts[0]}, not 0")
+    done = 0  # restart points reached so far
+    restart = restarts[0] if restarts else limit
     pos = 0
     key = b""
     while pos < limit:
+        at_restart = pos == restart
+        if at_restart:
+            done += 1
+            restart = restarts[done] if done < num_restarts else limit
+            if restart <= pos:
+                raise ValueError(f"restart offsets not increasing ({pos}, then {restart})")
+        elif pos > restart:
+            raise ValueError(f"restart offset {restart} points inside an entry")
         # Fast path: all three varints fit in one byte each (nearly always).
         shared = contents[pos]
         non_shared = contents[pos + 1] if pos + 1 < limit else 0x80
@@ -213,8 +232,9 @@ def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
             shared, pos = decode_varint(contents, pos, limit, 5)
             non_shared, pos = decode_varint(contents, pos, limit, 5)
             value_len, pos = decode_varint(contents, pos, limit, 5)
-        if shared > len(key):
-            raise ValueError(f"entry shares {shared} bytes of a {len(key)}-byte key")
+        if shared > len(key) or (shared and at_restart):
+            raise ValueError(f"entry shares {shared} bytes of a {len(key)}-byte key"
+                             + (" at a restart point" if at_restart else ""))
         end = pos + non_shared + value_len
         if end > limit:
             raise ValueError("entry runs past the end of its block")
@@ -222,6 +242,9 @@ def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
         pos += non_shared
         yield key, contents[pos:end]
         pos = end
+    if done < num_restarts and (limit or restarts != (0,)):
+        raise ValueError(f"restart offset {restarts[done]} is not the start of an entry "
+                         f"(entries end at {limit})")
 
 
 class TableReader:
@@ -237,6 +260,10 @@ class TableReader:
 
     def _corrupt(self, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"corrupt index table: {what}", path=self.path)
+
+    def _too_many_key_bytes(self, size: int) -> CorruptCheckpointError:
+        return self._corrupt(f"keys decode to more than {KEY_BYTES_PER_FILE_BYTE} times the "
+                             f"file's {size} bytes (prefix sharing beyond any real index)")
 
     def _read_block(self, handle: BlockHandle, what: str) -> bytes:
         data = self._data
@@ -276,11 +303,27 @@ class TableReader:
         index = self._read_block(footer.index, "index block")
         entries: list[tuple[bytes, bytes]] = []
         last_key = None
+        # Work and memory stay linear in the file's size: every data block is read
+        # once (they follow one another, as written), and prefix-shared keys may
+        # not decode to more than a multiple of it.
+        budget = max(KEY_BYTES_PER_FILE_BYTE * len(data), 1 << 20)
+        block_end = 0
         try:
             for sep, handle_bytes in parse_block(index):
+                budget -= len(sep)
+                if budget < 0:
+                    raise self._too_many_key_bytes(len(data))
                 handle, _ = BlockHandle.decode(handle_bytes, 0, len(handle_bytes))
+                if handle.offset < block_end:
+                    raise self._corrupt(
+                        f"data block at offset {handle.offset} repeats or overlaps the one "
+                        f"before it (which ends at {block_end})")
+                block_end = handle.offset + handle.size + BLOCK_TRAILER_SIZE
                 block = self._read_block(handle, "data block")
                 for key, value in parse_block(block):
+                    budget -= len(key)
+                    if budget < 0:
+                        raise self._too_many_key_bytes(len(data))
                     if last_key is not None and key <= last_key:
                         raise self._corrupt(
                             f"key {key!r} is not after {last_key!r}: keys unsorted or duplicated")

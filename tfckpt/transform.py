@@ -387,6 +387,14 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
         out_bytes = info.nbytes if new_dtype is dtype else \
             info.size * new_dtype.itemsize
         tensors.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
+    # Every shard the output needs must be there before anything is written.
+    needed: dict[int, set[int]] = {}
+    for t in tensors:
+        needed.setdefault(t.source, set()).update(
+            [t.info.shard] if not t.info.slices else
+            (x.shard for x in srcs[t.source].ckpt.slice_info(t.name)))
+    for i, shard_ids in needed.items():
+        srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.
     tensors.sort(key=lambda t: (t.source, t.info.shard if t.info.shard is not None else -1,
                                 t.info.offset or 0, t.new_name))
@@ -530,28 +538,25 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
     """Cut the plan into one task per output shard (the same cut for any executor).
 
     By default each tensor keeps its source shard (offset by the shards of the
-    sources before it); with ``max_shard_bytes``, tensors are packed in plan
-    order into shards of at most that size (a bigger tensor gets one of its own).
+    sources before it), and only source shards that keep data become output
+    shards, in their order (what a header declares creates nothing); with
+    ``max_shard_bytes``, tensors are packed in plan order into shards of at most
+    that size (a bigger tensor gets one of its own).
     """
     follow = p.options["max_shard_bytes"] is None
     limit = p.options["max_shard_bytes"]
-    shards: list[list[TaskItem]] = []
-    sizes: list[int] = []
+    shards: dict[int, list[TaskItem]] = {}
+    sizes: dict[int, int] = {}
 
     def place(item_bytes: int, shard: int | None) -> int:
         if shard is None:
             shard = max(len(shards) - 1, 0)
             if shards and sizes[shard] and sizes[shard] + item_bytes > limit:
                 shard += 1
-        while len(shards) <= shard:
-            shards.append([])
-            sizes.append(0)
-        sizes[shard] += item_bytes
+        shards.setdefault(shard, [])
+        sizes[shard] = sizes.get(shard, 0) + item_bytes
         return shard
 
-    if follow:
-        last = p.sources[-1]
-        place(0, last.shard_base + last.ckpt.header.num_shards - 1)  # every source shard
     for t in p.tensors:
         src = p.sources[t.source]
         target = _dt.lookup(t.new_dtype)
@@ -582,6 +587,8 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
             graph_shard = place(size, None)
     if not shards:
         place(0, 0)
+    order = sorted(shards)
+    graph_shard = None if graph_shard is None else order.index(graph_shard)
     store = storage_for(p.dst)
     if store.local:
         base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
@@ -591,7 +598,7 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
     return [ShardTask(k, out_paths[k], [s.ckpt.prefix for s in p.sources], items,
                       p.object_graph if k == graph_shard else None, overflow, chunk_bytes,
                       backend, durable)
-            for k, items in enumerate(shards)]
+            for k, items in enumerate(shards[i] for i in order)]
 
 
 def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:

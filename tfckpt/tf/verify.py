@@ -95,8 +95,13 @@ def verify_with_tf(path, *, reference=None) -> dict:
     differences: list[dict] = []
     cast_checked = 0
     with Checkpoint(path) as ckpt:
-        reader = tf.train.load_checkpoint(ckpt.prefix)
-        tf_names = sorted(reader.get_variable_to_shape_map())
+        try:
+            reader = tf.train.load_checkpoint(ckpt.prefix)
+            tf_names = sorted(reader.get_variable_to_shape_map())
+        except (tf.errors.OpError, ValueError) as e:  # TensorFlow's reader refused it
+            return {"prefix": ckpt.prefix, "tensors": len(ckpt), "cast_checked": 0,
+                    "mismatches": [f"{ckpt.prefix}: TensorFlow cannot open it: "
+                                   f"{str(e).splitlines()[0][:200]}"]}
         if tf_names != ckpt.keys():
             only_tf = sorted(set(tf_names) - set(ckpt.keys()))
             only_us = sorted(set(ckpt.keys()) - set(tf_names))
