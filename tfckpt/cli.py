@@ -691,8 +691,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
-        # A terminal whose encoding lacks a character shows an escape, not a traceback.
-        if hasattr(stream, "reconfigure"):
+        # An output encoding narrower than UTF-8 (PYTHONIOENCODING=ascii) shows an escape
+        # for a character of a name it lacks, not a traceback.
+        if hasattr(stream, "reconfigure") and \
+                (stream.encoding or "").lower().replace("-", "") != "utf8":
             stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     try:
@@ -703,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (CheckpointError, re.error, OSError) as e:
         if args.debug:
-            traceback.print_exc()
+            for line in traceback.format_exc().splitlines():
+                _emit(line, err=True)
         if isinstance(e, re.error):
             message = f"bad regular expression: {e}"
         elif isinstance(e, OSError) and not isinstance(e, CheckpointError):
