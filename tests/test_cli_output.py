@@ -439,3 +439,12 @@ def test_rename_map_file_names_must_be_names(bytes_ckpt, tmp_path):
     proc = run("rename", bytes_ckpt["prefix"], tmp_path / "r2", "--map-file", bad)
     assert proc.returncode == 2 and b"Traceback" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+def test_tf2_graph_keys_stay_utf8(hostile, tmp_path):
+    # An object graph keeps its keys as proto strings: renaming into bytes that are not
+    # UTF-8 is refused in one line, not a traceback.
+    proc = run_process("rename", hostile["tf2"], f"{tmp_path}/r/", "--map", b"step=caf\xe9")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert_terminal_safe(proc, "rename")
+    assert b"UTF-8" in proc.stderr and not (tmp_path / "r").exists()
