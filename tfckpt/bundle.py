@@ -124,12 +124,8 @@ class _Entry:
         self.slices = slices
 
 
-def _decode_name(key: bytes) -> str:
-    return key.decode("utf-8", errors="surrogateescape")
-
-
-def _encode_name(name: str) -> bytes:
-    return name.encode("utf-8", errors="surrogateescape")
+_decode_name = orderedcode.decode_name
+_encode_name = orderedcode.encode_name
 
 
 # --- reading ---------------------------------------------------------------

@@ -2,11 +2,16 @@
 
 Argument parsing and printing only; the work is done by library functions.
 Errors about checkpoints print one line on stderr and exit with status 2.
+
+Human-readable output reaches the terminal only through :func:`_emit`, which escapes
+what names, paths and messages from files could do to a terminal; ``--json`` prints
+JSON alone on stdout, names exact.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -17,10 +22,12 @@ import traceback
 import numpy as np
 
 from . import __version__
+from . import dtypes as _dt
 from . import inspect as _inspect
 from .bundle import Checkpoint
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
 from .errors import CheckpointError
+from .orderedcode import encode_name
 from .transform import BACKENDS, DEFAULT_TF_THRESHOLD, Plan, Summary, execute, plan
 
 EXIT_ERROR = 2
@@ -36,6 +43,40 @@ def human_bytes(n: int) -> str:
 
 def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _escape_char(c: str) -> str:
+    n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:  # a byte that is not UTF-8 (surrogateescape): show the byte
+        return f"\\x{n - 0xDC00:02x}"
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def _show(text) -> str:
+    """``text`` safe for a terminal: each character ``str.isprintable()`` rejects, escaped.
+
+    Names, paths and messages come from files. Raw, an escape sequence in one could clear
+    the screen, retitle the window or write the clipboard (OSC 52), a newline could forge
+    table rows and a bidi override could reorder what is shown. Escaped as ``\\x1b``,
+    ``\\x0a``, ``\\u202e``; a byte that is not UTF-8 shows as ``\\xNN``.
+    Applying it twice changes nothing.
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
+
+
+def _emit(*parts, err: bool = False) -> None:
+    """Print one line of human-readable output; every part goes through :func:`_show`.
+
+    A part is text, or ``(text, SGR code)`` to colour it on a terminal.
+    """
+    stream = sys.stderr if err else sys.stdout
+    print("".join(_color(_show(p[0]), p[1]) if isinstance(p, tuple) else _show(p)
+                  for p in parts), file=stream)
 
 
 def _width() -> int | None:
@@ -59,8 +100,9 @@ def _shorten(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (keep - head):]
 
 
-def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> list[str]:
-    """Aligned columns; column ``squeeze`` is shortened to fit the terminal."""
+def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> None:
+    """Print aligned columns; column ``squeeze`` is shortened to fit the terminal."""
+    rows = [[_show(c) for c in r] for r in rows]  # escaped first, so widths are what shows
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     limit = _width()
     if limit is not None:
@@ -69,40 +111,39 @@ def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> list[str
         if widths[squeeze] > room:
             rows = [r[:squeeze] + [_shorten(r[squeeze], room)] + r[squeeze + 1:] for r in rows]
             widths[squeeze] = room
-    out = []
     for k, r in enumerate(rows):
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
         line = "  ".join(cells).rstrip()
-        out.append(_color(line, "1") if k == 0 else line)
-    return out
+        _emit((line, "1") if k == 0 else line)
 
 
 def _print_dump(data: dict) -> None:
     v = data["version"]
-    print(f"prefix      {data['prefix']}")
-    print(f"shards      {data['num_shards']}")
-    print(f"format      bundle v2, producer {v['producer']}, min consumer {v['min_consumer']}, "
+    _emit(f"prefix      {data['prefix']}")
+    _emit(f"shards      {data['num_shards']}")
+    _emit(f"format      bundle v2, producer {v['producer']}, min consumer {v['min_consumer']}, "
           f"{data['endianness']}-endian")
-    print(f"tensors     {data['tensor_count']}")
-    print(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
+    _emit(f"tensors     {data['tensor_count']}")
+    _emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
     if not data["tensors"]:
         return
-    print()
+    _emit()
     rows = [["NAME", "DTYPE", "SHAPE", "SIZE", "SHARD"]]
     for t in data["tensors"]:
         shard = f"{len(t['slices'])} slices" if t["slices"] else str(t["shard"])
         rows.append([t["name"], t["dtype"], _shape(t["shape"]), human_bytes(t["bytes"]), shard])
-    print("\n".join(_table(rows, right={3})))
-    print()
+    _table(rows, right={3})
+    _emit()
     total = data["total_bytes"] or 1
     rows = [["SCOPE", "SIZE", "SHARE", "TENSORS"]]
     for s in data["scopes"]:
         rows.append([s["scope"], human_bytes(s["bytes"]), f"{100 * s['bytes'] / total:.1f}%",
                      str(s["tensors"])])
-    print("\n".join(_table(rows, right={1, 2, 3})))
+    _table(rows, right={1, 2, 3})
 
 
-def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
+def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[str]:
+    """The tensors ``dump --tensor`` asks for: exact names, else regex matches; each once."""
     names = []
     for p in patterns:
         if p in ckpt:
@@ -112,18 +153,63 @@ def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
         if not matched:
             raise CheckpointError(f"no tensor matches {p!r}", path=ckpt.prefix)
         names.extend(matched)
+    return list(dict.fromkeys(names))
+
+
+def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
     threshold = sys.maxsize if full else 1000
-    for name in dict.fromkeys(names):
+    for name in _value_names(ckpt, patterns):
         info = ckpt.info(name)
         value = ckpt[name]
-        print(f"{name} ({info.dtype} {_shape(info.shape)})")
+        _emit(f"{name} ({info.dtype} {_shape(info.shape)})")
         # --full prints each float in its shortest form that reads back exactly.
         if value.dtype == object and not full:
             value = np.vectorize(lambda b: b if len(b) <= 64 else
                                  b[:48] + b"...(%d bytes)" % len(b), otypes=[object])(value)
-        print(np.array2string(value, threshold=threshold, max_line_width=_width() or 100,
-                              floatmode="unique" if full else "maxprec")
-              if value.ndim else repr(value.item()))
+        text = (np.array2string(value, threshold=threshold, max_line_width=_width() or 100,
+                                floatmode="unique" if full else "maxprec")
+                if value.ndim else repr(value.item()))
+        for line in text.split("\n"):
+            _emit(line)
+
+
+def _json_values(value: np.ndarray, dtype: str) -> dict:
+    """A tensor's values as exact JSON: ``{"values": nested lists or a scalar}``.
+
+    Floats of every width as the float64 that holds them exactly (non-finite ones become
+    strings in :func:`_print_json`); complex numbers as ``[real, imag]``; quantized types as
+    their integers; strings as text when every element is UTF-8 (``"encoding": "utf-8"``),
+    else every element as base64 (``"encoding": "base64"``).
+    """
+    kind = _dt.lookup(dtype).kind
+    extra = {}
+    if kind == "string":
+        items = value.reshape(-1).tolist()
+        try:
+            items = [b.decode("utf-8") for b in items]
+            extra["encoding"] = "utf-8"
+        except UnicodeDecodeError:
+            items = [base64.b64encode(b).decode("ascii") for b in items]
+            extra["encoding"] = "base64"
+        value = np.array(items, dtype=object).reshape(value.shape)
+    elif kind == "quantized":
+        value = value[value.dtype.names[0]]
+    elif kind == "float":
+        value = value.astype(np.float64)
+    elif kind == "complex":
+        value = np.stack([value.real, value.imag], axis=-1).astype(np.float64)
+    elif kind in ("int", "uint"):  # also int4/uint4/int2/uint2, which have no Python form
+        value = value.astype(np.int64 if kind == "int" else np.uint64)
+    return {"values": value.tolist(), **extra}
+
+
+def _dump_values_json(ckpt: Checkpoint, patterns: list[str]) -> None:
+    tensors = []
+    for name in _value_names(ckpt, patterns):
+        info = ckpt.info(name)
+        tensors.append({"name": name, "dtype": info.dtype, "shape": list(info.shape),
+                        **_json_values(ckpt[name], info.dtype)})
+    _print_json({"prefix": ckpt.prefix, "tensors": tensors})
 
 
 TREE_INDENT_LEVELS = 32  # deeper nodes keep this indentation and show their depth
@@ -148,29 +234,29 @@ def _print_object_graph(data: dict) -> None:
                 label = f"(depth {depth}) {label}"
             node = nodes[node_id]
             if node_id in shown:
-                print(f"{indent}{label} -> {node['path'] or '(root)'}")
+                _emit(f"{indent}{label} -> {node['path'] or '(root)'}")
                 continue
             shown.add(node_id)
-            print(f"{indent}{label}" + _color(f"  #{node_id}", "2"))
+            _emit(f"{indent}{label}", (f"  #{node_id}", "2"))
             for a in node["attributes"]:
                 tensors = a["tensors"]
                 if len(tensors) == 1 and tensors[0]["name"] == a["checkpoint_key"]:
                     t = tensors[0]
                     kind = f"{t['dtype']} {_shape(t['shape'])}" if t["dtype"] else "MISSING"
-                    print(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
+                    _emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
                     continue
-                print(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {len(tensors)} tensors")
+                _emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {len(tensors)} tensors")
                 for t in tensors:
                     kind = f"{t['dtype']} {_shape(t['shape'])}" if t["dtype"] else "MISSING"
-                    print(f"{indent}    {t['name']}  {kind}")
+                    _emit(f"{indent}    {t['name']}  {kind}")
             for s in node["slot_variables"]:
                 original = nodes[s["original_variable_node_id"]]["path"]
-                print(f"{indent}  slot {s['slot_name']!r} of {original}: "
+                _emit(f"{indent}  slot {s['slot_name']!r} of {original}: "
                       f"#{s['slot_variable_node_id']}")
             for c in reversed(node["children"]):
                 stack.append((c["node_id"], c["name"], depth + 1))
 
-    print(f"object graph of {data['prefix']}: {len(nodes)} nodes")
+    _emit(f"object graph of {data['prefix']}: {len(nodes)} nodes")
     walk(0, "(root)", 0)
     for s_node in nodes:
         for s in s_node["slot_variables"]:
@@ -181,7 +267,10 @@ def _print_object_graph(data: dict) -> None:
 def cmd_dump(args) -> int:
     with Checkpoint(args.path) as ckpt:
         if args.tensor:
-            _print_values(ckpt, args.tensor, args.full)
+            if args.json:
+                _dump_values_json(ckpt, args.tensor)
+            else:
+                _print_values(ckpt, args.tensor, args.full)
             return 0
         if args.object_graph:
             data = _inspect.object_graph(ckpt)
@@ -216,7 +305,9 @@ def _print_json(data) -> None:
         text = json.dumps(data, indent=indent, allow_nan=False)
     except ValueError:  # NaN or inf somewhere: spell them out, strict JSON has none
         text = json.dumps(_json_safe(data), indent=indent, allow_nan=False)
-    sys.stdout.write(text + "\n")
+    # ASCII-only (ensure_ascii), so no name can upset the output encoding; DEL, which
+    # json leaves raw, can only be inside a string, where \u007f means the same.
+    sys.stdout.write(text.replace("\x7f", "\\u007f") + "\n")
 
 
 def _fmt(v, digits: int = 6) -> str:
@@ -235,19 +326,19 @@ def cmd_diff(args) -> int:
         _print_json(data)
     else:
         for name in data["only_in_a"]:
-            print(_color(f"- {name}", "31") + "  (only in A)")
+            _emit((f"- {name}", "31"), "  (only in A)")
         for name in data["only_in_b"]:
-            print(_color(f"+ {name}", "32") + "  (only in B)")
+            _emit((f"+ {name}", "32"), "  (only in B)")
         for c in data["changed"]:
-            print(f"~ {c['name']}  {c['dtype_a']} {_shape(c['shape_a'])} -> "
+            _emit(f"~ {c['name']}  {c['dtype_a']} {_shape(c['shape_a'])} -> "
                   f"{c['dtype_b']} {_shape(c['shape_b'])}")
         if data["values"]:
             rows = [["NAME", "DIFFERING", "ELEMENTS", "MAX ABS", "MAX REL"]]
             for v in data["values"]:
                 rows.append([v["name"], str(v["differing"]), str(v["elements"]),
                              _fmt(v["max_abs"]), _fmt(v["max_rel"])])
-            print("\n".join(_table(rows, right={1, 2, 3, 4})))
-        print("same" if data["same"] else
+            _table(rows, right={1, 2, 3, 4})
+        _emit("same" if data["same"] else
               f"different: {len(data['only_in_a'])} only in A, {len(data['only_in_b'])} only in "
               f"B, {len(data['changed'])} changed dtype/shape, {len(data['values'])} with "
               "different values")
@@ -274,14 +365,13 @@ def cmd_stats(args) -> int:
             if c["overflow"] or c["to_zero"] or c["subnormal"]:
                 risky.append([t["name"], target, str(c["overflow"]), str(c["to_zero"]),
                               str(c["subnormal"])])
-    print("\n".join(_table(rows, right=set(range(2, len(rows[0]))))))
-    print()
+    _table(rows, right=set(range(2, len(rows[0]))))
+    _emit()
     if risky:
-        print("if cast:")
-        print("\n".join(_table([["NAME", "TO", "OVERFLOW", "TO ZERO", "SUBNORMAL"]] + risky,
-                               right={2, 3, 4})))
+        _emit("if cast:")
+        _table([["NAME", "TO", "OVERFLOW", "TO ZERO", "SUBNORMAL"]] + risky, right={2, 3, 4})
     else:
-        print("every floating-point tensor casts to float16 and bfloat16 without overflow, "
+        _emit("every floating-point tensor casts to float16 and bfloat16 without overflow, "
               "flush to zero or subnormals")
     return 0
 
@@ -297,17 +387,17 @@ def cmd_verify(args) -> int:
         _print_json(data)
         return 1 if data["problems"] else 0
     for w in data["warnings"]:
-        print(w, file=sys.stderr)
+        _emit(w, err=True)
     if data["problems"]:
         for p in data["problems"]:
-            print(p, file=sys.stderr)
+            _emit(p, err=True)
     else:
         extra = ""
         if "tf" in data:
             extra = ("; TensorFlow's reader agrees bit-for-bit"
                      + (f", {data['tf']['cast_checked']} casts equal tf.cast"
                         if args.reference else ""))
-        print(f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
+        _emit(f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
               f"every checksum, shard, slice and object-graph key checked{extra}")
     for d in data.get("tf", {}).get("cast_differences", []):
         # Documented differences from tf.cast: information, not problems.
@@ -317,7 +407,7 @@ def cmd_verify(args) -> int:
                          "to zero (kept here, as IEEE 754 rounds)")
         if d["nans_other_bits"]:
             parts.append(f"{d['nans_other_bits']} NaNs of another sign or payload than tf.cast's")
-        print(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
+        _emit(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
     return 1 if data["problems"] else 0
 
 
@@ -352,6 +442,12 @@ def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
                 isinstance(k, str) and isinstance(v, str) for k, v in exact.items()):
             raise CheckpointError("the rename map must be a JSON object of names",
                                   path=args.map_file)
+        for new in exact.values():
+            try:
+                encode_name(new)
+            except UnicodeEncodeError:  # only \udc80-\udcff stand for bytes (see --json)
+                raise CheckpointError(f"{new!r} in the rename map is not a tensor name: "
+                                      "it holds a lone surrogate", path=args.map_file) from None
     return rules, exact
 
 
@@ -362,24 +458,25 @@ def _print_plan(p: Plan) -> None:
         rows.append([p.sources[t.source].label, t.name, t.new_name if t.renamed else "=",
                      dtype, _shape(t.info.shape), human_bytes(t.info.nbytes),
                      human_bytes(t.bytes_out)])
-    print("\n".join(_table(rows, right={5, 6})))
+    _table(rows, right={5, 6})
     for src, name, why in p.dropped:
-        print(f"drop  {src}  {name}  ({why})")
-    print(f"\n{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
+        _emit(f"drop  {src}  {name}  ({why})")
+    _emit()
+    _emit(f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
           f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
           + (", object graph rewritten" if p.object_graph is not None else ""))
 
 
 def _print_summary(sm: Summary) -> None:
-    print(f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
+    _emit(f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
           f"{sm.cast} cast; {human_bytes(sm.bytes_in)} in, {human_bytes(sm.bytes_out)} out, "
-          f"{sm.seconds:.2f} s", file=sys.stderr)
+          f"{sm.seconds:.2f} s", err=True)
     for label, attr in (("clipped or overflowed", "overflow"), ("became zero", "to_zero"),
                         ("became subnormal", "subnormal")):
         hit = {n: getattr(c, attr) for n, c in sm.cast_counts.items() if getattr(c, attr)}
         if hit:
             total = sum(hit.values())
-            print(f"  {total} values {label} in {len(hit)} tensors", file=sys.stderr)
+            _emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
 
 
 def _progress(total: int):
@@ -433,8 +530,7 @@ def cmd_transform(args) -> int:
         prefer=args.prefer, max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
     if args.dry_run:
         if args.json:
-            json.dump(p.to_dict(), sys.stdout, indent=1)
-            print()
+            _print_json(p.to_dict())
         else:
             _print_plan(p)
         return 0
@@ -624,6 +720,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # An output encoding narrower than UTF-8 (PYTHONIOENCODING=ascii) shows an escape
+        # for a character of a name it lacks, not a traceback.
+        if hasattr(stream, "reconfigure") and \
+                (stream.encoding or "").lower().replace("-", "") != "utf8":
+            stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -633,14 +735,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (CheckpointError, re.error, OSError) as e:
         if args.debug:
-            traceback.print_exc()
+            for line in traceback.format_exc().splitlines():
+                _emit(line, err=True)
         if isinstance(e, re.error):
             message = f"bad regular expression: {e}"
         elif isinstance(e, OSError) and not isinstance(e, CheckpointError):
             message = f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
         else:
             message = str(e)
-        print(f"tfckpt: error: {message}", file=sys.stderr)
+        _emit(f"tfckpt: error: {message}", err=True)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("tfckpt: interrupted", file=sys.stderr)

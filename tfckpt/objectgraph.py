@@ -210,7 +210,12 @@ class ObjectGraph:
             for attr in node.attributes:
                 new = mapping.get(attr.checkpoint_key)
                 if new is not None:
-                    attr.checkpoint_key = new
+                    try:
+                        attr.checkpoint_key = new
+                    except ValueError:  # proto strings are UTF-8: no name of other bytes
+                        raise CheckpointError(
+                            f"cannot rename {attr.checkpoint_key!r} to {new!r}: keys of a TF2 "
+                            "object graph must be UTF-8 text", path=self.path) from None
 
     def drop_keys(self, keys: Iterable[str]) -> None:
         """Remove the attributes whose checkpoint key is in ``keys``."""

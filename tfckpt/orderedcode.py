@@ -1,7 +1,7 @@
-"""OrderedCode: the order-preserving key encoding of partitioned-tensor slice keys.
+"""Index keys: tensor names, and the OrderedCode keys of partitioned-tensor slices.
 
-A slice of tensor ``name`` is stored under the key
-``num(0) str(name) num(rank) [signed(start) signed(length or -1)] * rank``.
+A whole tensor is stored under its name's bytes. A slice of tensor ``name`` is stored
+under the key ``num(0) str(name) num(rank) [signed(start) signed(length or -1)] * rank``.
 Such keys begin with a zero byte, so they sort before every plain tensor name.
 """
 
@@ -112,12 +112,26 @@ def decode_string(buf: bytes, pos: int) -> tuple[bytes, int]:
     raise ValueError("unterminated string")
 
 
+def encode_name(name: str) -> bytes:
+    """The bytes of a tensor name, inverse of :func:`decode_name`."""
+    return name.encode("utf-8", errors="surrogateescape")
+
+
+def decode_name(key: bytes) -> str:
+    """A tensor name as ``str``.
+
+    TensorFlow takes any bytes as a name; bytes that are not UTF-8 become the lone
+    surrogates U+DC80..U+DCFF (Python's ``surrogateescape``), so every name round-trips.
+    """
+    return key.decode("utf-8", errors="surrogateescape")
+
+
 Extent = tuple[int, "int | None"]
 
 
 def encode_slice_key(name: str, extents: Sequence[Extent]) -> bytes:
     """The index key of one slice; each extent is (start, length), length None = whole axis."""
-    parts = [encode_num_increasing(0), encode_string(name.encode("utf-8")),
+    parts = [encode_num_increasing(0), encode_string(encode_name(name)),
              encode_num_increasing(len(extents))]
     for start, length in extents:
         parts.append(encode_signed_num_increasing(start))
@@ -141,4 +155,4 @@ def decode_slice_key(key: bytes) -> tuple[str, tuple[Extent, ...]]:
         extents.append((start, None if length == -1 else length))
     if pos != len(key):
         raise ValueError("trailing bytes after slice key")
-    return name.decode("utf-8", errors="surrogateescape"), tuple(extents)
+    return decode_name(name), tuple(extents)
