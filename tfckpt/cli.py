@@ -91,6 +91,8 @@ def _print_dump(data: dict) -> None:
     rows = [["NAME", "DTYPE", "SHAPE", "SIZE", "SHARD"]]
     for t in data["tensors"]:
         shard = f"{len(t['slices'])} slices" if t["slices"] else str(t["shard"])
+        if t["stored_elements"] < t["elements"]:  # pre-sliced: only part is stored
+            shard += f", {100 * t['stored_elements'] / t['elements']:.3g}% stored"
         rows.append([t["name"], t["dtype"], _shape(t["shape"]), human_bytes(t["bytes"]), shard])
     print("\n".join(_table(rows, right={3})))
     print()
@@ -277,6 +279,8 @@ def cmd_verify(args) -> int:
         return 1 if data["problems"] else 0
     for w in data["warnings"]:
         print(w, file=sys.stderr)
+    for note in data["partial"]:
+        print(f"note: {note}")
     if data["problems"]:
         for p in data["problems"]:
             print(p, file=sys.stderr)
@@ -350,6 +354,8 @@ def _print_summary(sm: Summary) -> None:
         if hit:
             total = sum(hit.values())
             print(f"  {total} values {label} in {len(hit)} tensors", file=sys.stderr)
+    for warning in sm.warnings:
+        print(f"  warning: {warning}", file=sys.stderr)
 
 
 def _progress(total: int):

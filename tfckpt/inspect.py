@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import paths
-from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint
+from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint, format_slice
 from .cast import Caster
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
@@ -37,9 +37,11 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     Reads only the index. Field names are stable:
     ``{"prefix", "num_shards", "endianness", "version": {...}, "tensor_count",
     "total_bytes", "tensors": [{"name", "dtype", "shape", "bytes", "shard",
-    "offset", "crc32c", "slices"}], "scopes": [{"scope", "bytes", "tensors"}]}``.
-    ``slices`` lists ``[[start, length_or_null], ...]`` per stored slice; ``shard``,
-    ``offset`` and ``crc32c`` are null for partitioned tensors.
+    "offset", "crc32c", "slices", "elements", "stored_elements"}], "scopes": [{"scope",
+    "bytes", "tensors"}]}``. ``slices`` lists ``[[start, length_or_null], ...]`` per
+    stored slice; ``shard``, ``offset`` and ``crc32c`` are null for partitioned
+    tensors. ``stored_elements`` is below ``elements`` for a pre-sliced tensor, of
+    which only some slices are stored.
     """
     tensors = []
     scopes: dict[str, list[int]] = {}
@@ -54,6 +56,8 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
             "offset": info.offset,
             "crc32c": info.crc32c,
             "slices": [[list(e) for e in s] for s in info.slices],
+            "elements": info.size,
+            "stored_elements": info.stored_elements,
         })
         acc = scopes.setdefault(scope_of(name), [0, 0])
         acc[0] += info.nbytes
@@ -329,7 +333,9 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     each partitioned tensor exactly once, string framing, and that the object
     graph parses and every ``checkpoint_key`` in it exists. Problems are listed,
     one line each, instead of stopping at the first; ``warnings`` lists what is odd
-    but harmless (data files of another shard count at the same prefix).
+    but harmless (data files of another shard count at the same prefix); ``partial``
+    lists, as information, each pre-sliced tensor (slices that leave parts out, as
+    TensorFlow writes them on purpose): its stored slices are checked like any other.
     """
     problems: list[str] = []
     try:
@@ -338,16 +344,23 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:
         return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)],
-                "warnings": []}
+                "warnings": [], "partial": []}
     with ckpt:
         shard_problems, warnings = _check_shard_files(ckpt)
         problems += shard_problems
         checked = nbytes = 0
+        partial = []
         for name in ckpt.keys():
             try:
                 info = ckpt.info(name)
-                for _ in ckpt.iter_chunks(name, chunk_bytes):
-                    pass
+                if info.partial:
+                    for part in ckpt.slice_info(name):
+                        for _ in ckpt.iter_chunks(name, chunk_bytes, part.extents):
+                            pass
+                    partial.append(_partial_note(ckpt, info))
+                else:
+                    for _ in ckpt.iter_chunks(name, chunk_bytes):
+                        pass
                 checked += 1
                 nbytes += info.nbytes
             except CheckpointError as e:
@@ -363,7 +376,13 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
             except CheckpointError as e:
                 problems.append(str(e))
         return {"prefix": ckpt.prefix, "tensors": checked, "bytes": nbytes,
-                "problems": problems, "warnings": warnings}
+                "problems": problems, "warnings": warnings, "partial": partial}
+
+
+def _partial_note(ckpt: Checkpoint, info) -> str:
+    return (f"{ckpt.prefix}: tensor {info.name!r}: pre-sliced, {info.stored_elements} of "
+            f"{info.size} elements stored in {len(info.slices)} slice(s) "
+            f"({' '.join(format_slice(s) for s in info.slices)})")
 
 
 def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
