@@ -512,8 +512,9 @@ class Checkpoint:
         return framing
 
     def _check_disjoint(self, entry: _Entry) -> None:
-        _check_slice_cover(entry.slices, entry.shape,
-                           lambda what: self._corrupt(what, entry.name), whole=False)
+        if entry.slices:
+            _check_slice_cover(entry.slices, entry.shape,
+                               lambda what: self._corrupt(what, entry.name), whole=False)
 
     def _check_whole(self, entry: _Entry) -> None:
         """Before the whole of a partitioned tensor is read: its slices tile it exactly."""
