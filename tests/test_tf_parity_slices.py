@@ -21,6 +21,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
+from tfckpt import inspect as tfinspect  # noqa: E402
+from tfckpt.tf import verify_with_tf  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.table import TableBuilder, TableReader  # noqa: E402
 
@@ -137,12 +139,11 @@ def test_presliced_dump_reports_coverage(presliced):
 
 
 def test_presliced_verify_is_information_not_a_problem(presliced, tmp_path):
-    rc, out, err = cli("verify", presliced, "--json")
-    report = json.loads(out)
-    assert rc == 0 and report["problems"] == [], report
-    assert report["tensors"] == len(PRESLICED) + 1
+    report = tfinspect.verify(presliced)
+    assert report["problems"] == [] and report["tensors"] == len(PRESLICED) + 1, report
     assert sorted(n.split("'")[1] for n in report["partial"]) == sorted(PRESLICED)
-    rc, out, err = cli("verify", presliced, "--tf")
+    assert verify_with_tf(presliced)["mismatches"] == []
+    rc, out, err = cli("verify", presliced)
     assert rc == 0, err
     assert "note:" in out and "'t': pre-sliced, 5 of 10 elements" in out and "ok: " in out
     # A damaged slice of a pre-sliced tensor is still found.
@@ -181,8 +182,7 @@ def test_presliced_copied_through_unchanged(presliced, tmp_path, args):
                 assert _same(_restore(str(out), new, part, dtype),
                              _restore(presliced, name, part, dtype)), (name, part)
                 assert dst.read_bytes(new, _extents(part)) == src.read_bytes(name, _extents(part))
-    rc, _, err = cli("verify", out, "--tf")
-    assert rc == 0, err
+    assert tfinspect.verify(out)["problems"] == [] and verify_with_tf(out)["mismatches"] == []
 
 
 def test_presliced_cast_slice_by_slice(presliced, tmp_path):
@@ -202,8 +202,8 @@ def test_presliced_cast_slice_by_slice(presliced, tmp_path):
                 if dtype.is_floating:
                     want = tf.cast(want, tf.float16).numpy()
                 assert _same(_restore(str(out), name, part, new_dtype), want), (name, part)
-    rc, _, err = cli("verify", out, "--tf", "--reference", presliced)
-    assert rc == 0, err
+    report = verify_with_tf(out, reference=presliced)
+    assert report["mismatches"] == [] and report["cast_checked"] == 4
 
 
 def _rewrite_index(prefix: str, edit) -> None:
@@ -346,3 +346,38 @@ def test_tf1_partitioned_cast_restores_in_tensorflow(tf1_float32, tmp_path, dtyp
         got = _tf1_restore(str(out), target, parts=2)
         for name in values:
             assert _same(got[name], want[name]), name
+
+
+def test_presliced_stats_and_diff_use_the_stored_slices(presliced, tmp_path):
+    rc, out, err = cli("stats", presliced, "--json")
+    assert rc == 0, err
+    recs = {r["name"]: r for r in json.loads(out)["tensors"]}
+    for name in ("t", "emb", "grid", "ids"):
+        shape, parts, dtype = PRESLICED[name]
+        stored = np.concatenate([_restore(presliced, name, p, dtype).reshape(-1) for p in parts])
+        rec = recs[name]
+        assert (rec["elements"], rec["stored_elements"]) == (int(np.prod(shape)), stored.size)
+        assert (rec["min"], rec["max"]) == (stored.min(), stored.max()), name
+        assert rec["mean"] == pytest.approx(float(stored.astype(np.float64).mean()))
+    assert "stored_elements" not in recs["plain"]
+    # Against its float16 conversion: compared over the stored slices.
+    fp16 = tmp_path / "fp16" / "model.ckpt"
+    assert cli("convert", presliced, fp16, "--dtype", "float16")[0] == 0
+    rc, out, err = cli("diff", presliced, fp16, "--json")
+    assert rc == 1, err
+    report = json.loads(out)
+    assert {c["name"] for c in report["changed"]} == {"t", "emb", "grid", "plain"}  # dtype only
+    assert report["values"] == []  # every stored value is exact in float16
+    # Against the same tensors stored whole: other slices, so not compared but named.
+    whole = str(tmp_path / "whole" / "model.ckpt")
+    with tfckpt.open(presliced) as src:
+        tfckpt.save({"t": np.zeros((2, 5), np.float32), "plain": src["plain"]}, whole)
+    rc, out, err = cli("diff", presliced, whole, "--json", "--filter", "^(t|plain)$")
+    assert rc == 1, err
+    report = json.loads(out)
+    assert report["changed"] == [{"name": "t", "dtype_a": "float32", "dtype_b": "float32",
+                                  "shape_a": [2, 5], "shape_b": [2, 5], "stored_a": 5,
+                                  "stored_b": 10}]
+    assert report["values"] == []
+    rc, out, err = cli("diff", presliced, whole, "--filter", "^(t|plain)$")
+    assert rc == 1 and "(stored elements 5 -> 10)" in out, err

@@ -220,8 +220,10 @@ def cmd_diff(args) -> int:
         for name in data["only_in_b"]:
             print(_color(f"+ {name}", "32") + "  (only in B)")
         for c in data["changed"]:
+            stored = (f"  (stored elements {c['stored_a']} -> {c['stored_b']})"
+                      if "stored_a" in c else "")
             print(f"~ {c['name']}  {c['dtype_a']} {_shape(c['shape_a'])} -> "
-                  f"{c['dtype_b']} {_shape(c['shape_b'])}")
+                  f"{c['dtype_b']} {_shape(c['shape_b'])}{stored}")
         if data["values"]:
             rows = [["NAME", "DIFFERING", "ELEMENTS", "MAX ABS", "MAX REL"]]
             for v in data["values"]:

@@ -77,6 +77,21 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     }
 
 
+def stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    """A tensor's elements in chunks; of a pre-sliced tensor, those of its stored slices.
+
+    A pre-sliced tensor's slices come in the order of their extents, so two
+    checkpoints holding the same slices give the same sequence.
+    """
+    info = ckpt.info(name)
+    if not info.partial:
+        return ckpt.iter_chunks(name, chunk_bytes)
+    stored = [part.extents for part in ckpt.slice_info(name)]  # overlaps are corrupt
+    order = sorted(stored, key=lambda ext: [(s, -1 if n is None else n) for s, n in ext])
+    return (chunk for extents in order
+            for chunk in ckpt.iter_chunks(name, chunk_bytes, extents))
+
+
 # --- object graph ------------------------------------------------------------
 
 def object_graph(ckpt: Checkpoint) -> dict:
@@ -147,13 +162,20 @@ def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None
     """Element-wise comparison of two tensors of one shape, streamed, in the wider dtype.
 
     Returns ``{"elements", "differing", "max_abs", "max_rel"}``; NaNs in the same
-    place count as equal. Strings are compared element by element.
+    place count as equal. Strings are compared element by element. Pre-sliced
+    tensors are compared over their stored slices (the same in both).
     """
     name_b = name_b or name_a
     ia, ib = a.info(name_a), b.info(name_b)
     elements = differing = 0
     max_abs = max_rel = 0.0
-    pairs = _paired_chunks(a.iter_chunks(name_a, chunk_bytes), b.iter_chunks(name_b, chunk_bytes))
+    if (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices):
+        raise UnsupportedCheckpointError(
+            f"{name_a!r} stores {ia.stored_elements} of {ia.size} elements in {a.prefix}, "
+            f"{ib.stored_elements} in {b.prefix}, in other slices: the values cannot be "
+            "compared", path=a.prefix, tensor=name_a)
+    pairs = _paired_chunks(stored_chunks(a, name_a, chunk_bytes),
+                           stored_chunks(b, name_b, chunk_bytes))
     strings = "string" in (ia.dtype, ib.dtype)
     for ca, cb in pairs:
         elements += len(ca)
@@ -202,16 +224,22 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
     "dtype_b", "shape_a", "shape_b"}], "values": [{"name", "elements",
     "differing", "max_abs", "max_rel"}], "same": bool}``. ``values`` lists every
     common tensor of equal shape whose elements differ beyond ``atol + rtol*|b|``;
-    tensors that only changed dtype (a float16 conversion) are compared too.
+    tensors that only changed dtype (a float16 conversion) are compared too. A
+    tensor stored in other slices in A than in B, one of them pre-sliced, is
+    ``changed`` with ``stored_a``/``stored_b`` (stored elements) and not compared.
     """
     names_a = set(_match(a.keys(), filter)) - {OBJECT_GRAPH_KEY}
     names_b = set(_match(b.keys(), filter)) - {OBJECT_GRAPH_KEY}
     changed, value_diffs = [], []
     for name in sorted(names_a & names_b):
         ia, ib = a.info(name), b.info(name)
-        if ia.dtype != ib.dtype or ia.shape != ib.shape:
+        stored_differently = (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices)
+        if ia.dtype != ib.dtype or ia.shape != ib.shape or stored_differently:
             changed.append({"name": name, "dtype_a": ia.dtype, "dtype_b": ib.dtype,
                             "shape_a": list(ia.shape), "shape_b": list(ib.shape)})
+            if stored_differently:
+                changed[-1].update(stored_a=ia.stored_elements, stored_b=ib.stored_elements)
+                continue
         if not values or ia.shape != ib.shape or not _comparable(ia.dtype, ib.dtype):
             continue
         result = compare_values(a, b, name, atol=atol, rtol=rtol, chunk_bytes=chunk_bytes)
@@ -242,7 +270,8 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
     For each numeric tensor: ``min``, ``max`` (over non-NaN values), ``mean``,
     ``std`` (over finite values), ``nan``, ``inf``, ``zeros`` (fraction), and for
     floating-point tensors ``cast``: for float16 and bfloat16, how many values
-    would overflow, become zero or become subnormal if cast.
+    would overflow, become zero or become subnormal if cast. A pre-sliced tensor's
+    statistics are over its stored elements, counted in ``stored_elements``.
     """
     out = []
     for name in _match(ckpt.keys(), filter):
@@ -250,13 +279,15 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
         dt = _dt.lookup(info.dtype)
         rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape),
                "elements": info.size}
+        if info.partial:
+            rec["stored_elements"] = info.stored_elements
         if dt.numpy is None or dt.kind == "string":
             out.append(rec)
             continue
         acc = _Moments()
         casters = {t: Caster(dt, _dt.lookup(t), "inf") for t in CAST_CHECK_TARGETS
                    if dt.is_floating and dt.name != t}
-        for chunk in ckpt.iter_chunks(name, chunk_bytes):
+        for chunk in stored_chunks(ckpt, name, chunk_bytes):
             if chunk.dtype.fields:
                 chunk = chunk.view(chunk.dtype[0])
             with np.errstate(all="ignore"):
@@ -353,14 +384,10 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         for name in ckpt.keys():
             try:
                 info = ckpt.info(name)
+                for _ in stored_chunks(ckpt, name, chunk_bytes):
+                    pass
                 if info.partial:
-                    for part in ckpt.slice_info(name):
-                        for _ in ckpt.iter_chunks(name, chunk_bytes, part.extents):
-                            pass
                     partial.append(_partial_note(ckpt, info))
-                else:
-                    for _ in ckpt.iter_chunks(name, chunk_bytes):
-                        pass
                 checked += 1
                 nbytes += info.nbytes
             except CheckpointError as e:
