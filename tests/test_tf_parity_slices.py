@@ -23,6 +23,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt import inspect as tfinspect  # noqa: E402
 from tfckpt.tf import verify_with_tf  # noqa: E402
+from tfckpt import orderedcode  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.table import TableBuilder, TableReader  # noqa: E402
 
@@ -207,7 +208,8 @@ def test_presliced_cast_slice_by_slice(presliced, tmp_path):
 
 
 def _rewrite_index(prefix: str, edit) -> None:
-    """Damage a TF-written index: ``edit(key, BundleEntryProto)`` on every tensor entry."""
+    """Damage a TF-written index: ``edit(key, BundleEntryProto)`` on every tensor entry
+    (an entry is dropped when it returns False)."""
     with open(prefix + ".index", "rb") as f:
         entries = list(TableReader(f.read()).entries)
     with open(prefix + ".index", "wb") as f:
@@ -215,19 +217,73 @@ def _rewrite_index(prefix: str, edit) -> None:
         for key, value in entries:
             if key:
                 entry = BundleEntryProto.FromString(value)
-                edit(key, entry)
+                if edit(key, entry) is False:
+                    continue
                 value = entry.SerializeToString()
             table.add(key, value)
         table.finish()
 
 
+def _copy_checkpoint(src: str, prefix: str) -> None:
+    os.makedirs(os.path.dirname(prefix))
+    base = os.path.basename(src)
+    for name in os.listdir(os.path.dirname(src)):
+        if name.startswith(base + "."):
+            with open(os.path.join(os.path.dirname(src), name), "rb") as f, \
+                    open(prefix + name[len(base):], "wb") as g:
+                g.write(f.read())
+
+
+def test_tf2_partitioned_with_holes_is_copied_not_a_crash(tf_checkpoints, tmp_path):
+    """A TF2 sharded checkpoint whose partitioned tensors lost slices (index and entries):
+    every rewrite carries the remaining slices through, cast slice by slice."""
+    src = tf_checkpoints("max_shard_policy").path
+    prefix = str(tmp_path / "holes" / "ckpt")
+    _copy_checkpoint(src, prefix)
+    big, matrix = "big/.ATTRIBUTES/VARIABLE_VALUE", "matrix/.ATTRIBUTES/VARIABLE_VALUE"
+    gone = {big: ((150, 75),), matrix: ((5, 8), (1, 29))}
+    gone_keys = {orderedcode.encode_slice_key(n, e) for n, e in gone.items()}
+
+    def drop(key, entry):
+        if key in gone_keys:
+            return False
+        name = key.decode("latin-1")
+        if name in gone:
+            kept = [s for s in entry.slices if tuple(
+                (e.start, e.length if e.HasField("length") else None) for e in s.extent)
+                != gone[name]]
+            del entry.slices[:]
+            entry.slices.extend(kept)
+    _rewrite_index(prefix, drop)
+    for command in (["select"], ["convert", "--dtype", "float16"],
+                    ["convert", "--dtype", "bfloat16", "--max-shard-bytes", "500"]):
+        out = tmp_path / "-".join(command).replace("--", "")
+        rc, _, err = cli(command[0], prefix, f"{out}/", *command[1:])
+        assert rc == 0 and "Traceback" not in err, err
+        target = tf.as_dtype(command[2]) if len(command) > 1 else tf.float32
+        with tfckpt.open(prefix) as before, tfckpt.open(out / "ckpt") as after:
+            for name in gone:
+                info = after.info(name)
+                assert info.partial and info.dtype == target.name
+                assert info.slices == before.info(name).slices and gone[name] not in info.slices
+                full = " ".join(map(str, info.shape))
+                for extents in info.slices:
+                    spec = full + " " + ":".join("-" if n is None else f"{s},{n}"
+                                                 for s, n in extents)
+
+                    def restore(p, dtype):
+                        return tf.raw_ops.RestoreV2(prefix=p, tensor_names=[name],
+                                                    shape_and_slices=[spec],
+                                                    dtypes=[dtype])[0]
+                    want = tf.cast(restore(prefix, tf.float32), target).numpy()
+                    assert _same(restore(str(out / "ckpt"), target).numpy(), want), name
+        assert tfinspect.verify(str(out / "ckpt"))["problems"] == []
+
+
 def test_overlapping_slices_stay_corrupt(tf_checkpoints, tmp_path):
     src = tf_checkpoints("savev2_slices").path
     prefix = str(tmp_path / "bad" / "model.ckpt")
-    os.makedirs(os.path.dirname(prefix))
-    for suffix in (".index", ".data-00000-of-00001"):
-        with open(src + suffix, "rb") as f, open(prefix + suffix, "wb") as g:
-            g.write(f.read())
+    _copy_checkpoint(src, prefix)
     with tfckpt.open(src) as ckpt:
         assert ckpt.info("emb").slices == (((0, 4), (0, None)), ((4, 6), (0, None)))
 
