@@ -514,7 +514,7 @@ class Checkpoint:
     def _check_disjoint(self, entry: _Entry) -> None:
         if entry.slices:
             _check_slice_cover(entry.slices, entry.shape,
-                               lambda what: self._corrupt(what, entry.name), whole=False)
+                               lambda what: self._corrupt(what, entry.name))
 
     def _check_whole(self, entry: _Entry) -> None:
         """Before the whole of a partitioned tensor is read: its slices tile it exactly."""
@@ -524,7 +524,8 @@ class Checkpoint:
         if stored != total:
             raise UnsupportedCheckpointError(
                 f"only {stored} of its {total} elements are stored (slices "
-                f"{' '.join(_format_slice(s) for s in entry.slices)}); "
+                f"{' '.join(_format_slice(s) for s in entry.slices[:_MAX_HOLES])}"
+                f"{' ...' if len(entry.slices) > _MAX_HOLES else ''}); "
                 f"{_describe_holes(holes, total - stored)}: read the stored slices with "
                 "read_slice()", path=self.prefix, tensor=entry.name)
 
@@ -683,12 +684,11 @@ def _slice_bounds(slices: Sequence[Slice], shape: tuple[int, ...]):
     return starts.reshape(len(slices), len(shape)), ends.reshape(len(slices), len(shape))
 
 
-def _check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error, *,
-                       whole: bool = True) -> None:
-    """Raise ``error(what)`` if slices overlap or (with ``whole``) leave part of ``shape`` out.
+def _check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error) -> None:
+    """Raise ``error(what)`` if the slices overlap: no element may be stored twice.
 
-    Overlapping slices are always corrupt. Slices that leave parts out are legal:
-    TensorFlow writes them for pre-sliced tensors and restores just those parts.
+    Slices that leave parts out are legal: TensorFlow writes them for pre-sliced
+    tensors and restores just those parts (see :func:`_coverage`).
     """
     if not shape:
         if len(slices) != 1:
@@ -701,12 +701,6 @@ def _check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error, *
             j = i + 1 + int(np.argmax(overlap))
             raise error(f"slices {_format_slice(slices[i])} and {_format_slice(slices[j])} "
                         "overlap")
-    if whole:
-        stored, holes = _coverage(slices, shape)
-        total = _num_elements(shape)
-        if stored != total:
-            raise error(f"slices cover {stored} of {total} elements; "
-                        f"{_describe_holes(holes, total - stored)}")
 
 
 _MAX_COVER_CELLS = 1 << 16  # grid cells examined to name the parts slices leave out
@@ -718,8 +712,8 @@ def _coverage(slices: Sequence[Slice], shape: tuple[int, ...]) -> tuple[int, lis
 
     The slices' edges cut every axis into intervals; each cell of that grid is
     either stored or missing, so the missing blocks are found without touching
-    an element. On grids too large to walk (or with overlapping slices, which are
-    corrupt anyway) the count is an estimate and no block is named.
+    an element. On grids too large to walk, the count is the slices' total size
+    (exact unless they overlap, which is corrupt anyway) and no block is named.
     """
     total = _num_elements(shape)
     if not shape:
@@ -1108,7 +1102,8 @@ class BundleWriter:
         """Add one slice of a partitioned tensor.
 
         ``extents`` has one ``(start, length)`` per axis; a length of None takes
-        the whole axis. The slices of a tensor must together cover it exactly.
+        the whole axis. The slices of a tensor must not overlap; they may leave parts
+        of it out (a pre-sliced tensor, which TensorFlow restores slice by slice).
         """
         full_shape = _shape_tuple(full_shape)
         extents = tuple((int(s), None if n is None else int(n)) for s, n in extents)
@@ -1248,7 +1243,7 @@ class BundleWriter:
         for full_key, (dt, shape) in self._slices_of.items():
             slices = tuple(_slice_from_proto(s) for s in self._entries[full_key].slices)
             _check_slice_cover(slices, shape, lambda what: ValueError(
-                f"partitioned tensor {_decode_name(full_key)!r}: {what}"), whole=False)
+                f"partitioned tensor {_decode_name(full_key)!r}: {what}"))
         index = paths.index_filename(self.prefix)
         if not self._store.local:
             return self._commit_remote(index)
@@ -1367,8 +1362,7 @@ def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
             shape = tuple(d.size for d in entry.shape.dim)
             _check_slice_cover(tuple(_slice_from_proto(x) for x in entry.slices), shape,
                                lambda what: ValueError(
-                                   f"partitioned tensor {_decode_name(key)!r}: {what}"),
-                               whole=False)
+                                   f"partitioned tensor {_decode_name(key)!r}: {what}"))
     store = storage_for(prefix)
     num_shards = len(shard_paths)
     if not store.local:

@@ -77,7 +77,7 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     }
 
 
-def stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+def _stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
     """A tensor's elements in chunks; of a pre-sliced tensor, those of its stored slices.
 
     A pre-sliced tensor's slices come in the order of their extents, so two
@@ -174,8 +174,8 @@ def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None
             f"{name_a!r} stores {ia.stored_elements} of {ia.size} elements in {a.prefix}, "
             f"{ib.stored_elements} in {b.prefix}, in other slices: the values cannot be "
             "compared", path=a.prefix, tensor=name_a)
-    pairs = _paired_chunks(stored_chunks(a, name_a, chunk_bytes),
-                           stored_chunks(b, name_b, chunk_bytes))
+    pairs = _paired_chunks(_stored_chunks(a, name_a, chunk_bytes),
+                           _stored_chunks(b, name_b, chunk_bytes))
     strings = "string" in (ia.dtype, ib.dtype)
     for ca, cb in pairs:
         elements += len(ca)
@@ -287,7 +287,7 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
         acc = _Moments()
         casters = {t: Caster(dt, _dt.lookup(t), "inf") for t in CAST_CHECK_TARGETS
                    if dt.is_floating and dt.name != t}
-        for chunk in stored_chunks(ckpt, name, chunk_bytes):
+        for chunk in _stored_chunks(ckpt, name, chunk_bytes):
             if chunk.dtype.fields:
                 chunk = chunk.view(chunk.dtype[0])
             with np.errstate(all="ignore"):
@@ -384,7 +384,7 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         for name in ckpt.keys():
             try:
                 info = ckpt.info(name)
-                for _ in stored_chunks(ckpt, name, chunk_bytes):
+                for _ in _stored_chunks(ckpt, name, chunk_bytes):
                     pass
                 if info.partial:
                     partial.append(_partial_note(ckpt, info))
