@@ -440,7 +440,7 @@ def test_verify_ok_line_and_json(planted):
                         r"shard, slice and object-graph key checked\n", proc.stdout), proc.stdout
     data = json.loads(run("verify", planted["a"], "--json").stdout)
     assert data == {"prefix": planted["a"], "tensors": 5, "bytes": data["bytes"], "problems": [],
-                    "warnings": []}
+                    "warnings": [], "partial": []}
 
 
 def test_verify_reports_every_problem_once(tmp_path):

@@ -222,7 +222,7 @@ def test_json_summary(src, tmp_path):
                       "clip", "--json"))
     data = json.loads(proc.stdout)
     assert set(data) == {"dst", "kept", "dropped", "renamed", "cast", "bytes_in", "bytes_out",
-                         "seconds", "overflow", "to_zero", "subnormal"}
+                         "seconds", "overflow", "to_zero", "subnormal", "warnings"}
     assert data["dst"] == str(tmp_path / "o")
     assert (data["kept"], data["dropped"], data["renamed"], data["cast"]) == (2, 0, 0, 2)
     assert (data["bytes_in"], data["bytes_out"]) == (16 + 16, 8 + 4)

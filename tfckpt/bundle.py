@@ -65,6 +65,8 @@ class TensorInfo:
     ``nbytes`` is the bytes it occupies in data shards (for a partitioned tensor,
     the sum over its slices). ``shard``, ``offset`` and ``crc32c`` (unmasked) are
     None for a partitioned tensor, whose bytes live in its slices.
+    ``stored_elements`` is how many of its elements the checkpoint holds: fewer
+    than ``size`` for a pre-sliced tensor, whose slices leave parts out on purpose.
     """
 
     name: str
@@ -76,10 +78,16 @@ class TensorInfo:
     crc32c: int | None
     slices: tuple[Slice, ...] = ()
     extents: Slice | None = None  # set when this describes one slice of a partitioned tensor
+    stored_elements: int | None = None
 
     @property
     def partitioned(self) -> bool:
         return bool(self.slices)
+
+    @property
+    def partial(self) -> bool:
+        """Only some of the tensor is stored (TensorFlow restores just those slices)."""
+        return self.stored_elements is not None and self.stored_elements < self.size
 
     @property
     def size(self) -> int:
@@ -319,13 +327,20 @@ class Checkpoint:
         if entry.slices:
             nbytes = sum(self._slice_entry(entry, s).proto.size for s in entry.slices)
             return TensorInfo(entry.name, entry.dtype.name, entry.shape, nbytes, None, None,
-                              None, entry.slices)
+                              None, entry.slices,
+                              stored_elements=_coverage(entry.slices, entry.shape)[0])
         return TensorInfo(entry.name, entry.dtype.name, entry.shape, p.size, p.shard_id,
-                          p.offset, unmask_crc(p.crc32c), ())
+                          p.offset, unmask_crc(p.crc32c), (),
+                          stored_elements=_num_elements(entry.shape))
 
     def slice_info(self, name: str) -> list[TensorInfo]:
-        """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty)."""
+        """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty).
+
+        Slices may leave parts of the tensor out (a pre-sliced tensor), but
+        overlapping slices are corrupt.
+        """
         entry = self._full_entry(name)
+        self._check_disjoint(entry)
         return [dataclasses.replace(self._info(self._slice_entry(entry, s)), extents=s)
                 for s in entry.slices]
 
@@ -513,8 +528,26 @@ class Checkpoint:
             self._check_crc(entry, framing.crc)
         return framing
 
+    def _check_disjoint(self, entry: _Entry) -> None:
+        if entry.slices:
+            _check_slice_cover(entry.slices, entry.shape,
+                               lambda what: self._corrupt(what, entry.name))
+
+    def _check_whole(self, entry: _Entry) -> None:
+        """Before the whole of a partitioned tensor is read: its slices tile it exactly."""
+        self._check_disjoint(entry)
+        stored, holes = _coverage(entry.slices, entry.shape)
+        total = _num_elements(entry.shape)
+        if stored != total:
+            raise UnsupportedCheckpointError(
+                f"only {stored} of its {total} elements are stored (slices "
+                f"{' '.join(_format_slice(s) for s in entry.slices[:_MAX_HOLES])}"
+                f"{' ...' if len(entry.slices) > _MAX_HOLES else ''}); "
+                f"{_describe_holes(holes, total - stored)}: read the stored slices with "
+                "read_slice()", path=self.prefix, tensor=entry.name)
+
     def _assemble(self, entry: _Entry) -> np.ndarray:
-        _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
+        self._check_whole(entry)
         parts = [self._slice_entry(entry, s) for s in entry.slices]
         for part in parts:
             # Every slice's bytes must exist before the full tensor is allocated.
@@ -559,8 +592,7 @@ class Checkpoint:
             yield self._assemble(entry).reshape(-1)
         elif all(_is_full_slice(entry.shape[1:], ext[1:]) for ext in entry.slices):
             # Partitioned by rows only: the slices, in row order, are the tensor.
-            _check_slice_cover(entry.slices, entry.shape,
-                               lambda what: self._corrupt(what, entry.name))
+            self._check_whole(entry)
             for ext in sorted(entry.slices, key=lambda ext: ext[0][0]):
                 yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes, ring)
         else:
@@ -573,7 +605,7 @@ class Checkpoint:
         range per slice crossing it, and each slice's bytes are read in order,
         which lets its checksum be carried from band to band.
         """
-        _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
+        self._check_whole(entry)
         shape, dtype = entry.shape, entry.dtype
         parts = []
         for extents in entry.slices:
@@ -659,26 +691,80 @@ def _format_slice(extents: Slice) -> str:
                     for start, length in extents)
 
 
+format_slice = _format_slice  # "0:4,-": rows 0 to 4, every column
+
+
+def _slice_bounds(slices: Sequence[Slice], shape: tuple[int, ...]):
+    starts = np.array([[s for s, _ in ext] for ext in slices], dtype=np.int64)
+    ends = np.array([[d if n is None else s + n for (s, n), d in zip(ext, shape)]
+                     for ext in slices], dtype=np.int64)
+    return starts.reshape(len(slices), len(shape)), ends.reshape(len(slices), len(shape))
+
+
 def _check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error) -> None:
-    """Raise ``error(what)`` unless the slices cover ``shape`` exactly once."""
+    """Raise ``error(what)`` if the slices overlap: no element may be stored twice.
+
+    Slices that leave parts out are legal: TensorFlow writes them for pre-sliced
+    tensors and restores just those parts (see :func:`_coverage`).
+    """
     if not shape:
         if len(slices) != 1:
             raise error(f"a scalar has {len(slices)} slices")
         return
-    starts = np.array([[s for s, _ in ext] for ext in slices], dtype=np.int64)
-    ends = np.array([[d if n is None else s + n for (s, n), d in zip(ext, shape)]
-                     for ext in slices], dtype=np.int64)
-    volumes = [_num_elements([b - a for a, b in zip(s, e)])
-               for s, e in zip(starts.tolist(), ends.tolist())]
-    total = _num_elements(shape)
+    starts, ends = _slice_bounds(slices, shape)
     for i in range(len(slices) - 1):
         overlap = np.all((starts[i] < ends[i + 1:]) & (starts[i + 1:] < ends[i]), axis=1)
         if overlap.any():
             j = i + 1 + int(np.argmax(overlap))
             raise error(f"slices {_format_slice(slices[i])} and {_format_slice(slices[j])} "
                         "overlap")
-    if sum(volumes) != total:
-        raise error(f"slices cover {sum(volumes)} of {total} elements: the tensor has holes")
+
+
+_MAX_COVER_CELLS = 1 << 16  # grid cells examined to name the parts slices leave out
+_MAX_HOLES = 4
+
+
+def _coverage(slices: Sequence[Slice], shape: tuple[int, ...]) -> tuple[int, list[Slice]]:
+    """The elements the slices store and (up to a few) blocks they leave out.
+
+    The slices' edges cut every axis into intervals; each cell of that grid is
+    either stored or missing, so the missing blocks are found without touching
+    an element. On grids too large to walk, the count is the slices' total size
+    (exact unless they overlap, which is corrupt anyway) and no block is named.
+    """
+    total = _num_elements(shape)
+    if not shape:
+        return (total if slices else 0), []
+    starts, ends = _slice_bounds(slices, shape)
+    volumes = sum(_num_elements([b - a for a, b in zip(s, e)])
+                  for s, e in zip(starts.tolist(), ends.tolist()))
+    if volumes == total:
+        return total, []
+    cuts = [np.unique(np.concatenate([[0, d], starts[:, a], ends[:, a]]))
+            for a, d in enumerate(shape)]
+    if math.prod(len(c) - 1 for c in cuts) > _MAX_COVER_CELLS:
+        return min(volumes, total), []
+    stored = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for s, e in zip(starts, ends):
+        stored[tuple(slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
+                     for c, a, b in zip(cuts, s, e))] = True
+    holes = []
+    for cell in np.argwhere(~stored)[:_MAX_HOLES + 1]:
+        holes.append(tuple((0, None) if c[i] == 0 and c[i + 1] == d else
+                           (int(c[i]), int(c[i + 1] - c[i]))
+                           for c, i, d in zip(cuts, cell.tolist(), shape)))
+    widths = [np.diff(c).tolist() for c in cuts]
+    covered = sum(math.prod(w[i] for w, i in zip(widths, cell))
+                  for cell in np.argwhere(stored).tolist())
+    return covered, holes
+
+
+def _describe_holes(holes: list[Slice], missing: int) -> str:
+    if not holes:
+        return f"{missing} elements are missing"
+    listed = ", ".join(f"[{_format_slice(h)}]" for h in holes[:_MAX_HOLES])
+    more = " and more" if len(holes) > _MAX_HOLES else ""
+    return f"missing {missing} elements: {listed}{more}"
 
 
 # --- writing ---------------------------------------------------------------
@@ -1033,7 +1119,8 @@ class BundleWriter:
         """Add one slice of a partitioned tensor.
 
         ``extents`` has one ``(start, length)`` per axis; a length of None takes
-        the whole axis. The slices of a tensor must together cover it exactly.
+        the whole axis. The slices of a tensor must not overlap; they may leave parts
+        of it out (a pre-sliced tensor, which TensorFlow restores slice by slice).
         """
         full_shape = _shape_tuple(full_shape)
         extents = tuple((int(s), None if n is None else int(n)) for s, n in extents)

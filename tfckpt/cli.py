@@ -131,6 +131,8 @@ def _print_dump(data: dict) -> None:
     rows = [["NAME", "DTYPE", "SHAPE", "SIZE", "SHARD"]]
     for t in data["tensors"]:
         shard = f"{len(t['slices'])} slices" if t["slices"] else str(t["shard"])
+        if t["stored_elements"] < t["elements"]:  # pre-sliced: only part is stored
+            shard += f", {100 * t['stored_elements'] / t['elements']:.3g}% stored"
         rows.append([t["name"], t["dtype"], _shape(t["shape"]), human_bytes(t["bytes"]), shard])
     _table(rows, right={3})
     _emit()
@@ -330,8 +332,10 @@ def cmd_diff(args) -> int:
         for name in data["only_in_b"]:
             _emit((f"+ {name}", "32"), "  (only in B)")
         for c in data["changed"]:
+            stored = (f"  (stored elements {c['stored_a']} -> {c['stored_b']})"
+                      if "stored_a" in c else "")
             _emit(f"~ {c['name']}  {c['dtype_a']} {_shape(c['shape_a'])} -> "
-                  f"{c['dtype_b']} {_shape(c['shape_b'])}")
+                  f"{c['dtype_b']} {_shape(c['shape_b'])}{stored}")
         if data["values"]:
             rows = [["NAME", "DIFFERING", "ELEMENTS", "MAX ABS", "MAX REL"]]
             for v in data["values"]:
@@ -388,6 +392,8 @@ def cmd_verify(args) -> int:
         return 1 if data["problems"] else 0
     for w in data["warnings"]:
         _emit(w, err=True)
+    for note in data["partial"]:
+        _emit(f"note: {note}")
     if data["problems"]:
         for p in data["problems"]:
             _emit(p, err=True)
@@ -477,6 +483,8 @@ def _print_summary(sm: Summary) -> None:
         if hit:
             total = sum(hit.values())
             _emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
+    for warning in sm.warnings:
+        _emit(f"  warning: {warning}", err=True)
 
 
 def _progress(total: int):

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import paths
-from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint
+from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint, format_slice
 from .cast import Caster
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
@@ -38,9 +38,11 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     Reads only the index. Field names are stable:
     ``{"prefix", "num_shards", "endianness", "version": {...}, "tensor_count",
     "total_bytes", "tensors": [{"name", "dtype", "shape", "bytes", "shard",
-    "offset", "crc32c", "slices"}], "scopes": [{"scope", "bytes", "tensors"}]}``.
-    ``slices`` lists ``[[start, length_or_null], ...]`` per stored slice; ``shard``,
-    ``offset`` and ``crc32c`` are null for partitioned tensors.
+    "offset", "crc32c", "slices", "elements", "stored_elements"}], "scopes": [{"scope",
+    "bytes", "tensors"}]}``. ``slices`` lists ``[[start, length_or_null], ...]`` per
+    stored slice; ``shard``, ``offset`` and ``crc32c`` are null for partitioned
+    tensors. ``stored_elements`` is below ``elements`` for a pre-sliced tensor, of
+    which only some slices are stored.
     """
     tensors = []
     scopes: dict[str, list[int]] = {}
@@ -55,6 +57,8 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
             "offset": info.offset,
             "crc32c": info.crc32c,
             "slices": [[list(e) for e in s] for s in info.slices],
+            "elements": info.size,
+            "stored_elements": info.stored_elements,
         })
         acc = scopes.setdefault(scope_of(name), [0, 0])
         acc[0] += info.nbytes
@@ -72,6 +76,21 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
         "scopes": [{"scope": s, "bytes": b, "tensors": n}
                    for s, (b, n) in sorted(scopes.items(), key=lambda kv: (-kv[1][0], kv[0]))],
     }
+
+
+def _stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    """A tensor's elements in chunks; of a pre-sliced tensor, those of its stored slices.
+
+    A pre-sliced tensor's slices come in the order of their extents, so two
+    checkpoints holding the same slices give the same sequence.
+    """
+    info = ckpt.info(name)
+    if not info.partial:
+        return ckpt.iter_chunks(name, chunk_bytes)
+    stored = [part.extents for part in ckpt.slice_info(name)]  # overlaps are corrupt
+    order = sorted(stored, key=lambda ext: [(s, -1 if n is None else n) for s, n in ext])
+    return (chunk for extents in order
+            for chunk in ckpt.iter_chunks(name, chunk_bytes, extents))
 
 
 # --- object graph ------------------------------------------------------------
@@ -152,13 +171,20 @@ def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None
     """Element-wise comparison of two tensors of one shape, streamed, in the wider dtype.
 
     Returns ``{"elements", "differing", "max_abs", "max_rel"}``; NaNs in the same
-    place count as equal. Strings are compared element by element.
+    place count as equal. Strings are compared element by element. Pre-sliced
+    tensors are compared over their stored slices (the same in both).
     """
     name_b = name_b or name_a
     ia, ib = a.info(name_a), b.info(name_b)
     elements = differing = 0
     max_abs = max_rel = 0.0
-    pairs = _paired_chunks(a.iter_chunks(name_a, chunk_bytes), b.iter_chunks(name_b, chunk_bytes))
+    if (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices):
+        raise UnsupportedCheckpointError(
+            f"{name_a!r} stores {ia.stored_elements} of {ia.size} elements in {a.prefix}, "
+            f"{ib.stored_elements} in {b.prefix}, in other slices: the values cannot be "
+            "compared", path=a.prefix, tensor=name_a)
+    pairs = _paired_chunks(_stored_chunks(a, name_a, chunk_bytes),
+                           _stored_chunks(b, name_b, chunk_bytes))
     strings = "string" in (ia.dtype, ib.dtype)
     for ca, cb in pairs:
         elements += len(ca)
@@ -207,16 +233,22 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
     "dtype_b", "shape_a", "shape_b"}], "values": [{"name", "elements",
     "differing", "max_abs", "max_rel"}], "same": bool}``. ``values`` lists every
     common tensor of equal shape whose elements differ beyond ``atol + rtol*|b|``;
-    tensors that only changed dtype (a float16 conversion) are compared too.
+    tensors that only changed dtype (a float16 conversion) are compared too. A
+    tensor stored in other slices in A than in B, one of them pre-sliced, is
+    ``changed`` with ``stored_a``/``stored_b`` (stored elements) and not compared.
     """
     names_a = set(_match(a.keys(), filter)) - {OBJECT_GRAPH_KEY}
     names_b = set(_match(b.keys(), filter)) - {OBJECT_GRAPH_KEY}
     changed, value_diffs = [], []
     for name in sorted(names_a & names_b):
         ia, ib = a.info(name), b.info(name)
-        if ia.dtype != ib.dtype or ia.shape != ib.shape:
+        stored_differently = (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices)
+        if ia.dtype != ib.dtype or ia.shape != ib.shape or stored_differently:
             changed.append({"name": name, "dtype_a": ia.dtype, "dtype_b": ib.dtype,
                             "shape_a": list(ia.shape), "shape_b": list(ib.shape)})
+            if stored_differently:
+                changed[-1].update(stored_a=ia.stored_elements, stored_b=ib.stored_elements)
+                continue
         if not values or ia.shape != ib.shape or not _comparable(ia.dtype, ib.dtype):
             continue
         result = compare_values(a, b, name, atol=atol, rtol=rtol, chunk_bytes=chunk_bytes)
@@ -247,7 +279,8 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
     For each numeric tensor: ``min``, ``max`` (over non-NaN values), ``mean``,
     ``std`` (over finite values), ``nan``, ``inf``, ``zeros`` (fraction), and for
     floating-point tensors ``cast``: for float16 and bfloat16, how many values
-    would overflow, become zero or become subnormal if cast.
+    would overflow, become zero or become subnormal if cast. A pre-sliced tensor's
+    statistics are over its stored elements, counted in ``stored_elements``.
     """
     out = []
     for name in _match(ckpt.keys(), filter):
@@ -255,13 +288,15 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
         dt = _dt.lookup(info.dtype)
         rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape),
                "elements": info.size}
+        if info.partial:
+            rec["stored_elements"] = info.stored_elements
         if dt.numpy is None or dt.kind == "string":
             out.append(rec)
             continue
         acc = _Moments()
         casters = {t: Caster(dt, _dt.lookup(t), "inf") for t in CAST_CHECK_TARGETS
                    if dt.is_floating and dt.name != t}
-        for chunk in ckpt.iter_chunks(name, chunk_bytes):
+        for chunk in _stored_chunks(ckpt, name, chunk_bytes):
             if chunk.dtype.fields:
                 chunk = chunk.view(chunk.dtype[0])
             with np.errstate(all="ignore"):
@@ -338,7 +373,9 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     each partitioned tensor exactly once, string framing, and that the object
     graph parses and every ``checkpoint_key`` in it exists. Problems are listed,
     one line each, instead of stopping at the first; ``warnings`` lists what is odd
-    but harmless (data files of another shard count at the same prefix).
+    but harmless (data files of another shard count at the same prefix); ``partial``
+    lists, as information, each pre-sliced tensor (slices that leave parts out, as
+    TensorFlow writes them on purpose): its stored slices are checked like any other.
     """
     problems: list[str] = []
     try:
@@ -347,16 +384,19 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:
         return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)],
-                "warnings": []}
+                "warnings": [], "partial": []}
     with ckpt:
         shard_problems, warnings = _check_shard_files(ckpt)
         problems += shard_problems
         checked = nbytes = 0
+        partial = []
         for name in ckpt.keys():
             try:
                 info = ckpt.info(name)
-                for _ in ckpt.iter_chunks(name, chunk_bytes):
+                for _ in _stored_chunks(ckpt, name, chunk_bytes):
                     pass
+                if info.partial:
+                    partial.append(_partial_note(ckpt, info))
                 checked += 1
                 nbytes += info.nbytes
             except CheckpointError as e:
@@ -372,7 +412,13 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
             except CheckpointError as e:
                 problems.append(str(e))
         return {"prefix": ckpt.prefix, "tensors": checked, "bytes": nbytes,
-                "problems": problems, "warnings": warnings}
+                "problems": problems, "warnings": warnings, "partial": partial}
+
+
+def _partial_note(ckpt: Checkpoint, info) -> str:
+    return (f"{ckpt.prefix}: tensor {info.name!r}: pre-sliced, {info.stored_elements} of "
+            f"{info.size} elements stored in {len(info.slices)} slice(s) "
+            f"({' '.join(format_slice(s) for s in info.slices)})")
 
 
 def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:

@@ -113,10 +113,11 @@ class Summary:
     bytes_out: int
     seconds: float
     cast_counts: dict[str, CastCounts] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what TensorFlow cannot restore
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("dst", "kept", "dropped", "renamed", "cast",
-                                           "bytes_in", "bytes_out", "seconds")}
+                                           "bytes_in", "bytes_out", "seconds", "warnings")}
         d["overflow"] = {n: c.overflow for n, c in self.cast_counts.items() if c.overflow}
         d["to_zero"] = {n: c.to_zero for n, c in self.cast_counts.items() if c.to_zero}
         d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
@@ -385,7 +386,7 @@ def plan(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str
         dtype = _dt.lookup(info.dtype)
         new_dtype = target if should_cast(dtype, target, from_set) else dtype
         out_bytes = info.nbytes if new_dtype is dtype else \
-            info.size * new_dtype.itemsize
+            info.stored_elements * new_dtype.itemsize
         tensors.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
@@ -485,7 +486,7 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
                    renamed=sum(t.renamed for t in p.tensors),
                    cast=sum(t.cast for t in p.tensors), bytes_in=p.bytes_in,
                    bytes_out=p.bytes_out, seconds=time.perf_counter() - start,
-                   cast_counts=counts)
+                   cast_counts=counts, warnings=_restore_warnings(p))
 
 
 @dataclass
@@ -677,7 +678,28 @@ def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
     whole, which TensorFlow can only reassemble for some dtypes: float16 slices,
     for one, it cannot restore. Such tensors are written whole instead.
     """
-    return src.graph is None or t.new_dtype in TF_SLICE_COPYABLE
+    return src.graph is None or t.new_dtype in TF_SLICE_COPYABLE or t.info.partial
+
+
+def _restore_warnings(p: Plan) -> list[str]:
+    """What of the output TensorFlow can restore only in part, and why.
+
+    A partitioned tensor cast to a dtype TensorFlow cannot copy between slices
+    (float16, float8) stays in its source's slices: TensorFlow then restores each
+    slice into a variable partitioned the same way (as the source's partitioned
+    variables are), but cannot read the tensor whole or repartition it. A whole
+    tensor would be worse: no slice of it could be restored.
+    """
+    sliced = [t for t in p.tensors if t.info.slices and t.cast
+              and t.new_dtype not in TF_SLICE_COPYABLE and _keep_sliced(p.sources[t.source], t)]
+    if not sliced:
+        return []
+    names = ", ".join(t.new_name for t in sliced[:5]) + (", ..." if len(sliced) > 5 else "")
+    dtypes = "/".join(sorted({t.new_dtype for t in sliced}))
+    return [f"{len(sliced)} partitioned tensor(s) stay partitioned in {dtypes} ({names}): "
+            f"TensorFlow restores {dtypes} slices only into variables partitioned exactly "
+            "as in the source; it cannot assemble them, so reading them whole or into other "
+            "partitions fails"]
 
 
 def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,

@@ -59,6 +59,15 @@ def _cast_compare(ours: np.ndarray, theirs: np.ndarray, reference: np.ndarray,
         int(np.count_nonzero(nan))
 
 
+def _tf_slice(tf, prefix: str, name: str, info, extents) -> np.ndarray:
+    """TensorFlow's RestoreV2 of one stored slice, asked for as its partitioned variable asks."""
+    full = " ".join(str(d) for d in info.shape)
+    spec = ":".join("-" if n is None else f"{s},{n}" for s, n in extents)
+    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
+                                shape_and_slices=[f"{full} {spec}"],
+                                dtypes=[tf.as_dtype(info.dtype)])[0].numpy()
+
+
 def _tf_value(tf, reader, prefix: str, name: str, info, ckpt: Checkpoint) -> np.ndarray:
     """TensorFlow's reading of a tensor; partitioned ones slice by slice with RestoreV2,
     since TensorFlow's reader cannot assemble every dtype (float16, strings, ...)."""
@@ -67,12 +76,8 @@ def _tf_value(tf, reader, prefix: str, name: str, info, ckpt: Checkpoint) -> np.
                           dtype=object if info.dtype == "string" else None)
     dtype = _dt.lookup(info.dtype).numpy
     out = np.empty(info.shape, dtype=object if dtype is None else dtype)
-    full = " ".join(str(d) for d in info.shape)
     for extents in info.slices:
-        spec = ":".join("-" if n is None else f"{s},{n}" for s, n in extents)
-        value = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
-                                     shape_and_slices=[f"{full} {spec}"],
-                                     dtypes=[tf.as_dtype(info.dtype)])[0].numpy()
+        value = _tf_slice(tf, prefix, name, info, extents)
         index = tuple(slice(None) if n is None else slice(s, s + n) for s, n in extents)
         out[index] = value
     return out
@@ -118,6 +123,19 @@ def verify_with_tf(path, *, reference=None) -> dict:
                 continue
             if info.dtype in ("variant", "resource"):
                 continue
+            if info.partial:  # pre-sliced: only its slices exist, for TensorFlow too
+                try:
+                    same = all(_same_bits(ckpt.read_slice(name, e),
+                                          _tf_slice(tf, ckpt.prefix, name, info, e))
+                               for e in info.slices)
+                except Exception as e:
+                    mismatches.append(f"{ckpt.prefix}: {name}: TensorFlow cannot read a stored "
+                                      f"slice: {str(e).splitlines()[0][:200]}")
+                    continue
+                if not same:
+                    mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's "
+                                      "reader")
+                continue
             try:
                 theirs = _tf_value(tf, reader, ckpt.prefix, name, info, ckpt)
             except Exception as e:  # TensorFlow's own reader refused it
@@ -133,6 +151,17 @@ def verify_with_tf(path, *, reference=None) -> dict:
                         continue
                     old, new = ref.info(name), ckpt.info(name)
                     if old.dtype == new.dtype or old.shape != new.shape:
+                        continue
+                    if new.partial:
+                        for extents in new.slices:
+                            source = ref.read_slice(name, extents)
+                            expected = tf.cast(tf.constant(source), new.dtype).numpy()
+                            if not _cast_equal(ckpt.read_slice(name, extents),
+                                               np.asarray(expected), source):
+                                mismatches.append(f"{ckpt.prefix}: {name}: differs from tf.cast "
+                                                  f"of the reference ({old.dtype} -> "
+                                                  f"{new.dtype})")
+                        cast_checked += 1
                         continue
                     source = ref[name]
                     expected = tf.cast(tf.constant(source), new.dtype).numpy()
