@@ -105,7 +105,7 @@ def verify_with_tf(path, *, reference=None) -> dict:
             tf_names = sorted(reader.get_variable_to_shape_map())
         except (tf.errors.OpError, ValueError) as e:  # TensorFlow's reader refused it
             return {"prefix": ckpt.prefix, "tensors": len(ckpt), "cast_checked": 0,
-                    "mismatches": [f"{ckpt.prefix}: TensorFlow cannot open it: "
+                    "cast_differences": [], "mismatches": [f"{ckpt.prefix}: TensorFlow cannot open it: "
                                    f"{str(e).splitlines()[0][:200]}"]}
         if tf_names != ckpt.keys():
             only_tf = sorted(set(tf_names) - set(ckpt.keys()))
@@ -152,22 +152,18 @@ def verify_with_tf(path, *, reference=None) -> dict:
                     old, new = ref.info(name), ckpt.info(name)
                     if old.dtype == new.dtype or old.shape != new.shape:
                         continue
-                    if new.partial:
-                        for extents in new.slices:
-                            source = ref.read_slice(name, extents)
-                            expected = tf.cast(tf.constant(source), new.dtype).numpy()
-                            if not _cast_equal(ckpt.read_slice(name, extents),
-                                               np.asarray(expected), source):
-                                mismatches.append(f"{ckpt.prefix}: {name}: differs from tf.cast "
-                                                  f"of the reference ({old.dtype} -> "
-                                                  f"{new.dtype})")
-                        cast_checked += 1
-                        continue
-                    source = ref[name]
-                    expected = tf.cast(tf.constant(source), new.dtype).numpy()
+                    # A pre-sliced tensor exists only as its slices, for TensorFlow too.
+                    pairs = ([(lambda e=e: ckpt.read_slice(name, e),
+                               lambda e=e: ref.read_slice(name, e)) for e in new.slices]
+                             if new.partial else [(lambda: ckpt[name], lambda: ref[name])])
                     cast_checked += 1
-                    equal, flushed, nans = _cast_compare(ckpt[name], np.asarray(expected),
-                                                         source, old.dtype, new.dtype)
+                    equal, flushed, nans = True, 0, 0
+                    for ours, source in pairs:
+                        src = source()
+                        expected = tf.cast(tf.constant(src), new.dtype).numpy()
+                        ok, f, n = _cast_compare(ours(), np.asarray(expected), src,
+                                                 old.dtype, new.dtype)
+                        equal, flushed, nans = equal and ok, flushed + f, nans + n
                     if not equal:
                         mismatches.append(f"{ckpt.prefix}: {name}: differs from tf.cast of the "
                                           f"reference ({old.dtype} -> {new.dtype})")
