@@ -28,6 +28,7 @@ from .table import TableBuilder, TableReader, crc32c, decode_varint, encode_vari
     unmask_crc
 
 HEADER_KEY = b""
+_VARIANT = _dt.lookup("variant")
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 FORMAT_VERSION = 1  # the bundle version TensorFlow writes and reads
 _MIN_PRODUCER = 0
@@ -158,7 +159,10 @@ class Checkpoint:
         if len(self._raw) != len(table.entries):
             raise CorruptCheckpointError("duplicate keys in index", path=self.index_path)
         self.header = self._read_header()
-        self._names = [_decode_name(k) for k, _ in table.entries if k and k[0] != 0]
+        self._slice_keys = {k for k, _ in table.entries
+                            if k[:1] == b"\0" and self._listed_slice(k)}
+        self._names = [_decode_name(k) for k, _ in table.entries
+                       if k and k not in self._slice_keys]
 
     # -- header and entries
 
@@ -187,6 +191,23 @@ class Checkpoint:
                                          path=self.index_path)
         return Header(h.num_shards, "big" if h.endianness == 1 else "little",
                       Version(v.producer, v.min_consumer, tuple(v.bad_consumers)))
+
+    def _listed_slice(self, key: bytes) -> bool:
+        """Whether ``key`` is a slice that its tensor's entry lists.
+
+        Those are the only keys TensorFlow leaves out when it lists a checkpoint:
+        any other key, even one that starts with a NUL byte as every slice key
+        does, is a tensor name.
+        """
+        decoded = _decode_slice_key(key)
+        raw = None if decoded is None else self._raw.get(_encode_name(decoded[0]))
+        if raw is None:
+            return False
+        try:
+            proto = BundleEntryProto.FromString(raw)
+        except DecodeError:
+            return False
+        return any(_slice_from_proto(x) == decoded[1] for x in proto.slices)
 
     def _corrupt(self, what: str, tensor: str | None, path: str | None = None):
         return CorruptCheckpointError(what, path=path or self.index_path, tensor=tensor)
@@ -249,7 +270,7 @@ class Checkpoint:
         if not isinstance(name, str):
             raise TypeError(f"tensor names are str, not {type(name).__name__}")
         key = _encode_name(name)
-        if key[:1] == b"\0" or key == HEADER_KEY:
+        if key in self._slice_keys or key == HEADER_KEY:
             raise TensorNotFoundError("no such tensor in the checkpoint", path=self.prefix,
                                       tensor=name)
         return self._entry(key, name)
@@ -286,7 +307,7 @@ class Checkpoint:
         if not isinstance(name, str):
             return False
         key = _encode_name(name)
-        return bool(key) and key[0] != 0 and key in self._raw
+        return bool(key) and key not in self._slice_keys and key in self._raw
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)
@@ -334,15 +355,13 @@ class Checkpoint:
                 for s in entry.slices]
 
     def orphan_slice_keys(self) -> list[bytes]:
-        """Slice entries that no partitioned tensor lists (left by a broken writer)."""
-        listed = set()
-        for name in self._names:
-            try:
-                entry = self._full_entry(name)
-            except CheckpointError:
-                continue
-            listed.update(orderedcode.encode_slice_key(name, s) for s in entry.slices)
-        return [k for k in self._raw if k[:1] == b"\0" and k not in listed]
+        """Slice entries that no partitioned tensor lists (left by a broken writer).
+
+        TensorFlow lists them as tensors (and so does :meth:`keys`), under names
+        that are rarely valid UTF-8.
+        """
+        return [k for k in self._raw if k[:1] == b"\0" and k not in self._slice_keys
+                and _decode_slice_key(k) is not None]
 
     def entry_proto(self, name: str) -> BundleEntryProto:
         """A copy of the raw ``BundleEntryProto`` of tensor ``name``."""
@@ -407,7 +426,7 @@ class Checkpoint:
         else:
             buf = np.empty(entry.proto.size, dtype=np.uint8)
             self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
-        if self.verify and entry.dtype is not _dt.STRING:
+        if self.verify and entry.dtype is not _dt.STRING and entry.dtype is not _VARIANT:
             self._check_crc(entry, crc32c(buf))
         return buf
 
@@ -439,6 +458,8 @@ class Checkpoint:
         data = self._read_entry_bytes(entry).tobytes()
         if entry.dtype is _dt.STRING:
             self._check_string_bytes(entry, data)
+        elif entry.dtype is _VARIANT:
+            self._check_variant_bytes(entry, data)
         return data
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
@@ -493,6 +514,22 @@ class Checkpoint:
                 raise self._corrupt(
                     f"string length checksum mismatch: stored {framing.stored_lengths_crc:#010x}"
                     f", computed {framing.lengths_crc:#010x}", entry.name, shard)
+            self._check_crc(entry, framing.crc)
+        return framing
+
+    def _check_variant_bytes(self, entry: _Entry, buf: bytes) -> "VariantFraming":
+        """Parse a variant tensor's framing, checking its checksums when verifying."""
+        shard = self._shard_path(entry)
+        try:
+            framing = VariantFraming(buf, _num_elements(entry.shape), self.header.endianness)
+        except ValueError as e:
+            raise self._corrupt(f"malformed variant tensor: {e}", entry.name, shard) from None
+        if self.verify:
+            if framing.bad_element is not None:
+                i, stored, computed = framing.bad_element
+                raise self._corrupt(f"checksum mismatch after variant element {i}: stored "
+                                    f"{stored:#010x}, computed {computed:#010x}", entry.name,
+                                    shard)
             self._check_crc(entry, framing.crc)
         return framing
 
@@ -733,6 +770,59 @@ class StringFraming:
         self.crc = crc32c(memoryview(buf)[pos:], crc32c(raw_check, crc))
 
 
+class VariantFraming:
+    """The parsed framing of a variant tensor's bytes.
+
+    Per element: a varint64 length, that many bytes (a serialized
+    ``VariantTensorDataProto``), then the masked CRC32C of everything checksummed
+    so far. The running checksum covers each length as a uint64 (not its varint
+    bytes), the element bytes, then the 4 stored checksum bytes; its final value
+    is the entry's ``crc``. ``elements`` holds (offset, length) per element and
+    ``bad_element`` the first (index, stored, computed) whose checksum is wrong.
+    No bytes at all is accepted as TensorFlow accepts it (default elements).
+    ``ValueError`` when the bytes are malformed.
+    """
+
+    def __init__(self, buf: bytes, count: int, endian: str):
+        size = len(buf)
+        self.elements: list[tuple[int, int]] = []
+        self.bad_element: tuple[int, int, int] | None = None
+        self.crc = 0
+        if size == 0:
+            return
+        if count * 5 > size:  # a length byte and a checksum at least, per element
+            raise ValueError(f"{count} variant elements cannot fit in {size} bytes")
+        view = memoryview(buf)
+        pos = crc = 0
+        for i in range(count):
+            length, pos = decode_varint(buf, pos, size)
+            if pos + length + 4 > size:
+                raise ValueError(f"element {i} of {length} bytes runs past the {size} bytes "
+                                 "of the entry")
+            crc = crc32c(view[pos:pos + length], crc32c(length.to_bytes(8, endian), crc))
+            self.elements.append((pos, length))
+            pos += length
+            raw_check = view[pos:pos + 4]
+            stored = unmask_crc(int.from_bytes(raw_check, endian))
+            if stored != crc and self.bad_element is None:
+                self.bad_element = (i, stored, crc)
+            crc = crc32c(raw_check, crc)
+            pos += 4
+        if pos != size:
+            raise ValueError(f"{size - pos} bytes follow the last of {count} elements")
+        self.crc = crc
+
+
+def _decode_slice_key(key: bytes) -> tuple[str, Slice] | None:
+    """(name, extents) if ``key`` is exactly how TensorFlow encodes that slice's key."""
+    try:
+        name, extents = orderedcode.decode_slice_key(key)
+        canonical = orderedcode.encode_slice_key(name, extents) == key
+    except ValueError:  # UnicodeEncodeError included: a name that is not UTF-8
+        return None
+    return (name, extents) if canonical else None
+
+
 def _load_sync_file_range():
     """Linux's sync_file_range, to start writing dirty pages out early; None elsewhere."""
     try:
@@ -937,10 +1027,8 @@ class BundleWriter:
             raise ValueError("the writer is finished")
         if self._streaming:
             raise ValueError("another tensor is being streamed")
-        name_key = _encode_name(name)
-        if not name_key or name_key[0] == 0:
-            raise ValueError(f"invalid tensor name {name!r}: names must be non-empty and not "
-                             "start with a NUL byte")
+        if not _encode_name(name):
+            raise ValueError("invalid tensor name '': the empty key is the bundle header")
         if key in self._entries:
             raise ValueError(f"duplicate tensor name {name!r}")
 
@@ -1005,6 +1093,12 @@ class BundleWriter:
         self._check_open(key, name)
         if dt is _dt.STRING:
             crc = StringFraming(data.tobytes(), _num_elements(shape), self.endianness).crc
+        elif dt is _VARIANT:
+            framing = VariantFraming(data.tobytes(), _num_elements(shape), self.endianness)
+            if framing.bad_element is not None:
+                raise ValueError(f"variant element {framing.bad_element[0]} of {name!r} has a "
+                                 "wrong checksum")
+            crc = framing.crc
         else:
             crc = crc32c(data)
         self._add_bytes(key, dt, shape, data, crc, shard)
