@@ -159,8 +159,7 @@ class Checkpoint:
         if len(self._raw) != len(table.entries):
             raise CorruptCheckpointError("duplicate keys in index", path=self.index_path)
         self.header = self._read_header()
-        self._slice_keys = {k for k, _ in table.entries
-                            if k[:1] == b"\0" and self._listed_slice(k)}
+        self._slice_keys = self._listed_slice_keys()
         self._names = [_decode_name(k) for k, _ in table.entries
                        if k and k not in self._slice_keys]
 
@@ -192,22 +191,32 @@ class Checkpoint:
         return Header(h.num_shards, "big" if h.endianness == 1 else "little",
                       Version(v.producer, v.min_consumer, tuple(v.bad_consumers)))
 
-    def _listed_slice(self, key: bytes) -> bool:
-        """Whether ``key`` is a slice that its tensor's entry lists.
+    def _listed_slice_keys(self) -> set[bytes]:
+        """The keys of the slices that their tensors' entries list.
 
         Those are the only keys TensorFlow leaves out when it lists a checkpoint:
         any other key, even one that starts with a NUL byte as every slice key
         does, is a tensor name.
         """
-        decoded = _decode_slice_key(key)
-        raw = None if decoded is None else self._raw.get(_encode_name(decoded[0]))
-        if raw is None:
-            return False
-        try:
-            proto = BundleEntryProto.FromString(raw)
-        except DecodeError:
-            return False
-        return any(_slice_from_proto(x) == decoded[1] for x in proto.slices)
+        listed: dict[bytes, set] = {}  # full tensor key -> the extents its entry lists
+        out = set()
+        for key in self._raw:
+            decoded = _decode_slice_key(key) if key[:1] == b"\0" else None
+            if decoded is None:
+                continue
+            full = _encode_name(decoded[0])
+            if full == HEADER_KEY:
+                continue
+            extents = listed.get(full)
+            if extents is None:
+                try:
+                    proto = BundleEntryProto.FromString(self._raw.get(full, b""))
+                except DecodeError:  # reported when that entry is read
+                    proto = BundleEntryProto()
+                extents = listed[full] = {_slice_from_proto(x) for x in proto.slices}
+            if decoded[1] in extents:
+                out.add(key)
+        return out
 
     def _corrupt(self, what: str, tensor: str | None, path: str | None = None):
         return CorruptCheckpointError(what, path=path or self.index_path, tensor=tensor)
