@@ -17,7 +17,11 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
+from tfckpt.bundle import write_index  # noqa: E402
 from tfckpt.inspect import dump, verify  # noqa: E402
+from tfckpt.orderedcode import encode_slice_key  # noqa: E402
+from tfckpt.table import TableReader  # noqa: E402
 
 from transform_helpers import run_cli  # noqa: E402
 
@@ -231,16 +235,18 @@ def test_flipped_variant_byte_is_corrupt(named_variants, tmp_path, where):
 # ---------------------------------------------------------------- names that start with NUL
 
 
-NUL_NAMES = ["\x00abc", "\x00\x00x", "\x00", "plain"]
-
-
 @pytest.fixture(scope="module")
 def nul_names(tmp_path_factory):
-    """SaveV2 of names starting with NUL, beside a plain name and a partitioned tensor."""
+    """SaveV2 of names starting with NUL, beside a plain name and partitioned tensors.
+
+    ``\\x00abc\\x00\\x01\\x00`` is, byte for byte, the key a slice of a scalar ``abc``
+    would have; no tensor lists it, so for TensorFlow it is a name like any other.
+    """
     d = tmp_path_factory.mktemp("nul_names")
     prefix = str(d / "nul.ckpt")
     values = {"\x00abc": np.array([1.5, -2.5], np.float32), "\x00\x00x": np.array([b"s", b""], object),
-              "\x00": np.array(3, np.int64), "plain": np.arange(6, dtype=np.float64).reshape(2, 3)}
+              "\x00": np.array(3, np.int64), "plain": np.arange(6, dtype=np.float64).reshape(2, 3),
+              "\x00abc\x00\x01\x00": np.array([7], np.int32)}
     full = np.arange(24, dtype=np.float32).reshape(6, 4)
     names = list(values) + ["\x00part", "\x00part", "emb", "emb"]
     specs = [""] * len(values) + ["6 4 0,4:-", "6 4 4,2:-"] * 2
@@ -305,7 +311,8 @@ def test_nul_names_converted_and_renamed_read_by_tf(nul_names, tmp_path):
     renamed = str(tmp_path / "ren" / "r.ckpt")
     tfckpt.rename(prefix, renamed, {"\x00": "nul/"})
     got = _tf_values(renamed)
-    assert sorted(got) == sorted(["nul/abc", "nul/\x00x", "nul/", "nul/part", "emb", "plain"])
+    assert sorted(got) == sorted(["nul/abc", "nul/\x00x", "nul/", "nul/part", "emb", "plain",
+                                  "nul/abc\x00\x01\x00"])
     assert _equal(got["nul/part"], values["\x00part"])
 
 
@@ -329,3 +336,26 @@ def test_nul_names_written_by_tfckpt_match_savev2(nul_names, tmp_path):
         w.add_slice("\x00part", (6, 4), [(0, 4), (0, None)], values["\x00part"][:4])
         w.add_slice("\x00part", (6, 4), [(4, 2), (0, None)], values["\x00part"][4:])
     assert _equal(_tf_values(sliced)["\x00part"], values["\x00part"])
+
+
+def test_unlisted_slice_is_listed_and_reported(nul_names, tmp_path):
+    """A slice entry its tensor no longer lists: a name to TensorFlow's reader, a problem to verify."""
+    src, _ = nul_names
+    dst = tmp_path / "orphan"
+    dst.mkdir()
+    for f in Path(src).parent.glob(Path(src).name + ".*"):
+        shutil.copy(f, dst / f.name)
+    prefix = str(dst / Path(src).name)
+    rows = TableReader(Path(prefix + ".index").read_bytes(), prefix).entries
+    entries = {k: BundleEntryProto.FromString(v) for k, v in rows if k}
+    del entries[b"emb"].slices[1]  # rows 4..6 stay stored, no longer listed
+    Path(prefix + ".index").unlink()
+    write_index(prefix + ".index", entries, 1, "little", False)
+    orphan = encode_slice_key("emb", ((4, 2), (0, None)))
+    with tfckpt.open(prefix) as ckpt:
+        assert ckpt.orphan_slice_keys() == [orphan]
+        name = orphan.decode("utf-8", errors="surrogateescape")
+        assert name in ckpt.keys() and name in ckpt
+        assert ckpt[name].tolist() == np.arange(16, 24, dtype=np.float32).reshape(2, 4).tolist()
+    problems = verify(prefix)["problems"]
+    assert any("belongs to no tensor" in p for p in problems), problems

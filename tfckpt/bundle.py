@@ -366,11 +366,29 @@ class Checkpoint:
     def orphan_slice_keys(self) -> list[bytes]:
         """Slice entries that no partitioned tensor lists (left by a broken writer).
 
-        TensorFlow lists them as tensors (and so does :meth:`keys`), under names
-        that are rarely valid UTF-8.
+        TensorFlow lists them as tensors (and so does :meth:`keys`). A key counts
+        as an orphan when it is exactly a slice key and either names a
+        partitioned tensor of this checkpoint or is not UTF-8 (a name TensorFlow's
+        Python API cannot list); a name that merely looks like a slice key, such
+        as ``"\\x00abc\\x00\\x01\\x00"``, saved by TensorFlow, is a name.
         """
-        return [k for k in self._raw if k[:1] == b"\0" and k not in self._slice_keys
-                and _decode_slice_key(k) is not None]
+        out = []
+        for key in self._raw:
+            if key[:1] != b"\0" or key in self._slice_keys:
+                continue
+            decoded = _decode_slice_key(key)
+            if decoded is None:
+                continue
+            if not _is_utf8(key) or self._partitioned_entry(_encode_name(decoded[0])):
+                out.append(key)
+        return out
+
+    def _partitioned_entry(self, key: bytes) -> bool:
+        try:
+            return key != HEADER_KEY and bool(BundleEntryProto.FromString(
+                self._raw.get(key, b"")).slices)
+        except DecodeError:
+            return False
 
     def entry_proto(self, name: str) -> BundleEntryProto:
         """A copy of the raw ``BundleEntryProto`` of tensor ``name``."""
@@ -820,6 +838,14 @@ class VariantFraming:
         if pos != size:
             raise ValueError(f"{size - pos} bytes follow the last of {count} elements")
         self.crc = crc
+
+
+def _is_utf8(key: bytes) -> bool:
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _decode_slice_key(key: bytes) -> tuple[str, Slice] | None:
