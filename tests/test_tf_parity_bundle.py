@@ -209,6 +209,39 @@ def test_variant_written_by_add_raw_read_by_tf(named_variants, tmp_path):
     assert _take(_restore_named_iterator(dst, "iterator"), 3) == named_variants["next"]
 
 
+def test_variant_shapes_and_slices(tmp_path):
+    """Zero elements, a [1, 2] matrix and a [2] vector saved as two slices, through select."""
+    rows = [np.array([[1.0, 2.0]], np.float32), np.array([[3.0, 4.0], [5.0, 6.0]], np.float32)]
+    lists = [tf.raw_ops.TensorListFromTensor(tensor=tf.constant(r), element_shape=tf.constant([2]))
+             for r in rows]
+    vec = tf.stack(lists)
+    src = str(tmp_path / "src" / "v")
+    tf.raw_ops.SaveV2(prefix=src, tensor_names=["empty", "matrix", "sliced", "sliced"],
+                      shape_and_slices=["", "", "2 0,1", "2 1,1"],
+                      tensors=[tf.gather(vec, tf.constant([], tf.int32)), tf.reshape(vec, [1, 2]),
+                               vec[:1], vec[1:]])
+    dst = str(tmp_path / "dst" / "v")
+    tfckpt.select(src, dst, exclude=["^none$"])
+    for prefix in (src, dst):
+        with tfckpt.open(prefix) as ckpt:
+            assert ckpt.info("empty").shape == (0,) and ckpt.read_bytes("empty") == b""
+            assert ckpt.info("sliced").slices == (((0, 1),), ((1, 1),))
+            for extents in ckpt.info("sliced").slices:
+                assert ckpt.read_bytes("sliced", extents)
+        assert verify(prefix)["problems"] == []
+    with tfckpt.open(src) as a, tfckpt.open(dst) as b:
+        assert b.read_bytes("matrix") == a.read_bytes("matrix")
+    matrix = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=["matrix"], shape_and_slices=[""],
+                                  dtypes=[tf.variant])[0]
+    assert matrix.shape == (1, 2)
+    for i, spec in enumerate(["2 0,1", "2 1,1"]):
+        part = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=["sliced"], shape_and_slices=[spec],
+                                    dtypes=[tf.variant])[0]
+        got = tf.raw_ops.TensorListStack(input_handle=part[0], element_dtype=tf.float32,
+                                         element_shape=[2]).numpy()
+        assert (got == rows[i]).all()
+
+
 # ---------------------------------------------------------------- variants: damage
 
 
