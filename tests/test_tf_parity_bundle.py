@@ -392,3 +392,24 @@ def test_unlisted_slice_is_listed_and_reported(nul_names, tmp_path):
         assert ckpt[name].tolist() == np.arange(16, 24, dtype=np.float32).reshape(2, 4).tolist()
     problems = verify(prefix)["problems"]
     assert any("belongs to no tensor" in p for p in problems), problems
+
+
+def test_partitioned_name_not_utf8(tmp_path):
+    """A partitioned tensor named by bytes that are not UTF-8: its slices stay slices."""
+    full = np.arange(8, dtype=np.float32).reshape(4, 2)
+    name = b"\xffemb"
+    src = str(tmp_path / "src" / "b")
+    tf.raw_ops.SaveV2(prefix=src, tensor_names=tf.constant([name, name]),
+                      shape_and_slices=["4 2 0,2:-", "4 2 2,2:-"],
+                      tensors=[tf.constant(full[:2]), tf.constant(full[2:])])
+    as_str = name.decode("utf-8", errors="surrogateescape")
+    with tfckpt.open(src) as ckpt:
+        assert ckpt.keys() == [as_str]
+        assert ckpt.info(as_str).slices == (((0, 2), (0, None)), ((2, 2), (0, None)))
+        assert (ckpt[as_str] == full).all()
+    assert verify(src)["problems"] == []
+    dst = str(tmp_path / "dst" / "b")
+    tfckpt.convert(src, dst, "float64")
+    got = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=tf.constant([name]), shape_and_slices=[""],
+                               dtypes=[tf.float64])[0]
+    assert (got.numpy() == full).all()

@@ -853,7 +853,7 @@ def _decode_slice_key(key: bytes) -> tuple[str, Slice] | None:
     try:
         name, extents = orderedcode.decode_slice_key(key)
         canonical = orderedcode.encode_slice_key(name, extents) == key
-    except ValueError:  # UnicodeEncodeError included: a name that is not UTF-8
+    except ValueError:
         return None
     return (name, extents) if canonical else None
 

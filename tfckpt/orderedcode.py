@@ -117,7 +117,7 @@ Extent = tuple[int, "int | None"]
 
 def encode_slice_key(name: str, extents: Sequence[Extent]) -> bytes:
     """The index key of one slice; each extent is (start, length), length None = whole axis."""
-    parts = [encode_num_increasing(0), encode_string(name.encode("utf-8")),
+    parts = [encode_num_increasing(0), encode_string(name.encode("utf-8", errors="surrogateescape")),
              encode_num_increasing(len(extents))]
     for start, length in extents:
         parts.append(encode_signed_num_increasing(start))
