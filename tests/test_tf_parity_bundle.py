@@ -19,7 +19,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.bundle import write_index  # noqa: E402
-from tfckpt.inspect import dump, verify  # noqa: E402
+from tfckpt.inspect import diff, dump, verify  # noqa: E402
 from tfckpt.orderedcode import encode_slice_key  # noqa: E402
 from tfckpt.table import TableReader  # noqa: E402
 
@@ -413,3 +413,29 @@ def test_partitioned_name_not_utf8(tmp_path):
     got = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=tf.constant([name]), shape_and_slices=[""],
                                dtypes=[tf.float64])[0]
     assert (got.numpy() == full).all()
+
+
+def test_diff_compares_variant_elements(tmp_path):
+    """Variant elements are compared by their bytes: one changed list of two is one difference."""
+    def save(label, second_row):
+        rows = [np.array([[1.0, 2.0]], np.float32), np.array([second_row], np.float32)]
+        lists = [tf.raw_ops.TensorListFromTensor(tensor=tf.constant(r),
+                                                 element_shape=tf.constant([2])) for r in rows]
+        prefix = str(tmp_path / label / "l")
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["lists", "w"], shape_and_slices=["", ""],
+                          tensors=[tf.stack(lists), tf.constant([1.0, 2.0])])
+        return prefix
+
+    a, again, b = save("a", [3.0, 4.0]), save("again", [3.0, 4.0]), save("b", [3.0, 5.0])
+    copy = str(tmp_path / "copy" / "l")
+    tfckpt.select(a, copy)
+    with tfckpt.open(a) as ca:
+        for other in (again, copy):
+            with tfckpt.open(other) as co:
+                assert diff(ca, co)["same"]
+        with tfckpt.open(b) as cb:
+            report = diff(ca, cb)
+            assert not report["same"]
+            assert report["values"] == [{"name": "lists", "elements": 2, "differing": 1,
+                                         "max_abs": None, "max_rel": None}]
+            assert ca.variant_elements("lists")[0] == cb.variant_elements("lists")[0]

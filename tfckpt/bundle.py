@@ -489,6 +489,19 @@ class Checkpoint:
             self._check_variant_bytes(entry, data)
         return data
 
+    def variant_elements(self, name: str, extents: Slice | None = None) -> list[bytes]:
+        """The serialized ``VariantTensorDataProto`` of each element of a variant tensor."""
+        entry = self._full_entry(name)
+        if entry.dtype is not _VARIANT:
+            raise UnsupportedCheckpointError(f"a {entry.dtype.name} tensor, not a variant",
+                                             path=self.prefix, tensor=name)
+        data = self.read_bytes(name, extents)
+        shape = entry.shape if extents is None else _slice_shape(entry.shape, tuple(extents))
+        framing = VariantFraming(data, _num_elements(shape), self.header.endianness)
+        if not framing.elements:  # no bytes at all: default (empty) elements
+            return [b""] * _num_elements(shape)
+        return [data[pos:pos + n] for pos, n in framing.elements]
+
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         """The value of one stored slice of a partitioned tensor."""
         return self._decode(self._slice_entry(self._full_entry(name), tuple(extents)))

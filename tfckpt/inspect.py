@@ -208,6 +208,11 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
         if ia.dtype != ib.dtype or ia.shape != ib.shape:
             changed.append({"name": name, "dtype_a": ia.dtype, "dtype_b": ib.dtype,
                             "shape_a": list(ia.shape), "shape_b": list(ib.shape)})
+        if values and ia.shape == ib.shape and ia.dtype == ib.dtype == "variant":
+            result = _compare_variants(a, b, name, ia)
+            if result["differing"]:
+                value_diffs.append({"name": name, **result})
+            continue
         if not values or ia.shape != ib.shape or not _comparable(ia.dtype, ib.dtype):
             continue
         result = compare_values(a, b, name, atol=atol, rtol=rtol, chunk_bytes=chunk_bytes)
@@ -217,6 +222,16 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
     return {"a": a.prefix, "b": b.prefix, "only_in_a": only_a, "only_in_b": only_b,
             "changed": changed, "values": value_diffs,
             "same": not (only_a or only_b or changed or value_diffs)}
+
+
+def _compare_variants(a: Checkpoint, b: Checkpoint, name: str, info) -> dict:
+    """Variant elements compared by their serialized bytes (their only form here)."""
+    elements = differing = 0
+    for extents in info.slices or [None]:
+        ea, eb = a.variant_elements(name, extents), b.variant_elements(name, extents)
+        elements += len(ea)
+        differing += sum(x != y for x, y in zip(ea, eb)) + abs(len(ea) - len(eb))
+    return {"elements": elements, "differing": differing, "max_abs": None, "max_rel": None}
 
 
 def _comparable(dtype_a: str, dtype_b: str) -> bool:
