@@ -28,6 +28,7 @@ from .table import TableBuilder, TableReader, crc32c, decode_varint, encode_vari
     unmask_crc
 
 HEADER_KEY = b""
+_VARIANT = _dt.lookup("variant")
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 FORMAT_VERSION = 1  # the bundle version TensorFlow writes and reads
 _MIN_PRODUCER = 0
@@ -162,7 +163,9 @@ class Checkpoint:
         if len(self._raw) != len(table.entries):
             raise CorruptCheckpointError("duplicate keys in index", path=self.index_path)
         self.header = self._read_header()
-        self._names = [_decode_name(k) for k, _ in table.entries if k and k[0] != 0]
+        self._slice_keys = self._listed_slice_keys()
+        self._names = [_decode_name(k) for k, _ in table.entries
+                       if k and k not in self._slice_keys]
 
     # -- header and entries
 
@@ -191,6 +194,33 @@ class Checkpoint:
                                          path=self.index_path)
         return Header(h.num_shards, "big" if h.endianness == 1 else "little",
                       Version(v.producer, v.min_consumer, tuple(v.bad_consumers)))
+
+    def _listed_slice_keys(self) -> set[bytes]:
+        """The keys of the slices that their tensors' entries list.
+
+        Those are the only keys TensorFlow leaves out when it lists a checkpoint:
+        any other key, even one that starts with a NUL byte as every slice key
+        does, is a tensor name.
+        """
+        listed: dict[bytes, set] = {}  # full tensor key -> the extents its entry lists
+        out = set()
+        for key in self._raw:
+            decoded = _decode_slice_key(key) if key[:1] == b"\0" else None
+            if decoded is None:
+                continue
+            full = _encode_name(decoded[0])
+            if full == HEADER_KEY:
+                continue
+            extents = listed.get(full)
+            if extents is None:
+                try:
+                    proto = BundleEntryProto.FromString(self._raw.get(full, b""))
+                except DecodeError:  # reported when that entry is read
+                    proto = BundleEntryProto()
+                extents = listed[full] = {_slice_from_proto(x) for x in proto.slices}
+            if decoded[1] in extents:
+                out.add(key)
+        return out
 
     def _corrupt(self, what: str, tensor: str | None, path: str | None = None):
         return CorruptCheckpointError(what, path=path or self.index_path, tensor=tensor)
@@ -253,7 +283,7 @@ class Checkpoint:
         if not isinstance(name, str):
             raise TypeError(f"tensor names are str, not {type(name).__name__}")
         key = _encode_name(name)
-        if key[:1] == b"\0" or key == HEADER_KEY:
+        if key in self._slice_keys or key == HEADER_KEY:
             raise TensorNotFoundError("no such tensor in the checkpoint", path=self.prefix,
                                       tensor=name)
         return self._entry(key, name)
@@ -290,7 +320,7 @@ class Checkpoint:
         if not isinstance(name, str):
             return False
         key = _encode_name(name)
-        return bool(key) and key[0] != 0 and key in self._raw
+        return bool(key) and key not in self._slice_keys and key in self._raw
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)
@@ -345,15 +375,31 @@ class Checkpoint:
                 for s in entry.slices]
 
     def orphan_slice_keys(self) -> list[bytes]:
-        """Slice entries that no partitioned tensor lists (left by a broken writer)."""
-        listed = set()
-        for name in self._names:
-            try:
-                entry = self._full_entry(name)
-            except CheckpointError:
+        """Slice entries that no partitioned tensor lists (left by a broken writer).
+
+        TensorFlow lists them as tensors (and so does :meth:`keys`). A key counts
+        as an orphan when it is exactly a slice key and either names a
+        partitioned tensor of this checkpoint or is not UTF-8 (a name TensorFlow's
+        Python API cannot list); a name that merely looks like a slice key, such
+        as ``"\\x00abc\\x00\\x01\\x00"``, saved by TensorFlow, is a name.
+        """
+        out = []
+        for key in self._raw:
+            if key[:1] != b"\0" or key in self._slice_keys:
                 continue
-            listed.update(orderedcode.encode_slice_key(name, s) for s in entry.slices)
-        return [k for k in self._raw if k[:1] == b"\0" and k not in listed]
+            decoded = _decode_slice_key(key)
+            if decoded is None:
+                continue
+            if not _is_utf8(key) or self._partitioned_entry(_encode_name(decoded[0])):
+                out.append(key)
+        return out
+
+    def _partitioned_entry(self, key: bytes) -> bool:
+        try:
+            return key != HEADER_KEY and bool(BundleEntryProto.FromString(
+                self._raw.get(key, b"")).slices)
+        except DecodeError:
+            return False
 
     def entry_proto(self, name: str) -> BundleEntryProto:
         """A copy of the raw ``BundleEntryProto`` of tensor ``name``."""
@@ -439,7 +485,7 @@ class Checkpoint:
         else:
             buf = np.empty(entry.proto.size, dtype=np.uint8)
             self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
-        if self.verify and entry.dtype is not _dt.STRING:
+        if self.verify and entry.dtype is not _dt.STRING and entry.dtype is not _VARIANT:
             self._check_crc(entry, crc32c(buf))
         return buf
 
@@ -471,7 +517,22 @@ class Checkpoint:
         data = self._read_entry_bytes(entry).tobytes()
         if entry.dtype is _dt.STRING:
             self._check_string_bytes(entry, data)
+        elif entry.dtype is _VARIANT:
+            self._check_variant_bytes(entry, data)
         return data
+
+    def variant_elements(self, name: str, extents: Slice | None = None) -> list[bytes]:
+        """The serialized ``VariantTensorDataProto`` of each element of a variant tensor."""
+        entry = self._full_entry(name)
+        if entry.dtype is not _VARIANT:
+            raise UnsupportedCheckpointError(f"a {entry.dtype.name} tensor, not a variant",
+                                             path=self.prefix, tensor=name)
+        data = self.read_bytes(name, extents)
+        shape = entry.shape if extents is None else _slice_shape(entry.shape, tuple(extents))
+        framing = VariantFraming(data, _num_elements(shape), self.header.endianness)
+        if not framing.elements:  # no bytes at all: default (empty) elements
+            return [b""] * _num_elements(shape)
+        return [data[pos:pos + n] for pos, n in framing.elements]
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         """The value of one stored slice of a partitioned tensor."""
@@ -545,6 +606,22 @@ class Checkpoint:
                 f"{' ...' if len(entry.slices) > _MAX_HOLES else ''}); "
                 f"{_describe_holes(holes, total - stored)}: read the stored slices with "
                 "read_slice()", path=self.prefix, tensor=entry.name)
+
+    def _check_variant_bytes(self, entry: _Entry, buf: bytes) -> "VariantFraming":
+        """Parse a variant tensor's framing, checking its checksums when verifying."""
+        shard = self._shard_path(entry)
+        try:
+            framing = VariantFraming(buf, _num_elements(entry.shape), self.header.endianness)
+        except ValueError as e:
+            raise self._corrupt(f"malformed variant tensor: {e}", entry.name, shard) from None
+        if self.verify:
+            if framing.bad_element is not None:
+                i, stored, computed = framing.bad_element
+                raise self._corrupt(f"checksum mismatch after variant element {i}: stored "
+                                    f"{stored:#010x}, computed {computed:#010x}", entry.name,
+                                    shard)
+            self._check_crc(entry, framing.crc)
+        return framing
 
     def _assemble(self, entry: _Entry) -> np.ndarray:
         self._check_whole(entry)
@@ -836,6 +913,67 @@ class StringFraming:
         self.crc = crc32c(memoryview(buf)[pos:], crc32c(raw_check, crc))
 
 
+class VariantFraming:
+    """The parsed framing of a variant tensor's bytes.
+
+    Per element: a varint64 length, that many bytes (a serialized
+    ``VariantTensorDataProto``), then the masked CRC32C of everything checksummed
+    so far. The running checksum covers each length as a uint64 (not its varint
+    bytes), the element bytes, then the 4 stored checksum bytes; its final value
+    is the entry's ``crc``. ``elements`` holds (offset, length) per element and
+    ``bad_element`` the first (index, stored, computed) whose checksum is wrong.
+    No bytes at all is accepted as TensorFlow accepts it (default elements).
+    ``ValueError`` when the bytes are malformed.
+    """
+
+    def __init__(self, buf: bytes, count: int, endian: str):
+        size = len(buf)
+        self.elements: list[tuple[int, int]] = []
+        self.bad_element: tuple[int, int, int] | None = None
+        self.crc = 0
+        if size == 0:
+            return
+        if count * 5 > size:  # a length byte and a checksum at least, per element
+            raise ValueError(f"{count} variant elements cannot fit in {size} bytes")
+        view = memoryview(buf)
+        pos = crc = 0
+        for i in range(count):
+            length, pos = decode_varint(buf, pos, size)
+            if pos + length + 4 > size:
+                raise ValueError(f"element {i} of {length} bytes runs past the {size} bytes "
+                                 "of the entry")
+            crc = crc32c(view[pos:pos + length], crc32c(length.to_bytes(8, endian), crc))
+            self.elements.append((pos, length))
+            pos += length
+            raw_check = view[pos:pos + 4]
+            stored = unmask_crc(int.from_bytes(raw_check, endian))
+            if stored != crc and self.bad_element is None:
+                self.bad_element = (i, stored, crc)
+            crc = crc32c(raw_check, crc)
+            pos += 4
+        if pos != size:
+            raise ValueError(f"{size - pos} bytes follow the last of {count} elements")
+        self.crc = crc
+
+
+def _is_utf8(key: bytes) -> bool:
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _decode_slice_key(key: bytes) -> tuple[str, Slice] | None:
+    """(name, extents) if ``key`` is exactly how TensorFlow encodes that slice's key."""
+    try:
+        name, extents = orderedcode.decode_slice_key(key)
+        canonical = orderedcode.encode_slice_key(name, extents) == key
+    except ValueError:
+        return None
+    return (name, extents) if canonical else None
+
+
 def _load_sync_file_range():
     """Linux's sync_file_range, to start writing dirty pages out early; None elsewhere."""
     try:
@@ -1040,10 +1178,8 @@ class BundleWriter:
             raise ValueError("the writer is finished")
         if self._streaming:
             raise ValueError("another tensor is being streamed")
-        name_key = _encode_name(name)
-        if not name_key or name_key[0] == 0:
-            raise ValueError(f"invalid tensor name {name!r}: names must be non-empty and not "
-                             "start with a NUL byte")
+        if not _encode_name(name):
+            raise ValueError("invalid tensor name '': the empty key is the bundle header")
         if key in self._entries:
             raise ValueError(f"duplicate tensor name {name!r}")
 
@@ -1108,6 +1244,12 @@ class BundleWriter:
         self._check_open(key, name)
         if dt is _dt.STRING:
             crc = StringFraming(data.tobytes(), _num_elements(shape), self.endianness).crc
+        elif dt is _VARIANT:
+            framing = VariantFraming(data.tobytes(), _num_elements(shape), self.endianness)
+            if framing.bad_element is not None:
+                raise ValueError(f"variant element {framing.bad_element[0]} of {name!r} has a "
+                                 "wrong checksum")
+            crc = framing.crc
         else:
             crc = crc32c(data)
         self._add_bytes(key, dt, shape, data, crc, shard)
