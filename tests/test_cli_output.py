@@ -13,13 +13,8 @@ process (fast), some as their own process.
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,64 +25,14 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 import tfckpt.cli  # noqa: E402
 from tfckpt import orderedcode  # noqa: E402
+from cli_helpers import (assert_terminal_safe, bytes_name, run,  # noqa: E402
+                         run_process, tf_keys)
 
 # Names TensorFlow saves as given: window title, clear screen, a forged table row, a
 # right-to-left override, a clipboard write (OSC 52), bidi isolates, a C1 CSI, DEL.
 HOSTILE = ["\x1b]0;pwned\x07", "\x1b[2J", "a\nb  float32  [1]", "\u202eevil",
            "\x1b]52;c;cHduZWQ=\x07", "\u2066iso\u2069", "c1\x9b31m", "del\x7f"]
 PARTITIONED = "\x1b[2J"  # also written as two slices: its slice keys hold the escape
-STRICT = {"PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
-
-
-def run_process(*args) -> subprocess.CompletedProcess:
-    """``python -m tfckpt ARGS`` with a strict UTF-8 stdout; output kept as bytes."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", **STRICT)
-    argv = [a if isinstance(a, bytes) else str(a) for a in args]
-    return subprocess.run([sys.executable, "-m", "tfckpt", *argv], capture_output=True,
-                          timeout=120, env=env)
-
-
-def run(*args) -> subprocess.CompletedProcess:
-    """``tfckpt.cli.main(ARGS)`` in this process, stdout and stderr strict UTF-8 streams
-    (a character they cannot encode raises); argv bytes decoded as Python decodes argv."""
-    argv = [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in args]
-    streams = [io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", newline="")
-               for _ in range(2)]
-    saved = os.environ.pop("COLUMNS", None)
-    try:
-        with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
-            try:
-                rc = tfckpt.cli.main(argv)
-            except SystemExit as e:  # argparse
-                rc = e.code
-    finally:
-        if saved is not None:
-            os.environ["COLUMNS"] = saved
-    out, err = (s.flush() or s.buffer.getvalue() for s in streams)
-    return subprocess.CompletedProcess(argv, rc, out, err)
-
-
-def assert_terminal_safe(proc: subprocess.CompletedProcess, what) -> None:
-    """No traceback; stdout and stderr valid UTF-8 whose every line is printable text."""
-    for stream in (proc.stdout, proc.stderr):
-        text = stream.decode("utf-8")  # strict: no stray bytes
-        assert "Traceback" not in text, (what, text)
-        for line in text.split("\n"):
-            assert line.isprintable(), (what, line)
-
-
-def bytes_name(name: str) -> bytes:
-    return name.encode("utf-8", errors="surrogateescape")
-
-
-def tf_keys(prefix: str) -> list[bytes]:
-    """Index keys as TensorFlow's own reader lists them (bytes): whole tensors, and for a
-    partitioned tensor its slices' keys instead of its name."""
-    listing = tf.train.load_checkpoint(prefix).debug_string()
-    return [line.rsplit(b" (DT_", 1)[0] for line in listing.split(b"\n") if line]
-
-
 def tf_value(prefix: str, name: str) -> np.ndarray:
     return np.asarray(tf.train.load_checkpoint(prefix).get_tensor(bytes_name(name)))
 

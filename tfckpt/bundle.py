@@ -378,10 +378,9 @@ class Checkpoint:
         """Slice entries that no partitioned tensor lists (left by a broken writer).
 
         TensorFlow lists them as tensors (and so does :meth:`keys`). A key counts
-        as an orphan when it is exactly a slice key and either names a
-        partitioned tensor of this checkpoint or is not UTF-8 (a name TensorFlow's
-        Python API cannot list); a name that merely looks like a slice key, such
-        as ``"\\x00abc\\x00\\x01\\x00"``, saved by TensorFlow, is a name.
+        as an orphan when it is exactly a slice key of a partitioned tensor of this
+        checkpoint; any other name, even one shaped like the slice key of a tensor
+        the checkpoint does not hold, is a name TensorFlow saves and reads as such.
         """
         out = []
         for key in self._raw:
@@ -390,7 +389,7 @@ class Checkpoint:
             decoded = _decode_slice_key(key)
             if decoded is None:
                 continue
-            if not _is_utf8(key) or self._partitioned_entry(_encode_name(decoded[0])):
+            if self._partitioned_entry(_encode_name(decoded[0])):
                 out.append(key)
         return out
 
@@ -954,14 +953,6 @@ class VariantFraming:
         if pos != size:
             raise ValueError(f"{size - pos} bytes follow the last of {count} elements")
         self.crc = crc
-
-
-def _is_utf8(key: bytes) -> bool:
-    try:
-        key.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _decode_slice_key(key: bytes) -> tuple[str, Slice] | None:
