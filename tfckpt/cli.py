@@ -350,6 +350,8 @@ def _print_summary(sm: Summary) -> None:
         if hit:
             total = sum(hit.values())
             print(f"  {total} values {label} in {len(hit)} tensors", file=sys.stderr)
+    for warning in sm.warnings:
+        print(f"tfckpt: warning: {sm.dst}: {warning}", file=sys.stderr)
 
 
 def _progress(total: int):
