@@ -150,6 +150,7 @@ class RemoteStorage(Storage):
                 from None
         if retries is not None and hasattr(fs, "retries"):
             fs.retries = retries  # s3fs's own loop around botocore's retries
+        _quiet_abandoned_requests(getattr(fs, "loop", None))
         return cls(fs, protocol)
 
     def _strip(self, url: str) -> str:
@@ -248,6 +249,22 @@ def remote_options(protocol: str) -> tuple[int | None, dict]:
     return 1, {"config_kwargs": {"retries": {"total_max_attempts": retries + 1,
                                              "mode": "standard"},
                                  "connect_timeout": timeout, "read_timeout": timeout}}
+
+
+def _quiet_abandoned_requests(loop) -> None:
+    """Keep a broken connection's leftovers off stderr: the call that made the request has
+    failed already, with a :class:`CheckpointError` that says so."""
+    if loop is None or getattr(loop, "_tfckpt_quiet", False):
+        return
+
+    def handler(loop, context):
+        if isinstance(context.get("exception"), OSError) and \
+                "never retrieved" in context.get("message", ""):
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    loop._tfckpt_quiet = True
 
 
 def _describe(e: BaseException) -> str:
