@@ -271,7 +271,7 @@ def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded
     if how == "cli":
         proc = overwrite(how, sharded.prefix, dst)
     else:
-        with pytest.raises(tfckpt.CheckpointError) as e:
+        with pytest.raises(Exception) as e:  # the kind is checked below
             overwrite(how, sharded.prefix, dst)
     assert s3.files("out") == before  # every old object, byte for byte; nothing new left
     if how == "cli":
