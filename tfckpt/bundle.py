@@ -1325,7 +1325,7 @@ def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
         finals = [paths.data_filename(prefix, i, num_shards) for i in range(num_shards)]
         if list(shard_paths) != finals:
             raise ValueError("remote shards must be written under their final names")
-        old_shards = [f for f in data_files(prefix) if f not in finals]
+        old_shards = data_files(prefix)
         write_index(paths.index_filename(prefix), entries, num_shards, endianness, durable)
         remove_replaced_data(old_shards, finals)
         return prefix
@@ -1473,10 +1473,15 @@ def free_shard_count(existing: Sequence[str], count: int) -> int:
     return count
 
 
+def _file_name(path: str) -> str:
+    return path.replace(os.sep, "/").rsplit("/", 1)[-1]
+
+
 def remove_replaced_data(old: Sequence[str], keep: Sequence[str]) -> None:
     """After a commit: delete the data files the replaced checkpoint used (best effort)."""
+    kept = {_file_name(k) for k in keep}
     for stale in old:
-        if stale in keep:
+        if _file_name(stale) in kept:
             continue
         try:
             storage_for(stale).remove(stale)
