@@ -9,6 +9,8 @@ This is the only module that knows how tensor bytes are laid out in a shard.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import io
 import math
 import os
 import secrets
@@ -1356,9 +1358,11 @@ class BundleWriter:
     def _close_files(self) -> None:
         for shard in self._shards:
             try:
-                if shard.file is not None:
+                if hasattr(shard.file, "discard"):
+                    shard.file.discard()  # an upload: closing it would store a part
+                elif shard.file is not None:
                     shard.file.close()
-            except OSError:
+            except (OSError, CheckpointError):
                 pass
 
     def abort(self) -> None:
@@ -1368,7 +1372,7 @@ class BundleWriter:
         for path in [s.path for s in self._shards] + [f"{self._tmp_base}.index"]:
             try:
                 storage_for(path).remove(path)
-            except (FileNotFoundError, OSError):
+            except (FileNotFoundError, OSError, CheckpointError):
                 pass
         for directory in self._created_dirs:  # innermost first; only if still empty
             try:
@@ -1397,18 +1401,13 @@ class BundleWriter:
         index = paths.index_filename(self.prefix)
         if not self._store.local:
             return self._commit_remote(index)
-        old_shards = _existing_data_files(self.prefix)
-        num_shards = len(self._shards)
-        if os.path.exists(index):
-            # Data files go into place before the index. Should they take the names of
-            # the data files already here (an overwrite with as many shards), the old
-            # checkpoint would break before the new index replaces its own; one more,
-            # empty, shard gives them other names, so the old checkpoint stays whole
-            # until the index rename switches to the new one.
-            taken = {paths.parse_data_filename(f)[2] for f in old_shards}
-            while num_shards in taken:
-                num_shards += 1
-            self.reserve_shards(num_shards)
+        old_shards = data_files(self.prefix)
+        # Leftovers of killed runs, with no index, may be replaced by an overwriting
+        # run; a run that may not replace anything links its files in, and a link
+        # fails on any name already taken, so it picks names no file has.
+        avoid = old_shards if os.path.exists(index) or not self.overwrite else []
+        num_shards = free_shard_count(avoid, len(self._shards))
+        self.reserve_shards(num_shards)
         index_tmp = f"{self._tmp_base}.index"
         try:
             for shard in self._shards:
@@ -1417,38 +1416,73 @@ class BundleWriter:
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.prefix) from None
         finals = [paths.data_filename(self.prefix, i, num_shards) for i in range(num_shards)]
+        placed: list[str] = []
         try:
             for shard, final in zip(self._shards, finals):
-                os.replace(shard.path, final)
-            os.replace(index_tmp, index)  # the commit: one atomic rename
-        except OSError as e:
-            raise CheckpointWriteError(f"cannot move the checkpoint into place: {e.strerror}",
-                                       path=self.prefix) from None
+                self._place(shard.path, final, placed)
+            self._place(index_tmp, index, placed)  # the commit: one atomic rename or link
+        except BaseException as e:
+            for path in placed:  # ours: a name taken meanwhile was never replaced
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            if isinstance(e, FileExistsError):
+                raise CheckpointWriteError("another run wrote a checkpoint here meanwhile "
+                                           "(pass overwrite to replace it)",
+                                           path=e.filename or index) from None
+            if isinstance(e, OSError):
+                raise CheckpointWriteError(f"cannot move the checkpoint into place: "
+                                           f"{e.strerror}", path=self.prefix) from None
+            raise
         self._done = True
         if self.durable:
             _fsync_dir(os.path.dirname(self.prefix) or ".")
-        for stale in old_shards:
-            if stale not in finals:
-                try:
-                    os.unlink(stale)
-                except OSError:
-                    pass
+        remove_replaced_data(old_shards, finals)
         return self.prefix
 
+    def _place(self, src: str, dst: str, placed: list[str]) -> None:
+        """Rename ``src`` to ``dst``; without ``overwrite``, only if ``dst`` does not exist.
+
+        A link fails on an existing name, where a rename would replace it: two runs
+        writing to one destination cannot both succeed, and the loser's files are
+        its own to remove.
+        """
+        if self.overwrite:
+            os.replace(src, dst)
+            return
+        try:
+            os.link(src, dst)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            if os.path.lexists(dst):  # no hard links here: check, then rename
+                raise FileExistsError(errno.EEXIST, "exists", dst) from None
+            os.replace(src, dst)
+            placed.append(dst)
+            return
+        placed.append(dst)
+        os.unlink(src)
 
     def _commit_remote(self, index: str) -> str:
-        """On an object store: move the shards to their names (server-side), then the index."""
-        num_shards = len(self._shards)
+        """On an object store: move the shards to names no committed index uses, publish
+        the index in one request, then delete the data objects of the replaced one."""
+        old_shards = data_files(self.prefix)
+        num_shards = free_shard_count(old_shards, len(self._shards))
+        self.reserve_shards(num_shards)
+        finals = [paths.data_filename(self.prefix, i, num_shards) for i in range(num_shards)]
         try:
             for shard in self._shards:
                 shard.sync(self.durable)
-            for i, shard in enumerate(self._shards):
-                self._store.move(shard.path, paths.data_filename(self.prefix, i, num_shards))
+            for shard, final in zip(self._shards, finals):
+                self._store.move(shard.path, final)
+                shard.path = final  # from here on, abort removes it under this name
             write_index(index, self._entries, num_shards, self.endianness, self.durable)
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror or e}",
                                        path=self.prefix) from None
         self._done = True
+        remove_replaced_data(old_shards, finals)
         return self.prefix
 
 
@@ -1459,16 +1493,22 @@ def write_index(path: str, entries: Mapping[bytes, BundleEntryProto], num_shards
     header.num_shards = num_shards
     header.endianness = 1 if endianness == "big" else 0
     header.version.producer = FORMAT_VERSION
+    # Built whole in memory first (an index is small): then an interrupted run has
+    # nothing to store, and an object store gets it in one request or not at all.
+    buf = io.BytesIO()
+    table = TableBuilder(buf)
+    table.add(HEADER_KEY, header.SerializeToString())
+    for key in sorted(entries):
+        table.add(key, entries[key].SerializeToString())
+    table.finish()
     store = storage_for(path)
-    f = open(path, "xb") if store.local else store.open_writer(path)
-    with f:
-        table = TableBuilder(f)
-        table.add(HEADER_KEY, header.SerializeToString())
-        for key in sorted(entries):
-            table.add(key, entries[key].SerializeToString())
-        table.finish()
+    if not store.local:
+        store.write_bytes(path, buf.getbuffer())
+        return
+    with open(path, "xb") as f:
+        f.write(buf.getbuffer())
         f.flush()
-        if durable and store.local:
+        if durable:
             os.fsync(f.fileno())
 
 
@@ -1499,13 +1539,16 @@ def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
 
 
 def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
-                  endianness: str = "little", durable: bool = True) -> str:
+                  endianness: str = "little", durable: bool = True,
+                  overwrite: bool = True) -> str:
     """Make shards written separately one checkpoint at ``prefix``: the index goes last.
 
     Locally, ``shard_paths`` are temporary files renamed into place before the index
-    (with the same care for an overwritten checkpoint as :class:`BundleWriter`); on
-    an object store they already carry their final names, and writing the index is
-    the commit.
+    (with the same care for an overwritten checkpoint as :class:`BundleWriter`;
+    without ``overwrite``, a checkpoint another run committed meanwhile is an error,
+    never replaced); on an object store they already carry their final names (see
+    :func:`free_shard_count`), writing the index is the commit, and the data
+    objects of the checkpoint it replaced are deleted after it.
     """
     for key, entry in entries.items():
         if entry.slices:
@@ -1519,10 +1562,13 @@ def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
         finals = [paths.data_filename(prefix, i, num_shards) for i in range(num_shards)]
         if list(shard_paths) != finals:
             raise ValueError("remote shards must be written under their final names")
+        old_shards = data_files(prefix)
         write_index(paths.index_filename(prefix), entries, num_shards, endianness, durable)
+        remove_replaced_data(old_shards, finals)
         return prefix
     w = BundleWriter.__new__(BundleWriter)
     w._setup(prefix, endianness, durable)
+    w.overwrite = overwrite
     w._entries = entries
     if shard_paths:  # extra (empty) shards go beside the ones written
         w._tmp_base = shard_paths[0].rsplit(".data-", 1)[0]
@@ -1633,19 +1679,51 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _existing_data_files(prefix: str) -> list[str]:
-    directory = os.path.dirname(prefix) or "."
-    base = os.path.basename(prefix)
+def data_files(prefix: str) -> list[str]:
+    """Every data file (or object) of ``prefix`` there is, whatever its shard count."""
+    store = storage_for(prefix)
+    directory = store.dirname(prefix) or "."
+    base = store.basename(prefix)
     try:
-        names = os.listdir(directory)
-    except OSError:
+        names = store.listdir(directory)
+    except (OSError, CheckpointError):
         return []
     out = []
     for n in names:
         parsed = paths.parse_data_filename(n)
         if parsed and parsed[0] == base:
-            out.append(os.path.join(os.path.dirname(prefix), n))
+            out.append(store.join(store.dirname(prefix), n) if store.dirname(prefix) else n)
     return out
+
+
+def free_shard_count(existing: Sequence[str], count: int) -> int:
+    """The least shard count from ``count`` on that no file in ``existing`` was written for.
+
+    Data file names follow from the prefix, the shard id and the shard count, so
+    new data under another count can never replace a committed checkpoint's data
+    before the new index replaces its own; the extra shards stay empty (TensorFlow
+    reads such checkpoints as any other).
+    """
+    taken = {paths.parse_data_filename(f)[2] for f in existing}
+    while count in taken:
+        count += 1
+    return count
+
+
+def _file_name(path: str) -> str:
+    return path.replace(os.sep, "/").rsplit("/", 1)[-1]
+
+
+def remove_replaced_data(old: Sequence[str], keep: Sequence[str]) -> None:
+    """After a commit: delete the data files the replaced checkpoint used (best effort)."""
+    kept = {_file_name(k) for k in keep}
+    for stale in old:
+        if _file_name(stale) in kept:
+            continue
+        try:
+            storage_for(stale).remove(stale)
+        except (OSError, CheckpointError):
+            pass
 
 
 def _fsync_dir(directory: str) -> None:

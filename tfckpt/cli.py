@@ -484,7 +484,7 @@ def _print_summary(sm: Summary) -> None:
             total = sum(hit.values())
             _emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
     for warning in sm.warnings:
-        _emit(f"  warning: {warning}", err=True)
+        _emit(f"tfckpt: warning: {warning}", err=True)
 
 
 def _progress(total: int):

@@ -57,9 +57,16 @@ def write_state_file(directory: str, prefix_name: str) -> None:
         store.write_bytes(path, data)  # one PUT: all or nothing on an object store
         return
     tmp = f"{path}.tfckpt-tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def latest_checkpoint(directory: str) -> str | None:

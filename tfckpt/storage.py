@@ -4,6 +4,11 @@ Local paths use positioned reads on file descriptors and atomic renames.
 A URL with a scheme (``s3://``, ``gs://``, ``memory://``, ...) goes through
 fsspec (installed with ``tfckpt[remote]``) with range reads; object stores have
 no rename, so there the index being written last is the commit.
+
+Remote calls are retried a bounded number of times and time out (see
+:func:`remote_options`); whatever still fails leaves this module as a
+:class:`CheckpointError` naming the object, never as the client library's own
+exception.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ import os
 import posixpath
 import stat
 
-from .errors import CheckpointError, CorruptCheckpointError
+from .errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
+
+RETRIES_ENV = "TFCKPT_REMOTE_RETRIES"
+TIMEOUT_ENV = "TFCKPT_REMOTE_TIMEOUT"
+DEFAULT_RETRIES = 2
+DEFAULT_TIMEOUT = 30.0
 
 
 def normalize(path) -> str:
@@ -156,12 +166,17 @@ class RemoteStorage(Storage):
             raise CheckpointError("URLs need fsspec: pip install 'tfckpt[remote]' (and the "
                                   "file system's package, e.g. s3fs or gcsfs)", path=url) \
                 from None
+        protocol = url.split("://", 1)[0]
+        retries, options = remote_options(protocol)
         try:
-            fs, _ = fsspec.core.url_to_fs(url)
-        except (ImportError, ValueError) as e:
+            fs, _ = fsspec.core.url_to_fs(url, **options)
+        except (ImportError, ValueError, TypeError) as e:
             raise CheckpointError(f"cannot open this URL's file system: {e}", path=url) \
                 from None
-        return cls(fs, url.split("://", 1)[0])
+        if retries is not None and hasattr(fs, "retries"):
+            fs.retries = retries  # s3fs's own loop around botocore's retries
+        _quiet_abandoned_requests(getattr(fs, "loop", None))
+        return cls(fs, protocol)
 
     def _strip(self, url: str) -> str:
         return self.fs._strip_protocol(url)
@@ -180,44 +195,140 @@ class RemoteStorage(Storage):
     def isabs(self, path: str) -> bool:
         return "://" in path
 
+    def call(self, what: str, path: str, fn, *args, error=CheckpointError, **kwargs):
+        """``fn(*args, **kwargs)``, with any failure but a missing object as ``error``."""
+        try:
+            return fn(*args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except CheckpointError:
+            raise
+        except Exception as e:  # botocore, aiohttp, gcsfs...: each library its own family
+            raise error(f"{what} failed: {_describe(e)}", path=path) from None
+
     def isfile(self, path: str) -> bool:
         try:
-            return self.fs.isfile(self._strip(path))
-        except (OSError, ValueError):
+            return self.call("looking up", path, self.fs.isfile, self._strip(path))
+        except FileNotFoundError:
             return False
 
     def isdir(self, path: str) -> bool:
         try:
-            return self.fs.isdir(self._strip(path))
-        except (OSError, ValueError):
+            return self.call("looking up", path, self.fs.isdir, self._strip(path))
+        except FileNotFoundError:
             return False
 
     def listdir(self, path: str) -> list[str]:
+        key = self._strip(path)
+        self.fs.invalidate_cache(key)  # another process may have written here since
         return [posixpath.basename(p.rstrip("/"))
-                for p in self.fs.ls(self._strip(path), detail=False)]
+                for p in self.call("listing", path, self.fs.ls, key, detail=False)]
 
     def read_bytes(self, path: str) -> bytes:
-        return self.fs.cat_file(self._strip(path))
+        return self.call("reading", path, self.fs.cat_file, self._strip(path))
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        with self.fs.open(self._strip(path), "wb") as f:
-            f.write(data)
+        """One request that stores the whole object, or nothing (never a part of it)."""
+        self.call("writing", path, self.fs.pipe_file, self._strip(path), bytes(data),
+                  error=CheckpointWriteError)
 
-    def open_writer(self, path: str):
-        return self.fs.open(self._strip(path), "wb")
+    def open_writer(self, path: str) -> "RemoteWriter":
+        return RemoteWriter(self, path)
 
     def open_reader(self, path: str) -> "RemoteReader":
         return RemoteReader(self, path)
 
     def remove(self, path: str) -> None:
-        self.fs.rm_file(self._strip(path))
+        self.call("deleting", path, self.fs.rm_file, self._strip(path),
+                  error=CheckpointWriteError)
 
     def move(self, src: str, dst: str) -> None:
-        self.fs.mv(self._strip(src), self._strip(dst))
+        self.call(f"moving to {dst}", src, self.fs.mv, self._strip(src), self._strip(dst),
+                  error=CheckpointWriteError)
 
     def realpath(self, path: str) -> str:
         """One spelling per object (``memory:///a`` and ``memory://a`` are the same)."""
         return f"{self.protocol}://{self._strip(path).lstrip('/')}"
+
+
+def remote_options(protocol: str) -> tuple[int | None, dict]:
+    """The retry bound and client options for a file system, from the environment.
+
+    ``TFCKPT_REMOTE_RETRIES`` (default 2) is how often one request is tried again
+    after a server error (5xx), throttling, a timeout or a dropped connection;
+    ``TFCKPT_REMOTE_TIMEOUT`` (seconds, default 30) how long connecting and each
+    read may wait. They reach S3 through botocore's standard retry mode; s3fs's own
+    retry loop around it is set to one pass, so the two do not multiply. Other
+    file systems keep their own settings.
+    """
+    if protocol not in ("s3", "s3a"):
+        return None, {}
+    try:
+        retries = int(os.environ.get(RETRIES_ENV, DEFAULT_RETRIES))
+        timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+        if retries < 0 or not timeout > 0:
+            raise ValueError
+    except ValueError:
+        raise CheckpointError(f"{RETRIES_ENV} must be a whole number >= 0 and {TIMEOUT_ENV} "
+                              "a positive number of seconds") from None
+    return 1, {"config_kwargs": {"retries": {"total_max_attempts": retries + 1,
+                                             "mode": "standard"},
+                                 "connect_timeout": timeout, "read_timeout": timeout}}
+
+
+def _quiet_abandoned_requests(loop) -> None:
+    """Keep a broken connection's leftovers off stderr: the call that made the request has
+    failed already, with a :class:`CheckpointError` that says so."""
+    if loop is None or getattr(loop, "_tfckpt_quiet", False):
+        return
+
+    def handler(loop, context):
+        if isinstance(context.get("exception"), OSError) and \
+                "never retrieved" in context.get("message", ""):
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    loop._tfckpt_quiet = True
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text and text[0] else type(e).__name__
+
+
+class RemoteWriter:
+    """A streaming upload of one object; errors become :class:`CheckpointWriteError`.
+
+    :meth:`discard` drops what was written without storing it: closing an
+    fsspec file stores whatever it holds, even when the writing failed part-way.
+    """
+
+    def __init__(self, store: RemoteStorage, path: str):
+        self.path = path
+        self._store = store
+        self._file = store.call("opening", path, store.fs.open, store._strip(path), "wb",
+                                error=CheckpointWriteError)
+
+    def write(self, data) -> int:
+        return self._store.call("writing", self.path, self._file.write, data,
+                                error=CheckpointWriteError)
+
+    def flush(self) -> None:
+        self._store.call("writing", self.path, self._file.flush,
+                         error=CheckpointWriteError)
+
+    def close(self) -> None:
+        self._store.call("writing", self.path, self._file.close,
+                         error=CheckpointWriteError)
+
+    def discard(self) -> None:
+        try:
+            if hasattr(self._file, "discard"):
+                self._file.discard()
+            self._file.closed = True
+        except Exception:
+            pass
 
 
 class RemoteReader:
@@ -227,20 +338,20 @@ class RemoteReader:
         self.path = path
         self._store = store
         self._key = store._strip(path)
-        try:
-            self.size = int(store.fs.size(self._key))
-        except FileNotFoundError:
-            raise
-        except (OSError, ValueError) as e:
-            raise FileNotFoundError(str(e)) from None
+        self.size = int(store.call("looking up", path, store.fs.size, self._key))
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         n = min(len(buf), max(self.size - offset, 0))
         if n == 0:
             return 0
-        data = self._store.fs.cat_file(self._key, start=offset, end=offset + n)
-        buf[:len(data)] = data
-        return len(data)
+        data = self._store.call(f"reading bytes [{offset}, {offset + n})", self.path,
+                                self._store.fs.cat_file, self._key, start=offset,
+                                end=offset + n)
+        if len(data) != n:  # e.g. a server that ignores Range and sends the whole object
+            raise CheckpointError(f"reading bytes [{offset}, {offset + n}) returned "
+                                  f"{len(data)} bytes instead of {n}", path=self.path)
+        buf[:n] = data
+        return n
 
     def close(self) -> None:
         pass

@@ -23,8 +23,8 @@ import numpy as np
 from . import dtypes as _dt
 from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .bundle import (TMP_MARK, BundleWriter, Checkpoint, TensorInfo, commit_shards,
-                     merge_entries, remove_stale_temporaries)
+from .bundle import (TMP_MARK, BundleWriter, Checkpoint, TensorInfo, commit_shards, data_files,
+                     free_shard_count, merge_entries, remove_stale_temporaries)
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES, Caster, CastCounts, should_cast
 from .storage import normalize, storage_for
 from .table import encode_varint
@@ -113,7 +113,9 @@ class Summary:
     bytes_out: int
     seconds: float
     cast_counts: dict[str, CastCounts] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # what TensorFlow cannot restore
+    # What the user must know although the output is committed (e.g. what TensorFlow
+    # cannot restore, a state file not written).
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("dst", "kept", "dropped", "renamed", "cast",
@@ -455,9 +457,14 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
     if backend not in BACKENDS:
         raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
     store = storage_for(p.dst)
+    made_dirs = []  # innermost first: the directories this run creates
     if store.local:
         remove_stale_temporaries(p.dst)
-    made_dir = store.local and not os.path.isdir(os.path.dirname(p.dst) or ".")
+        remove_stale_temporaries(os.path.join(os.path.dirname(p.dst), paths.STATE_FILENAME))
+        missing = os.path.dirname(os.path.abspath(p.dst))
+        while not os.path.isdir(missing):
+            made_dirs.append(missing)
+            missing = os.path.dirname(missing)
     tasks = shard_tasks(p, overflow=overflow, chunk_bytes=chunk_bytes, backend=backend,
                         tf_threshold=tf_threshold, durable=durable)
     try:
@@ -468,25 +475,33 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
             raise OverflowError_(overflowed, p.dst)
         entries = merge_entries([{k: BundleEntryProto.FromString(v)
                                   for k, v in r.entries.items()} for r in results])
-        commit_shards(p.dst, [t.path for t in tasks], entries, durable=durable)
+        commit_shards(p.dst, [t.path for t in tasks], entries, durable=durable,
+                      overwrite=bool(p.options.get("overwrite")))
     except BaseException:
         for t in tasks:
             try:
                 storage_for(t.path).remove(t.path)
-            except OSError:
+            except (OSError, CheckpointError):
                 pass
-        if made_dir:
+        for directory in made_dirs:  # only those still empty
             try:
-                os.rmdir(os.path.dirname(p.dst))
+                os.rmdir(directory)
             except OSError:
-                pass
+                break
         raise
-    _write_state_file(p)
+    warnings = []
+    try:
+        _write_state_file(p)
+    except (OSError, CheckpointError) as e:
+        # The checkpoint is committed: only the pointer to it is missing.
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        warnings.append(f"the checkpoint is complete, but the state file was not written: "
+                        f"{detail}")
     return Summary(p.dst, kept=len(p.tensors), dropped=len(p.dropped),
                    renamed=sum(t.renamed for t in p.tensors),
                    cast=sum(t.cast for t in p.tensors), bytes_in=p.bytes_in,
                    bytes_out=p.bytes_out, seconds=time.perf_counter() - start,
-                   cast_counts=counts, warnings=_restore_warnings(p))
+                   cast_counts=counts, warnings=_restore_warnings(p) + warnings)
 
 
 @dataclass
@@ -595,6 +610,10 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
         base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         out_paths = [f"{base}.data-{k}" for k in range(len(shards))]
     else:
+        # Written under their final names, which no committed index may use: a shard
+        # count unlike any already there (extra shards stay empty).
+        shards += [[] for _ in range(free_shard_count(data_files(p.dst), len(shards))
+                                     - len(shards))]
         out_paths = [paths.data_filename(p.dst, k, len(shards)) for k in range(len(shards))]
     return [ShardTask(k, out_paths[k], [s.ckpt.prefix for s in p.sources], items,
                       p.object_graph if k == graph_shard else None, overflow, chunk_bytes,

@@ -1,0 +1,420 @@
+"""Object storage when things go wrong: a fault-injecting proxy in front of the S3 server.
+
+The proxy (threaded, on 127.0.0.1) forwards every request to the moto S3 server of
+``test_remote.py`` and, by rule, answers with a 5xx instead, ignores ``Range`` (the whole
+object with 200), corrupts the body, or drops every connection (a server gone). tfckpt in
+this process and ``python -m tfckpt`` in child processes talk to the proxy; the checks read
+the server directly. Each fault must end in one ``CheckpointError`` naming the object (one
+line on stderr from the command line), after a bounded number of tries, and must never
+cost the checkpoint already at the destination.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+fsspec = pytest.importorskip("fsspec")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+import transform_helpers as th  # noqa: E402
+import tfckpt  # noqa: E402
+from test_remote import BUCKET, s3_server  # noqa: E402,F401  (the moto server fixture)
+from tfckpt import paths  # noqa: E402
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "te",
+              "trailer", "upgrade", "proxy-connection"}
+ERROR_BODY = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
+              b"<Message>injected by the test proxy</Message></Error>")
+
+
+class FaultProxy:
+    """An HTTP proxy to ``upstream``; ``rules`` decide what happens to each request.
+
+    A rule is ``rule(method, path, headers) -> action | None``; the first action wins:
+    an int (answer with that status, not forwarded), ``"ignore_range"`` (forward without
+    the Range header), ``"corrupt"`` (flip bits of the response body) or ``"die"`` (from
+    then on, close every connection without an answer). ``log`` lists
+    ``(method, path, action)`` of every request.
+    """
+
+    def __init__(self, upstream: str):
+        host, port = upstream.rsplit("/", 1)[1].split(":")
+        self.upstream = (host, int(port))
+        self.rules: list = []
+        self.log: list[tuple[str, str, object]] = []
+        self.dead = False
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients use it
+
+            def log_message(self, *args):
+                pass
+
+            def handle_one_request(self):
+                if proxy.dead:
+                    self.close_connection = True
+                    return
+                super().handle_one_request()
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0], 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return out
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _handle(self):
+                body = self._body()
+                action = next((a for a in (r(self.command, self.path, self.headers)
+                                           for r in list(proxy.rules)) if a is not None), None)
+                proxy.log.append((self.command, self.path, action))
+                if action == "die":
+                    proxy.dead = True
+                if proxy.dead:
+                    self.close_connection = True  # no answer at all
+                    return
+                if isinstance(action, int):
+                    self.send_response_only(action)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(ERROR_BODY)))
+                    self.end_headers()
+                    self.wfile.write(ERROR_BODY)
+                    return
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in HOP_BY_HOP
+                           and not (action == "ignore_range" and k.lower() == "range")}
+                headers["Content-Length"] = str(len(body))
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                if action == "corrupt" and data:
+                    data = bytearray(data)
+                    data[len(data) // 2] ^= 0x5A
+                self.send_response_only(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in HOP_BY_HOP:
+                        self.send_header(k, v)
+                length = resp.getheader("Content-Length", "0") if self.command == "HEAD" \
+                    else len(data)
+                self.send_header("Content-Length", str(length))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(bytes(data))
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def reset(self) -> None:
+        self.rules.clear()
+        self.log.clear()
+        self.dead = False
+
+    def requests(self, method: str, ending: str) -> list:
+        return [a for m, p, a in self.log if m == method and p.split("?")[0].endswith(ending)]
+
+    def stop(self) -> None:
+        self.dead = True
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def on(method: str, ending: str, action, times: int | None = None):
+    """A rule: ``action`` for ``method`` requests of keys ending in ``ending`` (``times`` at
+    most, then the request goes through)."""
+    left = [times]
+
+    def rule(m, path, headers):
+        if m != method or not path.split("?")[0].endswith(ending):
+            return None
+        if left[0] is not None:
+            if left[0] == 0:
+                return None
+            left[0] -= 1
+        return action
+    return rule
+
+
+@pytest.fixture(scope="module")
+def proxy(s3_server):
+    px = FaultProxy(s3_server.endpoint)
+    yield px
+    px.stop()
+
+
+@pytest.fixture
+def s3(s3_server, proxy, monkeypatch):
+    """Every S3 client of this process and its children goes through the proxy, with one
+    retry and 5-second timeouts; ``direct`` reaches the server itself."""
+    proxy.reset()
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", proxy.url)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
+    monkeypatch.setenv("TFCKPT_REMOTE_RETRIES", "1")
+    monkeypatch.setenv("TFCKPT_REMOTE_TIMEOUT", "5")
+    s3_server.s3fs.S3FileSystem.clear_instance_cache()
+    direct = fsspec.filesystem("s3", endpoint_url=s3_server.endpoint, skip_instance_cache=True)
+    base = f"{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+    def files(sub: str) -> dict[str, bytes]:
+        direct.invalidate_cache()
+        key = f"{base}/{sub}"
+        return {p[len(key) + 1:]: direct.cat_file(p) for p in direct.find(key)}
+
+    def put(prefix, sub: str) -> str:
+        """The checkpoint files of a local ``prefix`` under ``sub``; its URL prefix."""
+        for f in th.checkpoint_files(prefix):
+            direct.put_file(str(f), f"{base}/{sub}/{f.name}")
+        return f"s3://{base}/{sub}/{Path(prefix).name}"
+
+    yield SimpleNamespace(url=f"s3://{base}", files=files, put=put, proxy=proxy,
+                          direct=direct)
+    proxy.reset()
+    s3_server.s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def sharded(tf_checkpoints):
+    """Two data shards, written by a TF1 Saver over two devices."""
+    return tf_checkpoints("tf1_sharded")
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """300 small tensors (an index of several blocks), written by TensorFlow's SaveV2."""
+    d = tmp_path_factory.mktemp("faults_many")
+    values = {f"block_{i:03d}/kernel": np.full(8, i, np.float32) for i in range(300)}
+    return SimpleNamespace(prefix=th.save_v2(d / "many", values), values=values)
+
+
+def tf_values(files: dict[str, bytes], directory: Path, name: str) -> dict[str, np.ndarray]:
+    """What TensorFlow reads from a copy of ``files`` (an object listing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for rel, data in files.items():
+        (directory / rel).write_bytes(data)
+    reader = tf.train.load_checkpoint(str(directory / name))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
+
+
+def float16_of(prefix) -> dict[str, bytes]:
+    with tfckpt.open(prefix) as ckpt:
+        return {n: (ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n])
+                .tobytes() for n in ckpt.keys()}
+
+
+def one_error_line(proc, *fragments) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tfckpt: error:") and "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------- overwrite, commit
+
+
+OVERWRITERS = ["convert", "cli", "writer"]
+
+
+def overwrite(how: str, src: str, dst: str):
+    if how == "convert":
+        return tfckpt.convert(src, dst, "float16", overwrite=True)
+    if how == "cli":
+        return th.run_cli("convert", src, dst, "--dtype", "float16", "--overwrite")
+    with tfckpt.open(src) as ckpt:  # the streaming writer, tensor by tensor, same shards
+        values = {n: ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n]
+                  for n in ckpt.keys()}
+        shards = {n: ckpt.info(n).shard for n in ckpt.keys()}
+    with tfckpt.BundleWriter(dst, overwrite=True) as w:
+        for name in sorted(values):
+            w.add(name, values[name], shard=shards[name])
+
+
+@pytest.mark.parametrize("how", OVERWRITERS)
+def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded, tmp_path,
+                                                                     how):
+    dst = f"{s3.url}/out/sharded.ckpt"
+    tfckpt.transform(sharded.prefix, dst)  # the old checkpoint: a float32 copy, 2 shards
+    before = s3.files("out")
+    assert sorted(before) == ["checkpoint", "sharded.ckpt.data-00000-of-00002",
+                              "sharded.ckpt.data-00001-of-00002", "sharded.ckpt.index"]
+    s3.proxy.log.clear()
+    s3.proxy.rules.append(on("PUT", "sharded.ckpt.index", 500))
+    if how == "cli":
+        proc = overwrite(how, sharded.prefix, dst)
+    else:
+        with pytest.raises(Exception) as e:  # the kind is checked below
+            overwrite(how, sharded.prefix, dst)
+    assert s3.files("out") == before  # every old object, byte for byte; nothing new left
+    if how == "cli":
+        one_error_line(proc, "sharded.ckpt.index")
+    else:
+        assert isinstance(e.value, tfckpt.CheckpointWriteError)
+        assert e.value.path == f"{dst}.index"
+    assert len(s3.proxy.requests("PUT", "sharded.ckpt.index")) == 2  # one retry, then gave up
+
+    # Without the fault: the new data under another shard count, then the index, then the
+    # old data deleted; TensorFlow reads it (the extra shard is empty).
+    s3.proxy.reset()
+    overwrite("convert" if how == "cli" else how, sharded.prefix, dst)
+    after = s3.files("out")
+    assert sorted(after) == ["checkpoint", "sharded.ckpt.data-00000-of-00003",
+                             "sharded.ckpt.data-00001-of-00003",
+                             "sharded.ckpt.data-00002-of-00003", "sharded.ckpt.index"]
+    assert after["sharded.ckpt.data-00002-of-00003"] == b""
+    log = s3.proxy.log
+    old_deleted = [i for i, (m, p, _) in enumerate(log) if m == "DELETE" and "-of-00002" in p]
+    index_at = [i for i, (m, p, _) in enumerate(log)
+                if m == "PUT" and p.endswith("sharded.ckpt.index")]
+    assert len(old_deleted) == 2 and len(index_at) == 1 and index_at[0] < min(old_deleted)
+    got = tf_values(after, tmp_path / "got", "sharded.ckpt")
+    assert {n: v.tobytes() for n, v in got.items()} == float16_of(sharded.prefix)
+
+
+INTERRUPT_IN_INDEX = """
+import os, signal, sys
+import tfckpt.table
+add = tfckpt.table.TableBuilder.add
+count = [0]
+def interrupted_add(self, key, value):
+    count[0] += 1
+    if count[0] == int(os.environ["INTERRUPT_AT"]):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the index is being written
+    return add(self, key, value)
+tfckpt.table.TableBuilder.add = interrupted_add
+from tfckpt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["fresh", "overwrite"])
+def test_interrupt_while_writing_the_index_publishes_nothing(s3, many, existing):
+    dst = f"{s3.url}/out/many"
+    if existing:
+        tfckpt.transform(many.prefix, dst)
+    before = s3.files("out")
+    s3.proxy.log.clear()
+    proc = subprocess.run([sys.executable, "-c", INTERRUPT_IN_INDEX, "convert", many.prefix,
+                           dst, "--dtype", "float16", "--overwrite"],
+                          env=dict(os.environ, INTERRUPT_AT="250"), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert s3.files("out") == before  # no index, no half index, no new data objects
+    assert not s3.proxy.requests("PUT", "many.index")
+
+
+# ---------------------------------------------------------------- faults while reading
+
+
+def test_server_ignoring_range(s3, sharded):
+    src = s3.put(sharded.prefix, "src")
+    s3.proxy.rules.append(lambda m, p, h: "ignore_range" if m == "GET" and "Range" in h
+                          else None)
+    with tfckpt.open(src) as ckpt:  # the index is read whole: no Range needed
+        shard = paths.data_filename(src, ckpt.info("dev0/w").shard, 2)
+        with pytest.raises(tfckpt.CheckpointError, match="instead of") as e:
+            ckpt["dev0/w"]
+    assert e.value.path == shard
+    proc = th.run_cli("convert", src, f"{s3.url}/out/", "--dtype", "float16")
+    one_error_line(proc, "sharded.ckpt.data-0000", "instead of")
+    assert s3.files("out") == {}
+
+
+def test_corrupted_bodies(s3, sharded):
+    src = s3.put(sharded.prefix, "src")
+    s3.proxy.rules.append(on("GET", ".index", "corrupt"))
+    with pytest.raises(tfckpt.CheckpointError, match="Checksum") as e:
+        tfckpt.open(src)
+    assert e.value.path == paths.index_filename(src)
+    # A range of a data object has no checksum from the server: the tensor's own CRC32C.
+    s3.proxy.reset()
+    s3.proxy.rules.append(on("GET", ".data-00000-of-00002", "corrupt"))
+    with tfckpt.open(src) as ckpt:
+        name = next(n for n in ckpt.keys() if ckpt.info(n).shard == 0 and ckpt.info(n).nbytes)
+        with pytest.raises(tfckpt.CorruptCheckpointError, match="checksum|crc"):
+            ckpt[name]
+
+
+def test_server_errors_are_retried_a_bounded_number_of_times(s3, sharded, monkeypatch):
+    src = s3.put(sharded.prefix, "src")
+    data0 = ".data-00000-of-00002"
+    s3.proxy.rules.append(on("GET", data0, 503))
+    with tfckpt.open(src) as ckpt:
+        name = next(n for n in ckpt.keys() if ckpt.info(n).shard == 0)
+        with pytest.raises(tfckpt.CheckpointError, match="503|injected") as e:
+            ckpt[name]
+    assert e.value.path == paths.data_filename(src, 0, 2)
+    assert len(s3.proxy.requests("GET", data0)) == 2  # TFCKPT_REMOTE_RETRIES=1
+    # A passing fault: retried, and the run completes.
+    for retries, failures in (("1", 1), ("0", 0)):
+        monkeypatch.setenv("TFCKPT_REMOTE_RETRIES", retries)
+        s3.proxy.reset()
+        s3.proxy.rules.append(on("GET", data0, 503, times=failures))
+        with tfckpt.open(src) as ckpt, tfckpt.open(sharded.prefix) as orig:
+            assert ckpt[name].tobytes() == orig[name].tobytes()
+        assert s3.proxy.requests("GET", data0) == [503] * failures + [None]
+    monkeypatch.setenv("TFCKPT_REMOTE_RETRIES", "many")
+    with pytest.raises(tfckpt.CheckpointError, match="TFCKPT_REMOTE_RETRIES"):
+        tfckpt.open(src)
+
+
+def test_server_dying_mid_run(s3, sharded, s3_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFCKPT_REMOTE_RETRIES", "0")  # retries are the test above
+    src = s3.put(sharded.prefix, "src")
+    dst = f"{s3.url}/out/"
+    # Gone when the second data object is written: reads, writes and the clean-up all fail.
+    die = lambda m, p, h: "die" if m == "PUT" and ".data-00001-of-" in p else None  # noqa
+    s3.proxy.rules.append(die)
+    one_error_line(th.run_cli("convert", src, dst, "--dtype", "float16"), s3.url)
+    s3.proxy.reset()
+    s3.proxy.rules.append(die)
+    with pytest.raises(tfckpt.CheckpointError, match=s3.url):
+        tfckpt.convert(src, dst, "float16")
+    s3.proxy.reset()
+    # No index; the first data object of each run, which the dead server kept.
+    assert sorted(s3.files("out")) == ["sharded.ckpt.data-00000-of-00002",
+                                       "sharded.ckpt.data-00000-of-00003"]
+    # Back again: the next run completes (under names no leftover has), and deletes the
+    # leftovers after its commit.
+    tfckpt.convert(src, dst, "float16")
+    files = s3.files("out")
+    assert sorted(files) == ["checkpoint"] + [f"sharded.ckpt.data-0000{i}-of-00004"
+                                              for i in range(4)] + ["sharded.ckpt.index"]
+    got = tf_values(files, tmp_path / "got", "sharded.ckpt")
+    assert {n: v.tobytes() for n, v in got.items()} == float16_of(sharded.prefix)
+    # A server that is not there at all: connections refused.
+    gone = FaultProxy(s3_server.endpoint)
+    gone.stop()
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", gone.url)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": gone.url})
+    s3_server.s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(tfckpt.CheckpointError, match="sharded.ckpt"):
+        tfckpt.open(src)
