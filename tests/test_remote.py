@@ -752,7 +752,10 @@ def s3_server():
     s3fs.S3FileSystem.clear_instance_cache()
     fs = fsspec.filesystem("s3")
     assert fs.endpoint_url == endpoint
-    fs.mkdir(BUCKET)
+    try:
+        fs.mkdir(BUCKET)
+    except FileExistsError:  # moto keeps its buckets per process: an earlier module's
+        pass
     try:
         yield SimpleNamespace(endpoint=endpoint, log=log, s3fs=s3fs)
     finally:

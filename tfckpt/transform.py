@@ -605,20 +605,21 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
         place(0, 0)
     order = sorted(shards)
     graph_shard = None if graph_shard is None else order.index(graph_shard)
+    items_of = [shards[k] for k in order]
     store = storage_for(p.dst)
     if store.local:
         base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        out_paths = [f"{base}.data-{k}" for k in range(len(shards))]
+        out_paths = [f"{base}.data-{k}" for k in range(len(items_of))]
     else:
         # Written under their final names, which no committed index may use: a shard
         # count unlike any already there (extra shards stay empty).
-        shards += [[] for _ in range(free_shard_count(data_files(p.dst), len(shards))
-                                     - len(shards))]
-        out_paths = [paths.data_filename(p.dst, k, len(shards)) for k in range(len(shards))]
+        count = free_shard_count(data_files(p.dst), len(items_of))
+        items_of += [[] for _ in range(count - len(items_of))]
+        out_paths = [paths.data_filename(p.dst, k, count) for k in range(count)]
     return [ShardTask(k, out_paths[k], [s.ckpt.prefix for s in p.sources], items,
                       p.object_graph if k == graph_shard else None, overflow, chunk_bytes,
                       backend, durable)
-            for k, items in enumerate(shards[i] for i in order)]
+            for k, items in enumerate(items_of)]
 
 
 def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
