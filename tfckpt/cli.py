@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import traceback
 
@@ -594,6 +595,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("tfckpt: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if argv is None:
+            # The program itself (not a caller in-process): its work is over, and a
+            # Ctrl-C from here on would only turn a finished run into a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -612,6 +626,3 @@ def main(argv: list[str] | None = None) -> int:
             message = str(e)
         print(f"tfckpt: error: {message}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("tfckpt: interrupted", file=sys.stderr)
-        return 130

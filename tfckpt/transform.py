@@ -583,10 +583,15 @@ def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     results = []
     try:
         for f in futures:
-            results.append(f.result())
+            try:
+                results.append(f.result())
+            except Exception as e:
+                if isinstance(e, CheckpointError):
+                    raise
+                raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
             if progress:
                 progress(results[-1].bytes_in)
-    except BaseException as e:
+    except BaseException:
         # Stop what has not started, and wait for what runs to stop before the
         # clean-up, or it would write its shard after the clean-up removed it.
         _CANCELLED.update(t.path for t in tasks)
@@ -600,9 +605,7 @@ def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
                     pass
         finally:
             _CANCELLED.difference_update(t.path for t in tasks)
-        if isinstance(e, (CheckpointError, KeyboardInterrupt)):
-            raise
-        raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
+        raise
     return results
 
 
