@@ -586,6 +586,51 @@ class Checkpoint:
         if self.verify:
             self._check_crc(entry, crc)
 
+    def _iter_string_elements(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
+        """A string tensor as object arrays of consecutive elements, of about
+        ``chunk_bytes`` (or one element, if larger) each. The elements' bounds take
+        8 bytes per element; their bytes are read a chunk at a time."""
+        bounds = None  # element k is data bytes [bounds[k], bounds[k + 1])
+        lengths: list[np.ndarray] = []
+        out: list[bytes] = []
+        carry: list[bytes] = []  # the start of an element that continues in the next piece
+        held = done = k = 0  # bytes in out, data bytes passed, next element
+
+        def all_lengths_read() -> np.ndarray:
+            if bounds is not None:
+                return bounds
+            out = np.zeros(1 + sum(map(len, lengths)), dtype=np.int64)
+            if lengths:
+                np.cumsum(np.concatenate(lengths), out=out[1:])
+                lengths.clear()
+            return out
+
+        for kind, part, _ in self._iter_string_parts(entry, chunk_bytes):
+            if kind == "lengths":
+                lengths.append(part)
+                continue
+            bounds = all_lengths_read()
+            data, start, done = part.tobytes(), done, done + len(part)
+            last = int(np.searchsorted(bounds, done, side="right")) - 1  # elements ending here
+            for a, b in zip(bounds[k:last].tolist(), bounds[k + 1:last + 1].tolist()):
+                if a < start:
+                    carry.append(data[:b - start])
+                    out.append(b"".join(carry))
+                    carry.clear()
+                else:
+                    out.append(data[a - start:b - start])
+                held += b - a
+            k = max(k, last)
+            if k < len(bounds) - 1:
+                carry.append(data[max(int(bounds[k]) - start, 0):])
+            if held >= chunk_bytes:
+                yield _object_array(out)
+                out, held = [], 0
+        bounds = all_lengths_read()
+        out += [b""] * (len(bounds) - 1 - k)  # empty elements after the last byte
+        if out or len(bounds) == 1:
+            yield _object_array(out)
+
     def _assemble(self, entry: _Entry) -> np.ndarray:
         _check_slice_cover(entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name))
         parts = [self._slice_entry(entry, s) for s in entry.slices]
@@ -682,7 +727,10 @@ class Checkpoint:
     def _iter_entry(self, entry: _Entry, chunk_bytes: int,
                     ring: "_BufferRing | None" = None) -> Iterator[np.ndarray]:
         dtype = entry.dtype
-        if dtype.numpy is None or dtype is _dt.STRING:
+        if dtype is _dt.STRING:
+            yield from self._iter_string_elements(entry, chunk_bytes)
+            return
+        if dtype.numpy is None:
             yield self._decode(entry).reshape(-1)
             return
         reader = self._check_extent(entry)
@@ -821,6 +869,12 @@ class StringFraming:
         self.lengths = lengths
         self.data_offset = pos
         self.crc = crc32c(memoryview(buf)[pos:], crc32c(raw_check, crc))
+
+
+def _object_array(items: list) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
 
 
 def _decode_varints(buf: np.ndarray, count: int) -> tuple[np.ndarray, int]:
