@@ -207,3 +207,22 @@ def test_mapped_read_after_truncation_is_an_error(strings_ckpt, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"exit status {proc.returncode}: {proc.stderr}"
     assert "other" in proc.stdout
+
+
+def test_iter_chunks_yields_string_elements_a_chunk_at_a_time(strings_ckpt):
+    tf = pytest.importorskip("tensorflow")
+    src, small, values = strings_ckpt
+    reader = tf.train.load_checkpoint(src)
+    chunk = 1 << 20
+    with tfckpt.open(src) as ckpt:
+        for name in ("many", "big"):
+            want = reader.get_tensor(name).reshape(-1)
+            chunks = list(ckpt.iter_chunks(name, chunk))
+            assert all(c.dtype == object and c.ndim == 1 for c in chunks)
+            assert (np.concatenate(chunks) == want).all(), name
+            for c in chunks:
+                sizes = [len(x) for x in c]
+                assert sum(sizes) <= 2 * chunk or len(c) == 1 or \
+                    sum(sizes) - max(sizes) <= 2 * chunk, (name, len(c), sum(sizes))
+            if name == "many":
+                assert len(chunks) > 32

@@ -548,13 +548,20 @@ class Checkpoint:
         def malformed(what) -> CorruptCheckpointError:
             return self._corrupt(f"malformed string tensor: {what}", entry.name, shard)
 
-        pos, end = entry.proto.offset, entry.proto.offset + size
+        pos, end = entry.proto.offset, entry.proto.offset + size  # pos: the next byte to read
+        pending = np.empty(0, dtype=np.uint8)  # read but not yet used: each byte is read once
+        piece = max(step // 16, 64)  # of lengths: decoded, they take 8 bytes each
         crc = total = 0
         left = n
-        while left:  # lengths: their decoded form takes 8 bytes each, so read fewer
+        if not n:
+            yield "lengths", np.empty(0, dtype=np.uint64), 4
+        while left:
+            if len(pending) < piece and pos < end:
+                more = read(pos, min(piece - len(pending), end - pos))
+                pos += len(more)
+                pending = np.concatenate([pending, more]) if len(pending) else more
             try:
-                lengths, used = _decode_varints(read(pos, min(max(step // 16, 64), end - pos)),
-                                                left)
+                lengths, used = _decode_varints(pending, left)
             except ValueError as e:
                 raise malformed(e) from None
             if not used:
@@ -564,24 +571,31 @@ class Checkpoint:
             total += int(lengths.sum())
             crc = _lengths_crc(lengths, endian, crc)
             left -= len(lengths)
-            pos += used
+            pending = pending[used:]
             yield "lengths", lengths, used + (0 if left else 4)
-        if pos + 4 > end:
+        if len(pending) < 4 and pos < end:
+            more = read(pos, min(4 - len(pending), end - pos))
+            pos += len(more)
+            pending = np.concatenate([pending, more])
+        if len(pending) < 4:
             raise malformed("truncated before the length checksum")
-        check = read(pos, 4)
+        check, pending = pending[:4], pending[4:]
         stored = unmask_crc(int.from_bytes(check.tobytes(), endian))
         if self.verify and stored != crc:
             raise self._corrupt(f"string length checksum mismatch: stored {stored:#010x}, "
                                 f"computed {crc:#010x}", entry.name, shard)
         crc = crc32c(check, crc)
-        pos += 4
-        if pos + total != end:
-            raise malformed(f"lengths add up to {total} bytes but {end - pos} follow")
-        while pos < end:
-            buf = read(pos, min(step, end - pos))
+        if len(pending) + end - pos != total:
+            raise malformed(f"lengths add up to {total} bytes but {len(pending) + end - pos} "
+                            "follow")
+        while len(pending) or pos < end:
+            if len(pending):
+                buf, pending = pending, pending[:0]
+            else:
+                buf = read(pos, min(step, end - pos))
+                pos += len(buf)
             if self.verify:
                 crc = crc32c(buf, crc)
-            pos += len(buf)
             yield "data", buf, len(buf)
         if self.verify:
             self._check_crc(entry, crc)
@@ -659,7 +673,9 @@ class Checkpoint:
         streamed, partitioned ones included: their slices are read band of rows
         by band of rows. Checksums are verified incrementally; a mismatch raises
         once the affected bytes are all read. With ``extents``, streams one
-        stored slice of a partitioned tensor. String tensors come as one chunk.
+        stored slice of a partitioned tensor. String tensors come as object
+        arrays of about ``chunk_bytes`` of elements (or one larger element); a
+        partitioned one comes whole.
         With ``reuse``, chunks are read into a small ring of buffers, so a chunk
         stays valid only until ``REUSE_RING - 1`` more have been taken: for
         streaming consumers that keep only a few chunks in flight.

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import traceback
 
 import numpy as np
@@ -601,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tfckpt: interrupted", file=sys.stderr)
         return 130
     finally:
-        if argv is None:
+        if argv is None and threading.current_thread() is threading.main_thread():
             # The program itself (not a caller in-process): its work is over, and a
             # Ctrl-C from here on would only turn a finished run into a traceback.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
