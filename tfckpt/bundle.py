@@ -604,26 +604,17 @@ class Checkpoint:
         """A string tensor as object arrays of consecutive elements, of about
         ``chunk_bytes`` (or one element, if larger) each. The elements' bounds take
         8 bytes per element; their bytes are read a chunk at a time."""
-        bounds = None  # element k is data bytes [bounds[k], bounds[k + 1])
-        lengths: list[np.ndarray] = []
+        bounds = np.zeros(_num_elements(entry.shape) + 1, dtype=np.int64)
         out: list[bytes] = []
         carry: list[bytes] = []  # the start of an element that continues in the next piece
-        held = done = k = 0  # bytes in out, data bytes passed, next element
-
-        def all_lengths_read() -> np.ndarray:
-            if bounds is not None:
-                return bounds
-            out = np.zeros(1 + sum(map(len, lengths)), dtype=np.int64)
-            if lengths:
-                np.cumsum(np.concatenate(lengths), out=out[1:])
-                lengths.clear()
-            return out
-
+        held = done = k = known = 0  # bytes in out, data bytes passed, next element, lengths
         for kind, part, _ in self._iter_string_parts(entry, chunk_bytes):
-            if kind == "lengths":
-                lengths.append(part)
+            if kind == "lengths":  # element i is data bytes [bounds[i], bounds[i + 1])
+                ends = bounds[known + 1:known + 1 + len(part)]
+                np.cumsum(part, out=ends)
+                ends += bounds[known]
+                known += len(part)
                 continue
-            bounds = all_lengths_read()
             data, start, done = part.tobytes(), done, done + len(part)
             last = int(np.searchsorted(bounds, done, side="right")) - 1  # elements ending here
             for a, b in zip(bounds[k:last].tolist(), bounds[k + 1:last + 1].tolist()):
@@ -640,7 +631,6 @@ class Checkpoint:
             if held >= chunk_bytes:
                 yield _object_array(out)
                 out, held = [], 0
-        bounds = all_lengths_read()
         out += [b""] * (len(bounds) - 1 - k)  # empty elements after the last byte
         if out or len(bounds) == 1:
             yield _object_array(out)
