@@ -580,14 +580,14 @@ class Checkpoint:
         if len(pending) < 4:
             raise malformed("truncated before the length checksum")
         check, pending = pending[:4], pending[4:]
+        if len(pending) + end - pos != total:
+            raise malformed(f"lengths add up to {total} bytes but {len(pending) + end - pos} "
+                            "follow")
         stored = unmask_crc(int.from_bytes(check.tobytes(), endian))
         if self.verify and stored != crc:
             raise self._corrupt(f"string length checksum mismatch: stored {stored:#010x}, "
                                 f"computed {crc:#010x}", entry.name, shard)
         crc = crc32c(check, crc)
-        if len(pending) + end - pos != total:
-            raise malformed(f"lengths add up to {total} bytes but {len(pending) + end - pos} "
-                            "follow")
         while len(pending) or pos < end:
             if len(pending):
                 buf, pending = pending, pending[:0]
@@ -604,11 +604,13 @@ class Checkpoint:
         """A string tensor as object arrays of consecutive elements, of about
         ``chunk_bytes`` (or one element, if larger) each. The elements' bounds take
         8 bytes per element; their bytes are read a chunk at a time."""
-        bounds = np.zeros(_num_elements(entry.shape) + 1, dtype=np.int64)
+        bounds = None  # allocated once the framing's size checks have passed
         out: list[bytes] = []
         carry: list[bytes] = []  # the start of an element that continues in the next piece
         held = done = k = known = 0  # bytes in out, data bytes passed, next element, lengths
         for kind, part, _ in self._iter_string_parts(entry, chunk_bytes):
+            if bounds is None:
+                bounds = np.zeros(_num_elements(entry.shape) + 1, dtype=np.int64)
             if kind == "lengths":  # element i is data bytes [bounds[i], bounds[i + 1])
                 ends = bounds[known + 1:known + 1 + len(part)]
                 np.cumsum(part, out=ends)
@@ -631,6 +633,8 @@ class Checkpoint:
             if held >= chunk_bytes:
                 yield _object_array(out)
                 out, held = [], 0
+        if bounds is None:  # no bytes at all: a tensor of no elements
+            bounds = np.zeros(1, dtype=np.int64)
         out += [b""] * (len(bounds) - 1 - k)  # empty elements after the last byte
         if out or len(bounds) == 1:
             yield _object_array(out)
