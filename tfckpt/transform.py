@@ -723,6 +723,13 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
                 progress(chunk.nbytes)
 
 
+# How often a pipeline thread looks again at a hand-over. A Ctrl-C raised in the main
+# thread in the middle of a queue operation can swallow the wake-up of the thread on
+# the other side (Python's locks are not safe against such asynchronous exceptions),
+# so no hand-over waits without a timeout.
+_POLL = 0.05
+
+
 class _WriteBehind:
     """Writes to a tensor stream from a thread, one item behind the producer.
 
@@ -735,14 +742,18 @@ class _WriteBehind:
         self._items: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
         self._cancelled = False
+        self._closing = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
-            item = self._items.get()
-            if item is None:
-                return
+            try:
+                item = self._items.get(timeout=_POLL)
+            except queue.Empty:
+                if self._closing:  # set after the last item was queued: all written
+                    return
+                continue
             if self._error is None and not self._cancelled:
                 try:
                     self._stream.write(item)
@@ -752,7 +763,12 @@ class _WriteBehind:
     def write(self, data) -> None:
         if self._error is not None:
             raise self._error
-        self._items.put(data)
+        while True:
+            try:
+                self._items.put(data, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
 
     def __enter__(self) -> "_WriteBehind":
         return self
@@ -760,7 +776,7 @@ class _WriteBehind:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self._cancelled = True
-        self._items.put(None)  # taken as soon as the write under way returns
+        self._closing = True
         self._thread.join()
         if self._error is not None and exc_type is None:
             raise self._error
@@ -780,7 +796,7 @@ def _prefetch(iterator: Iterator):
     def offer(item) -> bool:
         while not stop.is_set():
             try:
-                items.put(item, timeout=0.05)
+                items.put(item, timeout=_POLL)
                 return True
             except queue.Full:
                 continue
@@ -799,7 +815,10 @@ def _prefetch(iterator: Iterator):
     worker.start()
     try:
         while True:
-            item, error = items.get()
+            try:
+                item, error = items.get(timeout=_POLL)
+            except queue.Empty:
+                continue
             if item is done:
                 if error is not None:
                     raise error
