@@ -39,18 +39,21 @@ def verify_with_tf(path, *, reference=None) -> dict:
     return _verify(path, reference=reference)
 
 
-def open(path, *, verify: bool = True) -> Checkpoint:  # noqa: A001 - mirrors safetensors' safe_open
+def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa: A001 - mirrors safetensors' safe_open
     """Open a checkpoint for reading.
 
     ``path`` may be a prefix (``train/model.ckpt-7``), its ``.index`` file, a
     directory with a ``checkpoint`` state file (its latest checkpoint is taken),
     or a SavedModel directory. With ``verify`` (the default) every tensor's
     CRC32C is checked when it is read; index block checksums are always checked.
+    With ``mmap`` (the default), ``ckpt[name]`` of a local checkpoint views the
+    mapped file (zero-copy); such an array dies with SIGBUS if the file is
+    truncated later. ``mmap=False`` reads into memory of its own.
 
     >>> ckpt = tfckpt.open("train")
     >>> ckpt.keys()[:2], ckpt.info("dense/kernel").dtype
     """
-    return Checkpoint(path, verify=verify)
+    return Checkpoint(path, verify=verify, mmap=mmap)
 
 
 __all__ = [

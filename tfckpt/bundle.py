@@ -146,11 +146,16 @@ class Checkpoint:
 
     Acts as a read-only mapping from tensor name to numpy array. Only the index
     is read when opening; tensor bytes are read on demand with positioned reads.
+    With ``mmap`` (the default), whole fixed-size tensors of a local checkpoint
+    are read-only views of the mapped file instead: zero-copy, but such an array
+    dies with SIGBUS when touched after the file was truncated. Everything else
+    (chunks, strings, raw bytes) is always read into memory of its own.
     """
 
-    def __init__(self, path, *, verify: bool = True):
+    def __init__(self, path, *, verify: bool = True, mmap: bool = True):
         self.prefix = paths.resolve_prefix(path)
         self.verify = verify
+        self.mmap = mmap
         self.index_path = paths.index_filename(self.prefix)
         self.storage = storage_for(self.prefix)
         self._readers: dict[int, object] = {}
@@ -475,15 +480,17 @@ class Checkpoint:
                 raise self._corrupt("unexpected end of file", entry.name, self._shard_path(entry))
             done += n
 
-    def _read_entry_bytes(self, entry: _Entry) -> np.ndarray:
+    def _read_entry_bytes(self, entry: _Entry, *, view: bool = False) -> np.ndarray:
         """The entry's bytes as a uint8 array, checksum verified when asked to.
 
-        From a local file this is a read-only view of the mapped file: zero-copy.
+        With ``view`` (and ``mmap``), from a local file this is a read-only view of
+        the mapped file: zero-copy.
         """
         reader = self._check_extent(entry)
-        if entry.proto.size and hasattr(reader, "view"):
+        buf = None
+        if view and self.mmap and entry.proto.size and hasattr(reader, "view"):
             buf = reader.view(entry.proto.offset, entry.proto.size)
-        else:
+        if buf is None:
             buf = np.empty(entry.proto.size, dtype=np.uint8)
             self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
         if self.verify and entry.dtype is not _dt.STRING and entry.dtype is not _VARIANT:
@@ -547,7 +554,7 @@ class Checkpoint:
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors have no numpy form; use read_bytes()",
                 path=self.prefix, tensor=entry.name)
-        buf = self._read_entry_bytes(entry)
+        buf = self._read_entry_bytes(entry, view=True)
         return self._to_array(buf, dtype, entry.shape)
 
     def _to_array(self, buf: np.ndarray, dtype: _dt.DType, shape: tuple[int, ...]) -> np.ndarray:
@@ -624,6 +631,142 @@ class Checkpoint:
             self._check_crc(entry, framing.crc)
         return framing
 
+    def iter_string_parts(self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                          extents: Slice | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
+        """Stream a string tensor (or one stored slice of it) as the format lays it out.
+
+        Yields ``("lengths", uint64 array, n)`` until every element's length has
+        come, then ``("data", uint8 array, n)``: the elements' bytes, concatenated,
+        cut anywhere (an element larger than a chunk spans several). ``n`` is the
+        source bytes each piece stands for. About ``chunk_bytes`` at most are held
+        at once, whatever the tensor's or its elements' size; the framing and (when
+        verifying) both checksums are checked as the bytes pass, a mismatch raising
+        once the bytes it covers are read. ``BundleWriter.stream`` of a ``string``
+        tensor takes the pieces back.
+        """
+        entry = self._full_entry(name)
+        if extents is not None:
+            entry = self._slice_entry(entry, tuple(extents))
+        elif entry.slices:
+            raise UnsupportedCheckpointError(
+                "partitioned tensor has no bytes of its own; read its slices", path=self.prefix,
+                tensor=name)
+        if entry.dtype is not _dt.STRING:
+            raise TypeError(f"{name!r} is a {entry.dtype.name} tensor, not a string tensor")
+        return self._iter_string_parts(entry, chunk_bytes)
+
+    def _iter_string_parts(self, entry: _Entry, chunk_bytes: int
+                           ) -> Iterator[tuple[str, np.ndarray, int]]:
+        n, size = _num_elements(entry.shape), entry.proto.size
+        if size == 0:
+            if n:
+                raise self._corrupt(f"string tensor of {n} elements has no bytes", entry.name)
+            return
+        if n > size:  # every element takes at least one length byte
+            raise self._corrupt(f"{n} strings cannot fit in {size} bytes", entry.name)
+        reader = self._check_extent(entry)
+        shard, endian = self._shard_path(entry), self.header.endianness
+        step = max(chunk_bytes, 1 << 12)
+
+        def read(pos: int, count: int) -> np.ndarray:
+            buf = np.empty(count, dtype=np.uint8)
+            self._pread_into(reader, memoryview(buf), pos, entry)
+            return buf
+
+        def malformed(what) -> CorruptCheckpointError:
+            return self._corrupt(f"malformed string tensor: {what}", entry.name, shard)
+
+        pos, end = entry.proto.offset, entry.proto.offset + size  # pos: the next byte to read
+        pending = np.empty(0, dtype=np.uint8)  # read but not yet used: each byte is read once
+        piece = max(step // 16, 64)  # of lengths: decoded, they take 8 bytes each
+        crc = total = 0
+        left = n
+        if not n:
+            yield "lengths", np.empty(0, dtype=np.uint64), 4
+        while left:
+            if len(pending) < piece and pos < end:
+                more = read(pos, min(piece - len(pending), end - pos))
+                pos += len(more)
+                pending = np.concatenate([pending, more]) if len(pending) else more
+            try:
+                lengths, used = _decode_varints(pending, left)
+            except ValueError as e:
+                raise malformed(e) from None
+            if not used:
+                raise malformed("truncated varint")
+            if int(lengths.max()) > size:
+                raise malformed(f"an element of {int(lengths.max())} bytes in {size} bytes")
+            total += int(lengths.sum())
+            crc = _lengths_crc(lengths, endian, crc)
+            left -= len(lengths)
+            pending = pending[used:]
+            yield "lengths", lengths, used + (0 if left else 4)
+        if len(pending) < 4 and pos < end:
+            more = read(pos, min(4 - len(pending), end - pos))
+            pos += len(more)
+            pending = np.concatenate([pending, more])
+        if len(pending) < 4:
+            raise malformed("truncated before the length checksum")
+        check, pending = pending[:4], pending[4:]
+        if len(pending) + end - pos != total:
+            raise malformed(f"lengths add up to {total} bytes but {len(pending) + end - pos} "
+                            "follow")
+        stored = unmask_crc(int.from_bytes(check.tobytes(), endian))
+        if self.verify and stored != crc:
+            raise self._corrupt(f"string length checksum mismatch: stored {stored:#010x}, "
+                                f"computed {crc:#010x}", entry.name, shard)
+        crc = crc32c(check, crc)
+        while len(pending) or pos < end:
+            if len(pending):
+                buf, pending = pending, pending[:0]
+            else:
+                buf = read(pos, min(step, end - pos))
+                pos += len(buf)
+            if self.verify:
+                crc = crc32c(buf, crc)
+            yield "data", buf, len(buf)
+        if self.verify:
+            self._check_crc(entry, crc)
+
+    def _iter_string_elements(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
+        """A string tensor as object arrays of consecutive elements, of about
+        ``chunk_bytes`` (or one element, if larger) each. The elements' bounds take
+        8 bytes per element; their bytes are read a chunk at a time."""
+        bounds = None  # allocated once the framing's size checks have passed
+        out: list[bytes] = []
+        carry: list[bytes] = []  # the start of an element that continues in the next piece
+        held = done = k = known = 0  # bytes in out, data bytes passed, next element, lengths
+        for kind, part, _ in self._iter_string_parts(entry, chunk_bytes):
+            if bounds is None:
+                bounds = np.zeros(_num_elements(entry.shape) + 1, dtype=np.int64)
+            if kind == "lengths":  # element i is data bytes [bounds[i], bounds[i + 1])
+                ends = bounds[known + 1:known + 1 + len(part)]
+                np.cumsum(part, out=ends)
+                ends += bounds[known]
+                known += len(part)
+                continue
+            data, start, done = part.tobytes(), done, done + len(part)
+            last = int(np.searchsorted(bounds, done, side="right")) - 1  # elements ending here
+            for a, b in zip(bounds[k:last].tolist(), bounds[k + 1:last + 1].tolist()):
+                if a < start:
+                    carry.append(data[:b - start])
+                    out.append(b"".join(carry))
+                    carry.clear()
+                else:
+                    out.append(data[a - start:b - start])
+                held += b - a
+            k = max(k, last)
+            if k < len(bounds) - 1:
+                carry.append(data[max(int(bounds[k]) - start, 0):])
+            if held >= chunk_bytes:
+                yield _object_array(out)
+                out, held = [], 0
+        if bounds is None:  # no bytes at all: a tensor of no elements
+            bounds = np.zeros(1, dtype=np.int64)
+        out += [b""] * (len(bounds) - 1 - k)  # empty elements after the last byte
+        if out or len(bounds) == 1:
+            yield _object_array(out)
+
     def _assemble(self, entry: _Entry) -> np.ndarray:
         self._check_whole(entry)
         parts = [self._slice_entry(entry, s) for s in entry.slices]
@@ -652,7 +795,9 @@ class Checkpoint:
         streamed, partitioned ones included: their slices are read band of rows
         by band of rows. Checksums are verified incrementally; a mismatch raises
         once the affected bytes are all read. With ``extents``, streams one
-        stored slice of a partitioned tensor. String tensors come as one chunk.
+        stored slice of a partitioned tensor. String tensors come as object
+        arrays of about ``chunk_bytes`` of elements (or one larger element); a
+        partitioned one comes whole.
         With ``reuse``, chunks are read into a small ring of buffers, so a chunk
         stays valid only until ``REUSE_RING - 1`` more have been taken: for
         streaming consumers that keep only a few chunks in flight.
@@ -719,7 +864,10 @@ class Checkpoint:
     def _iter_entry(self, entry: _Entry, chunk_bytes: int,
                     ring: "_BufferRing | None" = None) -> Iterator[np.ndarray]:
         dtype = entry.dtype
-        if dtype.numpy is None or dtype is _dt.STRING:
+        if dtype is _dt.STRING:
+            yield from self._iter_string_elements(entry, chunk_bytes)
+            return
+        if dtype.numpy is None:
             yield self._decode(entry).reshape(-1)
             return
         reader = self._check_extent(entry)
@@ -965,6 +1113,63 @@ def _decode_slice_key(key: bytes) -> tuple[str, Slice] | None:
     except ValueError:
         return None
     return (name, extents) if canonical else None
+
+def _object_array(items: list) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def _decode_varints(buf: np.ndarray, count: int) -> tuple[np.ndarray, int]:
+    """The first (up to) ``count`` whole varint64s in ``buf``: their values and bytes used.
+
+    Vectorized ``decode_varint``; ``ValueError`` for one longer than 10 bytes or
+    beyond 64 bits. A varint cut off at the end of ``buf`` is left for the next read.
+    """
+    ends = np.flatnonzero(buf < 0x80)[:count]
+    if not len(ends):
+        if len(buf) >= 10:
+            raise ValueError("overlong varint")
+        return np.empty(0, dtype=np.uint64), 0
+    used = int(ends[-1]) + 1
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    sizes = ends - starts + 1
+    if sizes.max() > 10:
+        raise ValueError("overlong varint")
+    within = np.arange(used) - np.repeat(starts, sizes)  # each byte's place in its varint
+    bits = buf[:used] & 0x7F
+    if (bits[within == 9] > 1).any():
+        raise ValueError("varint64 out of range")
+    values = np.add.reduceat(bits.astype(np.uint64) << (7 * within).astype(np.uint64), starts)
+    return values, used
+
+
+def _encode_varints(values: np.ndarray) -> np.ndarray:
+    """``encode_varint`` of every value, concatenated (vectorized)."""
+    sizes = np.ones(len(values), dtype=np.int64)
+    for k in range(1, 10):
+        sizes += values >= np.uint64(1 << (7 * k))
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    for k in range(10):
+        at = np.flatnonzero(sizes > k)
+        if not len(at):
+            break
+        low = ((values[at] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        out[starts[at] + k] = low | ((sizes[at] > k + 1).astype(np.uint8) << 7)
+    return out
+
+
+def _lengths_crc(lengths: np.ndarray, endian: str, crc: int) -> int:
+    """Carry a string tensor's CRC32C over its lengths: each as uint32 (uint64 when larger)."""
+    if not len(lengths) or int(lengths.max()) <= 0xFFFFFFFF:
+        return crc32c(lengths.astype(np.dtype("u4").newbyteorder(
+            "<" if endian == "little" else ">")), crc)
+    for length in lengths.tolist():
+        crc = crc32c(length.to_bytes(4 if length <= 0xFFFFFFFF else 8, endian), crc)
+    return crc
 
 
 def _load_sync_file_range():
@@ -1281,7 +1486,7 @@ class BundleWriter:
         slice_shape = _slice_shape(full_shape, extents)
         key = self._slice_key(name, dt, full_shape, extents, slice_shape)
         self._check_open(key, name)
-        if dt.numpy is None:
+        if dt.numpy is None and dt is not _dt.STRING:
             raise ValueError(f"{dt.name} tensors cannot be streamed")
         stream = self._stream(key, dt, slice_shape, shard)
         stream.on_close = lambda: self._register_slice(name, dt, full_shape, extents)
@@ -1329,16 +1534,25 @@ class BundleWriter:
                 e.length = length
 
     def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> "_TensorStream":
-        """Add a fixed-size tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``."""
+        """Add a tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``.
+
+        A ``string`` tensor is streamed as its format lays it out instead: every
+        element's length (``s.write_lengths``), then the elements' bytes, cut
+        anywhere (``s.write_data``), as :meth:`Checkpoint.iter_string_parts` yields them.
+        """
         key = _encode_name(name)
         self._check_open(key, name)
         dt = _dt.lookup(dtype)
-        if dt.numpy is None:
+        if dt.numpy is None and dt is not _dt.STRING:
             raise ValueError(f"{dt.name} tensors cannot be streamed")
         return self._stream(key, dt, _shape_tuple(shape), shard)
 
     def _stream(self, key: bytes, dt: _dt.DType, shape: tuple[int, ...],
                 shard: int | None) -> "_TensorStream":
+        if dt is _dt.STRING:  # its size is known only at the end
+            shard_id = self._begin(0, shard)
+            self._streaming = True
+            return _StringStream(self, key, shape, shard_id)
         size = _num_elements(shape) * dt.itemsize
         shard_id = self._begin(size, shard)
         self._streaming = True
@@ -1633,6 +1847,73 @@ class _TensorStream:
         else:
             self._w._streaming = False
             self._w.abort()
+
+
+class _StringStream(_TensorStream):
+    """Receives one string tensor: every element's length, then the elements' bytes.
+
+    Writes the framing and computes the checksums exactly as :func:`_encode_strings`.
+    """
+
+    def __init__(self, writer: BundleWriter, key: bytes, shape: tuple[int, ...],
+                 shard_id: int):
+        super().__init__(writer, key, _dt.STRING, shape, 0, shard_id)
+        self._count = _num_elements(shape)
+        self._lengths = 0   # lengths received
+        self._expected = 0  # element bytes they add up to
+        self._framed = False  # the lengths' checksum is written
+
+    def write_lengths(self, lengths) -> None:
+        arr = np.asarray(lengths)
+        if arr.ndim != 1 or arr.dtype.kind not in "ui" or (arr.dtype.kind == "i" and len(arr)
+                                                           and int(arr.min()) < 0):
+            raise ValueError("lengths must be a 1-D array of non-negative integers")
+        if self._framed or self._lengths + len(arr) > self._count:
+            raise ValueError(f"more than the {self._count} lengths of shape {list(self.shape)}")
+        arr = arr.astype(np.uint64, copy=False)
+        self._put(_encode_varints(arr))
+        self._crc = _lengths_crc(arr, self._w.endianness, self._crc)
+        self._lengths += len(arr)
+        self._expected += int(arr.sum())
+        if self._lengths == self._count:
+            self._end_lengths()
+
+    def _end_lengths(self) -> None:
+        check = mask_crc(self._crc).to_bytes(4, self._w.endianness)
+        self._put(check)
+        self._crc = crc32c(check, self._crc)
+        self._framed = True
+
+    def write_data(self, data) -> None:
+        data = memoryview(data).cast("B")
+        if not self._framed:
+            if self._lengths != self._count:
+                raise ValueError(f"element bytes after {self._lengths} of {self._count} lengths")
+            self._end_lengths()
+        if self._written + len(data) > self._expected:
+            raise ValueError(f"more than the {self._expected} bytes the lengths add up to")
+        self._put(data)
+        self._crc = crc32c(data, self._crc)
+        self._written += len(data)
+
+    def write(self, chunk) -> None:
+        raise ValueError("string tensors are streamed with write_lengths and write_data")
+
+    def _put(self, data) -> None:
+        self._w._write(self._shard_id, data)
+
+    def close(self) -> None:
+        self._w._streaming = False
+        if not self._framed and self._lengths == self._count:
+            self._end_lengths()
+        if self._lengths != self._count or self._written != self._expected:
+            raise ValueError(f"{self._lengths} of {self._count} lengths and {self._written} of "
+                             f"{self._expected} element bytes written")
+        size = self._w._shards[self._shard_id].size - self._offset
+        self._w._record(self._key, self.dtype, self.shape, self._shard_id, self._offset, size,
+                        self._crc)
+        if self.on_close is not None:
+            self.on_close()
 
 
 def _infer_dtype(value, dtype) -> _dt.DType:

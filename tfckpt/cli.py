@@ -16,7 +16,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import traceback
 
 import numpy as np
@@ -734,6 +736,19 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure") and \
                 (stream.encoding or "").lower().replace("-", "") != "utf8":
             stream.reconfigure(errors="backslashreplace")
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("tfckpt: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if argv is None and threading.current_thread() is threading.main_thread():
+            # The program itself (not a caller in-process): its work is over, and a
+            # Ctrl-C from here on would only turn a finished run into a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -753,6 +768,3 @@ def main(argv: list[str] | None = None) -> int:
             message = str(e)
         _emit(f"tfckpt: error: {message}", err=True)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("tfckpt: interrupted", file=sys.stderr)
-        return 130

@@ -129,10 +129,19 @@ class LocalReader:
         return os.preadv(self._fd, [buf], offset)
 
     def view(self, offset: int, n: int):
-        """A read-only numpy view of bytes [offset, offset + n) of the mapped file."""
+        """A read-only numpy view of bytes [offset, offset + n) of the mapped file.
+
+        None when the file no longer holds those bytes (it was truncated since it
+        was opened): touching a mapped page past the end of a file raises SIGBUS,
+        which kills the process, so the file's current size is checked first.
+        """
         import numpy as np
+        if os.fstat(self._fd).st_size < offset + n:
+            return None
         if self._map is None:
             self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        if len(self._map) < offset + n:
+            return None
         return np.frombuffer(self._map, dtype=np.uint8, count=n, offset=offset)
 
     def close(self) -> None:

@@ -207,7 +207,7 @@ def open_sources(sources) -> list[Source]:
         sources = [sources]
     out = []
     for src in sources:
-        ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src)
+        ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
         graph = None
         if OBJECT_GRAPH_KEY in ckpt:
             graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
@@ -622,6 +622,11 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
             for k, items in enumerate(items_of)]
 
 
+# Shard tasks (by path) whose run has failed: tasks running in this process's threads
+# stop at their next chunk. Tasks in other processes do not see it and run to the end.
+_CANCELLED: set[str] = set()
+
+
 def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     if executor is None:
         return [run_shard_task(t, progress) for t in tasks]
@@ -629,22 +634,29 @@ def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     results = []
     try:
         for f in futures:
-            results.append(f.result())
+            try:
+                results.append(f.result())
+            except Exception as e:
+                if isinstance(e, CheckpointError):
+                    raise
+                raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
             if progress:
                 progress(results[-1].bytes_in)
-    except BaseException as e:
-        # Stop what has not started, and let what runs finish before the clean-up,
-        # or it would write its shard after the clean-up removed it.
-        for f in futures:
-            f.cancel()
-        for f in futures:
-            try:
-                f.result()
-            except BaseException:
-                pass
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
+    except BaseException:
+        # Stop what has not started, and wait for what runs to stop before the
+        # clean-up, or it would write its shard after the clean-up removed it.
+        _CANCELLED.update(t.path for t in tasks)
+        try:
+            for f in futures:
+                f.cancel()
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException:
+                    pass
+        finally:
+            _CANCELLED.difference_update(t.path for t in tasks)
+        raise
     return results
 
 
@@ -653,19 +665,26 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
     """Write one shard: its tensors, read from the sources and cast, in plan order."""
     ckpts: dict[int, Checkpoint] = {}
     counts: dict[str, tuple[int, int, int, int]] = {}
+
+    def tick(nbytes: int) -> None:
+        if task.path in _CANCELLED:
+            raise CheckpointError("cancelled: the run failed elsewhere", path=task.path)
+        if progress:
+            progress(nbytes)
+
     w = BundleWriter.for_shard(task.path, durable=task.durable)
     try:
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) \
             else None
         for item in task.items:
             if item.source not in ckpts:
-                ckpts[item.source] = Checkpoint(task.sources[item.source])
+                ckpts[item.source] = Checkpoint(task.sources[item.source], mmap=False)
             caster = None
             if item.dtype != item.new_dtype:
                 caster = Caster(_dt.lookup(item.dtype), _dt.lookup(item.new_dtype),
                                 task.overflow, convert=tf_convert if item.tf_cast else None,
                                 reuse_output=True)
-            _copy(ckpts[item.source], w, item, caster, progress, task.chunk_bytes)
+            _copy(ckpts[item.source], w, item, caster, tick, task.chunk_bytes)
             if caster is not None:
                 c = caster.counts
                 old = counts.get(item.new_name, (0, 0, 0, 0))
@@ -726,19 +745,31 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
           chunk_bytes: int) -> None:
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
-    if dtype.numpy is None or dtype is _dt.STRING:
-        if ckpt.header.endianness != w.endianness and dtype is not _dt.STRING:
+    read_bytes = max(chunk_bytes // 8, 1 << 16)
+    if dtype is _dt.STRING:
+        if t.partitioned and extents is None:  # a partitioned tensor made whole
+            w.add(t.new_name, ckpt[t.name], dtype.name)
+            if progress:
+                progress(t.bytes_in)
+            return
+        # Lengths, then element bytes, in bounded pieces; the writer frames them anew
+        # (in its own byte order), which gives the bytes TensorFlow writes.
+        stream = w.stream_slice(t.new_name, dtype.name, t.shape, extents) if extents else \
+            w.stream(t.new_name, dtype.name, t.shape)
+        with stream:
+            for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
+                if kind == "lengths":
+                    stream.write_lengths(part)
+                else:
+                    stream.write_data(part)
+                if progress:
+                    progress(nbytes)
+        return
+    if dtype.numpy is None:
+        if ckpt.header.endianness != w.endianness:
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
                 "be rewritten", path=ckpt.prefix, tensor=t.name)
-        whole = t.partitioned and extents is None  # a partitioned tensor made whole
-        if dtype is _dt.STRING and (ckpt.header.endianness != w.endianness or whole):
-            value = ckpt.read_slice(t.name, extents) if extents else ckpt[t.name]
-            if extents:
-                w.add_slice(t.new_name, t.shape, extents, value, dtype.name)
-            else:
-                w.add(t.new_name, value, dtype.name)
-            return
         data = ckpt.read_bytes(t.name, extents)
         shape = t.shape if not extents else \
             tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
@@ -756,7 +787,6 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
     # output's CRC) one chunk behind in another thread. numpy, crc32c and file I/O
     # release the GIL, so both cores stay busy. Chunk buffers are rings sized for
     # the chunks in flight; the budget covers them all.
-    read_bytes = max(chunk_bytes // 8, 1 << 16)
     with stream, _WriteBehind(stream) as writer:
         chunks = ckpt.iter_chunks(t.name, read_bytes, extents=extents, reuse=True)
         for chunk in _prefetch(chunks):
@@ -765,22 +795,38 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
                 progress(chunk.nbytes)
 
 
+# How often a pipeline thread looks again at a hand-over. A Ctrl-C raised in the main
+# thread in the middle of a queue operation can swallow the wake-up of the thread on
+# the other side (Python's locks are not safe against such asynchronous exceptions),
+# so no hand-over waits without a timeout.
+_POLL = 0.05
+
+
 class _WriteBehind:
-    """Writes to a tensor stream from a thread, one item behind the producer."""
+    """Writes to a tensor stream from a thread, one item behind the producer.
+
+    Leaving the block with an exception drops what is still queued: the tensor
+    is abandoned, so only the write under way is waited for.
+    """
 
     def __init__(self, stream):
         self._stream = stream
         self._items: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
+        self._cancelled = False
+        self._closing = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
-            item = self._items.get()
-            if item is None:
-                return
-            if self._error is None:
+            try:
+                item = self._items.get(timeout=_POLL)
+            except queue.Empty:
+                if self._closing:  # set after the last item was queued: all written
+                    return
+                continue
+            if self._error is None and not self._cancelled:
                 try:
                     self._stream.write(item)
                 except BaseException as e:  # raised in the producer's thread
@@ -789,44 +835,62 @@ class _WriteBehind:
     def write(self, data) -> None:
         if self._error is not None:
             raise self._error
-        self._items.put(data)
+        while True:
+            try:
+                self._items.put(data, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
 
     def __enter__(self) -> "_WriteBehind":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._items.put(None)
+        if exc_type is not None:
+            self._cancelled = True
+        self._closing = True
         self._thread.join()
         if self._error is not None and exc_type is None:
             raise self._error
 
 
 def _prefetch(iterator: Iterator):
-    """Run ``iterator`` one item ahead in a background thread."""
+    """Run ``iterator`` one item ahead in a background thread.
+
+    The thread ends with the consumer: once it stops taking items (an exception,
+    Ctrl-C, the generator closed), no hand-over blocks for good, so the clean-up's
+    join returns after at most the item being read.
+    """
     items: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     done = object()
 
+    def offer(item) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce():
         try:
             for item in iterator:
-                while not stop.is_set():
-                    try:
-                        items.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((item, None)):
                     return
-            items.put((done, None))
+            offer((done, None))
         except BaseException as e:  # handed to the consumer, raised there
-            items.put((done, e))
+            offer((done, e))
 
     worker = threading.Thread(target=produce, daemon=True)
     worker.start()
     try:
         while True:
-            item, error = items.get()
+            try:
+                item, error = items.get(timeout=_POLL)
+            except queue.Empty:
+                continue
             if item is done:
                 if error is not None:
                     raise error
