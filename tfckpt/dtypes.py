@@ -9,10 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
 from .errors import UnsupportedCheckpointError
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+# How TensorFlow's types group for tfckpt: what a cast, a dump or a diff does with them.
+Kind = Literal["float", "complex", "int", "uint", "bool", "quantized", "string", "opaque"]
+
+# Byte order of the elements in a bundle's data shards (the header says which).
+Endianness = Literal["little", "big"]
+ENDIANNESS: tuple[Endianness, ...] = get_args(Endianness)
+NATIVE_ENDIANNESS: Endianness = "little" if np.little_endian else "big"
 
 
 @dataclass(frozen=True)
@@ -27,8 +39,8 @@ class DType:
 
     enum: int
     name: str
-    spec: object  # a numpy dtype spec, "ml_dtypes:NAME", or None
-    kind: str  # 'float', 'complex', 'int', 'uint', 'bool', 'quantized', 'string', 'opaque'
+    spec: DTypeLike | None  # a numpy dtype spec, "ml_dtypes:NAME", or None
+    kind: Kind
     itemsize: int | None
 
     @cached_property
@@ -60,7 +72,7 @@ def _q(name: str, base: str) -> list:
 
 
 _ML = "ml_dtypes:"
-_TABLE = [
+_TABLE: list[tuple[int, str, DTypeLike | None, Kind, int | None]] = [
     (1, "float32", np.float32, "float", 4),
     (2, "float64", np.float64, "float", 8),
     (3, "int32", np.int32, "int", 4),

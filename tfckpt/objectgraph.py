@@ -65,19 +65,20 @@ def renamed_key(key: str, tensors: Iterable[str], new_names: Mapping[str, str],
     Each tensor ``key + suffix`` must become ``new_key + suffix`` for one
     ``new_key``: TensorFlow finds the tensors from the key alone.
     """
-    stems = set()
+    stems: set[str | None] = set()
     for t in tensors:
         suffix, new = t[len(key):], new_names[t]
         if not new.endswith(suffix):
             stems.add(None)
         else:
             stems.add(new[:len(new) - len(suffix)] if suffix else new)
-    if len(stems) != 1 or None in stems:
+    stem = stems.pop() if len(stems) == 1 else None
+    if stem is None:
         listed = ", ".join(f"{t!r} -> {new_names[t]!r}" for t in tensors)
         raise CheckpointError(f"the tensors of the attribute {key!r} are stored as its key "
                               f"plus a suffix and must be renamed alike, not {listed}",
                               path=path)
-    return stems.pop()
+    return stem
 
 
 class ObjectGraph:

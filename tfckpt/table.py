@@ -425,6 +425,7 @@ class TableBuilder:
             if len(key) + len(value) >= 2 * self._block_size:
                 self._flush()
         if self._pending is not None:
+            assert self._last_key is not None  # a pending block holds at least one key
             self._index.add(_shortest_separator(self._last_key, key), self._pending.encode())
             self._pending = None
         self._last_key = key
@@ -456,6 +457,7 @@ class TableBuilder:
         self._flush()
         metaindex = self._write_block(_BlockBuilder(RESTART_INTERVAL))
         if self._pending is not None:
+            assert self._last_key is not None
             self._index.add(_short_successor(self._last_key), self._pending.encode())
             self._pending = None
         index = self._write_block(self._index)
