@@ -114,7 +114,8 @@ def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> None:
             rows = [r[:squeeze] + [_shorten(r[squeeze], room)] + r[squeeze + 1:] for r in rows]
             widths[squeeze] = room
     for k, r in enumerate(rows):
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(r, widths))]
         line = "  ".join(cells).rstrip()
         _emit((line, "1") if k == 0 else line)
 

@@ -127,7 +127,8 @@ def from_enum(enum: int, *, path: str | None = None, tensor: str | None = None) 
 
 
 def lookup(spec) -> DType:
-    """A DType from a TensorFlow name (``'float16'``, ``'half'``), a number, a numpy dtype, or a DType."""
+    """A DType from a TensorFlow name (``'float16'``, ``'half'``), a number,
+    a numpy dtype, or a DType."""
     if isinstance(spec, DType):
         return spec
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):

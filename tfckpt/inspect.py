@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

@@ -19,7 +19,7 @@ is iterative, paths are built once per node from the parent's and cut to
 from __future__ import annotations
 
 from collections import deque
-from typing import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from google.protobuf.message import DecodeError
 
@@ -90,7 +90,7 @@ class ObjectGraph:
         self._check_ids()
 
     @classmethod
-    def parse(cls, data: bytes, path: str | None = None) -> "ObjectGraph":
+    def parse(cls, data: bytes, path: str | None = None) -> ObjectGraph:
         try:
             proto = TrackableObjectGraph.FromString(data)
         except DecodeError:
@@ -313,7 +313,7 @@ class ObjectGraph:
                 node.has_checkpoint_values.value = i in has
 
     @classmethod
-    def merge(cls, graphs: list["ObjectGraph"], names: list[str]) -> "ObjectGraph":
+    def merge(cls, graphs: list[ObjectGraph], names: list[str]) -> ObjectGraph:
         """One graph whose root has the children of every graph's root.
 
         A local name under two roots is an error naming both sources.

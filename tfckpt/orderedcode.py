@@ -7,7 +7,7 @@ Such keys begin with a zero byte, so they sort before every plain tensor name.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 # Header bits of the first two bytes of a signed number of each encoded length.
 _SIGNED_HEADER = [(0x00, 0x00), (0x80, 0x00), (0xC0, 0x00), (0xE0, 0x00), (0xF0, 0x00),

@@ -13,8 +13,9 @@ the same entries. Neither knows anything about tensors.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import crc32c as _crc32c
 
@@ -103,7 +104,7 @@ class BlockHandle:
         return encode_varint(self.offset) + encode_varint(self.size)
 
     @classmethod
-    def decode(cls, buf, pos: int, limit: int) -> tuple["BlockHandle", int]:
+    def decode(cls, buf, pos: int, limit: int) -> tuple[BlockHandle, int]:
         offset, pos = decode_varint(buf, pos, limit)
         size, pos = decode_varint(buf, pos, limit)
         return cls(offset, size), pos
@@ -119,7 +120,7 @@ class Footer:
         return handles.ljust(FOOTER_SIZE - 8, b"\0") + struct.pack("<Q", MAGIC)
 
     @classmethod
-    def decode(cls, buf) -> "Footer":
+    def decode(cls, buf) -> Footer:
         if len(buf) != FOOTER_SIZE:
             raise ValueError("footer must be 48 bytes")
         (magic,) = struct.unpack_from("<Q", buf, FOOTER_SIZE - 8)
