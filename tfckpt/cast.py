@@ -35,8 +35,8 @@ CAST_TARGETS: tuple[CastTarget, ...] = get_args(CastTarget)
 class CastCounts:
     """What a cast did to the values of one tensor."""
 
-    overflow: int = 0   # finite values beyond the target's range
-    to_zero: int = 0    # non-zero values that became zero
+    overflow: int = 0  # finite values beyond the target's range
+    to_zero: int = 0  # non-zero values that became zero
     subnormal: int = 0  # values that became subnormal in the target
     elements: int = 0
 
@@ -73,15 +73,17 @@ class Caster:
         if src_np is None or tgt is None:
             raise ValueError(f"cannot cast {self.source} to {self.target}: not numeric")
         self._target_np: np.dtype = tgt
-        self._via32 = (self.source.name == "float64" and tgt.itemsize < 4)
+        self._via32 = self.source.name == "float64" and tgt.itemsize < 4
         src, dst = _finfo(src_np), _finfo(tgt)
         self._max = tgt.type(dst.max)
         self._tiny = tgt.type(dst.smallest_normal)
         self._nan = np.array(np.nan, dtype=tgt)
         # Widening casts are exact: nothing to count.
-        self._exact = float(dst.max) >= float(src.max) and \
-            float(dst.smallest_subnormal) <= float(src.smallest_subnormal) and \
-            dst.nmant >= src.nmant
+        self._exact = (
+            float(dst.max) >= float(src.max)
+            and float(dst.smallest_subnormal) <= float(src.smallest_subnormal)
+            and dst.nmant >= src.nmant
+        )
         # Magnitudes from max + ulp(max)/2 on round beyond the largest finite value.
         top = float(dst.max)
         self._overflow_at = top + math.ldexp(0.5, math.frexp(top)[1] - 1 - int(dst.nmant))
@@ -108,8 +110,11 @@ class Caster:
         if self.convert is None and n >= _PARALLEL_MIN and workers > 1:
             # numpy's casts release the GIL: split big chunks over the cores.
             step = -(-n // workers)
-            parts = list(_pool().map(lambda a: self._part(flat[a:a + step], out[a:a + step]),
-                                     range(0, n, step)))
+            parts = list(
+                _pool().map(
+                    lambda a: self._part(flat[a : a + step], out[a : a + step]), range(0, n, step)
+                )
+            )
         else:
             parts = [self._part(flat, out)]
         for p in parts:
@@ -188,11 +193,13 @@ def _finfo(npdtype: np.dtype) -> Any:
         return np.finfo(npdtype)
     except ValueError:
         import ml_dtypes
+
         return ml_dtypes.finfo(npdtype)
 
 
-def should_cast(dtype: _dt.DType, target: _dt.DType | None,
-                cast_from: frozenset[str] | None) -> bool:
+def should_cast(
+    dtype: _dt.DType, target: _dt.DType | None, cast_from: frozenset[str] | None
+) -> bool:
     """Whether the default cast rule applies to a tensor of ``dtype``."""
     if target is None or dtype is target or not dtype.is_floating:
         return False

@@ -49,6 +49,7 @@ class DType:
             return None
         if isinstance(self.spec, str) and self.spec.startswith("ml_dtypes:"):
             import ml_dtypes
+
             return np.dtype(getattr(ml_dtypes, self.spec.split(":", 1)[1]))
         return np.dtype(self.spec)
 
@@ -108,11 +109,18 @@ _TABLE: list[tuple[int, str, DTypeLike | None, Kind, int | None]] = [
     (33, "float4_e2m1fn", _ML + "float4_e2m1fn", "float", 1),
 ]
 
-_BY_ENUM: dict[int, DType] = {e: DType(e, name, spec, kind, size)
-                              for e, name, spec, kind, size in _TABLE}
+_BY_ENUM: dict[int, DType] = {
+    e: DType(e, name, spec, kind, size) for e, name, spec, kind, size in _TABLE
+}
 _BY_NAME: dict[str, DType] = {d.name: d for d in _BY_ENUM.values()}
-_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bytes": "string",
-            "str": "string", "object": "string"}
+_ALIASES = {
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bytes": "string",
+    "str": "string",
+    "object": "string",
+}
 
 STRING = _BY_NAME["string"]
 
@@ -122,8 +130,9 @@ def from_enum(enum: int, *, path: str | None = None, tensor: str | None = None) 
     try:
         return _BY_ENUM[enum]
     except KeyError:
-        raise UnsupportedCheckpointError(f"unknown DataType number {enum}",
-                                         path=path, tensor=tensor) from None
+        raise UnsupportedCheckpointError(
+            f"unknown DataType number {enum}", path=path, tensor=tensor
+        ) from None
 
 
 def lookup(spec) -> DType:
@@ -148,8 +157,11 @@ def lookup(spec) -> DType:
         # included; quantized types are one-field structs named after the type.
         key = npd.names[0] if npd.names and len(npd.names) == 1 else npd.name
         found = _BY_NAME.get(key)
-        if found is not None and found.numpy is not None and \
-                found.numpy.newbyteorder("=") == npd.newbyteorder("="):
+        if (
+            found is not None
+            and found.numpy is not None
+            and found.numpy.newbyteorder("=") == npd.newbyteorder("=")
+        ):
             return found
     raise ValueError(f"no TensorFlow dtype for {spec!r}")
 

@@ -8,5 +8,12 @@ from .cast import best_device, converter, sees_gpu
 from .restore import Restored, RestoreReport, restore
 from .verify import verify_with_tf
 
-__all__ = ["restore", "RestoreReport", "Restored", "verify_with_tf", "converter",
-           "best_device", "sees_gpu"]
+__all__ = [
+    "restore",
+    "RestoreReport",
+    "Restored",
+    "verify_with_tf",
+    "converter",
+    "best_device",
+    "sees_gpu",
+]
