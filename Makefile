@@ -30,11 +30,15 @@ demo: $(VENV)/.installed-base
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
-# Lint, formatting and types; the settings live in pyproject.toml.
+# Lint, formatting and types; the settings live in pyproject.toml. All three run, so one
+# pass reports every finding; any of them failing fails the target.
 check: $(VENV)/.installed-lint
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
-	$(PY) -m mypy
+	@status=0; \
+	set -x; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) -m ruff format --check . || status=1; \
+	$(PY) -m mypy || status=1; \
+	exit $$status
 
 # Regenerate tfckpt/_proto from proto/ with protoc 25 (grpcio-tools 1.62.3): its output
 # imports under every protobuf runtime from 4.25 to 7.x. The .pyi stubs beside it come
