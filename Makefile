@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 
-.PHONY: demo test protos clean bench
+.PHONY: demo test check protos clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 # Plus tensorflow-cpu and the test tools.
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PIP) install -e ".[dev]"
+	touch $@ $(VENV)/.installed-base $(VENV)/.installed-lint
+
+# The package plus the pinned linters (ruff, mypy, protobuf stubs).
+$(VENV)/.installed-lint: pyproject.toml | $(PY)
+	$(PIP) install -e ".[lint]"
 	touch $@ $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
@@ -25,12 +30,25 @@ demo: $(VENV)/.installed-base
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
+# Lint, formatting and types; the settings live in pyproject.toml. All three run, so one
+# pass reports every finding; any of them failing fails the target.
+check: $(VENV)/.installed-lint
+	@status=0; \
+	set -x; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) -m ruff format --check . || status=1; \
+	$(PY) -m mypy || status=1; \
+	exit $$status
+
 # Regenerate tfckpt/_proto from proto/ with protoc 25 (grpcio-tools 1.62.3): its output
-# imports under every protobuf runtime from 4.25 to 7.x.
+# imports under every protobuf runtime from 4.25 to 7.x. The .pyi stubs beside it come
+# from mypy-protobuf 3.6, the last release whose plugin runs on protobuf 4.25.
 protos:
 	$(PYTHON) -m venv .venv-protoc
-	.venv-protoc/bin/pip -q install grpcio-tools==1.62.3
-	.venv-protoc/bin/python -m grpc_tools.protoc -Iproto --python_out=. proto/tfckpt/_proto/*.proto
+	.venv-protoc/bin/pip -q install grpcio-tools==1.62.3 mypy-protobuf==3.6.0
+	.venv-protoc/bin/python -m grpc_tools.protoc -Iproto --python_out=. \
+		--plugin=protoc-gen-mypy=.venv-protoc/bin/protoc-gen-mypy --mypy_out=. \
+		proto/tfckpt/_proto/*.proto
 
 clean:
 	rm -rf demo-out .pytest_cache .venv-protoc

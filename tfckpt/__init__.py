@@ -11,8 +11,14 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 from __future__ import annotations
 
 from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
-from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
-                     CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    UnsupportedCheckpointError,
+)
 from .paths import latest_checkpoint
 from .transform import Plan, Summary, convert, merge, plan, rename, select, transform
 
@@ -57,8 +63,9 @@ def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa
 
 
 __all__ = [
-    "open", "save", "restore", "verify_with_tf", "transform", "convert", "rename", "select", "merge", "plan", "Plan",
-    "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
-    "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError", "CorruptCheckpointError",
-    "UnsupportedCheckpointError", "CheckpointWriteError", "TensorNotFoundError",
+    "open", "save", "restore", "verify_with_tf", "transform", "convert", "rename", "select",
+    "merge", "plan", "Plan", "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header",
+    "Version", "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError",
+    "CorruptCheckpointError", "UnsupportedCheckpointError", "CheckpointWriteError",
+    "TensorNotFoundError",
 ]

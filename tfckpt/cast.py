@@ -16,28 +16,31 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from . import dtypes as _dt
 
-OVERFLOW_POLICIES = ("error", "clip", "inf")
-CAST_TARGETS = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+OverflowPolicy = Literal["error", "clip", "inf"]
+CastTarget = Literal["float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
+OVERFLOW_POLICIES: tuple[OverflowPolicy, ...] = get_args(OverflowPolicy)
+CAST_TARGETS: tuple[CastTarget, ...] = get_args(CastTarget)
 
 
 @dataclass
 class CastCounts:
     """What a cast did to the values of one tensor."""
 
-    overflow: int = 0   # finite values beyond the target's range
-    to_zero: int = 0    # non-zero values that became zero
+    overflow: int = 0  # finite values beyond the target's range
+    to_zero: int = 0  # non-zero values that became zero
     subnormal: int = 0  # values that became subnormal in the target
     elements: int = 0
 
-    def add(self, other: "CastCounts") -> None:
+    def add(self, other: CastCounts) -> None:
         """Accumulate another part's counts (elements included)."""
         self.overflow += other.overflow
         self.to_zero += other.to_zero
@@ -58,7 +61,7 @@ class Caster:
 
     source: _dt.DType
     target: _dt.DType
-    overflow: str = "error"
+    overflow: OverflowPolicy = "error"
     counts: CastCounts = field(default_factory=CastCounts)
     convert: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None
     reuse_output: bool = False
@@ -66,16 +69,21 @@ class Caster:
     def __post_init__(self):
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}")
-        self._via32 = (self.source.name == "float64" and self.target.itemsize < 4)
-        src, dst = _finfo(self.source.numpy), _finfo(self.target.numpy)
-        tgt = self.target.numpy
+        src_np, tgt = self.source.numpy, self.target.numpy
+        if src_np is None or tgt is None:
+            raise ValueError(f"cannot cast {self.source} to {self.target}: not numeric")
+        self._target_np: np.dtype = tgt
+        self._via32 = self.source.name == "float64" and tgt.itemsize < 4
+        src, dst = _finfo(src_np), _finfo(tgt)
         self._max = tgt.type(dst.max)
         self._tiny = tgt.type(dst.smallest_normal)
         self._nan = np.array(np.nan, dtype=tgt)
         # Widening casts are exact: nothing to count.
-        self._exact = float(dst.max) >= float(src.max) and \
-            float(dst.smallest_subnormal) <= float(src.smallest_subnormal) and \
-            dst.nmant >= src.nmant
+        self._exact = (
+            float(dst.max) >= float(src.max)
+            and float(dst.smallest_subnormal) <= float(src.smallest_subnormal)
+            and dst.nmant >= src.nmant
+        )
         # Magnitudes from max + ulp(max)/2 on round beyond the largest finite value.
         top = float(dst.max)
         self._overflow_at = top + math.ldexp(0.5, math.frexp(top)[1] - 1 - int(dst.nmant))
@@ -91,19 +99,22 @@ class Caster:
             i = self._calls % 3
             self._calls += 1
             if i == len(self._outs):
-                self._outs.append(np.empty(n, dtype=self.target.numpy))
+                self._outs.append(np.empty(n, dtype=self._target_np))
             elif len(self._outs[i]) < n:
-                self._outs[i] = np.empty(n, dtype=self.target.numpy)
+                self._outs[i] = np.empty(n, dtype=self._target_np)
             out = self._outs[i][:n]
         else:
-            out = np.empty(n, dtype=self.target.numpy)
+            out = np.empty(n, dtype=self._target_np)
         flat = chunk.reshape(-1)
         workers = _workers()
         if self.convert is None and n >= _PARALLEL_MIN and workers > 1:
             # numpy's casts release the GIL: split big chunks over the cores.
             step = -(-n // workers)
-            parts = list(_pool().map(lambda a: self._part(flat[a:a + step], out[a:a + step]),
-                                     range(0, n, step)))
+            parts = list(
+                _pool().map(
+                    lambda a: self._part(flat[a : a + step], out[a : a + step]), range(0, n, step)
+                )
+            )
         else:
             parts = [self._part(flat, out)]
         for p in parts:
@@ -117,7 +128,7 @@ class Caster:
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             src = chunk.astype(np.float32) if self._via32 else chunk
             if self.convert is not None:
-                out[...] = self.convert(src, self.target.numpy)
+                out[...] = self.convert(src, self._target_np)
             else:
                 np.copyto(out, src, casting="unsafe")
             # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
@@ -177,16 +188,18 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-def _finfo(npdtype: np.dtype):
+def _finfo(npdtype: np.dtype) -> Any:
     try:
         return np.finfo(npdtype)
     except ValueError:
         import ml_dtypes
+
         return ml_dtypes.finfo(npdtype)
 
 
-def should_cast(dtype: _dt.DType, target: _dt.DType | None,
-                cast_from: frozenset[str] | None) -> bool:
+def should_cast(
+    dtype: _dt.DType, target: _dt.DType | None, cast_from: frozenset[str] | None
+) -> bool:
     """Whether the default cast rule applies to a tensor of ``dtype``."""
     if target is None or dtype is target or not dtype.is_floating:
         return False

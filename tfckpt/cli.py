@@ -35,7 +35,7 @@ from .transform import BACKENDS, DEFAULT_TF_THRESHOLD, Plan, Summary, execute, p
 EXIT_ERROR = 2
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -114,7 +114,8 @@ def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> None:
             rows = [r[:squeeze] + [_shorten(r[squeeze], room)] + r[squeeze + 1:] for r in rows]
             widths[squeeze] = room
     for k, r in enumerate(rows):
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(r, widths))]
         line = "  ".join(cells).rstrip()
         _emit((line, "1") if k == 0 else line)
 
@@ -197,6 +198,7 @@ def _json_values(value: np.ndarray, dtype: str) -> dict:
             extra["encoding"] = "base64"
         value = np.array(items, dtype=object).reshape(value.shape)
     elif kind == "quantized":
+        assert value.dtype.names is not None  # one-field structs (see dtypes.py)
         value = value[value.dtype.names[0]]
     elif kind == "float":
         value = value.astype(np.float64)

@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {prefix} (float32)\n\n$ tfckpt dump {prefix}", flush=True)
     cli.main(["dump", prefix])
     fp16 = os.path.join(out_dir, "fp16") + os.sep
-    steps = [["convert", prefix, fp16, "--dtype", "float16", "--exclude", "/Adam",
-              "--overwrite"], ["dump", fp16]]
+    steps = [
+        ["convert", prefix, fp16, "--dtype", "float16", "--exclude", "/Adam", "--overwrite"],
+        ["dump", fp16],
+    ]
     for args in steps:
         print(f"\n$ tfckpt {' '.join(args)}", flush=True)
         rc = cli.main(args)

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
 from .errors import UnsupportedCheckpointError
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+# How TensorFlow's types group for tfckpt: what a cast, a dump or a diff does with them.
+Kind = Literal["float", "complex", "int", "uint", "bool", "quantized", "string", "opaque"]
+
+# Byte order of the elements in a bundle's data shards (the header says which).
+Endianness = Literal["little", "big"]
+ENDIANNESS: tuple[Endianness, ...] = get_args(Endianness)
+NATIVE_ENDIANNESS: Endianness = "little" if np.little_endian else "big"
 
 
 @dataclass(frozen=True)
@@ -27,8 +39,8 @@ class DType:
 
     enum: int
     name: str
-    spec: object  # a numpy dtype spec, "ml_dtypes:NAME", or None
-    kind: str  # 'float', 'complex', 'int', 'uint', 'bool', 'quantized', 'string', 'opaque'
+    spec: DTypeLike | None  # a numpy dtype spec, "ml_dtypes:NAME", or None
+    kind: Kind
     itemsize: int | None
 
     @cached_property
@@ -37,6 +49,7 @@ class DType:
             return None
         if isinstance(self.spec, str) and self.spec.startswith("ml_dtypes:"):
             import ml_dtypes
+
             return np.dtype(getattr(ml_dtypes, self.spec.split(":", 1)[1]))
         return np.dtype(self.spec)
 
@@ -60,7 +73,7 @@ def _q(name: str, base: str) -> list:
 
 
 _ML = "ml_dtypes:"
-_TABLE = [
+_TABLE: list[tuple[int, str, DTypeLike | None, Kind, int | None]] = [
     (1, "float32", np.float32, "float", 4),
     (2, "float64", np.float64, "float", 8),
     (3, "int32", np.int32, "int", 4),
@@ -96,11 +109,18 @@ _TABLE = [
     (33, "float4_e2m1fn", _ML + "float4_e2m1fn", "float", 1),
 ]
 
-_BY_ENUM: dict[int, DType] = {e: DType(e, name, spec, kind, size)
-                              for e, name, spec, kind, size in _TABLE}
+_BY_ENUM: dict[int, DType] = {
+    e: DType(e, name, spec, kind, size) for e, name, spec, kind, size in _TABLE
+}
 _BY_NAME: dict[str, DType] = {d.name: d for d in _BY_ENUM.values()}
-_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bytes": "string",
-            "str": "string", "object": "string"}
+_ALIASES = {
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bytes": "string",
+    "str": "string",
+    "object": "string",
+}
 
 STRING = _BY_NAME["string"]
 
@@ -110,12 +130,14 @@ def from_enum(enum: int, *, path: str | None = None, tensor: str | None = None) 
     try:
         return _BY_ENUM[enum]
     except KeyError:
-        raise UnsupportedCheckpointError(f"unknown DataType number {enum}",
-                                         path=path, tensor=tensor) from None
+        raise UnsupportedCheckpointError(
+            f"unknown DataType number {enum}", path=path, tensor=tensor
+        ) from None
 
 
 def lookup(spec) -> DType:
-    """A DType from a TensorFlow name (``'float16'``, ``'half'``), a number, a numpy dtype, or a DType."""
+    """A DType from a TensorFlow name (``'float16'``, ``'half'``), a number,
+    a numpy dtype, or a DType."""
     if isinstance(spec, DType):
         return spec
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
@@ -135,8 +157,11 @@ def lookup(spec) -> DType:
         # included; quantized types are one-field structs named after the type.
         key = npd.names[0] if npd.names and len(npd.names) == 1 else npd.name
         found = _BY_NAME.get(key)
-        if found is not None and found.numpy is not None and \
-                found.numpy.newbyteorder("=") == npd.newbyteorder("="):
+        if (
+            found is not None
+            and found.numpy is not None
+            and found.numpy.newbyteorder("=") == npd.newbyteorder("=")
+        ):
             return found
     raise ValueError(f"no TensorFlow dtype for {spec!r}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -87,7 +87,8 @@ def _stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK
     info = ckpt.info(name)
     if not info.partial:
         return ckpt.iter_chunks(name, chunk_bytes)
-    stored = [part.extents for part in ckpt.slice_info(name)]  # overlaps are corrupt
+    # slice_info checks that slices do not overlap (overlaps are corrupt)
+    stored = [part.extents for part in ckpt.slice_info(name) if part.extents is not None]
     order = sorted(stored, key=lambda ext: [(s, -1 if n is None else n) for s, n in ext])
     return (chunk for extents in order
             for chunk in ckpt.iter_chunks(name, chunk_bytes, extents))
@@ -143,7 +144,8 @@ def object_graph(ckpt: Checkpoint) -> dict:
 
 def _paired_chunks(a: Iterator[np.ndarray], b: Iterator[np.ndarray]):
     """Re-cut two streams of 1-D chunks of equal total length into aligned pairs."""
-    buf_a = buf_b = None
+    buf_a: np.ndarray | None = None
+    buf_b: np.ndarray | None = None
     for chunk_a in a:
         buf_a = chunk_a if buf_a is None or not len(buf_a) else np.concatenate([buf_a, chunk_a])
         while buf_b is None or len(buf_b) < len(buf_a):
@@ -152,7 +154,7 @@ def _paired_chunks(a: Iterator[np.ndarray], b: Iterator[np.ndarray]):
                 break
             buf_b = nxt if buf_b is None or not len(buf_b) else np.concatenate([buf_b, nxt])
         n = min(len(buf_a), len(buf_b) if buf_b is not None else 0)
-        if n:
+        if n and buf_b is not None:
             yield buf_a[:n], buf_b[:n]
             buf_a, buf_b = buf_a[n:], buf_b[n:]
 
@@ -239,7 +241,8 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
     """
     names_a = set(_match(a.keys(), filter)) - {OBJECT_GRAPH_KEY}
     names_b = set(_match(b.keys(), filter)) - {OBJECT_GRAPH_KEY}
-    changed, value_diffs = [], []
+    changed: list[dict[str, object]] = []
+    value_diffs: list[dict[str, object]] = []
     for name in sorted(names_a & names_b):
         ia, ib = a.info(name), b.info(name)
         stored_differently = (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices)
@@ -425,8 +428,8 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         if OBJECT_GRAPH_KEY in ckpt:
             try:
                 graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
-                for key in graph.missing_keys(set(ckpt.keys())):
-                    problems.append(f"{ckpt.prefix}: the object graph names {key!r}, which "
+                for missing in graph.missing_keys(set(ckpt.keys())):
+                    problems.append(f"{ckpt.prefix}: the object graph names {missing!r}, which "
                                     "the checkpoint lacks")
             except CheckpointError as e:
                 problems.append(str(e))

@@ -19,7 +19,7 @@ is iterative, paths are built once per node from the parent's and cut to
 from __future__ import annotations
 
 from collections import deque
-from typing import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from google.protobuf.message import DecodeError
 
@@ -65,19 +65,20 @@ def renamed_key(key: str, tensors: Iterable[str], new_names: Mapping[str, str],
     Each tensor ``key + suffix`` must become ``new_key + suffix`` for one
     ``new_key``: TensorFlow finds the tensors from the key alone.
     """
-    stems = set()
+    stems: set[str | None] = set()
     for t in tensors:
         suffix, new = t[len(key):], new_names[t]
         if not new.endswith(suffix):
             stems.add(None)
         else:
             stems.add(new[:len(new) - len(suffix)] if suffix else new)
-    if len(stems) != 1 or None in stems:
+    stem = stems.pop() if len(stems) == 1 else None
+    if stem is None:
         listed = ", ".join(f"{t!r} -> {new_names[t]!r}" for t in tensors)
         raise CheckpointError(f"the tensors of the attribute {key!r} are stored as its key "
                               f"plus a suffix and must be renamed alike, not {listed}",
                               path=path)
-    return stems.pop()
+    return stem
 
 
 class ObjectGraph:
@@ -89,7 +90,7 @@ class ObjectGraph:
         self._check_ids()
 
     @classmethod
-    def parse(cls, data: bytes, path: str | None = None) -> "ObjectGraph":
+    def parse(cls, data: bytes, path: str | None = None) -> ObjectGraph:
         try:
             proto = TrackableObjectGraph.FromString(data)
         except DecodeError:
@@ -312,7 +313,7 @@ class ObjectGraph:
                 node.has_checkpoint_values.value = i in has
 
     @classmethod
-    def merge(cls, graphs: list["ObjectGraph"], names: list[str]) -> "ObjectGraph":
+    def merge(cls, graphs: list[ObjectGraph], names: list[str]) -> ObjectGraph:
         """One graph whose root has the children of every graph's root.
 
         A local name under two roots is an error naming both sources.

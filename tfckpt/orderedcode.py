@@ -7,12 +7,22 @@ Such keys begin with a zero byte, so they sort before every plain tensor name.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 # Header bits of the first two bytes of a signed number of each encoded length.
-_SIGNED_HEADER = [(0x00, 0x00), (0x80, 0x00), (0xC0, 0x00), (0xE0, 0x00), (0xF0, 0x00),
-                  (0xF8, 0x00), (0xFC, 0x00), (0xFE, 0x00), (0xFF, 0x00), (0xFF, 0x80),
-                  (0xFF, 0xC0)]
+_SIGNED_HEADER = [
+    (0x00, 0x00),
+    (0x80, 0x00),
+    (0xC0, 0x00),
+    (0xE0, 0x00),
+    (0xF0, 0x00),
+    (0xF8, 0x00),
+    (0xFC, 0x00),
+    (0xFE, 0x00),
+    (0xFF, 0x00),
+    (0xFF, 0x80),
+    (0xFF, 0xC0),
+]
 
 
 def encode_num_increasing(value: int) -> bytes:
@@ -59,7 +69,7 @@ def decode_num_increasing(buf: bytes, pos: int) -> tuple[int, int]:
     n = buf[pos]
     if n > 8 or pos + 1 + n > len(buf):
         raise ValueError("bad or truncated number")
-    return int.from_bytes(buf[pos + 1:pos + 1 + n], "big"), pos + 1 + n
+    return int.from_bytes(buf[pos + 1 : pos + 1 + n], "big"), pos + 1 + n
 
 
 def decode_signed_num_increasing(buf: bytes, pos: int) -> tuple[int, int]:
@@ -75,7 +85,7 @@ def decode_signed_num_increasing(buf: bytes, pos: int) -> tuple[int, int]:
         raise ValueError("bad signed number header")
     if pos + length > len(buf):
         raise ValueError("truncated signed number")
-    raw = bytearray(buf[pos:pos + length])
+    raw = bytearray(buf[pos : pos + length])
     first, second = _SIGNED_HEADER[length]
     raw[0] ^= first
     if length > 1:
@@ -131,8 +141,11 @@ Extent = tuple[int, "int | None"]
 
 def encode_slice_key(name: str, extents: Sequence[Extent]) -> bytes:
     """The index key of one slice; each extent is (start, length), length None = whole axis."""
-    parts = [encode_num_increasing(0), encode_string(encode_name(name)),
-             encode_num_increasing(len(extents))]
+    parts = [
+        encode_num_increasing(0),
+        encode_string(encode_name(name)),
+        encode_num_increasing(len(extents)),
+    ]
     for start, length in extents:
         parts.append(encode_signed_num_increasing(start))
         parts.append(encode_signed_num_increasing(-1 if length is None else length))

@@ -89,9 +89,10 @@ def _state_file_latest(directory: str) -> str | None:
         return None
     store = storage_for(directory)
     if not state.model_checkpoint_path:
-        raise CorruptCheckpointError("the checkpoint state file names no checkpoint "
-                                     "(model_checkpoint_path is empty)",
-                                     path=store.join(directory, STATE_FILENAME))
+        raise CorruptCheckpointError(
+            "the checkpoint state file names no checkpoint (model_checkpoint_path is empty)",
+            path=store.join(directory, STATE_FILENAME),
+        )
     prefix = state.model_checkpoint_path
     if not store.isabs(prefix):
         prefix = store.join(directory, prefix)
@@ -123,7 +124,8 @@ def resolve_prefix(path) -> str:
     if p.endswith(".index"):
         looked.append(p)
     raise CheckpointNotFoundError(
-        "no checkpoint found; looked for " + ", ".join(looked) + " and a directory", path=p)
+        "no checkpoint found; looked for " + ", ".join(looked) + " and a directory", path=p
+    )
 
 
 def _resolve_directory(store: Storage, directory: str) -> str:
@@ -134,9 +136,13 @@ def _resolve_directory(store: Storage, directory: str) -> str:
             return latest
         raise CheckpointNotFoundError(
             f"the state file names {latest!r} as latest, but {index_filename(latest)} "
-            "does not exist", path=store.join(directory, STATE_FILENAME))
-    for candidate in (store.join(directory, "variables", "variables"),
-                      store.join(directory, "variables")):
+            "does not exist",
+            path=store.join(directory, STATE_FILENAME),
+        )
+    for candidate in (
+        store.join(directory, "variables", "variables"),
+        store.join(directory, "variables"),
+    ):
         if store.isfile(index_filename(candidate)):
             return candidate
     indexes = sorted(f for f in store.listdir(directory) if f.endswith(".index"))
@@ -146,4 +152,5 @@ def _resolve_directory(store: Storage, directory: str) -> str:
     raise CheckpointNotFoundError(
         f"no checkpoint in directory; looked for a '{STATE_FILENAME}' state file, "
         f"a SavedModel's variables/variables.index and a single *.index file{found}",
-        path=directory)
+        path=directory,
+    )

@@ -13,8 +13,9 @@ the same entries. Neither knows anything about tensors.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import crc32c as _crc32c
 
@@ -38,6 +39,7 @@ _U32 = struct.Struct("<I")
 
 # --- checksums -------------------------------------------------------------
 
+
 def crc32c(data, value: int = 0) -> int:
     """CRC32C of ``data`` (any buffer), continuing from ``value``."""
     return _crc32c.crc32c(data, value)
@@ -54,6 +56,7 @@ def unmask_crc(masked: int) -> int:
 
 
 # --- varints ---------------------------------------------------------------
+
 
 def encode_varint(value: int) -> bytes:
     """Unsigned LEB128, as LevelDB's PutVarint32/64."""
@@ -92,6 +95,7 @@ def decode_varint(buf, pos: int, limit: int, max_bytes: int = 10) -> tuple[int, 
 
 # --- block handles and footer ----------------------------------------------
 
+
 @dataclass(frozen=True)
 class BlockHandle:
     """Where a block's contents are: byte offset and size (trailer excluded)."""
@@ -103,7 +107,7 @@ class BlockHandle:
         return encode_varint(self.offset) + encode_varint(self.size)
 
     @classmethod
-    def decode(cls, buf, pos: int, limit: int) -> tuple["BlockHandle", int]:
+    def decode(cls, buf, pos: int, limit: int) -> tuple[BlockHandle, int]:
         offset, pos = decode_varint(buf, pos, limit)
         size, pos = decode_varint(buf, pos, limit)
         return cls(offset, size), pos
@@ -119,7 +123,7 @@ class Footer:
         return handles.ljust(FOOTER_SIZE - 8, b"\0") + struct.pack("<Q", MAGIC)
 
     @classmethod
-    def decode(cls, buf) -> "Footer":
+    def decode(cls, buf) -> Footer:
         if len(buf) != FOOTER_SIZE:
             raise ValueError("footer must be 48 bytes")
         (magic,) = struct.unpack_from("<Q", buf, FOOTER_SIZE - 8)
@@ -131,6 +135,7 @@ class Footer:
 
 
 # --- snappy ----------------------------------------------------------------
+
 
 def snappy_decompress(data: bytes) -> bytes:
     """Decode a raw Snappy buffer (the format early TensorFlow used for index blocks)."""
@@ -151,12 +156,12 @@ def snappy_decompress(data: bytes) -> bytes:
                 extra = size - 59
                 if pos + extra > n:
                     raise ValueError("truncated snappy literal length")
-                size = int.from_bytes(data[pos:pos + extra], "little")
+                size = int.from_bytes(data[pos : pos + extra], "little")
                 pos += extra
             size += 1
             if pos + size > n:
                 raise ValueError("snappy literal runs past the input")
-            out += data[pos:pos + size]
+            out += data[pos : pos + size]
             pos += size
             continue
         if kind == 1:
@@ -170,7 +175,7 @@ def snappy_decompress(data: bytes) -> bytes:
             if pos + width > n:
                 raise ValueError("truncated snappy copy")
             size = (tag >> 2) + 1
-            offset = int.from_bytes(data[pos:pos + width], "little")
+            offset = int.from_bytes(data[pos : pos + width], "little")
             pos += width
         if offset == 0 or offset > len(out):
             raise ValueError("snappy copy offset out of range")
@@ -178,7 +183,7 @@ def snappy_decompress(data: bytes) -> bytes:
             raise ValueError("snappy output longer than declared")
         start = len(out) - offset
         if offset >= size:
-            out += out[start:start + size]
+            out += out[start : start + size]
         else:  # overlapping copy repeats the last `offset` bytes
             chunk = out[start:]
             reps, rest = divmod(size, offset)
@@ -189,6 +194,7 @@ def snappy_decompress(data: bytes) -> bytes:
 
 
 # --- reading ---------------------------------------------------------------
+
 
 def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
     """Yield (key, value) of every entry of one block's contents.
@@ -233,18 +239,21 @@ def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
             non_shared, pos = decode_varint(contents, pos, limit, 5)
             value_len, pos = decode_varint(contents, pos, limit, 5)
         if shared > len(key) or (shared and at_restart):
-            raise ValueError(f"entry shares {shared} bytes of a {len(key)}-byte key"
-                             + (" at a restart point" if at_restart else ""))
+            raise ValueError(
+                f"entry shares {shared} bytes of a {len(key)}-byte key"
+                + (" at a restart point" if at_restart else "")
+            )
         end = pos + non_shared + value_len
         if end > limit:
             raise ValueError("entry runs past the end of its block")
-        key = key[:shared] + contents[pos:pos + non_shared]
+        key = key[:shared] + contents[pos : pos + non_shared]
         pos += non_shared
         yield key, contents[pos:end]
         pos = end
     if done < num_restarts and (limit or restarts != (0,)):
-        raise ValueError(f"restart offset {restarts[done]} is not the start of an entry "
-                         f"(entries end at {limit})")
+        raise ValueError(
+            f"restart offset {restarts[done]} is not the start of an entry (entries end at {limit})"
+        )
 
 
 class TableReader:
@@ -262,8 +271,10 @@ class TableReader:
         return CorruptCheckpointError(f"corrupt index table: {what}", path=self.path)
 
     def _too_many_key_bytes(self, size: int) -> CorruptCheckpointError:
-        return self._corrupt(f"keys decode to more than {KEY_BYTES_PER_FILE_BYTE} times the "
-                             f"file's {size} bytes (prefix sharing beyond any real index)")
+        return self._corrupt(
+            f"keys decode to more than {KEY_BYTES_PER_FILE_BYTE} times the "
+            f"file's {size} bytes (prefix sharing beyond any real index)"
+        )
 
     def _read_block(self, handle: BlockHandle, what: str) -> bytes:
         data = self._data
@@ -271,16 +282,19 @@ class TableReader:
         if end > len(data) - FOOTER_SIZE:
             raise self._corrupt(
                 f"{what} at offset {handle.offset} of size {handle.size} lies past the "
-                f"end of the file ({len(data)} bytes)")
-        contents = data[handle.offset:handle.offset + handle.size]
+                f"end of the file ({len(data)} bytes)"
+            )
+        contents = data[handle.offset : handle.offset + handle.size]
         ctype = data[handle.offset + handle.size]
         (stored,) = _U32.unpack_from(data, handle.offset + handle.size + 1)
-        actual = crc32c(data[handle.offset + handle.size:handle.offset + handle.size + 1],
-                        crc32c(contents))
+        actual = crc32c(
+            data[handle.offset + handle.size : handle.offset + handle.size + 1], crc32c(contents)
+        )
         if unmask_crc(stored) != actual:
             raise self._corrupt(
                 f"checksum mismatch in {what} at offset {handle.offset} "
-                f"(stored {unmask_crc(stored):#010x}, computed {actual:#010x})")
+                f"(stored {unmask_crc(stored):#010x}, computed {actual:#010x})"
+            )
         if ctype == NO_COMPRESSION:
             return contents
         if ctype == SNAPPY_COMPRESSION:
@@ -290,7 +304,8 @@ class TableReader:
                 raise self._corrupt(f"{what} at offset {handle.offset}: {e}") from None
         raise UnsupportedCheckpointError(
             f"{what} at offset {handle.offset} uses unknown compression type {ctype}",
-            path=self.path)
+            path=self.path,
+        )
 
     def _read_all(self) -> list[tuple[bytes, bytes]]:
         data = self._data
@@ -317,7 +332,8 @@ class TableReader:
                 if handle.offset < block_end:
                     raise self._corrupt(
                         f"data block at offset {handle.offset} repeats or overlaps the one "
-                        f"before it (which ends at {block_end})")
+                        f"before it (which ends at {block_end})"
+                    )
                 block_end = handle.offset + handle.size + BLOCK_TRAILER_SIZE
                 block = self._read_block(handle, "data block")
                 for key, value in parse_block(block):
@@ -326,7 +342,8 @@ class TableReader:
                         raise self._too_many_key_bytes(len(data))
                     if last_key is not None and key <= last_key:
                         raise self._corrupt(
-                            f"key {key!r} is not after {last_key!r}: keys unsorted or duplicated")
+                            f"key {key!r} is not after {last_key!r}: keys unsorted or duplicated"
+                        )
                     if key > sep:
                         raise self._corrupt(f"key {key!r} lies beyond its index entry {sep!r}")
                     entries.append((key, value))
@@ -337,6 +354,7 @@ class TableReader:
 
 
 # --- writing ---------------------------------------------------------------
+
 
 class _BlockBuilder:
     def __init__(self, restart_interval: int):
@@ -405,8 +423,9 @@ class TableBuilder:
     :meth:`finish` once; the caller owns and closes the file.
     """
 
-    def __init__(self, file: BinaryIO, *, block_size: int = BLOCK_SIZE,
-                 compression: int = NO_COMPRESSION):
+    def __init__(
+        self, file: BinaryIO, *, block_size: int = BLOCK_SIZE, compression: int = NO_COMPRESSION
+    ):
         if compression != NO_COMPRESSION:
             raise ValueError("tfckpt writes uncompressed tables only")
         self._file = file
@@ -425,6 +444,7 @@ class TableBuilder:
             if len(key) + len(value) >= 2 * self._block_size:
                 self._flush()
         if self._pending is not None:
+            assert self._last_key is not None  # a pending block holds at least one key
             self._index.add(_shortest_separator(self._last_key, key), self._pending.encode())
             self._pending = None
         self._last_key = key
@@ -456,6 +476,7 @@ class TableBuilder:
         self._flush()
         metaindex = self._write_block(_BlockBuilder(RESTART_INTERVAL))
         if self._pending is not None:
+            assert self._last_key is not None
             self._index.add(_short_successor(self._last_key), self._pending.encode())
             self._pending = None
         index = self._write_block(self._index)

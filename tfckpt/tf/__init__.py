@@ -5,8 +5,15 @@ call of one of these functions.
 """
 
 from .cast import best_device, converter, sees_gpu
-from .restore import RestoreReport, Restored, restore
+from .restore import Restored, RestoreReport, restore
 from .verify import verify_with_tf
 
-__all__ = ["restore", "RestoreReport", "Restored", "verify_with_tf", "converter",
-           "best_device", "sees_gpu"]
+__all__ = [
+    "restore",
+    "RestoreReport",
+    "Restored",
+    "verify_with_tf",
+    "converter",
+    "best_device",
+    "sees_gpu",
+]

@@ -12,6 +12,7 @@ def tensorflow():
     try:
         import tensorflow as tf
     except ImportError as e:
-        raise CheckpointError(f"TensorFlow is needed for this; install it with "
-                              f"pip install 'tfckpt[tf]' ({e})") from None
+        raise CheckpointError(
+            f"TensorFlow is needed for this; install it with pip install 'tfckpt[tf]' ({e})"
+        ) from None
     return tf

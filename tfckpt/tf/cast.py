@@ -23,13 +23,16 @@ def sees_gpu() -> bool:
     return bool(tensorflow().config.list_logical_devices("GPU"))
 
 
-def converter(device: str | None = None):
-    """A ``convert(chunk, numpy_dtype)`` for :class:`tfckpt.cast.Caster` running ``tf.cast``."""
-    tf = tensorflow()
-    dev = device or best_device()
+class _Converter:
+    """``tf.cast`` on one device; ``device`` says which."""
 
-    def convert(chunk: np.ndarray, target: np.dtype) -> np.ndarray:
-        with tf.device(dev):
+    def __init__(self, device: str):
+        self.device = device
+        self._tf = tensorflow()
+
+    def __call__(self, chunk: np.ndarray, target: np.dtype) -> np.ndarray:
+        tf = self._tf
+        with tf.device(self.device):
             out = tf.cast(tf.constant(chunk), tf.as_dtype(target)).numpy()
         # TensorFlow's CPU threads flush values below float32's normal range to zero
         # (in and out); those few elements are rounded here instead, as IEEE says.
@@ -40,5 +43,7 @@ def converter(device: str | None = None):
             out[tiny] = chunk[tiny].astype(target)
         return out
 
-    convert.device = dev
-    return convert
+
+def converter(device: str | None = None) -> _Converter:
+    """A ``convert(chunk, numpy_dtype)`` for :class:`tfckpt.cast.Caster` running ``tf.cast``."""
+    return _Converter(device or best_device())

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..bundle import Checkpoint
-from ..cast import Caster
+from ..cast import Caster, OverflowPolicy
 from ..errors import CheckpointError
 from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
 from ._tf import tensorflow
@@ -49,7 +50,7 @@ class RestoreReport:
 
 
 def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | None = None,
-            allow_missing: bool = False, overflow: str = "error",
+            allow_missing: bool = False, overflow: OverflowPolicy = "error",
             reshape: bool = False) -> RestoreReport:
     """Restore ``path`` into ``target``, casting every value to its variable's dtype.
 
@@ -109,8 +110,8 @@ def _var_shape(var) -> tuple:
     return tuple(int(d) for d in var.shape)
 
 
-def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn, overflow: str,
-               reshape: bool = False):
+def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn,
+               overflow: OverflowPolicy, reshape: bool = False):
     tf = tensorflow()
     value = _fitted(ckpt, name, var_name, value_fn(), _var_shape(var), reshape)
     want = _dt.lookup(_var_dtype(tf, var).name)
@@ -231,7 +232,7 @@ def _object_graph_names(ckpt: Checkpoint) -> dict[str, str]:
 
 
 def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool = False):
-    items = []
+    items: list[tuple[str, Any]] = []
     if isinstance(target, dict):
         for name, var in target.items():
             items.extend((name, part) for part in _parts(var))
@@ -250,7 +251,7 @@ def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool =
         keys = _object_graph_names(ckpt)
         items = [(keys.get(name, name), var) for name, var in items]
     report = RestoreReport()
-    pairs = []
+    pairs: list[tuple[str, str, Any, Callable[..., np.ndarray]]] = []
     cache: dict[str, np.ndarray] = {}
 
     def full_value(name, label, shape):
@@ -335,6 +336,6 @@ def _match_objects(tf, target, ckpt: Checkpoint):
             continue
         seen.add(id(v))
         if id(v) not in assigned:
-            report.missing.append(getattr(v, "path", None) or getattr(v, "name", repr(v)))
+            report.missing.append(str(getattr(v, "path", None) or getattr(v, "name", repr(v))))
     report.unused = [n for n in ckpt.keys() if n not in used and n != OBJECT_GRAPH_KEY]
     return pairs, report

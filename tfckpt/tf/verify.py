@@ -104,9 +104,9 @@ def verify_with_tf(path, *, reference=None) -> dict:
             reader = tf.train.load_checkpoint(ckpt.prefix)
             tf_names = sorted(reader.get_variable_to_shape_map())
         except (tf.errors.OpError, ValueError) as e:  # TensorFlow's reader refused it
+            refused = f"{ckpt.prefix}: TensorFlow cannot open it: {str(e).splitlines()[0][:200]}"
             return {"prefix": ckpt.prefix, "tensors": len(ckpt), "cast_checked": 0,
-                    "cast_differences": [], "mismatches": [f"{ckpt.prefix}: TensorFlow cannot open it: "
-                                   f"{str(e).splitlines()[0][:200]}"]}
+                    "cast_differences": [], "mismatches": [refused]}
         if tf_names != ckpt.keys():
             only_tf = sorted(set(tf_names) - set(ckpt.keys()))
             only_us = sorted(set(ckpt.keys()) - set(tf_names))
@@ -153,9 +153,9 @@ def verify_with_tf(path, *, reference=None) -> dict:
                     if old.dtype == new.dtype or old.shape != new.shape:
                         continue
                     # A pre-sliced tensor exists only as its slices, for TensorFlow too.
-                    pairs = ([(lambda e=e: ckpt.read_slice(name, e),
-                               lambda e=e: ref.read_slice(name, e)) for e in new.slices]
-                             if new.partial else [(lambda: ckpt[name], lambda: ref[name])])
+                    pairs = ([(lambda e=e, n=name: ckpt.read_slice(n, e),
+                               lambda e=e, n=name: ref.read_slice(n, e)) for e in new.slices]
+                             if new.partial else [(lambda n=name: ckpt[n], lambda n=name: ref[n])])
                     cast_checked += 1
                     equal, flushed, nans = True, 0, 0
                     for ours, source in pairs:
