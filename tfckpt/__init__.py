@@ -11,10 +11,13 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 from __future__ import annotations
 
 from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
-from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
-                     CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
+from .engine import Summary, convert, execute, merge, rename, select, transform
+from .errors import (CastOverflowError, CheckpointError, CheckpointNotFoundError,
+                     CheckpointWriteError, CorruptCheckpointError, TensorNotFoundError,
+                     UnsupportedCheckpointError)
+from .options import Options
 from .paths import latest_checkpoint
-from .transform import Plan, Summary, convert, merge, plan, rename, select, transform
+from .planner import Plan, plan
 
 __version__ = "0.1.0"
 
@@ -58,7 +61,8 @@ def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa
 
 __all__ = [
     "open", "save", "restore", "verify_with_tf", "transform", "convert", "rename", "select", "merge", "plan", "Plan",
-    "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
+    "execute", "Options", "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header", "Version",
     "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError", "CorruptCheckpointError",
     "UnsupportedCheckpointError", "CheckpointWriteError", "TensorNotFoundError",
+    "CastOverflowError",
 ]
