@@ -32,6 +32,7 @@ from .pipeline import CAST_RING, READ_RING, BufferRing, WriteBehind, cancel, can
     uncancel
 from .planner import Plan, PlannedTensor, Source, plan
 
+
 @dataclass
 class Summary:
     """What a transform did."""
@@ -57,8 +58,6 @@ class Summary:
         d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
         return d
 
-
-# --- execution -----------------------------------------------------------------
 
 def _tf_converter(backend: str):
     """The ``tf.cast`` converter the backend asks for, or None for numpy."""
