@@ -30,7 +30,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
 from tfckpt.table import BlockHandle, TableReader, _U32  # noqa: E402
-from tfckpt.transform import shard_tasks  # noqa: E402
+from tfckpt.engine import shard_tasks  # noqa: E402
 
 CASES_PER_KIND = 12
 

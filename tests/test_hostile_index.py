@@ -30,7 +30,7 @@ from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
 from tfckpt.table import (FOOTER_SIZE, NO_COMPRESSION,  # noqa: E402
                           BlockHandle, Footer, TableReader, _BlockBuilder, _U32, crc32c,
                           decode_varint, encode_varint, mask_crc, parse_block)
-from tfckpt.transform import shard_tasks  # noqa: E402
+from tfckpt.engine import shard_tasks  # noqa: E402
 
 N_TENSORS = 20  # more than one restart interval: the data block has two restart points
 

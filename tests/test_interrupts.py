@@ -117,8 +117,8 @@ def test_raising_progress_callback_stops_every_thread(source, tmp_path, executor
 # little later, so the reader thread is a chunk ahead; then runs the command line.
 INTERRUPT_AT_CHUNK = """
 import importlib, os, signal, sys, time
-engine = importlib.import_module("tfckpt.transform")
-real_write = engine._WriteBehind.write
+pipeline = importlib.import_module("tfckpt.pipeline")
+real_write = pipeline.WriteBehind.write
 calls = [0]
 def write(self, data):
     calls[0] += 1
@@ -126,7 +126,7 @@ def write(self, data):
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
     return real_write(self, data)
-engine._WriteBehind.write = write
+pipeline.WriteBehind.write = write
 from tfckpt.cli import main
 sys.exit(main(sys.argv[1:]))
 """

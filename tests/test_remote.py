@@ -18,7 +18,6 @@ the S3 client is pointed at it with test credentials (no instance-metadata looku
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -47,10 +46,8 @@ import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
 from tfckpt import inspect as tinspect  # noqa: E402
 from tfckpt.bundle import OBJECT_GRAPH_KEY, TMP_MARK, commit_shards, merge_entries  # noqa: E402
-from tfckpt.transform import (ShardTask, execute, run_shard_task,  # noqa: E402
-                              shard_tasks)
-
-T = importlib.import_module("tfckpt.transform")  # the module (tfckpt.transform is the function)
+from tfckpt.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 
 CASES = ("tf1_sharded", "max_shard_policy", "keras_manager")
 MEM = MemoryFileSystem.store  # the process-wide memory:// store (path -> MemoryFile)
@@ -467,7 +464,7 @@ def test_shard_tasks_and_manual_commit_to_memory(cases, mem, reference, tmp_path
 
     results = [run_shard_task(t) for t in reversed(tasks)][::-1]  # any order
     assert not fsspec.filesystem("memory").exists(f"{mem.root}/out/policy.index")
-    entries = merge_entries([{k: T.BundleEntryProto.FromString(v) for k, v in r.entries.items()}
+    entries = merge_entries([{k: BundleEntryProto.FromString(v) for k, v in r.entries.items()}
                              for r in results])
     with pytest.raises(ValueError, match="final names"):
         commit_shards(p.dst, [t.path + ".tmp" for t in tasks], entries)

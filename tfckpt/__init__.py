@@ -11,7 +11,9 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 from __future__ import annotations
 
 from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
+from .engine import Summary, convert, execute, merge, rename, select, transform
 from .errors import (
+    CastOverflowError,
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -19,8 +21,9 @@ from .errors import (
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
+from .options import Options
 from .paths import latest_checkpoint
-from .transform import Plan, Summary, convert, merge, plan, rename, select, transform
+from .planner import Plan, plan
 
 __version__ = "0.1.0"
 
@@ -68,4 +71,7 @@ __all__ = [
     "Version", "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError",
     "CorruptCheckpointError", "UnsupportedCheckpointError", "CheckpointWriteError",
     "TensorNotFoundError",
+    "execute",
+    "Options",
+    "CastOverflowError",
 ]

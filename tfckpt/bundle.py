@@ -15,7 +15,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -786,7 +786,8 @@ class Checkpoint:
         return out
 
     def iter_chunks(self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                    extents: Slice | None = None, *, reuse: bool = False
+                    extents: Slice | None = None, *,
+                    buffers: Callable[[int], np.ndarray] | None = None
                     ) -> Iterator[np.ndarray]:
         """Yield tensor ``name`` as 1-D arrays of consecutive elements in row-major order.
 
@@ -798,26 +799,26 @@ class Checkpoint:
         stored slice of a partitioned tensor. String tensors come as object
         arrays of about ``chunk_bytes`` of elements (or one larger element); a
         partitioned one comes whole.
-        With ``reuse``, chunks are read into a small ring of buffers, so a chunk
-        stays valid only until ``REUSE_RING - 1`` more have been taken: for
-        streaming consumers that keep only a few chunks in flight.
+        With ``buffers``, a chunk of a fixed-size dtype is read into
+        ``buffers(nbytes)`` (a uint8 array of that size) instead of fresh memory,
+        e.g. a ring of reused buffers for streaming consumers; it stays valid as
+        long as that buffer is not reused.
 
         >>> total = sum(float(c.sum()) for c in ckpt.iter_chunks("emb", 1 << 20))
         """
         entry = self._full_entry(name)
-        ring = _BufferRing(REUSE_RING) if reuse else None
         if extents is not None:
             yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes,
-                                        ring)
+                                        buffers)
         elif not entry.slices:
-            yield from self._iter_entry(entry, chunk_bytes, ring)
+            yield from self._iter_entry(entry, chunk_bytes, buffers)
         elif entry.dtype.numpy is None or entry.dtype is _dt.STRING or not entry.shape:
             yield self._assemble(entry).reshape(-1)
         elif all(_is_full_slice(entry.shape[1:], ext[1:]) for ext in entry.slices):
             # Partitioned by rows only: the slices, in row order, are the tensor.
             self._check_whole(entry)
             for ext in sorted(entry.slices, key=lambda ext: ext[0][0]):
-                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes, ring)
+                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes, buffers)
         else:
             yield from self._iter_bands(entry, chunk_bytes)
 
@@ -862,7 +863,8 @@ class Checkpoint:
                 yield out.reshape(-1)
 
     def _iter_entry(self, entry: _Entry, chunk_bytes: int,
-                    ring: "_BufferRing | None" = None) -> Iterator[np.ndarray]:
+                    buffers: Callable[[int], np.ndarray] | None = None
+                    ) -> Iterator[np.ndarray]:
         dtype = entry.dtype
         if dtype is _dt.STRING:
             yield from self._iter_string_elements(entry, chunk_bytes)
@@ -877,7 +879,7 @@ class Checkpoint:
         crc = 0
         while remaining:
             n = min(step, remaining)
-            buf = np.empty(n, dtype=np.uint8) if ring is None else ring.take(n, step)
+            buf = np.empty(n, dtype=np.uint8) if buffers is None else buffers(n)
             self._pread_into(reader, memoryview(buf), offset, entry)
             if self.verify:
                 crc = crc32c(buf, crc)
@@ -889,27 +891,6 @@ class Checkpoint:
 
 
 _NATIVE = "little" if np.little_endian else "big"
-
-
-REUSE_RING = 5  # chunk buffers a reusing iter_chunks cycles through
-
-
-class _BufferRing:
-    """A few chunk buffers used in turn, so streaming does not fault in fresh pages."""
-
-    def __init__(self, count: int):
-        self._buffers: list[np.ndarray] = []
-        self._count = count
-        self._next = 0
-
-    def take(self, n: int, size: int) -> np.ndarray:
-        i = self._next % self._count
-        self._next += 1
-        if i == len(self._buffers):
-            self._buffers.append(np.empty(size, dtype=np.uint8))
-        elif len(self._buffers[i]) < n:
-            self._buffers[i] = np.empty(size, dtype=np.uint8)
-        return self._buffers[i][:n]
 
 
 def _format_slice(extents: Slice) -> str:

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Callable, Literal, get_args
 
 import numpy as np
 
@@ -55,8 +55,9 @@ class Caster:
     ``overflow``: ``'error'`` and ``'inf'`` both produce IEEE results (±inf, or
     NaN for float8 types without infinities) and count them; ``'clip'``
     saturates to the largest finite value of the target, keeping the sign.
-    With ``reuse_output``, results are written into a ring of three reused
-    buffers: each is valid until two more calls (for streaming consumers).
+    With ``buffers``, results are written into ``buffers(nbytes)`` (a uint8
+    array, e.g. a ring of reused buffers for streaming consumers) instead of
+    fresh memory.
     """
 
     source: _dt.DType
@@ -64,7 +65,7 @@ class Caster:
     overflow: OverflowPolicy = "error"
     counts: CastCounts = field(default_factory=CastCounts)
     convert: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None
-    reuse_output: bool = False
+    buffers: Callable[[int], np.ndarray] | None = None
 
     def __post_init__(self):
         if self.overflow not in OVERFLOW_POLICIES:
@@ -90,19 +91,11 @@ class Caster:
         self._bits = np.dtype(f"u{tgt.itemsize}")
         self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
         self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]
-        self._outs: list[np.ndarray] = []
-        self._calls = 0
 
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
-        if self.reuse_output:
-            i = self._calls % 3
-            self._calls += 1
-            if i == len(self._outs):
-                self._outs.append(np.empty(n, dtype=self._target_np))
-            elif len(self._outs[i]) < n:
-                self._outs[i] = np.empty(n, dtype=self._target_np)
-            out = self._outs[i][:n]
+        if self.buffers is not None:
+            out = self.buffers(n * self.target.itemsize).view(self.target.numpy)
         else:
             out = np.empty(n, dtype=self._target_np)
         flat = chunk.reshape(-1)

@@ -28,9 +28,11 @@ from . import dtypes as _dt
 from . import inspect as _inspect
 from .bundle import Checkpoint
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
+from .engine import Summary, execute
 from .errors import CheckpointError
+from .options import BACKENDS, DEFAULTS, PREFER, Options
 from .orderedcode import encode_name
-from .transform import BACKENDS, DEFAULT_TF_THRESHOLD, Plan, Summary, execute, plan
+from .planner import Plan, plan
 
 EXIT_ERROR = 2
 
@@ -535,11 +537,14 @@ def cmd_transform(args) -> int:
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
     rules, exact = _rename_rules(args)
-    p = plan(
-        sources, dst, include=args.include, exclude=args.exclude,
-        drop_objects=args.drop_object or (), rename=rules, rename_exact=exact,
-        cast=args.dtype, cast_from=args.cast_from.split(",") if args.cast_from else None,
-        prefer=args.prefer, max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite)
+    options = Options(
+        include=args.include, exclude=args.exclude, drop_objects=args.drop_object or (),
+        rename=rules, rename_exact=exact, cast=args.dtype,
+        cast_from=args.cast_from.split(",") if args.cast_from else None, prefer=args.prefer,
+        max_shard_bytes=args.max_shard_bytes, overwrite=args.overwrite,
+        overflow=args.overflow, chunk_bytes=args.chunk_bytes, backend=args.backend,
+        tf_threshold=args.tf_threshold, durable=args.durable)
+    p = plan(sources, dst, options)
     if args.dry_run:
         if args.json:
             _print_json(p.to_dict())
@@ -549,9 +554,7 @@ def cmd_transform(args) -> int:
     update, close = _progress(p.bytes_in)
     executor, shutdown = _executor(args.executor)
     try:
-        summary = execute(p, overflow=args.overflow, chunk_bytes=args.chunk_bytes,
-                          progress=update, backend=args.backend, tf_threshold=args.tf_threshold,
-                          durable=args.durable, executor=executor)
+        summary = execute(p, progress=update, executor=executor)
     finally:
         close()
         shutdown()
@@ -567,12 +570,12 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
                    help="cast floating-point tensors to this dtype")
     g.add_argument("--from", dest="cast_from", metavar="DTYPES",
                    help="only cast these source dtypes (comma-separated, e.g. float32,float64)")
-    g.add_argument("--backend", choices=BACKENDS, default="numpy",
+    g.add_argument("--backend", choices=BACKENDS, default=DEFAULTS.backend,
                    help="who rounds: numpy (default), tf (tf.cast on the best device for "
                         "tensors of at least --tf-threshold), auto (tf only with a GPU)")
-    g.add_argument("--tf-threshold", type=_parse_size_or_zero, default=DEFAULT_TF_THRESHOLD,
+    g.add_argument("--tf-threshold", type=_parse_size_or_zero, default=DEFAULTS.tf_threshold,
                    metavar="SIZE", help="smallest tensor cast by the tf backend (default 64M)")
-    g.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="error",
+    g.add_argument("--overflow", choices=OVERFLOW_POLICIES, default=DEFAULTS.overflow,
                    help="values beyond the target's range: fail (default), clip to the "
                         "largest finite value, or keep IEEE inf")
     g = p.add_argument_group("select")
@@ -589,7 +592,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
                         "(back-references allowed); first matching rule wins")
     g.add_argument("--map-file", metavar="F.json", help="exact renames as a JSON object")
     g = p.add_argument_group("output")
-    g.add_argument("--prefer", choices=["first", "last"],
+    g.add_argument("--prefer", choices=PREFER[1:],
                    help="which source wins a name present in several (default: error)")
     g.add_argument("--max-shard-bytes", type=_parse_size, metavar="SIZE",
                    help="re-shard the output (default: keep the sources' shards)")
@@ -602,7 +605,8 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     g.add_argument("--executor", metavar="SPEC",
                    help="run the per-shard tasks on: threads:N, processes:N, or a Dask "
                         "scheduler dask://HOST:PORT (default: here, one after another)")
-    g.add_argument("--chunk-bytes", type=_parse_size, default=64 << 20, metavar="SIZE",
+    g.add_argument("--chunk-bytes", type=_parse_size, default=DEFAULTS.chunk_bytes,
+                   metavar="SIZE",
                    help="memory budget for tensor data in flight (default 64M)")
     p.set_defaults(func=cmd_transform)
 

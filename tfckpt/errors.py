@@ -44,3 +44,17 @@ class UnsupportedCheckpointError(CheckpointError):
 
 class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint failed; nothing was left at the destination."""
+
+
+class CastOverflowError(CheckpointError):
+    """A cast met values beyond the target dtype's range with ``overflow='error'``.
+
+    ``counts`` maps each affected output tensor to its number of such values;
+    nothing was written.
+    """
+
+    def __init__(self, counts: dict[str, int], dst: str):
+        self.counts = counts
+        listed = ", ".join(f"{n} ({c} values)" for n, c in sorted(counts.items()))
+        super().__init__(f"values beyond the target dtype's range in {len(counts)} tensor(s), "
+                         f"nothing written (use overflow='clip' or 'inf'): {listed}", path=dst)

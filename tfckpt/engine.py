@@ -1,0 +1,501 @@
+"""One streaming engine for every rewrite: sources -> select -> rename -> cast -> one output.
+
+:func:`~tfckpt.plan` decides, from the indexes alone, what each output tensor
+is; :func:`execute` cuts the plan into one task per output shard, streams the
+tensors through in bounded chunks and commits the output atomically.
+:func:`transform` does both; :func:`convert`, :func:`rename`, :func:`select` and
+:func:`merge` are thin helpers over it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import paths
+from ._proto.tensor_bundle_pb2 import BundleEntryProto
+from .bundle import (TMP_MARK, BundleWriter, Checkpoint, commit_shards, data_files,
+                     free_shard_count, merge_entries, remove_stale_temporaries)
+from .cast import Caster, CastCounts
+from .storage import storage_for
+from .table import encode_varint
+from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
+from .objectgraph import OBJECT_GRAPH_KEY
+from .options import BACKENDS, EXECUTION, Options, RenameRules
+from .pipeline import CAST_RING, READ_RING, BufferRing, WriteBehind, cancel, cancelled, prefetch, \
+    uncancel
+from .planner import Plan, PlannedTensor, Source, plan
+
+
+@dataclass
+class Summary:
+    """What a transform did."""
+
+    dst: str
+    kept: int
+    dropped: int
+    renamed: int
+    cast: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    cast_counts: dict[str, CastCounts] = field(default_factory=dict)
+    # What the user must know although the output is committed (e.g. what TensorFlow
+    # cannot restore, a state file not written).
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("dst", "kept", "dropped", "renamed", "cast",
+                                           "bytes_in", "bytes_out", "seconds", "warnings")}
+        d["overflow"] = {n: c.overflow for n, c in self.cast_counts.items() if c.overflow}
+        d["to_zero"] = {n: c.to_zero for n, c in self.cast_counts.items() if c.to_zero}
+        d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
+        return d
+
+
+def _tf_converter(backend: str):
+    """The ``tf.cast`` converter the backend asks for, or None for numpy."""
+    if backend not in BACKENDS:
+        raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
+    if backend == "numpy":
+        return None
+    from .tf import cast as tf_cast
+    if backend == "auto" and not tf_cast.sees_gpu():
+        return None
+    return tf_cast.converter()
+
+
+def execute(p: Plan, options: Options | None = None, *,
+            progress: Callable[[int], None] | None = None, **changes) -> Summary:
+    """Write the planned checkpoint: one task per output shard, then the index.
+
+    Each task reads the byte ranges its tensors need from the sources, streams
+    them through the cast and writes its shard; the commit merges the tasks'
+    index entries and writes the index last (like TensorFlow's
+    MergeV2Checkpoints). ``executor`` runs the tasks: None runs them here, one
+    after another (each already keeps both cores busy); anything with
+    ``submit(fn, arg)`` returning futures — a ``concurrent.futures`` executor or a
+    Dask ``distributed.Client`` — runs them there. The output is byte-identical
+    whichever ran it. A failed task fails the run; nothing is committed.
+
+    The execution options (see :class:`~tfckpt.Options`) are the plan's,
+    replaced by ``options`` and amended by keyword arguments; what to write is
+    the plan's alone. ``progress`` is called with source bytes done. With
+    ``overflow='error'``, values beyond the target's range abort the run before
+    anything is committed (:class:`~tfckpt.CastOverflowError`, listing every
+    affected tensor). ``backend='tf'`` casts tensors of at least
+    ``tf_threshold`` bytes with ``tf.cast`` on the best device (a GPU if
+    TensorFlow sees one); ``'auto'`` does so only when there is a GPU. The bits
+    are the same either way.
+
+    >>> p = tfckpt.plan("train/", "fp16/", cast="float16")
+    >>> tfckpt.execute(p, overflow="clip", executor=ThreadPoolExecutor(2))
+    """
+    start = time.perf_counter()
+    options = Options.of(p.options if options is None else options, EXECUTION, **changes)
+    store = storage_for(p.dst)
+    made_dirs = []  # innermost first: the directories this run creates
+    if store.local:
+        remove_stale_temporaries(p.dst)
+        remove_stale_temporaries(os.path.join(os.path.dirname(p.dst), paths.STATE_FILENAME))
+        missing = os.path.dirname(os.path.abspath(p.dst))
+        while not os.path.isdir(missing):
+            made_dirs.append(missing)
+            missing = os.path.dirname(missing)
+    tasks = shard_tasks(p, options)
+    try:
+        results = _run_tasks(tasks, options.executor, progress)
+        counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
+        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
+        if options.overflow == "error" and overflowed:
+            raise CastOverflowError(overflowed, p.dst)
+        entries = merge_entries([{k: BundleEntryProto.FromString(v)
+                                  for k, v in r.entries.items()} for r in results])
+        commit_shards(p.dst, [t.path for t in tasks], entries, durable=options.durable,
+                      overwrite=bool(p.options.overwrite))
+    except BaseException:
+        for t in tasks:
+            try:
+                storage_for(t.path).remove(t.path)
+            except (OSError, CheckpointError):
+                pass
+        for directory in made_dirs:  # only those still empty
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+        raise
+    warnings = []
+    try:
+        _write_state_file(p)
+    except (OSError, CheckpointError) as e:
+        # The checkpoint is committed: only the pointer to it is missing.
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        warnings.append(f"the checkpoint is complete, but the state file was not written: "
+                        f"{detail}")
+    return Summary(p.dst, kept=len(p.tensors), dropped=len(p.dropped),
+                   renamed=sum(t.renamed for t in p.tensors),
+                   cast=sum(t.cast for t in p.tensors), bytes_in=p.bytes_in,
+                   bytes_out=p.bytes_out, seconds=time.perf_counter() - start,
+                   cast_counts=counts, warnings=_restore_warnings(p) + warnings)
+
+
+@dataclass
+class TaskItem:
+    """One tensor, or one slice of one, that a shard task writes."""
+
+    source: int
+    name: str
+    new_name: str
+    dtype: str
+    new_dtype: str
+    shape: tuple
+    partitioned: bool          # the source tensor is partitioned
+    extents: tuple | None      # which slice (None: the whole tensor)
+    bytes_in: int
+    bytes_out: int
+    tf_cast: bool = False      # cast with tf.cast (a big tensor, tf backend)
+
+
+@dataclass
+class ShardTask:
+    """Everything one worker needs to write one output shard (picklable)."""
+
+    shard_id: int
+    path: str                  # a temporary file locally; the final object remotely
+    sources: list[str]
+    items: list[TaskItem]
+    object_graph: bytes | None
+    overflow: str
+    chunk_bytes: int
+    backend: str
+    durable: bool
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(i.bytes_in for i in self.items)
+
+
+@dataclass
+class ShardResult:
+    shard_id: int
+    entries: dict[bytes, bytes]            # key -> serialized BundleEntryProto
+    counts: dict[str, tuple[int, int, int, int]]
+    bytes_in: int
+
+
+def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[ShardTask]:
+    """Cut the plan into one task per output shard (the same cut for any executor).
+
+    By default each tensor keeps its source shard (offset by the shards of the
+    sources before it), and only source shards that keep data become output
+    shards, in their order (what a header declares creates nothing); with
+    ``max_shard_bytes``, tensors are packed in plan order into shards of at most
+    that size (a bigger tensor gets one of its own). Execution options as in
+    :func:`execute`.
+
+    >>> results = [run_shard_task(t) for t in shard_tasks(p)]
+    """
+    options = Options.of(p.options if options is None else options, EXECUTION, **changes)
+    limit = p.options.max_shard_bytes
+    follow = limit is None
+    shards: dict[int, list[TaskItem]] = {}
+    sizes: dict[int, int] = {}
+
+    def place(item_bytes: int, shard: int | None) -> int:
+        if shard is None:
+            shard = max(len(shards) - 1, 0)
+            if shards and sizes[shard] and sizes[shard] + item_bytes > limit:
+                shard += 1
+        shards.setdefault(shard, [])
+        sizes[shard] = sizes.get(shard, 0) + item_bytes
+        return shard
+
+    for t in p.tensors:
+        src = p.sources[t.source]
+        target = _dt.lookup(t.new_dtype)
+        big = t.cast and t.info.nbytes >= options.tf_threshold
+        parts = src.ckpt.slice_info(t.name) if t.info.slices else []
+        if parts and _keep_sliced(src, t):
+            for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
+                out = sl.nbytes if not t.cast else sl.size * target.itemsize
+                k = place(out, src.shard_base + sl.shard if follow else None)
+                shards[k].append(TaskItem(t.source, t.name, t.new_name, t.info.dtype,
+                                          t.new_dtype, t.info.shape, True, sl.extents,
+                                          sl.nbytes, out, big))
+            continue
+        # A partitioned tensor written whole goes where its first slice was.
+        first = min(x.shard for x in parts) if parts else t.info.shard
+        k = place(t.bytes_out, src.shard_base + first if follow else None)
+        shards[k].append(TaskItem(t.source, t.name, t.new_name, t.info.dtype, t.new_dtype,
+                                  t.info.shape, bool(parts), None, t.info.nbytes, t.bytes_out,
+                                  big))
+    graph_shard = None
+    if p.object_graph is not None:
+        size = len(p.object_graph) + len(encode_varint(len(p.object_graph))) + 4
+        if follow:
+            first_tf2 = next(s for s in p.sources if s.graph is not None)
+            graph_shard = place(size, first_tf2.shard_base +
+                                (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0))
+        else:
+            graph_shard = place(size, None)
+    if not shards:
+        place(0, 0)
+    order = sorted(shards)
+    graph_shard = None if graph_shard is None else order.index(graph_shard)
+    items_of = [shards[k] for k in order]
+    store = storage_for(p.dst)
+    if store.local:
+        base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        out_paths = [f"{base}.data-{k}" for k in range(len(items_of))]
+    else:
+        # Written under their final names, which no committed index may use: a shard
+        # count unlike any already there (extra shards stay empty).
+        count = free_shard_count(data_files(p.dst), len(items_of))
+        items_of += [[] for _ in range(count - len(items_of))]
+        out_paths = [paths.data_filename(p.dst, k, count) for k in range(count)]
+    return [ShardTask(k, out_paths[k], [s.ckpt.prefix for s in p.sources], items,
+                      p.object_graph if k == graph_shard else None, options.overflow,
+                      options.chunk_bytes, options.backend, options.durable)
+            for k, items in enumerate(items_of)]
+
+
+def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
+    if executor is None:
+        return [run_shard_task(t, progress) for t in tasks]
+    futures = [executor.submit(run_shard_task, t) for t in tasks]
+    results = []
+    try:
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception as e:
+                if isinstance(e, CheckpointError):
+                    raise
+                raise CheckpointError(f"a shard task failed: {type(e).__name__}: {e}") from e
+            if progress:
+                progress(results[-1].bytes_in)
+    except BaseException:
+        # Stop what has not started, and wait for what runs to stop before the
+        # clean-up, or it would write its shard after the clean-up removed it.
+        cancel(t.path for t in tasks)
+        try:
+            for f in futures:
+                f.cancel()
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException:
+                    pass
+        finally:
+            uncancel(t.path for t in tasks)
+        raise
+    return results
+
+
+def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None
+                   ) -> ShardResult:
+    """Write one shard: its tensors, read from the sources and cast, in plan order.
+
+    What an executor runs; ``progress`` is called with source bytes done.
+
+    >>> results = [run_shard_task(t) for t in shard_tasks(p)]
+    """
+    ckpts: dict[int, Checkpoint] = {}
+    counts: dict[str, tuple[int, int, int, int]] = {}
+
+    def tick(nbytes: int) -> None:
+        if cancelled(task.path):
+            raise CheckpointError("cancelled: the run failed elsewhere", path=task.path)
+        if progress:
+            progress(nbytes)
+
+    w = BundleWriter.for_shard(task.path, durable=task.durable)
+    try:
+        tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) \
+            else None
+        for item in task.items:
+            if item.source not in ckpts:
+                ckpts[item.source] = Checkpoint(task.sources[item.source], mmap=False)
+            caster = None
+            if item.dtype != item.new_dtype:
+                caster = Caster(_dt.lookup(item.dtype), _dt.lookup(item.new_dtype),
+                                task.overflow, convert=tf_convert if item.tf_cast else None,
+                                buffers=BufferRing(CAST_RING))
+            _copy(ckpts[item.source], w, item, caster, tick, task.chunk_bytes)
+            if caster is not None:
+                c = caster.counts
+                old = counts.get(item.new_name, (0, 0, 0, 0))
+                counts[item.new_name] = (old[0] + c.overflow, old[1] + c.to_zero,
+                                         old[2] + c.subnormal, old[3] + c.elements)
+        if task.object_graph is not None:
+            w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
+        entries = w.finish_shard()
+    except BaseException:
+        w.abort()
+        raise
+    finally:
+        for ckpt in ckpts.values():
+            ckpt.close()
+    return ShardResult(task.shard_id, {k: v.SerializeToString() for k, v in entries.items()},
+                       counts, task.bytes_in)
+
+
+# Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list).
+TF_SLICE_COPYABLE = frozenset({"float32", "float64", "int32", "uint8", "int16", "int8",
+                               "complex64", "complex128", "int64", "bool", "qint32", "quint8",
+                               "qint8", "bfloat16"})
+
+
+def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
+    """Whether a partitioned tensor stays partitioned in the output.
+
+    TF1 partitioned variables read back exactly their own slices, which works for
+    every dtype. TF2 variables saved in slices (MaxShardSizePolicy) are read back
+    whole, which TensorFlow can only reassemble for some dtypes: float16 slices,
+    for one, it cannot restore. Such tensors are written whole instead.
+    """
+    return src.graph is None or t.new_dtype in TF_SLICE_COPYABLE or t.info.partial
+
+
+def _restore_warnings(p: Plan) -> list[str]:
+    """What of the output TensorFlow can restore only in part, and why.
+
+    A partitioned tensor cast to a dtype TensorFlow cannot copy between slices
+    (float16, float8) stays in its source's slices: TensorFlow then restores each
+    slice into a variable partitioned the same way (as the source's partitioned
+    variables are), but cannot read the tensor whole or repartition it. A whole
+    tensor would be worse: no slice of it could be restored.
+    """
+    sliced = [t for t in p.tensors if t.info.slices and t.cast
+              and t.new_dtype not in TF_SLICE_COPYABLE and _keep_sliced(p.sources[t.source], t)]
+    if not sliced:
+        return []
+    names = ", ".join(t.new_name for t in sliced[:5]) + (", ..." if len(sliced) > 5 else "")
+    dtypes = "/".join(sorted({t.new_dtype for t in sliced}))
+    return [f"{len(sliced)} partitioned tensor(s) stay partitioned in {dtypes} ({names}): "
+            f"TensorFlow restores {dtypes} slices only into variables partitioned exactly "
+            "as in the source; it cannot assemble them, so reading them whole or into other "
+            "partitions fails"]
+
+
+def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
+          chunk_bytes: int) -> None:
+    dtype = _dt.lookup(t.dtype)
+    extents = t.extents
+    read_bytes = max(chunk_bytes // 8, 1 << 16)
+    if dtype is _dt.STRING:
+        if t.partitioned and extents is None:  # a partitioned tensor made whole
+            w.add(t.new_name, ckpt[t.name], dtype.name)
+            if progress:
+                progress(t.bytes_in)
+            return
+        # Lengths, then element bytes, in bounded pieces; the writer frames them anew
+        # (in its own byte order), which gives the bytes TensorFlow writes.
+        stream = w.stream_slice(t.new_name, dtype.name, t.shape, extents) if extents else \
+            w.stream(t.new_name, dtype.name, t.shape)
+        with stream:
+            for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
+                if kind == "lengths":
+                    stream.write_lengths(part)
+                else:
+                    stream.write_data(part)
+                if progress:
+                    progress(nbytes)
+        return
+    if dtype.numpy is None:
+        if ckpt.header.endianness != w.endianness:
+            raise UnsupportedCheckpointError(
+                f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
+                "be rewritten", path=ckpt.prefix, tensor=t.name)
+        data = ckpt.read_bytes(t.name, extents)
+        shape = t.shape if not extents else \
+            tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
+        w.add_raw(t.new_name, dtype.name, shape, data, extents=extents,
+                  full_shape=t.shape if extents else None)
+        if progress:
+            progress(len(data))
+        return
+    if extents:
+        stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, extents)
+    else:
+        stream = w.stream(t.new_name, t.new_dtype, t.shape)
+    # Read ahead, cast here (itself split over the cores), write behind: see pipeline.
+    with stream, WriteBehind(stream) as writer:
+        chunks = ckpt.iter_chunks(t.name, read_bytes, extents=extents,
+                                  buffers=BufferRing(READ_RING))
+        for chunk in prefetch(chunks):
+            writer.write(caster(chunk) if caster is not None else chunk)
+            if progress:
+                progress(chunk.nbytes)
+
+
+def _write_state_file(p: Plan) -> None:
+    """Point the output directory's ``checkpoint`` file at the result.
+
+    Left alone when the directory holds a source checkpoint, whose state file
+    is the source's.
+    """
+    store = storage_for(p.dst)
+    directory = store.dirname(p.dst) or "."
+    for s in p.sources:
+        src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
+        if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
+            return
+    paths.write_state_file(directory, store.basename(p.dst))
+
+
+def transform(sources, dst, options: Options | None = None, *,
+              progress: Callable[[int], None] | None = None, **changes) -> Summary:
+    """Select, rename and cast the tensors of one or more checkpoints into a new one.
+
+    :func:`~tfckpt.plan`, then :func:`execute`. ``options`` is an
+    :class:`~tfckpt.Options` (every option and its default is described there);
+    keyword arguments build or amend it. ``sources`` and ``dst`` may be fsspec
+    URLs; ``progress`` is called with source bytes done.
+
+    >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
+    >>> tfckpt.transform(["a/ckpt", "b/ckpt"], "c/", tfckpt.Options(prefer="last"))
+    """
+    return execute(plan(sources, dst, options, **changes), progress=progress)
+
+
+def convert(src, dst, dtype: str, options: Options | None = None, **changes) -> Summary:
+    """Cast every floating-point tensor to ``dtype`` (see :func:`transform`).
+
+    >>> tfckpt.convert("train/model.ckpt-7", "fp16/", "float16")
+    >>> tfckpt.convert("train/model.ckpt-7", "bf16/", "bfloat16", overflow="clip")
+    """
+    return transform(src, dst, options, cast=dtype, **changes)
+
+
+def rename(src, dst, rules: RenameRules, options: Options | None = None, **changes) -> Summary:
+    """Rename tensors by ordered ``{regex: replacement}`` rules (see :func:`transform`).
+
+    >>> tfckpt.rename("pre/model", "new/model", {"simple-conv1/": "complex-conv1/"})
+    """
+    return transform(src, dst, options, rename=rules, **changes)
+
+
+def select(src, dst, options: Options | None = None, **changes) -> Summary:
+    """Keep only some tensors or objects: ``include``, ``exclude``, ``drop_objects``
+    (see :func:`transform`).
+
+    >>> tfckpt.select("trained/ckpt-3", "shipped/", drop_objects=["optimizer"])
+    """
+    return transform(src, dst, options, **changes)
+
+
+def merge(sources: Sequence, dst, options: Options | None = None, **changes) -> Summary:
+    """Combine several checkpoints into one; ``prefer`` picks the winner of a shared
+    name (see :func:`transform`).
+
+    >>> tfckpt.merge(["a/ckpt-1", "b/ckpt-1"], "c/ckpt", prefer="first")
+    """
+    return transform(list(sources), dst, options, **changes)

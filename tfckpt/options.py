@@ -1,0 +1,124 @@
+"""The options of a transform, with their defaults, in one place.
+
+An :class:`Options` has two kinds of fields: what to write (the plan: which
+tensors, their names and dtypes, the shards, the destination) and how to write
+it (the execution: overflow policy, memory, backend, fsyncs, executor). The
+library functions take an ``Options``, keyword arguments that build or amend
+one, or both; the command line builds one from its flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence, get_args
+
+from .cast import OVERFLOW_POLICIES, OverflowPolicy
+from .errors import CheckpointError
+
+Backend = Literal["numpy", "tf", "auto"]  # who rounds: numpy, tf.cast, tf.cast with a GPU
+Prefer = Literal["first", "last"]         # which source wins a name present in several
+BACKENDS: tuple[str, ...] = get_args(Backend)
+PREFER: tuple[str | None, ...] = (None,) + get_args(Prefer)
+
+RenameRules = Sequence[tuple[str, str]] | Mapping[str, str]
+
+MEMORY_BUDGET = 64 << 20         # tensor bytes in flight per shard task
+DEFAULT_TF_THRESHOLD = 64 << 20  # the smallest tensor the tf backend casts
+
+PLAN, EXECUTION = "plan", "execution"
+
+
+def _plan(default: Any = None) -> Any:
+    return field(default=default, metadata={"stage": PLAN})
+
+
+def _execution(default: Any = None, **kw) -> Any:
+    return field(default=default, metadata={"stage": EXECUTION}, **kw)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every option of :func:`tfckpt.transform` and its helpers, with its default.
+
+    What to write (fixed by :func:`tfckpt.plan`):
+
+    - ``include`` / ``exclude``: regexes (``re.search`` on source names); include
+      first, then exclude.
+    - ``drop_objects``: TF2 objects to cut from the object graph: a bare name cuts
+      every edge with that local name, ``a/b/c`` exactly that path; nodes left
+      unreachable go with their tensors.
+    - ``rename``: ordered ``{regex: replacement}`` (or pairs), matched at the start
+      of the name; the first match applies. ``rename_exact``: ``{old: new}``, tried
+      first. TF2 object graphs are re-keyed to match.
+    - ``cast``: target dtype for floating-point tensors; ``cast_from`` narrows
+      which source dtypes.
+    - ``prefer``: which source wins a name present in several (default: error).
+    - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
+    - ``overwrite``: replace an existing checkpoint at the destination.
+
+    How to write it (used by :func:`tfckpt.execute`):
+
+    - ``overflow``: values beyond the target's range: ``'error'`` (nothing is
+      written), ``'clip'`` (largest finite value) or ``'inf'`` (IEEE).
+    - ``chunk_bytes``: the memory budget for tensor data in flight per task.
+    - ``backend``: ``'numpy'``, ``'tf'`` (``tf.cast`` on the best device for
+      tensors of at least ``tf_threshold`` bytes) or ``'auto'`` (tf only with a GPU).
+    - ``durable``: fsync before the commit; ``False`` skips it (see
+      :class:`~tfckpt.BundleWriter`).
+    - ``executor``: where the shard tasks run: None (here), a
+      ``concurrent.futures`` executor or a Dask ``Client``.
+
+    >>> opts = tfckpt.Options(cast="float16", overflow="clip", exclude=["/Adam"])
+    >>> tfckpt.transform("ckpt/model", "out/", opts)
+    """
+
+    include: str | Sequence[str] | None = _plan()
+    exclude: str | Sequence[str] | None = _plan()
+    drop_objects: Sequence[str] = _plan(())
+    rename: RenameRules | None = _plan()
+    rename_exact: Mapping[str, str] | None = _plan()
+    cast: str | None = _plan()
+    cast_from: Sequence[str] | None = _plan()
+    prefer: Prefer | None = _plan()
+    max_shard_bytes: int | None = _plan()
+    overwrite: bool = _plan(False)
+
+    overflow: OverflowPolicy = _execution("error")
+    chunk_bytes: int = _execution(MEMORY_BUDGET)
+    backend: Backend = _execution("numpy")
+    tf_threshold: int = _execution(DEFAULT_TF_THRESHOLD)
+    durable: bool = _execution(True)
+    executor: Any = _execution(None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.prefer not in PREFER:
+            raise CheckpointError(f"prefer must be 'first' or 'last', not {self.prefer!r}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise CheckpointError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
+        if self.backend not in BACKENDS:
+            raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
+
+    @classmethod
+    def of(cls, options: "Options | None" = None, stage: str | None = None,
+           **changes) -> "Options":
+        """``options`` (or the defaults) with ``changes``; with ``stage``, only its fields.
+
+        >>> Options.of(None, cast="float16").cast
+        'float16'
+        """
+        base = cls() if options is None else options
+        if stage is not None:
+            other = sorted(set(changes) & set(cls.fields(PLAN if stage == EXECUTION
+                                                        else EXECUTION)))
+            if other:
+                raise TypeError(f"{', '.join(other)}: not {stage} option(s)")
+        return dataclasses.replace(base, **changes) if changes else base
+
+    @classmethod
+    def fields(cls, stage: str) -> tuple[str, ...]:
+        """The names of the fields of ``stage`` (``'plan'`` or ``'execution'``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["stage"] == stage)
+
+
+DEFAULTS = Options()

@@ -1,0 +1,205 @@
+"""The streaming pipeline of a shard task: read ahead, cast, write behind.
+
+Three stages overlap: a thread reads (and checks the source's CRC) ahead of the
+consumer, the consumer casts, another thread writes (and computes the output's
+CRC) behind it. numpy, crc32c and file I/O release the GIL, so both cores stay
+busy. Chunk buffers come from rings sized from the queue depths below, so the
+pipeline allocates no fresh pages per chunk; the memory budget covers them all.
+
+Also here: the set of shard tasks whose run has failed, which the tasks of this
+process poll to stop early.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+import numpy as np
+
+PREFETCH_DEPTH = 1      # chunks read and queued ahead of the consumer
+WRITE_BEHIND_DEPTH = 1  # chunks queued for the writing thread
+
+
+def chunks_in_flight(*, read: bool, write: bool) -> int:
+    """How many chunks of one stream are alive at once, so how many buffers a ring needs.
+
+    The consumer holds one. With ``read``, the chunk comes through the read-ahead:
+    one more is being read and ``PREFETCH_DEPTH`` wait for the consumer. With
+    ``write``, the consumer hands it to the write-behind: ``WRITE_BEHIND_DEPTH``
+    wait there and one is being written. A buffer is reused only after every
+    stage is done with it.
+    """
+    n = 1
+    if read:
+        n += 1 + PREFETCH_DEPTH
+    if write:
+        n += WRITE_BEHIND_DEPTH + 1
+    return n
+
+
+# Read chunks written as they are (no cast) live through every stage; cast results
+# start at the consumer.
+READ_RING = chunks_in_flight(read=True, write=True)
+CAST_RING = chunks_in_flight(read=False, write=True)
+
+
+class BufferRing:
+    """``count`` byte buffers handed out in turn; a buffer grows to the largest request.
+
+    Calling the ring returns ``nbytes`` of a buffer (a uint8 array), valid until
+    ``count - 1`` more have been taken.
+
+    >>> ring = BufferRing(READ_RING)
+    >>> buf = ring(1 << 20)
+    """
+
+    def __init__(self, count: int):
+        if count < 1:
+            raise ValueError("a ring needs at least one buffer")
+        self.count = count
+        self._buffers: list[np.ndarray] = []
+        self._next = 0
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        i = self._next % self.count
+        self._next += 1
+        if i == len(self._buffers):
+            self._buffers.append(np.empty(nbytes, dtype=np.uint8))
+        elif len(self._buffers[i]) < nbytes:
+            self._buffers[i] = np.empty(nbytes, dtype=np.uint8)
+        return self._buffers[i][:nbytes]
+
+
+# How often a pipeline thread looks again at a hand-over. A Ctrl-C raised in the main
+# thread in the middle of a queue operation can swallow the wake-up of the thread on
+# the other side (Python's locks are not safe against such asynchronous exceptions),
+# so no hand-over waits without a timeout.
+_POLL = 0.05
+
+
+class WriteBehind:
+    """Writes to a tensor stream from a thread, ``WRITE_BEHIND_DEPTH`` items behind.
+
+    Leaving the block with an exception drops what is still queued: the tensor
+    is abandoned, so only the write under way is waited for.
+
+    >>> with stream, WriteBehind(stream) as writer:
+    ...     for chunk in chunks:
+    ...         writer.write(chunk)
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._items: queue.Queue = queue.Queue(maxsize=WRITE_BEHIND_DEPTH)
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._items.get(timeout=_POLL)
+            except queue.Empty:
+                if self._closing:  # set after the last item was queued: all written
+                    return
+                continue
+            if self._error is None and not self._cancelled:
+                try:
+                    self._stream.write(item)
+                except BaseException as e:  # raised in the producer's thread
+                    self._error = e
+
+    def write(self, data) -> None:
+        if self._error is not None:
+            raise self._error
+        while True:
+            try:
+                self._items.put(data, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
+
+    def __enter__(self) -> "WriteBehind":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._cancelled = True
+        self._closing = True
+        self._thread.join()
+        if self._error is not None and exc_type is None:
+            raise self._error
+
+
+def prefetch(iterator: Iterator):
+    """Run ``iterator`` ``PREFETCH_DEPTH`` items ahead in a background thread.
+
+    The thread ends with the consumer: once it stops taking items (an exception,
+    Ctrl-C, the generator closed), no hand-over blocks for good, so the clean-up's
+    join returns after at most the item being read.
+
+    >>> for chunk in prefetch(ckpt.iter_chunks("emb", 1 << 20)):
+    ...     use(chunk)
+    """
+    items: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
+    stop = threading.Event()
+    done = object()
+
+    def offer(item) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in iterator:
+                if not offer((item, None)):
+                    return
+            offer((done, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            offer((done, e))
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    try:
+        while True:
+            try:
+                item, error = items.get(timeout=_POLL)
+            except queue.Empty:
+                continue
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+# Shard tasks (by path) whose run has failed: tasks running in this process's threads
+# stop at their next chunk. Tasks in other processes do not see it and run to the end.
+_CANCELLED: set[str] = set()
+
+
+def cancel(paths) -> None:
+    """Tell the tasks writing ``paths`` in this process to stop at their next chunk."""
+    _CANCELLED.update(paths)
+
+
+def uncancel(paths) -> None:
+    """Forget ``paths`` once their tasks have stopped."""
+    _CANCELLED.difference_update(paths)
+
+
+def cancelled(path: str) -> bool:
+    """Whether the run of the task writing ``path`` has failed elsewhere."""
+    return path in _CANCELLED

@@ -1,0 +1,356 @@
+"""Planning a transform: from the sources' indexes alone, what each output tensor is.
+
+:func:`plan` decides every output tensor's source, new name, new dtype and bytes,
+and what is dropped and why; it reads no tensor data. :func:`tfckpt.execute`
+then writes the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from . import dtypes as _dt
+from . import paths
+from .bundle import Checkpoint, TensorInfo
+from .cast import CAST_TARGETS, should_cast
+from .storage import normalize, storage_for
+from .errors import CheckpointError
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
+from .options import Options, RenameRules
+
+SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
+
+
+@dataclass
+class Source:
+    """One input checkpoint of a transform."""
+
+    label: str
+    ckpt: Checkpoint
+    graph: ObjectGraph | None
+    shard_base: int = 0  # where its shards start in the output, when following its layout
+
+
+@dataclass
+class PlannedTensor:
+    """One output tensor: where it comes from and what it becomes."""
+
+    source: int
+    name: str
+    new_name: str
+    info: TensorInfo
+    new_dtype: str
+    bytes_out: int
+
+    @property
+    def renamed(self) -> bool:
+        return self.name != self.new_name
+
+    @property
+    def cast(self) -> bool:
+        return self.info.dtype != self.new_dtype
+
+
+@dataclass
+class Plan:
+    """What a transform will write; ``to_dict()`` is what ``--dry-run --json`` prints."""
+
+    sources: list[Source]
+    dst: str
+    tensors: list[PlannedTensor]
+    dropped: list[tuple[str, str, str]]  # (source label, name, reason)
+    object_graph: bytes | None
+    options: Options  # those it was planned with; execute() writes with them
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(t.info.nbytes for t in self.tensors)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.bytes_out for t in self.tensors)
+
+    def to_dict(self) -> dict:
+        return {
+            "dst": self.dst,
+            "sources": [s.label for s in self.sources],
+            "tensors": [{"source": self.sources[t.source].label, "name": t.name,
+                         "new_name": t.new_name, "dtype": t.info.dtype,
+                         "new_dtype": t.new_dtype, "shape": list(t.info.shape),
+                         "bytes_in": t.info.nbytes, "bytes_out": t.bytes_out}
+                        for t in self.tensors],
+            "dropped": [{"source": s, "name": n, "reason": r} for s, n, r in self.dropped],
+            "object_graph": self.object_graph is not None,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
+
+
+
+
+def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
+    if rename is None:
+        return []
+    items = rename.items() if isinstance(rename, Mapping) else rename
+    out = []
+    for pattern, repl in items:
+        try:
+            out.append((re.compile(pattern), repl))
+        except re.error as e:
+            raise CheckpointError(f"bad rename pattern {pattern!r}: {e}") from None
+    return out
+
+
+def _new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
+    if name in exact:
+        return exact[name]
+    for rx, repl in rules:
+        m = rx.match(name)
+        if m:
+            try:
+                return m.expand(repl) + name[m.end():]
+            except (re.error, IndexError) as e:
+                raise CheckpointError(f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}") \
+                    from None
+    return name
+
+
+def _patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    try:
+        return [re.compile(v) for v in values]
+    except re.error as e:
+        raise CheckpointError(f"bad regular expression: {e}") from None
+
+
+def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
+    """The output prefix; refuses sources and (without ``overwrite``) existing checkpoints."""
+    dst = normalize(dst)
+    store = storage_for(dst)
+    if dst.endswith(("/", os.sep)) or store.isdir(dst):
+        dst = store.join(dst.rstrip("/") if not store.local else dst,
+                         sources[0].ckpt.storage.basename(sources[0].ckpt.prefix))
+    real = store.realpath(dst)
+    for s in sources:
+        if s.ckpt.storage.realpath(s.ckpt.prefix) == real:
+            raise CheckpointError("the destination is a source checkpoint; write elsewhere "
+                                  "(sources are never modified)", path=dst)
+        if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == \
+                store.realpath(store.dirname(dst)) and \
+                s.ckpt.storage.basename(s.ckpt.prefix) == store.basename(dst):
+            raise CheckpointError("the destination would overwrite a source's data files",
+                                  path=dst)
+    if store.isfile(paths.index_filename(dst)) and not overwrite:
+        raise CheckpointError("the destination already exists (use overwrite)",
+                              path=paths.index_filename(dst))
+    return dst
+
+
+def open_sources(sources) -> list[Source]:
+    if isinstance(sources, (str, os.PathLike, Checkpoint)):
+        sources = [sources]
+    out = []
+    for src in sources:
+        ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
+        graph = None
+        if OBJECT_GRAPH_KEY in ckpt:
+            graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+        out.append(Source(os.fspath(src) if not isinstance(src, Checkpoint) else src.prefix,
+                          ckpt, graph))
+    if not out:
+        raise CheckpointError("no source checkpoint given")
+    return out
+
+
+def _root_object_owners(srcs: list[Source], prefer: str | None) -> dict[str, int]:
+    """For root objects of several TF2 sources: which source keeps each.
+
+    ``save_counter`` (bookkeeping every ``Checkpoint.save`` adds) comes from the
+    first source; other clashes follow ``prefer``, and without it are left for
+    the merge to report.
+    """
+    having: dict[str, list[int]] = {}
+    for i, s in enumerate(srcs):
+        if s.graph is not None:
+            for child in s.graph.root_children():
+                having.setdefault(child, []).append(i)
+    owners = {}
+    for child, where in having.items():
+        if len(where) < 2:
+            continue
+        if child == SAVE_COUNTER or prefer == "first":
+            owners[child] = where[0]
+        elif prefer == "last":
+            owners[child] = where[-1]
+    return owners
+
+
+def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
+    """Decide every output tensor from the sources' indexes; reads no tensor data.
+
+    ``options`` (see :class:`~tfckpt.Options`), amended by keyword arguments,
+    are kept in the plan: :func:`~tfckpt.execute` writes it with them.
+
+    >>> p = tfckpt.plan("train/", "out/", cast="float16", exclude=["/Adam"])
+    >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
+    >>> tfckpt.execute(p)
+    """
+    options = Options.of(options, **changes)
+    cast, cast_from, prefer = options.cast, options.cast_from, options.prefer
+    srcs = open_sources(sources)
+    target = None
+    if cast is not None:
+        target = _dt.lookup(cast)
+        if target.name not in CAST_TARGETS:
+            raise CheckpointError(f"cannot cast to {cast!r}; targets: {', '.join(CAST_TARGETS)}")
+    from_set = None
+    if cast_from is not None:
+        from_set = frozenset(_dt.lookup(d).name for d in cast_from)
+    includes, excludes = _patterns(options.include), _patterns(options.exclude)
+    rules = _compile_rules(options.rename)
+    exact = dict(options.rename_exact or {})
+    dst = resolve_destination(dst, srcs, options.overwrite)
+
+    dropped: list[tuple[str, str, str]] = []
+    graphs: list[tuple[int, ObjectGraph]] = []
+    per_source: list[list[tuple[str, str]]] = []  # (old, new) per kept tensor
+    drop_specs = list(options.drop_objects)
+    if drop_specs and not any(s.graph for s in srcs):
+        raise CheckpointError("--drop-object needs a TF2 object-based checkpoint (one with "
+                              f"{OBJECT_GRAPH_KEY})", path=srcs[0].ckpt.prefix)
+    matched_specs: set[str] = set()
+    winner = _root_object_owners(srcs, prefer)
+    for i, s in enumerate(srcs):
+        names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+        present = set(names)
+        gone: set[str] = set()
+
+        def tensors_of(keys: Iterable[str]) -> set[str]:
+            return {t for k in keys for t in attribute_tensors(k, present)}
+
+        if s.graph is not None:
+            for spec in drop_specs:
+                try:
+                    removed = tensors_of(s.graph.drop_objects([spec]))
+                except CheckpointError:
+                    continue  # this source lacks the object; another may have it
+                matched_specs.add(spec)
+                gone |= removed
+                dropped += [(s.label, n, f"object {spec!r} dropped") for n in sorted(removed)
+                            if n in s.ckpt]
+            for child in s.graph.root_children():
+                owner = winner.get(child, i)
+                if owner != i:
+                    removed = tensors_of(s.graph.drop_root_child(child))
+                    gone |= removed
+                    dropped += [(s.label, n, f"root object {child!r} taken from "
+                                 f"{srcs[owner].label}") for n in sorted(removed) if n in s.ckpt]
+            missing = s.graph.missing_keys(present)
+            if missing:
+                raise CheckpointError(f"the object graph names tensors the checkpoint lacks: "
+                                      f"{', '.join(missing[:5])}", path=s.ckpt.prefix)
+        kept = []
+        for n in names:
+            if n in gone:
+                continue
+            if includes and not any(rx.search(n) for rx in includes):
+                dropped.append((s.label, n, "not included"))
+                continue
+            if any(rx.search(n) for rx in excludes):
+                dropped.append((s.label, n, "excluded"))
+                continue
+            kept.append((n, _new_name(n, exact, rules)))
+        if s.graph is not None:
+            # An attribute stored as several tensors is kept whole or not at all,
+            # and its tensors keep one key plus their suffixes.
+            new_of = dict(kept)
+            dead, rekey = set(), {}
+            for key, tensors in s.graph.attribute_tensors(present).items():
+                if all(t in new_of for t in tensors):
+                    new_key = renamed_key(key, tensors, new_of, path=s.label)
+                    if new_key != key:
+                        rekey[key] = new_key
+                    continue
+                dead.add(key)
+                for t in tensors:
+                    if new_of.pop(t, None) is not None:
+                        dropped.append((s.label, t, f"its attribute {key!r} is not kept whole"))
+            kept = [(n, new) for n, new in kept if n in new_of]
+            s.graph.drop_keys(dead)
+            s.graph.rekey(rekey)
+            graphs.append((i, s.graph))
+        per_source.append(kept)
+    for spec in drop_specs:
+        if spec not in matched_specs:
+            raise CheckpointError(f"no object {spec!r} in the object graph of any source")
+
+    # One name, one tensor: clashes inside a source are errors; across sources
+    # they are errors unless the user said which source wins.
+    chosen: dict[str, tuple[int, str]] = {}
+    for i, kept in enumerate(per_source):
+        local: dict[str, str] = {}
+        for old, new in kept:
+            if new == OBJECT_GRAPH_KEY:
+                raise CheckpointError(f"{old!r} cannot be renamed to {OBJECT_GRAPH_KEY}")
+            if new in local:
+                raise CheckpointError(f"{local[new]!r} and {old!r} would both be named {new!r}",
+                                      path=srcs[i].label)
+            local[new] = old
+            if new in chosen:
+                j, other = chosen[new]
+                if prefer is None:
+                    raise CheckpointError(
+                        f"{new!r} comes from both {srcs[j].label} ({other!r}) and "
+                        f"{srcs[i].label} ({old!r}); choose with prefer='first' or 'last'")
+                if prefer == "first":
+                    dropped.append((srcs[i].label, old, f"{new!r} taken from {srcs[j].label}"))
+                    continue
+                dropped.append((srcs[j].label, other, f"{new!r} taken from {srcs[i].label}"))
+            chosen[new] = (i, old)
+
+    # Graphs lose the attributes of tensors another source won, then merge.
+    graph_bytes = None
+    if graphs:
+        for i, g in graphs:
+            mine = {new for _, new in per_source[i]}
+            lost = {new for new in mine if chosen[new][0] != i}
+            if lost:
+                g.drop_keys({k for k, ts in g.attribute_tensors(mine).items()
+                             if lost.intersection(ts)})
+        merged = graphs[0][1] if len(graphs) == 1 else ObjectGraph.merge(
+            [g for _, g in graphs], [srcs[i].label for i, _ in graphs])
+        graph_bytes = merged.serialize()
+
+    if options.max_shard_bytes is None:
+        base = 0
+        for s in srcs:
+            s.shard_base = base
+            base += s.ckpt.header.num_shards
+
+    tensors = []
+    for new, (i, old) in chosen.items():
+        info = srcs[i].ckpt.info(old)
+        dtype = _dt.lookup(info.dtype)
+        new_dtype = target if should_cast(dtype, target, from_set) else dtype
+        out_bytes = info.nbytes if new_dtype is dtype else \
+            info.stored_elements * new_dtype.itemsize
+        tensors.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
+    # Every shard the output needs must be there before anything is written.
+    needed: dict[int, set[int]] = {}
+    for t in tensors:
+        needed.setdefault(t.source, set()).update(
+            [t.info.shard] if not t.info.slices else
+            (x.shard for x in srcs[t.source].ckpt.slice_info(t.name)))
+    for i, shard_ids in needed.items():
+        srcs[i].ckpt.check_shard_files(shard_ids)
+    # Read each source in file order: by source, shard, offset.
+    tensors.sort(key=lambda t: (t.source, t.info.shard if t.info.shard is not None else -1,
+                                t.info.offset or 0, t.new_name))
+    return Plan(srcs, dst, tensors, dropped, graph_bytes, options)
+
