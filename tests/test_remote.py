@@ -46,7 +46,8 @@ import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
 from tfckpt import inspect as tinspect  # noqa: E402
-from tfckpt.bundle import OBJECT_GRAPH_KEY, TMP_MARK, commit_shards, merge_entries  # noqa: E402
+from tfckpt.commit import TMP_MARK, commit_shards, merge_entries  # noqa: E402
+from tfckpt.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
 from tfckpt.transform import (ShardTask, execute, run_shard_task,  # noqa: E402
                               shard_tasks)
 

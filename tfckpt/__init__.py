@@ -10,7 +10,9 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 
 from __future__ import annotations
 
-from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
+from .format import Header, TensorInfo, Version
+from .reader import Checkpoint
+from .writer import BundleWriter, save
 from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
                      CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError)
 from .paths import latest_checkpoint

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,8 +22,11 @@ import numpy as np
 from . import dtypes as _dt
 from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .bundle import (TMP_MARK, BundleWriter, Checkpoint, TensorInfo, commit_shards, data_files,
-                     free_shard_count, merge_entries, remove_stale_temporaries)
+from .commit import (commit_shards, data_files, free_shard_count, merge_entries,
+                     remove_stale_temporaries, temporary_base, write_state_file)
+from .format import TensorInfo
+from .reader import REUSE_RING, Checkpoint, _BufferRing
+from .writer import ShardWriter
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES, Caster, CastCounts, should_cast
 from .storage import normalize, storage_for
 from .table import encode_varint
@@ -184,7 +186,7 @@ def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
     dst = normalize(dst)
     store = storage_for(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
-        dst = store.join(dst.rstrip("/") if not store.local else dst,
+        dst = store.join(store.dir_path(dst),
                          sources[0].ckpt.storage.basename(sources[0].ckpt.prefix))
     real = store.realpath(dst)
     for s in sources:
@@ -457,16 +459,11 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
     if backend not in BACKENDS:
         raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
     store = storage_for(p.dst)
-    made_dirs = []  # innermost first: the directories this run creates
-    if store.local:
-        remove_stale_temporaries(p.dst)
-        remove_stale_temporaries(os.path.join(os.path.dirname(p.dst), paths.STATE_FILENAME))
-        missing = os.path.dirname(os.path.abspath(p.dst))
-        while not os.path.isdir(missing):
-            made_dirs.append(missing)
-            missing = os.path.dirname(missing)
+    remove_stale_temporaries(p.dst)
+    remove_stale_temporaries(store.join(store.dirname(p.dst), paths.STATE_FILENAME))
     tasks = shard_tasks(p, overflow=overflow, chunk_bytes=chunk_bytes, backend=backend,
                         tf_threshold=tf_threshold, durable=durable)
+    made_dirs = store.makedirs(store.dirname(p.dst))  # innermost first
     try:
         results = _run_tasks(tasks, executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
@@ -483,11 +480,7 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
                 storage_for(t.path).remove(t.path)
             except (OSError, CheckpointError):
                 pass
-        for directory in made_dirs:  # only those still empty
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break
+        store.remove_dirs(made_dirs)  # only those still empty
         raise
     warnings = []
     try:
@@ -607,8 +600,8 @@ def shard_tasks(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_B
     graph_shard = None if graph_shard is None else order.index(graph_shard)
     items_of = [shards[k] for k in order]
     store = storage_for(p.dst)
-    if store.local:
-        base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    if store.atomic_rename:
+        base = temporary_base(p.dst)
         out_paths = [f"{base}.data-{k}" for k in range(len(items_of))]
     else:
         # Written under their final names, which no committed index may use: a shard
@@ -672,7 +665,7 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
         if progress:
             progress(nbytes)
 
-    w = BundleWriter.for_shard(task.path, durable=task.durable)
+    w = ShardWriter.create(task.path, durable=task.durable)
     try:
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) \
             else None
@@ -692,7 +685,7 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
                                          old[2] + c.subnormal, old[3] + c.elements)
         if task.object_graph is not None:
             w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
-        entries = w.finish_shard()
+        entries = w.finish()
     except BaseException:
         w.abort()
         raise
@@ -741,7 +734,7 @@ def _restore_warnings(p: Plan) -> list[str]:
             "partitions fails"]
 
 
-def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
+def _copy(ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress,
           chunk_bytes: int) -> None:
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
@@ -788,7 +781,8 @@ def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
     # release the GIL, so both cores stay busy. Chunk buffers are rings sized for
     # the chunks in flight; the budget covers them all.
     with stream, _WriteBehind(stream) as writer:
-        chunks = ckpt.iter_chunks(t.name, read_bytes, extents=extents, reuse=True)
+        chunks = ckpt.iter_chunks(t.name, read_bytes, extents=extents,
+                                  buffers=_BufferRing(REUSE_RING).take)
         for chunk in _prefetch(chunks):
             writer.write(caster(chunk) if caster is not None else chunk)
             if progress:
@@ -913,7 +907,7 @@ def _write_state_file(p: Plan) -> None:
         src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
         if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
             return
-    paths.write_state_file(directory, store.basename(p.dst))
+    write_state_file(directory, store.basename(p.dst))
 
 
 def transform(sources, dst, *, include=None, exclude=None, drop_objects: Sequence[str] = (),

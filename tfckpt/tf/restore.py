@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from .. import dtypes as _dt
-from ..bundle import Checkpoint
+from ..reader import Checkpoint
 from ..cast import Caster
 from ..errors import CheckpointError
 from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
