@@ -30,7 +30,7 @@ from .writer import ShardWriter
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES, Caster, CastCounts, should_cast
 from .storage import normalize, storage_for
 from .table import encode_varint
-from .errors import CheckpointError, UnsupportedCheckpointError
+from .errors import CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
@@ -463,7 +463,11 @@ def execute(p: Plan, *, overflow: str = "error", chunk_bytes: int = MEMORY_BUDGE
     remove_stale_temporaries(store.join(store.dirname(p.dst), paths.STATE_FILENAME))
     tasks = shard_tasks(p, overflow=overflow, chunk_bytes=chunk_bytes, backend=backend,
                         tf_threshold=tf_threshold, durable=durable)
-    made_dirs = store.makedirs(store.dirname(p.dst))  # innermost first
+    try:
+        made_dirs = store.makedirs(store.dirname(p.dst))  # innermost first
+    except OSError as e:
+        raise CheckpointWriteError(f"cannot create directory: {e.strerror or e}",
+                                   path=p.dst) from None
     try:
         results = _run_tasks(tasks, executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
