@@ -102,10 +102,6 @@ def slice_index(extents: Slice) -> tuple[slice, ...]:
                  for start, length in extents)
 
 
-def slice_from_proto(proto: TensorSliceProto) -> Slice:
-    return tuple((e.start, e.length if e.HasField("length") else None) for e in proto.extent)
-
-
 def is_full_slice(full_shape: Sequence[int], extents: Slice) -> bool:
     return all(length is None or (start == 0 and length == d)
                for d, (start, length) in zip(full_shape, extents))
@@ -174,6 +170,10 @@ def add_slice(proto: BundleEntryProto, extents: Slice) -> None:
         if length is not None:
             e.start = start
             e.length = length
+
+
+def slice_from_proto(proto: TensorSliceProto) -> Slice:
+    return tuple((e.start, e.length if e.HasField("length") else None) for e in proto.extent)
 
 
 def parse_entry(raw: bytes) -> BundleEntryProto:
