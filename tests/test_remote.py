@@ -45,9 +45,10 @@ import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
 from tfckpt import inspect as tinspect  # noqa: E402
-from tfckpt.bundle import OBJECT_GRAPH_KEY, TMP_MARK, commit_shards, merge_entries  # noqa: E402
-from tfckpt.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
+from tfckpt.commit import TMP_MARK, commit_shards, merge_entries  # noqa: E402
+from tfckpt.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
+from tfckpt.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
 
 CASES = ("tf1_sharded", "max_shard_policy", "keras_manager")
 MEM = MemoryFileSystem.store  # the process-wide memory:// store (path -> MemoryFile)

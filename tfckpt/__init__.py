@@ -10,7 +10,6 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 
 from __future__ import annotations
 
-from .bundle import BundleWriter, Checkpoint, Header, TensorInfo, Version, save
 from .engine import Summary, convert, execute, merge, rename, select, transform
 from .errors import (
     CastOverflowError,
@@ -22,6 +21,9 @@ from .errors import (
     UnsupportedCheckpointError,
 )
 from .options import Options
+from .format import Header, TensorInfo, Version
+from .reader import Checkpoint
+from .writer import BundleWriter, save
 from .paths import latest_checkpoint
 from .planner import Plan, plan
 

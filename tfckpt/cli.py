@@ -26,7 +26,7 @@ import numpy as np
 from . import __version__
 from . import dtypes as _dt
 from . import inspect as _inspect
-from .bundle import Checkpoint
+from .reader import Checkpoint
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
 from .engine import Summary, execute
 from .errors import CheckpointError

@@ -10,7 +10,6 @@ tensors through in bounded chunks and commits the output atomically.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -20,12 +19,14 @@ import numpy as np
 from . import dtypes as _dt
 from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .bundle import (TMP_MARK, BundleWriter, Checkpoint, commit_shards, data_files,
-                     free_shard_count, merge_entries, remove_stale_temporaries)
+from .commit import (commit_shards, data_files, free_shard_count, merge_entries,
+                     remove_stale_temporaries, temporary_base, write_state_file)
+from .reader import Checkpoint
+from .writer import ShardWriter
 from .cast import Caster, CastCounts
 from .storage import storage_for
 from .table import encode_varint
-from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
+from .errors import CastOverflowError, CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY
 from .options import BACKENDS, EXECUTION, Options, RenameRules
 from .pipeline import CAST_RING, READ_RING, BufferRing, WriteBehind, cancel, cancelled, prefetch, \
@@ -100,15 +101,14 @@ def execute(p: Plan, options: Options | None = None, *,
     start = time.perf_counter()
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
     store = storage_for(p.dst)
-    made_dirs = []  # innermost first: the directories this run creates
-    if store.local:
-        remove_stale_temporaries(p.dst)
-        remove_stale_temporaries(os.path.join(os.path.dirname(p.dst), paths.STATE_FILENAME))
-        missing = os.path.dirname(os.path.abspath(p.dst))
-        while not os.path.isdir(missing):
-            made_dirs.append(missing)
-            missing = os.path.dirname(missing)
+    remove_stale_temporaries(p.dst)
+    remove_stale_temporaries(store.join(store.dirname(p.dst), paths.STATE_FILENAME))
     tasks = shard_tasks(p, options)
+    try:
+        made_dirs = store.makedirs(store.dirname(p.dst))  # innermost first
+    except OSError as e:
+        raise CheckpointWriteError(f"cannot create directory: {e.strerror or e}",
+                                   path=p.dst) from None
     try:
         results = _run_tasks(tasks, options.executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
@@ -125,11 +125,7 @@ def execute(p: Plan, options: Options | None = None, *,
                 storage_for(t.path).remove(t.path)
             except (OSError, CheckpointError):
                 pass
-        for directory in made_dirs:  # only those still empty
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break
+        store.remove_dirs(made_dirs)  # only those still empty
         raise
     warnings = []
     try:
@@ -251,8 +247,8 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     graph_shard = None if graph_shard is None else order.index(graph_shard)
     items_of = [shards[k] for k in order]
     store = storage_for(p.dst)
-    if store.local:
-        base = f"{p.dst}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    if store.atomic_rename:
+        base = temporary_base(p.dst)
         out_paths = [f"{base}.data-{k}" for k in range(len(items_of))]
     else:
         # Written under their final names, which no committed index may use: a shard
@@ -316,7 +312,7 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
         if progress:
             progress(nbytes)
 
-    w = BundleWriter.for_shard(task.path, durable=task.durable)
+    w = ShardWriter.create(task.path, durable=task.durable)
     try:
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) \
             else None
@@ -336,7 +332,7 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
                                          old[2] + c.subnormal, old[3] + c.elements)
         if task.object_graph is not None:
             w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
-        entries = w.finish_shard()
+        entries = w.finish()
     except BaseException:
         w.abort()
         raise
@@ -385,7 +381,7 @@ def _restore_warnings(p: Plan) -> list[str]:
             "partitions fails"]
 
 
-def _copy(ckpt: Checkpoint, w: BundleWriter, t: TaskItem, caster, progress,
+def _copy(ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress,
           chunk_bytes: int) -> None:
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
@@ -448,7 +444,7 @@ def _write_state_file(p: Plan) -> None:
         src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
         if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
             return
-    paths.write_state_file(directory, store.basename(p.dst))
+    write_state_file(directory, store.basename(p.dst))
 
 
 def transform(sources, dst, options: Options | None = None, *,

@@ -6,7 +6,6 @@ CLI's job.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Iterator
 
@@ -14,7 +13,8 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import paths
-from .bundle import DEFAULT_CHUNK_BYTES, Checkpoint, format_slice
+from .format import format_slice
+from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from .cast import Caster
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
@@ -464,7 +464,7 @@ def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
         elif parsed[1] < n:
             present.add(parsed[1])
             path = store.join(directory, name)
-            if store.local and not os.path.isfile(path):
+            if store.irregular(path):
                 problems.append(f"{path}: data shard is not a regular file")
     missing = [i for i in range(min(n, len(present) + 6)) if i not in present]
     for i in missing[:5]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from google.protobuf import text_format
@@ -41,32 +40,6 @@ def read_state_file(directory: str) -> CheckpointState | None:
         return text_format.Parse(store.read_bytes(path).decode("utf-8"), CheckpointState())
     except (text_format.ParseError, UnicodeDecodeError) as e:
         raise CorruptCheckpointError(f"unreadable checkpoint state file: {e}", path=path) from None
-
-
-def write_state_file(directory: str, prefix_name: str) -> None:
-    """Record ``prefix_name`` as the latest checkpoint of ``directory`` (atomically)."""
-    state = read_state_file(directory) or CheckpointState()
-    state.model_checkpoint_path = prefix_name
-    if prefix_name not in state.all_model_checkpoint_paths:
-        state.all_model_checkpoint_paths.append(prefix_name)
-        del state.all_model_checkpoint_timestamps[:]
-    store = storage_for(directory)
-    path = store.join(directory, STATE_FILENAME)
-    data = text_format.MessageToString(state).encode("utf-8")
-    if not store.local:
-        store.write_bytes(path, data)  # one PUT: all or nothing on an object store
-        return
-    tmp = f"{path}.tfckpt-tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def latest_checkpoint(directory: str) -> str | None:
@@ -116,9 +89,9 @@ def resolve_prefix(path) -> str:
     if parsed and store.isfile(p) and store.isfile(index_filename(parsed[0])):
         return parsed[0]
     if store.isdir(p):
-        return _resolve_directory(store, p.rstrip("/") if not store.local else p)
+        return _resolve_directory(store, store.dir_path(p))
     for index in (index_filename(p), p if p.endswith(".index") else None):
-        if index and store.local and os.path.lexists(index):
+        if index and store.irregular(index):
             return index[: -len(".index")]  # there, but no regular file: opening says why
     looked = [index_filename(p)]
     if p.endswith(".index"):

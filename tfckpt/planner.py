@@ -14,7 +14,8 @@ from typing import Iterable, Mapping
 
 from . import dtypes as _dt
 from . import paths
-from .bundle import Checkpoint, TensorInfo
+from .format import TensorInfo
+from .reader import Checkpoint
 from .cast import CAST_TARGETS, should_cast
 from .storage import normalize, storage_for
 from .errors import CheckpointError
@@ -134,7 +135,7 @@ def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
     dst = normalize(dst)
     store = storage_for(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
-        dst = store.join(dst.rstrip("/") if not store.local else dst,
+        dst = store.join(store.dir_path(dst),
                          sources[0].ckpt.storage.basename(sources[0].ckpt.prefix))
     real = store.realpath(dst)
     for s in sources:

@@ -5,6 +5,10 @@ A URL with a scheme (``s3://``, ``gs://``, ``memory://``, ...) goes through
 fsspec (installed with ``tfckpt[remote]``) with range reads; object stores have
 no rename, so there the index being written last is the commit.
 
+Both expose the same reading and writing operations; this is the only module that
+asks where a path lives or calls the operating system's file operations, so the
+rest of tfckpt says what it needs (``atomic_rename`` tells which commit applies).
+
 Remote calls are retried a bounded number of times and time out (see
 :func:`remote_options`); whatever still fails leaves this module as a
 :class:`CheckpointError` naming the object, never as the client library's own
@@ -13,6 +17,7 @@ exception.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import posixpath
@@ -45,10 +50,13 @@ def storage_for(path) -> "Storage":
 
 
 class Storage:
-    """The operations tfckpt needs from where files live."""
+    """The operations tfckpt needs from where files live: here, the local file system."""
 
     local = True
     sep = os.sep
+    # Renames replace a name in one step and hard links exist: files can be written
+    # under temporary names and moved into place, so a commit is one rename.
+    atomic_rename = True
 
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)
@@ -78,6 +86,107 @@ class Storage:
     def write_bytes(self, path: str, data: bytes) -> None:
         with open(path, "wb") as f:
             f.write(data)
+
+    def write_new(self, path: str, data, *, durable: bool = False) -> None:
+        """Create ``path`` holding ``data``; ``FileExistsError`` when the name is taken."""
+        with open(path, "xb") as f:
+            f.write(data)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+
+    def open_writer(self, path: str, *, exclusive: bool = True):
+        """A file to write ``path`` through; ``exclusive``: refuse an existing file."""
+        return open(path, "xb" if exclusive else "wb", buffering=1 << 20)
+
+    def fsync(self, file) -> None:
+        """Wait until a written file's bytes are on the disk."""
+        os.fsync(file.fileno())
+
+    def fsync_dir(self, directory: str) -> None:
+        """Make the names last created or renamed in ``directory`` durable (best effort)."""
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def writeback(self, file, start: int, n: int) -> bool:
+        """Start writing bytes [start, start + n) of a file out (Linux); False if not done."""
+        if _SYNC_FILE_RANGE is None:
+            return False
+        file.flush()
+        _SYNC_FILE_RANGE(file.fileno(), start, n, _SYNC_FILE_RANGE_WRITE)
+        return True
+
+    def replace(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst``, replacing what ``dst`` was, in one step."""
+        os.replace(src, dst)
+
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst`` only if no file has that name: ``FileExistsError``.
+
+        A hard link fails on a taken name, where a rename would replace it. Without
+        hard links (some file systems), the name is checked, then renamed: a file
+        created in between would be replaced.
+        """
+        try:
+            os.link(src, dst)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            if os.path.lexists(dst):
+                raise FileExistsError(errno.EEXIST, "exists", dst) from None
+            os.replace(src, dst)
+            return
+        try:
+            os.unlink(src)
+        except BaseException:
+            try:
+                os.unlink(dst)
+            except OSError:
+                pass
+            raise
+
+    def makedirs(self, path: str) -> list[str]:
+        """Create directory ``path`` and its missing parents; those created, innermost
+        first. On failure, the ones created are removed again."""
+        created = []
+        missing = path
+        while missing and not os.path.isdir(missing):
+            created.append(missing)
+            missing = os.path.dirname(missing)
+        if created:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except BaseException:
+                self.remove_dirs(created)
+                raise
+        return created
+
+    def remove_dirs(self, directories: list[str]) -> None:
+        """Remove directories, innermost first, as long as they are empty (best effort)."""
+        for directory in directories:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def irregular(self, path: str) -> bool:
+        """Something other than a regular file has this name (a directory, a pipe...)."""
+        return os.path.lexists(path) and not os.path.isfile(path)
+
+    def dir_path(self, path: str) -> str:
+        """A directory's path spelled as :meth:`join` expects it."""
+        return path
 
     def open_reader(self, path: str) -> "LocalReader":
         return LocalReader(path)
@@ -154,6 +263,22 @@ class LocalReader:
         os.close(self._fd)
 
 
+def _load_sync_file_range():
+    """Linux's sync_file_range, to start writing dirty pages out early; None elsewhere."""
+    try:
+        import ctypes
+        import ctypes.util
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range() if os.name == "posix" else None
+_SYNC_FILE_RANGE_WRITE = 2
+
 LOCAL = Storage()
 
 
@@ -162,6 +287,7 @@ class RemoteStorage(Storage):
 
     local = False
     sep = "/"
+    atomic_rename = False  # no rename: the index written last is the commit
 
     def __init__(self, fs, protocol: str):
         self.fs = fs
@@ -241,8 +367,39 @@ class RemoteStorage(Storage):
         self.call("writing", path, self.fs.pipe_file, self._strip(path), bytes(data),
                   error=CheckpointWriteError)
 
-    def open_writer(self, path: str) -> "RemoteWriter":
+    def write_new(self, path: str, data, *, durable: bool = False) -> None:
+        """One request that stores the whole object (object stores have no exclusive create)."""
+        self.write_bytes(path, data)
+
+    def open_writer(self, path: str, *, exclusive: bool = True) -> "RemoteWriter":
         return RemoteWriter(self, path)
+
+    def fsync(self, file) -> None:
+        pass  # an object is durable once stored
+
+    def fsync_dir(self, directory: str) -> None:
+        pass
+
+    def writeback(self, file, start: int, n: int) -> bool:
+        return False
+
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        raise CheckpointWriteError("object stores cannot rename without replacing", path=src)
+
+    def makedirs(self, path: str) -> list[str]:
+        return []  # object stores have no directories
+
+    def remove_dirs(self, directories: list[str]) -> None:
+        pass
+
+    def exists(self, path: str) -> bool:
+        return self.isfile(path) or self.isdir(path)
+
+    def irregular(self, path: str) -> bool:
+        return False  # objects are all regular
+
+    def dir_path(self, path: str) -> str:
+        return path.rstrip("/")
 
     def open_reader(self, path: str) -> "RemoteReader":
         return RemoteReader(self, path)
@@ -251,7 +408,8 @@ class RemoteStorage(Storage):
         self.call("deleting", path, self.fs.rm_file, self._strip(path),
                   error=CheckpointWriteError)
 
-    def move(self, src: str, dst: str) -> None:
+    def replace(self, src: str, dst: str) -> None:
+        """Copy, then delete: an object store's rename is not atomic."""
         self.call(f"moving to {dst}", src, self.fs.mv, self._strip(src), self._strip(dst),
                   error=CheckpointWriteError)
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
-from ..bundle import Checkpoint
 from ..cast import Caster, OverflowPolicy
+from ..reader import Checkpoint
 from ..errors import CheckpointError
 from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
 from ._tf import tensorflow

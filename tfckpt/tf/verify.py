@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
-from ..bundle import Checkpoint
+from ..reader import Checkpoint
 from ..cast import Caster
 from ._tf import tensorflow
 

@@ -1,0 +1,619 @@
+"""Writing a checkpoint: tensors into data files, and the index entries that find them.
+
+:class:`ShardWriter` turns one data file into index entries, as TensorFlow's
+``BundleWriter`` does (whole tensors, raw bytes, slices of partitioned tensors,
+chunk by chunk streams, string tensors as lengths then bytes). :class:`BundleWriter`
+spreads tensors over several shards and commits them (:mod:`tfckpt.commit`);
+:func:`save` writes a dict. Byte layouts come from :mod:`tfckpt.format`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import paths
+from ._proto.tensor_bundle_pb2 import BundleEntryProto
+from .commit import commit, discard, remove_stale_temporaries, temporary_base
+from .errors import CheckpointError, CheckpointWriteError
+from .format import (NATIVE, VARIANT, Extent, Slice, StringFraming, VariantFraming, add_slice,
+                     as_string_array, encode_strings, encode_varints, entry_proto, extents_fit,
+                     format_slice, is_full_slice, lengths_crc, num_elements, shape_tuple,
+                     slice_shape, string_tensor_nbytes)
+from .orderedcode import encode_name, encode_slice_key
+from .storage import normalize, storage_for
+from .table import crc32c, mask_crc
+
+_WRITEBACK_STEP = 32 << 20
+
+
+class IndexEntries:
+    """The index entries being built, shared by the shards of one checkpoint.
+
+    Whole tensors and slices by key, partitioned tensors' own entries with the
+    slices they list, and whether a stream is open (one at a time).
+    """
+
+    def __init__(self):
+        self.entries: dict[bytes, BundleEntryProto] = {}
+        self.slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
+        self.streaming = False
+        self.done = False
+
+    def check_open(self, key: bytes, name: str) -> None:
+        if self.done:
+            raise ValueError("the writer is finished")
+        if self.streaming:
+            raise ValueError("another tensor is being streamed")
+        if not encode_name(name):
+            raise ValueError("invalid tensor name '': the empty key is the bundle header")
+        if key in self.entries:
+            raise ValueError(f"duplicate tensor name {name!r}")
+
+    def slice_key(self, name: str, dt: _dt.DType, full_shape, extents: Slice,
+                  shape) -> bytes:
+        """The key of a new slice, refused when it does not fit its tensor."""
+        full_shape = shape_tuple(full_shape)
+        if len(extents) != len(full_shape):
+            raise ValueError(f"{len(extents)} extents for a tensor of rank {len(full_shape)}")
+        if not extents_fit(extents, full_shape):
+            raise ValueError(f"slice {format_slice(extents)} lies outside {list(full_shape)}")
+        if tuple(shape) != slice_shape(full_shape, extents):
+            raise ValueError(f"slice {format_slice(extents)} has shape "
+                             f"{list(slice_shape(full_shape, extents))}, not {list(shape)}")
+        full_key = encode_name(name)
+        if full_key in self.entries and full_key not in self.slices_of:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        known = self.slices_of.get(full_key)
+        if known is not None and known != (dt, full_shape):
+            raise ValueError(f"slices of {name!r} disagree: {known[0].name} {list(known[1])} vs "
+                             f"{dt.name} {list(full_shape)}")
+        return encode_slice_key(name, extents)
+
+    def register_slice(self, name: str, dt: _dt.DType, full_shape, extents: Slice) -> None:
+        """Record a written slice on its full tensor's entry."""
+        full_shape = shape_tuple(full_shape)
+        full_key = encode_name(name)
+        full = self.entries.get(full_key)
+        if full is None:
+            full = self.entries[full_key] = entry_proto(dt, full_shape)
+            self.slices_of[full_key] = (dt, full_shape)
+        add_slice(full, extents)
+
+
+def _infer_dtype(value, dtype) -> _dt.DType:
+    if dtype is not None:
+        return _dt.lookup(dtype)
+    if isinstance(value, (bytes, str)):
+        return _dt.STRING
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.dtype == object:
+        return _dt.STRING
+    return _dt.lookup(arr.dtype)
+
+
+def _as_array(value, dt: _dt.DType) -> np.ndarray:
+    return as_string_array(value) if dt is _dt.STRING else np.asarray(value, dtype=dt.numpy)
+
+
+def _extents(extents: Sequence[Extent]) -> Slice:
+    return tuple((int(s), None if n is None else int(n)) for s, n in extents)
+
+
+class _Adder:
+    """The ways to add a tensor, shared by :class:`ShardWriter` and :class:`BundleWriter`.
+
+    Each refuses what it must before any byte is written, then asks ``_target`` for
+    the shard that the tensor's bytes go to (``shard=`` picks one of a
+    :class:`BundleWriter`).
+    """
+
+    index: IndexEntries
+    endianness: str
+
+    def _target(self, nbytes: int, shard: int | None) -> "ShardWriter":
+        raise NotImplementedError
+
+    def add(self, name: str, value, dtype=None, *, shard: int | None = None) -> None:
+        """Add a whole tensor. ``dtype`` (a TensorFlow name) overrides the inferred one."""
+        key = encode_name(name)
+        self.index.check_open(key, name)
+        dt = _infer_dtype(value, dtype)
+        if dt is not _dt.STRING and dt.numpy is None:
+            raise ValueError(f"{dt.name} tensors can only be added as raw bytes (add_raw)")
+        arr = _as_array(value, dt)
+        self._target(_nbytes(arr, dt), shard)._add(key, dt, arr)
+
+    def add_raw(self, name: str, dtype, shape, data, *, extents: Slice | None = None,
+                full_shape=None, shard: int | None = None) -> None:
+        """Add a tensor (or a slice, with ``extents`` and ``full_shape``) from its on-disk bytes.
+
+        The bytes are written as they are and must already be in this writer's
+        byte order; this is how dtypes without a numpy form (variant, resource)
+        are carried through.
+        """
+        dt = _dt.lookup(dtype)
+        shape = shape_tuple(shape)
+        data = memoryview(data).cast("B")
+        if dt.itemsize is not None and len(data) != num_elements(shape) * dt.itemsize:
+            raise ValueError(f"{len(data)} bytes do not hold {list(shape)} of {dt.name}")
+        if extents is not None:
+            extents = tuple(extents)
+            key = self.index.slice_key(name, dt, full_shape, extents, shape)
+        else:
+            key = encode_name(name)
+        self.index.check_open(key, name)
+        if dt is _dt.STRING:
+            crc = StringFraming(data.tobytes(), num_elements(shape), self.endianness).crc
+        elif dt is VARIANT:
+            framing = VariantFraming(data.tobytes(), num_elements(shape), self.endianness)
+            if framing.bad_element is not None:
+                raise ValueError(f"variant element {framing.bad_element[0]} of {name!r} has a "
+                                 "wrong checksum")
+            crc = framing.crc
+        else:
+            crc = crc32c(data)
+        self._target(len(data), shard)._add_bytes(key, dt, shape, data, crc)
+        if extents is not None:
+            self.index.register_slice(name, dt, full_shape, extents)
+
+    def add_slice(self, name: str, full_shape, extents: Sequence[Extent], value,
+                  dtype=None, *, shard: int | None = None) -> None:
+        """Add one slice of a partitioned tensor.
+
+        ``extents`` has one ``(start, length)`` per axis; a length of None takes
+        the whole axis. The slices of a tensor must not overlap; they may leave parts
+        of it out (a pre-sliced tensor, which TensorFlow restores slice by slice).
+        """
+        full_shape = shape_tuple(full_shape)
+        extents = _extents(extents)
+        dt = _infer_dtype(value, dtype)
+        if is_full_slice(full_shape, extents):
+            return self.add(name, value, dt.name, shard=shard)
+        shape = slice_shape(full_shape, extents)
+        arr = _as_array(value, dt)
+        if arr.shape != shape:
+            raise ValueError(f"slice {format_slice(extents)} of {list(full_shape)} has shape "
+                             f"{list(shape)}, value has {list(arr.shape)}")
+        key = self.index.slice_key(name, dt, full_shape, extents, shape)
+        self.index.check_open(key, name)
+        if dt is not _dt.STRING and dt.numpy is None:
+            raise ValueError(f"{dt.name} tensors can only be added as raw bytes (add_raw)")
+        self._target(_nbytes(arr, dt), shard)._add(key, dt, arr)
+        self.index.register_slice(name, dt, full_shape, extents)
+
+    def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> "_TensorStream":
+        """Add a tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``.
+
+        A ``string`` tensor is streamed as its format lays it out instead: every
+        element's length (``s.write_lengths``), then the elements' bytes, cut
+        anywhere (``s.write_data``), as :meth:`Checkpoint.iter_string_parts` yields them.
+        """
+        key = encode_name(name)
+        self.index.check_open(key, name)
+        dt = _dt.lookup(dtype)
+        if dt.numpy is None and dt is not _dt.STRING:
+            raise ValueError(f"{dt.name} tensors cannot be streamed")
+        shape = shape_tuple(shape)
+        return self._target(_stream_bytes(dt, shape), shard)._stream(key, dt, shape)
+
+    def stream_slice(self, name: str, dtype, full_shape, extents: Sequence[Extent], *,
+                     shard: int | None = None) -> "_TensorStream":
+        """Like :meth:`stream`, for one slice of a partitioned tensor."""
+        dt = _dt.lookup(dtype)
+        full_shape = shape_tuple(full_shape)
+        extents = _extents(extents)
+        shape = slice_shape(full_shape, extents)
+        key = self.index.slice_key(name, dt, full_shape, extents, shape)
+        self.index.check_open(key, name)
+        if dt.numpy is None and dt is not _dt.STRING:
+            raise ValueError(f"{dt.name} tensors cannot be streamed")
+        return self._target(_stream_bytes(dt, shape), shard)._stream(
+            key, dt, shape, lambda: self.index.register_slice(name, dt, full_shape, extents))
+
+
+def _nbytes(arr: np.ndarray, dt: _dt.DType) -> int:
+    """The bytes a tensor takes in a data file."""
+    return string_tensor_nbytes(arr) if dt is _dt.STRING else arr.size * dt.itemsize
+
+
+def _stream_bytes(dt: _dt.DType, shape: tuple[int, ...]) -> int:
+    return 0 if dt is _dt.STRING else num_elements(shape) * dt.itemsize  # strings: unknown
+
+
+class ShardWriter(_Adder):
+    """Writes tensors into one data file at ``path`` (a local file or URL) and builds
+    their index entries: :meth:`finish` returns them, for :func:`~tfckpt.commit.merge_entries`
+    and :func:`~tfckpt.commit.commit_shards`.
+
+    Within a :class:`BundleWriter`, the shards share one ``index`` (their entries,
+    ``shard_id`` set) and a failed stream aborts the whole checkpoint (``on_abort``).
+    Without ``exclusive``, an existing file is rewritten from the start: a shard task
+    may run twice (a cluster recomputing a result lost with its worker).
+    """
+
+    def __init__(self, path: str, *, endianness: str = "little", durable: bool = True,
+                 exclusive: bool = False, shard_id: int = 0, index: IndexEntries | None = None,
+                 on_abort: Callable[[], None] | None = None):
+        if endianness not in ("little", "big"):
+            raise ValueError("endianness must be 'little' or 'big'")
+        self.path = path
+        self.endianness = endianness
+        self.durable = durable
+        self.shard_id = shard_id
+        self.index = index if index is not None else IndexEntries()
+        self.size = 0
+        self._store = storage_for(path)
+        self._flushed = 0  # bytes handed to the disk so far
+        self._on_abort = on_abort
+        self._file = self._store.open_writer(path, exclusive=exclusive)
+
+    @classmethod
+    def create(cls, path: str, *, endianness: str = "little",
+               durable: bool = True) -> "ShardWriter":
+        """A writer of one data shard at ``path`` on its own, its directory made if missing.
+
+        Used by tasks that each write one shard of a checkpoint; :meth:`finish`
+        returns the index entries, which :func:`~tfckpt.commit.commit_shards` commits.
+        """
+        store = storage_for(path)
+        try:
+            store.makedirs(store.dirname(path))
+            return cls(path, endianness=endianness, durable=durable)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create data file: {e.strerror or e}",
+                                       path=path) from None
+
+    # -- the data file
+
+    def _write(self, data) -> None:
+        try:
+            self._file.write(data)
+            self.size += len(memoryview(data).cast("B"))
+            if self.durable and self.size - self._flushed >= _WRITEBACK_STEP:
+                # Let the disk work while we compute: the final fsync has little left.
+                if self._store.writeback(self._file, self._flushed, self.size - self._flushed):
+                    self._flushed = self.size
+        except OSError as e:
+            raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.path) from None
+
+    def close(self) -> None:
+        """Flush and close the data file (fsync'ed when durable)."""
+        if self._file is None:
+            return
+        self._file.flush()
+        if self.durable:
+            self._store.fsync(self._file)
+        self._file.close()
+        self._file = None
+
+    def discard(self) -> None:
+        """Close without keeping anything, and remove the file."""
+        file, self._file = self._file, None
+        try:
+            if hasattr(file, "discard"):
+                file.discard()  # an upload: closing it would store a part
+            elif file is not None:
+                file.close()
+        except (OSError, CheckpointError):
+            pass
+        discard([self.path])
+
+    def finish(self) -> dict[bytes, BundleEntryProto]:
+        """Close the data file; the index entries of what it holds."""
+        if self.index.streaming:
+            self.abort()
+            raise ValueError("a tensor stream was not closed")
+        try:
+            self.close()
+        except OSError as e:
+            self.abort()
+            raise CheckpointWriteError(f"write failed: {e.strerror or e}",
+                                       path=self.path) from None
+        self.index.done = True
+        return self.index.entries
+
+    def abort(self) -> None:
+        """Discard what was written (with ``on_abort``: the whole checkpoint)."""
+        if self._on_abort is not None:
+            self._on_abort()
+            return
+        self.index.done = True
+        self.discard()
+
+    # -- what the adding methods (:class:`_Adder`) write with
+
+    def _target(self, nbytes: int, shard: int | None) -> "ShardWriter":
+        if shard not in (None, self.shard_id):
+            raise ValueError(f"this writer writes shard {self.shard_id} only, not {shard}")
+        return self
+
+    def _record(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int,
+                size: int, crc: int) -> None:
+        self.index.entries[key] = entry_proto(dtype, shape, self.shard_id, offset, size, crc)
+
+    def _add_bytes(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], data,
+                   crc: int) -> None:
+        offset = self.size
+        self._write(data)
+        self._record(key, dtype, shape, offset, len(data), crc)
+
+    def _add(self, key: bytes, dt: _dt.DType, arr: np.ndarray) -> None:
+        if dt is _dt.STRING:
+            data, crc = encode_strings(arr, self.endianness)
+            self._add_bytes(key, dt, arr.shape, data, crc)
+            return
+        with self._stream(key, dt, arr.shape) as s:
+            s.write(arr)
+
+    def _stream(self, key: bytes, dt: _dt.DType, shape: tuple[int, ...],
+                on_close: Callable[[], None] | None = None) -> "_TensorStream":
+        self.index.streaming = True
+        if dt is _dt.STRING:  # its size is known only at the end
+            return _StringStream(self, key, shape, on_close)
+        return _TensorStream(self, key, dt, shape, num_elements(shape) * dt.itemsize, on_close)
+
+
+class _TensorStream:
+    """Receives one fixed-size tensor's elements in row-major order."""
+
+    def __init__(self, writer: ShardWriter, key: bytes, dtype: _dt.DType,
+                 shape: tuple[int, ...], size: int, on_close: Callable[[], None] | None):
+        self._w = writer
+        self._key = key
+        self.dtype = dtype
+        self.shape = shape
+        self._size = size
+        self._offset = writer.size
+        self._written = 0
+        self._crc = 0
+        self._swap = writer.endianness != NATIVE and dtype.swap_unit > 1
+        self._on_close = on_close
+
+    def write(self, chunk) -> None:
+        arr = np.asarray(chunk)
+        if arr.dtype != self.dtype.numpy:
+            raise ValueError(f"chunk of {arr.dtype} written to a {self.dtype.name} tensor")
+        data = np.ascontiguousarray(arr.reshape(-1)).view(np.uint8)
+        if self._swap:
+            data = data.view(np.dtype(f"u{self.dtype.swap_unit}")).byteswap().view(np.uint8)
+        if self._written + data.nbytes > self._size:
+            raise ValueError(f"more than the {self._size} bytes of shape {list(self.shape)} "
+                             f"{self.dtype.name} written")
+        self._w._write(data)
+        self._crc = crc32c(data, self._crc)
+        self._written += data.nbytes
+
+    def close(self) -> None:
+        self._w.index.streaming = False
+        if self._written != self._size:
+            raise ValueError(f"{self._written} bytes written to a tensor of "
+                             f"{self._size} bytes")
+        self._end(self._size)
+
+    def _end(self, size: int) -> None:
+        self._w._record(self._key, self.dtype, self.shape, self._offset, size, self._crc)
+        if self._on_close is not None:
+            self._on_close()
+
+    def __enter__(self) -> "_TensorStream":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._w.index.streaming = False
+            self._w.abort()
+
+
+class _StringStream(_TensorStream):
+    """Receives one string tensor: every element's length, then the elements' bytes.
+
+    Writes the framing and computes the checksums exactly as :func:`encode_strings`.
+    """
+
+    def __init__(self, writer: ShardWriter, key: bytes, shape: tuple[int, ...],
+                 on_close: Callable[[], None] | None):
+        super().__init__(writer, key, _dt.STRING, shape, 0, on_close)
+        self._count = num_elements(shape)
+        self._lengths = 0   # lengths received
+        self._expected = 0  # element bytes they add up to
+        self._framed = False  # the lengths' checksum is written
+
+    def write_lengths(self, lengths) -> None:
+        arr = np.asarray(lengths)
+        if arr.ndim != 1 or arr.dtype.kind not in "ui" or (arr.dtype.kind == "i" and len(arr)
+                                                           and int(arr.min()) < 0):
+            raise ValueError("lengths must be a 1-D array of non-negative integers")
+        if self._framed or self._lengths + len(arr) > self._count:
+            raise ValueError(f"more than the {self._count} lengths of shape {list(self.shape)}")
+        arr = arr.astype(np.uint64, copy=False)
+        self._w._write(encode_varints(arr))
+        self._crc = lengths_crc(arr, self._w.endianness, self._crc)
+        self._lengths += len(arr)
+        self._expected += int(arr.sum())
+        if self._lengths == self._count:
+            self._end_lengths()
+
+    def _end_lengths(self) -> None:
+        check = mask_crc(self._crc).to_bytes(4, self._w.endianness)
+        self._w._write(check)
+        self._crc = crc32c(check, self._crc)
+        self._framed = True
+
+    def write_data(self, data) -> None:
+        data = memoryview(data).cast("B")
+        if not self._framed:
+            if self._lengths != self._count:
+                raise ValueError(f"element bytes after {self._lengths} of {self._count} lengths")
+            self._end_lengths()
+        if self._written + len(data) > self._expected:
+            raise ValueError(f"more than the {self._expected} bytes the lengths add up to")
+        self._w._write(data)
+        self._crc = crc32c(data, self._crc)
+        self._written += len(data)
+
+    def write(self, chunk) -> None:
+        raise ValueError("string tensors are streamed with write_lengths and write_data")
+
+    def close(self) -> None:
+        self._w.index.streaming = False
+        if not self._framed and self._lengths == self._count:
+            self._end_lengths()
+        if self._lengths != self._count or self._written != self._expected:
+            raise ValueError(f"{self._lengths} of {self._count} lengths and {self._written} of "
+                             f"{self._expected} element bytes written")
+        self._end(self._w.size - self._offset)
+
+
+class BundleWriter(_Adder):
+    """Writes a checkpoint under ``prefix``, streaming, committed atomically.
+
+    Each shard is a :class:`ShardWriter` over a temporary file; they share ``index``.
+
+    Tensors are written to temporary data files as they are added; on
+    :meth:`finish` (or leaving the ``with`` block cleanly) the data files are
+    renamed into place and the index is written last, so no reader ever sees a
+    partial checkpoint. On an exception everything written is removed.
+
+    With ``durable`` (the default) every file is fsync'ed before the index is
+    renamed into place, so the checkpoint also survives a power cut; without it,
+    a killed process still never leaves a partial checkpoint, but the operating
+    system's crash may.
+
+    Tensors go to the current shard, and a new shard is started when
+    ``max_shard_bytes`` would be exceeded; passing ``shard=`` places a tensor in a
+    given shard instead (to keep a source checkpoint's layout).
+
+    >>> with BundleWriter("out/model") as w:
+    ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
+    """
+
+    def __init__(self, prefix, *, max_shard_bytes: int | None = None, overwrite: bool = False,
+                 endianness: str = "little", durable: bool = True):
+        if max_shard_bytes is not None and max_shard_bytes <= 0:
+            raise ValueError("max_shard_bytes must be positive")
+        if endianness not in ("little", "big"):
+            raise ValueError("endianness must be 'little' or 'big'")
+        self.prefix = normalize(prefix)
+        self.max_shard_bytes = max_shard_bytes
+        self.overwrite = overwrite
+        self.endianness = endianness
+        self.durable = durable
+        self._store = storage_for(self.prefix)
+        self.index = IndexEntries()
+        self._tmp_base = temporary_base(self.prefix)
+        self._shards: list[ShardWriter] = []
+        self._created_dirs: list[str] = []
+        self._current = 0
+        remove_stale_temporaries(self.prefix)
+        index = paths.index_filename(self.prefix)
+        if self._store.isfile(index) and not overwrite:
+            raise CheckpointWriteError("a checkpoint already exists here (pass overwrite=True "
+                                       "to replace it)", path=index)
+        try:
+            self._created_dirs = self._store.makedirs(self._store.dirname(self.prefix))
+            self._shard(0)
+        except OSError as e:
+            self.abort()
+            raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
+                                       path=self._tmp_base) from None
+
+    # -- shards
+
+    def _shard(self, shard_id: int) -> ShardWriter:
+        while len(self._shards) <= shard_id:
+            self._shards.append(ShardWriter(
+                f"{self._tmp_base}.data-{len(self._shards)}", endianness=self.endianness,
+                durable=self.durable, exclusive=True, shard_id=len(self._shards),
+                index=self.index, on_abort=self.abort))
+        return self._shards[shard_id]
+
+    def _target(self, nbytes: int, shard: int | None) -> ShardWriter:
+        """The shard that the next ``nbytes`` go to."""
+        if shard is not None:
+            if shard < 0:
+                raise ValueError(f"negative shard id {shard}")
+            try:
+                return self._shard(shard)
+            except OSError as e:
+                raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
+                                           path=self._tmp_base) from None
+        current = self._shards[self._current]
+        if self.max_shard_bytes is not None and current.size > 0 \
+                and current.size + nbytes > self.max_shard_bytes:
+            self._current = len(self._shards)
+            return self._target(nbytes, self._current)
+        return current
+
+    def reserve_shards(self, count: int) -> None:
+        """Make the output have at least ``count`` shards, even if some stay empty."""
+        try:
+            if count > 0:
+                self._shard(count - 1)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
+                                       path=self._tmp_base) from None
+
+    # -- commit
+
+    def __enter__(self) -> "BundleWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        """Discard everything written; nothing is left at the destination."""
+        self.index.done = True
+        for shard in self._shards:
+            shard.discard()
+        discard([f"{self._tmp_base}.index"])
+        self._store.remove_dirs(self._created_dirs)  # only those still empty
+
+    def finish(self) -> str:
+        """Write the index and move everything into place; returns the prefix."""
+        if self.index.done:
+            raise ValueError("the writer is finished")
+        if self.index.streaming:
+            self.abort()
+            raise ValueError("a tensor stream was not closed")
+        try:
+            try:
+                for shard in self._shards:
+                    shard.close()
+            except OSError as e:
+                raise CheckpointWriteError(f"write failed: {e.strerror or e}",
+                                           path=self.prefix) from None
+            commit(self.prefix, [s.path for s in self._shards], self.index.entries,
+                   base=self._tmp_base, endianness=self.endianness, durable=self.durable,
+                   overwrite=self.overwrite)
+        except BaseException:
+            self.abort()
+            raise
+        self.index.done = True
+        return self.prefix
+
+
+def save(tensors: Mapping[str, object], prefix, *, max_shard_bytes: int | None = None,
+         overwrite: bool = False, endianness: str = "little", durable: bool = True) -> str:
+    """Write ``{name: array}`` as a checkpoint that TensorFlow reads bit-for-bit.
+
+    Arrays of numeric dtypes keep their dtype; object arrays of ``bytes`` (or
+    ``bytes``/``str`` values) become string tensors. Tensors are written in
+    name order, so the same input always gives the same bytes.
+
+    >>> tfckpt.save({"w": np.zeros((2, 3), np.float16)}, "out/model")
+    'out/model'
+    """
+    with BundleWriter(prefix, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                      endianness=endianness, durable=durable) as w:
+        for name in sorted(tensors, key=encode_name):
+            w.add(name, tensors[name])
+    return w.prefix
