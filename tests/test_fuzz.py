@@ -36,7 +36,7 @@ TIME_LIMIT_S = 10
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    tf = pytest.importorskip("tensorflow")
 
     root = tmp_path_factory.mktemp("fuzz-bases")
     rng = np.random.default_rng(0)
