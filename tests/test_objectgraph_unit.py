@@ -9,6 +9,8 @@ test_objectgraph_parity.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import tfckpt
@@ -413,3 +415,36 @@ def test_drop_root_child():
     assert graph.drop_root_child("absent") == set()
     assert graph.drop_root_child("step") == {f"step/{VALUE}"}
     assert graph.root_children() == ["model", "optimizer"]
+
+
+# --- without TensorFlow ----------------------------------------------------------------
+
+WITHOUT_TF = """
+import sys
+class NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTensorFlow())
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def test_runs_and_fuzz_skips_without_tensorflow(tmp_path):
+    """These tests need no TensorFlow; test_fuzz.py skips cleanly where it is absent."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TF, "-q", "-p", "no:cacheprovider", "-rs",
+         "--basetemp", str(tmp_path / "run"), "-k", "not without_tensorflow",
+         os.path.join(here, "test_objectgraph_unit.py"), os.path.join(here, "test_fuzz.py")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", summary)}
+    assert set(counts) <= {"passed", "skipped", "deselected", "xfailed"}, summary
+    assert counts.get("passed") and counts.get("skipped"), summary
+    assert "could not import 'tensorflow'" in proc.stdout
