@@ -20,6 +20,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt.bundle import TMP_MARK  # noqa: E402
@@ -108,7 +109,7 @@ def test_library_refuses_a_checkpoint_committed_meanwhile(source, tmp_path):
 def test_state_file_failure_after_the_commit_is_a_warning(source, tmp_path):
     out = tmp_path / "out"
     (out / "checkpoint").mkdir(parents=True)  # no state file can be renamed over this
-    proc = th.run_cli("convert", source, f"{out}/", "--dtype", "float16")
+    proc = ch.run_text("convert", source, f"{out}/", "--dtype", "float16")
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("tfckpt: warning:")]
     assert len(warnings) == 1 and "state file" in warnings[0], proc.stderr

@@ -29,6 +29,7 @@ fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
+import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from test_remote import BUCKET, s3_server  # noqa: E402,F401  (the moto server fixture)
@@ -248,7 +249,7 @@ def overwrite(how: str, src: str, dst: str):
     if how == "convert":
         return tfckpt.convert(src, dst, "float16", overwrite=True)
     if how == "cli":
-        return th.run_cli("convert", src, dst, "--dtype", "float16", "--overwrite")
+        return ch.run_text("convert", src, dst, "--dtype", "float16", "--overwrite")
     with tfckpt.open(src) as ckpt:  # the streaming writer, tensor by tensor, same shards
         values = {n: ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n]
                   for n in ckpt.keys()}
@@ -343,7 +344,7 @@ def test_server_ignoring_range(s3, sharded):
         with pytest.raises(tfckpt.CheckpointError, match="instead of") as e:
             ckpt["dev0/w"]
     assert e.value.path == shard
-    proc = th.run_cli("convert", src, f"{s3.url}/out/", "--dtype", "float16")
+    proc = ch.run_text("convert", src, f"{s3.url}/out/", "--dtype", "float16")
     one_error_line(proc, "sharded.ckpt.data-0000", "instead of")
     assert s3.files("out") == {}
 
@@ -393,7 +394,7 @@ def test_server_dying_mid_run(s3, sharded, s3_server, tmp_path, monkeypatch):
     # Gone when the second data object is written: reads, writes and the clean-up all fail.
     die = lambda m, p, h: "die" if m == "PUT" and ".data-00001-of-" in p else None  # noqa
     s3.proxy.rules.append(die)
-    one_error_line(th.run_cli("convert", src, dst, "--dtype", "float16"), s3.url)
+    one_error_line(ch.run_text("convert", src, dst, "--dtype", "float16"), s3.url)
     s3.proxy.reset()
     s3.proxy.rules.append(die)
     with pytest.raises(tfckpt.CheckpointError, match=s3.url):
