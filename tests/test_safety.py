@@ -20,6 +20,8 @@ import pytest
 import tfckpt
 from tfckpt import inspect as tfinspect
 
+from cli_helpers import run_process
+
 N_TENSORS = 48
 ELEMENTS = 1 << 20  # 4 MiB of float32 each: ~190 MiB to convert
 
@@ -229,7 +231,7 @@ def test_sources_are_never_modified(tmp_path, args):
     mtimes = {f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns
               for f in os.listdir(tmp_path / "a")}
     cmd = [a.format(src=src, other=other, out=tmp_path / "out") for a in args]
-    subprocess.run([sys.executable, "-m", "tfckpt", *cmd], capture_output=True, timeout=120)
+    run_process(*cmd)
     after = {**_hash_files(src), **{"b/" + k: v for k, v in _hash_files(other).items()}}
     assert after == before
     assert {f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns
