@@ -231,7 +231,8 @@ def test_sources_are_never_modified(tmp_path, args):
     mtimes = {f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns
               for f in os.listdir(tmp_path / "a")}
     cmd = [a.format(src=src, other=other, out=tmp_path / "out") for a in args]
-    run_process(*cmd)
+    proc = run_process(*cmd, text=True)
+    assert proc.returncode == (1 if args[0] == "diff" else 0), proc.stderr  # they did run
     after = {**_hash_files(src), **{"b/" + k: v for k, v in _hash_files(other).items()}}
     assert after == before
     assert {f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns
