@@ -27,7 +27,7 @@ import tfckpt.cli  # noqa: E402
 import tfckpt.inspect as tfi  # noqa: E402
 import tf_checkpoints as W  # noqa: E402  (conftest puts tests/ on sys.path)
 
-from cli_helpers import in_process, run_text, user_env  # noqa: E402
+from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
 
 # TensorFlow's C++ logging that ignores TF_CPP_MIN_LOG_LEVEL (absl, before init).
 _TF_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IWE]\d{4} |To enable the following "
@@ -262,11 +262,7 @@ def test_object_graph_json_equals_tensorflow_proto(tf_checkpoints):
 @pytest.mark.parametrize("case_name", ["tf1_saver", "tf1_partitioned"])
 def test_object_graph_of_tf1_checkpoint_is_one_line_error(tf_checkpoints, case_name):
     case = tf_checkpoints(case_name)
-    proc = run_text("dump", case.path, "--object-graph")
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfckpt: error: "), proc.stderr
-    assert case.prefix in lines[0] and "object graph" in lines[0]
+    assert_cli_error(run_text("dump", case.path, "--object-graph"), case.prefix, "object graph")
 
 
 # ---------------------------------------------------------------- dump --tensor values

@@ -230,15 +230,6 @@ def float16_of(prefix) -> dict[str, bytes]:
                 .tobytes() for n in ckpt.keys()}
 
 
-def one_error_line(proc, *fragments) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("tfckpt: error:") and "Traceback" not in proc.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
-
-
 # ---------------------------------------------------------------- overwrite, commit
 
 
@@ -276,7 +267,7 @@ def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded
             overwrite(how, sharded.prefix, dst)
     assert s3.files("out") == before  # every old object, byte for byte; nothing new left
     if how == "cli":
-        one_error_line(proc, "sharded.ckpt.index")
+        ch.assert_cli_error(proc, "sharded.ckpt.index")
     else:
         assert isinstance(e.value, tfckpt.CheckpointWriteError)
         assert e.value.path == f"{dst}.index"
@@ -345,7 +336,7 @@ def test_server_ignoring_range(s3, sharded):
             ckpt["dev0/w"]
     assert e.value.path == shard
     proc = ch.run_text("convert", src, f"{s3.url}/out/", "--dtype", "float16")
-    one_error_line(proc, "sharded.ckpt.data-0000", "instead of")
+    ch.assert_cli_error(proc, "sharded.ckpt.data-0000", "instead of")
     assert s3.files("out") == {}
 
 
@@ -394,7 +385,7 @@ def test_server_dying_mid_run(s3, sharded, s3_server, tmp_path, monkeypatch):
     # Gone when the second data object is written: reads, writes and the clean-up all fail.
     die = lambda m, p, h: "die" if m == "PUT" and ".data-00001-of-" in p else None  # noqa
     s3.proxy.rules.append(die)
-    one_error_line(ch.run_text("convert", src, dst, "--dtype", "float16"), s3.url)
+    ch.assert_cli_error(ch.run_text("convert", src, dst, "--dtype", "float16"), s3.url)
     s3.proxy.reset()
     s3.proxy.rules.append(die)
     with pytest.raises(tfckpt.CheckpointError, match=s3.url):

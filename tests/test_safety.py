@@ -20,7 +20,7 @@ import pytest
 import tfckpt
 from tfckpt import inspect as tfinspect
 
-from cli_helpers import run_process
+from cli_helpers import assert_cli_error, run_process
 
 N_TENSORS = 48
 ELEMENTS = 1 << 20  # 4 MiB of float32 each: ~190 MiB to convert
@@ -184,10 +184,7 @@ def test_disk_full(source, tmp_path, existing):
         before = _hash_files(dst)
     proc = subprocess.run(_convert_cmd(source, dst), capture_output=True, text=True,
                           preexec_fn=_limited(8 << 20), timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfckpt: error:") and "write" in lines[0]
-    assert "Traceback" not in proc.stderr
+    assert_cli_error(proc, "write")
     assert _leftovers(os.path.dirname(dst)) == []
     if existing:
         assert _hash_files(dst) == before
