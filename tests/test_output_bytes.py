@@ -133,3 +133,31 @@ def test_merge(sources, tmp_path, partitioned):
     theirs = str(tmp_path / "theirs" / "model")
     tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=theirs)
     assert_same_files(ours, theirs, shards=2)
+
+
+def test_rename_tf2(tmp_path):
+    """A TF2 checkpoint: the object graph re-keyed as TensorFlow's own proto would be."""
+    from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
+    model = tf.Module()
+    model.dense = tf.Module()
+    model.dense.kernel = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3) / 7)
+    model.dense.bias = tf.Variable(np.array([0.5, -0.25, 1e-3], np.float32))
+    src = tf.train.Checkpoint(model=model, step=tf.Variable(7, dtype=tf.int64)).write(
+        str(tmp_path / "src" / "ckpt"))
+    ours = str(tmp_path / "ours" / "ckpt")
+    tfckpt.rename(src, ours, {"model/dense/": "model/layer/"})
+
+    reader = tf.train.load_checkpoint(src)
+    graph = TrackableObjectGraph.FromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    for node in graph.nodes:
+        for attr in node.attributes:
+            attr.checkpoint_key = attr.checkpoint_key.replace("model/dense/", "model/layer/")
+    with tfckpt.open(src) as ckpt:  # renamed tensors keep their place in the data
+        order = sorted(ckpt.keys(), key=lambda n: ckpt.info(n).offset)
+    tensors = {}
+    for name in order:
+        value = (graph.SerializeToString() if name == "_CHECKPOINTABLE_OBJECT_GRAPH"
+                 else reader.get_tensor(name))
+        tensors[name.replace("model/dense/", "model/layer/")] = [("", tf.constant(value))]
+    assert list(tensors)[-1] == "_CHECKPOINTABLE_OBJECT_GRAPH"  # TensorFlow writes it last
+    assert_same_files(ours, savev2(str(tmp_path / "theirs" / "ckpt"), tensors))
