@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def harness(monkeypatch):
     # Contenders import tfckpt from this checkout, whatever the caller's PYTHONPATH.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    )
     spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -24,8 +25,11 @@ def harness(monkeypatch):
 
 
 def test_failing_command_raises_with_status_and_stderr(harness):
-    command = [sys.executable, "-c",
-               "import sys; sys.stderr.write('x' * 5000 + 'the reason'); sys.exit(3)"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; sys.stderr.write('x' * 5000 + 'the reason'); sys.exit(3)",
+    ]
     with pytest.raises(harness.ContenderFailed) as e:
         harness.measure(command)
     message = str(e.value)
@@ -35,16 +39,19 @@ def test_failing_command_raises_with_status_and_stderr(harness):
 
 
 def test_succeeding_command_is_measured(harness):
-    got = harness.measure([sys.executable, "-c", 'print(\'{"seconds": 0.25}\')'])
+    got = harness.measure([sys.executable, "-c", "print('{\"seconds\": 0.25}')"])
     assert got["inner"] == 0.25 and got["wall"] > 0 and got["rss"] > 0
 
 
-@pytest.mark.parametrize("contender", [
-    ["tfckpt_convert", "{missing}", "{out}/model", "float16"],
-    ["tfckpt_list", "{missing}"],
-    ["tfckpt_dump", "{missing}"],
-    ["cp_data", "{missing}", "{out}/model"],
-])
+@pytest.mark.parametrize(
+    "contender",
+    [
+        ["tfckpt_convert", "{missing}", "{out}/model", "float16"],
+        ["tfckpt_list", "{missing}"],
+        ["tfckpt_dump", "{missing}"],
+        ["cp_data", "{missing}", "{out}/model"],
+    ],
+)
 def test_contender_whose_work_fails_is_not_timed(harness, tmp_path, contender):
     missing = str(tmp_path / "absent" / "model")
     args = [a.format(missing=missing, out=tmp_path / "out") for a in contender]

@@ -18,11 +18,13 @@ tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
 
+
 def index_order(tensors: dict) -> dict:
     """``tensors`` in the order of their index keys: every slice key (a partitioned
     tensor's) sorts before every tensor name."""
-    return {n: tensors[n] for n in sorted(tensors, key=lambda n: (not tensors[n][0][0],
-                                                                  n.encode()))}
+    return {
+        n: tensors[n] for n in sorted(tensors, key=lambda n: (not tensors[n][0][0], n.encode()))
+    }
 
 
 def savev2(prefix: str, tensors: dict[str, list[tuple[str, object]]]) -> str:
@@ -35,8 +37,7 @@ def savev2(prefix: str, tensors: dict[str, list[tuple[str, object]]]) -> str:
             names.append(name)
             specs.append(spec)
             values.append(value)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs,
-                      tensors=values)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=values)
     return prefix
 
 
@@ -57,8 +58,9 @@ def source_tensors(seed: int, scope: str) -> dict[str, list[tuple[str, object]]]
         f"{scope}/emb": [("6 4 0,2:-", tf.constant(emb[:2])), ("6 4 2,4:-", tf.constant(emb[2:]))],
         f"{scope}/step": [("", tf.constant(np.int64(1234)))],
         f"{scope}/mask": [("", tf.constant(rng.integers(0, 2, 9).astype(bool)))],
-        f"{scope}/vocab": [("", tf.constant(np.array([b"the", b"", b"\xff\x00" * 30, b"q" * 300],
-                                                     dtype=object)))],
+        f"{scope}/vocab": [
+            ("", tf.constant(np.array([b"the", b"", b"\xff\x00" * 30, b"q" * 300], dtype=object)))
+        ],
     }
 
 
@@ -77,7 +79,7 @@ def sources(tmp_path_factory):
 def assert_same_files(ours: str, theirs: str, shards: int = 1) -> None:
     def files(prefix):
         d, base = Path(prefix).parent, Path(prefix).name
-        return sorted(p.name[len(base):] for p in d.iterdir() if p.name.startswith(base + "."))
+        return sorted(p.name[len(base) :] for p in d.iterdir() if p.name.startswith(base + "."))
 
     suffixes = [f".data-{i:05d}-of-{shards:05d}" for i in range(shards)] + [".index"]
     assert files(ours) == files(theirs) == suffixes
@@ -91,8 +93,10 @@ def test_convert(sources, tmp_path, dtype):
     ours = str(tmp_path / "ours" / "model")
     tfckpt.convert(src, ours, dtype)
     target = tf.as_dtype(dtype)
-    cast = {name: [(spec, tf.cast(v, target) if v.dtype.is_floating else v)
-                   for spec, v in parts] for name, parts in tensors.items()}
+    cast = {
+        name: [(spec, tf.cast(v, target) if v.dtype.is_floating else v) for spec, v in parts]
+        for name, parts in tensors.items()
+    }
     assert_same_files(ours, savev2(str(tmp_path / "theirs" / "model"), index_order(cast)))
 
 
@@ -101,8 +105,10 @@ def test_rename(sources, tmp_path):
     src, tensors = sources["a"]
     ours = str(tmp_path / "ours" / "model")
     tfckpt.rename(src, ours, {r"a/(k|b)": r"z/renamed_\1", "a/": "m/"})
-    renamed = {re.sub(r"^a/(k|b)", r"z/renamed_\1", n) if re.match(r"a/(k|b)", n)
-               else "m/" + n[2:]: parts for n, parts in index_order(tensors).items()}
+    renamed = {
+        re.sub(r"^a/(k|b)", r"z/renamed_\1", n) if re.match(r"a/(k|b)", n) else "m/" + n[2:]: parts
+        for n, parts in index_order(tensors).items()
+    }
     assert "z/renamed_kernel" in renamed and "z/renamed_bf16" in renamed
     assert_same_files(ours, savev2(str(tmp_path / "theirs" / "model"), renamed))
 
@@ -115,12 +121,23 @@ def test_select(sources, tmp_path):
     assert_same_files(ours, savev2(str(tmp_path / "theirs" / "model"), index_order(kept)))
 
 
-@pytest.mark.parametrize("partitioned", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        "the entry listing a partitioned tensor's slices keeps shard_id 0; "
-        "MergeV2Checkpoints shifts it like every entry of a later source"))),
-], ids=["whole", "partitioned"])
+@pytest.mark.parametrize(
+    "partitioned",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason=(
+                    "the entry listing a partitioned tensor's slices keeps shard_id 0; "
+                    "MergeV2Checkpoints shifts it like every entry of a later source"
+                ),
+            ),
+        ),
+    ],
+    ids=["whole", "partitioned"],
+)
 def test_merge(sources, tmp_path, partitioned):
     """One shard per source, as TensorFlow's sharded save joins per-device SaveV2 outputs."""
     parts, ours_sources = [], []
@@ -138,12 +155,14 @@ def test_merge(sources, tmp_path, partitioned):
 def test_rename_tf2(tmp_path):
     """A TF2 checkpoint: the object graph re-keyed as TensorFlow's own proto would be."""
     from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
+
     model = tf.Module()
     model.dense = tf.Module()
     model.dense.kernel = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3) / 7)
     model.dense.bias = tf.Variable(np.array([0.5, -0.25, 1e-3], np.float32))
     src = tf.train.Checkpoint(model=model, step=tf.Variable(7, dtype=tf.int64)).write(
-        str(tmp_path / "src" / "ckpt"))
+        str(tmp_path / "src" / "ckpt")
+    )
     ours = str(tmp_path / "ours" / "ckpt")
     tfckpt.rename(src, ours, {"model/dense/": "model/layer/"})
 
@@ -156,8 +175,11 @@ def test_rename_tf2(tmp_path):
         order = sorted(ckpt.keys(), key=lambda n: ckpt.info(n).offset)
     tensors = {}
     for name in order:
-        value = (graph.SerializeToString() if name == "_CHECKPOINTABLE_OBJECT_GRAPH"
-                 else reader.get_tensor(name))
+        value = (
+            graph.SerializeToString()
+            if name == "_CHECKPOINTABLE_OBJECT_GRAPH"
+            else reader.get_tensor(name)
+        )
         tensors[name.replace("model/dense/", "model/layer/")] = [("", tf.constant(value))]
     assert list(tensors)[-1] == "_CHECKPOINTABLE_OBJECT_GRAPH"  # TensorFlow writes it last
     assert_same_files(ours, savev2(str(tmp_path / "theirs" / "ckpt"), tensors))
