@@ -18,6 +18,13 @@ def _report(seconds: float, nbytes: int, **extra) -> None:
     print(json.dumps({"seconds": seconds, "bytes": nbytes, **extra}))
 
 
+def _check(rc: int, output: str = "") -> None:
+    """A failed command is no benchmark figure: end this process with its exit status."""
+    if rc != 0:
+        sys.stderr.write(output)
+        sys.exit(rc)
+
+
 def _tf():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
@@ -28,7 +35,9 @@ def tfckpt_convert(src: str, dst: str, dtype: str, *flags: str) -> None:
     from tfckpt import cli
     t = time.perf_counter()
     rc = cli.main(["convert", src, dst, "--dtype", dtype, "--overwrite", *flags])
-    _report(time.perf_counter() - t, 0, rc=rc)
+    seconds = time.perf_counter() - t
+    _check(rc)
+    _report(seconds, 0)
 
 
 def tf_convert(src: str, dst: str, dtype: str) -> None:
@@ -90,10 +99,14 @@ def cp_data(src: str, dst: str) -> None:
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     d = os.path.dirname(src)
     base = os.path.basename(src)
+    copied = 0
     for f in os.listdir(d):
         if f.startswith(base + "."):
             shutil.copyfile(os.path.join(d, f), os.path.join(os.path.dirname(dst), f))
-    _report(time.perf_counter() - t, 0)
+            copied += 1
+    seconds = time.perf_counter() - t
+    _check(0 if copied else 1, f"no files of {src}\n")
+    _report(seconds, 0)
 
 
 def tfckpt_read_all(src: str) -> None:
@@ -123,8 +136,10 @@ def tfckpt_list(src: str) -> None:
     from tfckpt import cli
     t = time.perf_counter()
     with redirect_stdout(io.StringIO()) as out:
-        cli.main(["dump", "--json", src])
-    _report(time.perf_counter() - t, len(out.getvalue()))
+        rc = cli.main(["dump", "--json", src])
+    seconds = time.perf_counter() - t
+    _check(rc, out.getvalue())
+    _report(seconds, len(out.getvalue()))
 
 
 def tf_list(src: str) -> None:
@@ -140,9 +155,11 @@ def tfckpt_dump(src: str) -> None:
 
     from tfckpt import cli
     t = time.perf_counter()
-    with redirect_stdout(io.StringIO()):
-        cli.main(["dump", src])
-    _report(time.perf_counter() - t, 0)
+    with redirect_stdout(io.StringIO()) as out:
+        rc = cli.main(["dump", src])
+    seconds = time.perf_counter() - t
+    _check(rc, out.getvalue())
+    _report(seconds, 0)
 
 
 def tf_inspect(src: str) -> None:

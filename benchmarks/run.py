@@ -24,11 +24,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENDERS = os.path.join(HERE, "contenders.py")
 
 
-def measured(args: list[str]) -> dict:
-    """Run one contender in a fresh measuring process, so ru_maxrss is its own."""
+class ContenderFailed(RuntimeError):
+    """A contender exited non-zero: its figures would time a failure, not the work."""
+
+
+def measure(command: list[str]) -> dict:
+    """Run ``command`` in a fresh measuring process, so ru_maxrss is its own; raise
+    :class:`ContenderFailed` with its exit status and stderr tail unless it exits 0."""
     code = (
         "import json, os, subprocess, sys, time, resource\n"
-        f"args = {json.dumps([sys.executable, CONTENDERS, *args])}\n"
+        f"args = {json.dumps(command)}\n"
         "t = time.perf_counter()\n"
         "p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
         "_, status, ru = os.wait4(p.pid, 0)\n"
@@ -43,9 +48,15 @@ def measured(args: list[str]) -> dict:
     res = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                     env=env, check=True).stdout)
     if res["code"] != 0:
-        raise RuntimeError(f"{args[0]} failed: {res['err']}")
+        raise ContenderFailed(f"{' '.join(command)} exited with status {res['code']}:\n"
+                              f"{res['err'].rstrip()}")
     inner = json.loads(res["out"].strip().splitlines()[-1])
     return {"wall": res["wall"], "rss": res["rss"], "inner": inner["seconds"]}
+
+
+def measured(args: list[str]) -> dict:
+    """One contender of contenders.py, measured."""
+    return measure([sys.executable, CONTENDERS, *args])
 
 
 def make_inputs(root: str, big_mib: int, medium: int, medium_mib: int, small: int) -> dict:
@@ -168,7 +179,11 @@ def main(argv=None) -> int:
         runs = {name: [] for name in contenders}
         for _ in range(args.repeat):
             for name, cargs in contenders.items():  # alternate contenders every round
-                runs[name].append(measured(cargs))
+                try:
+                    runs[name].append(measured(cargs))
+                except ContenderFailed as e:
+                    print(f"{case}, {name}: {e}", file=sys.stderr)
+                    return 1
         results[case] = {name: {k: statistics.median(r[k] for r in rs)
                                 for k in ("wall", "inner", "rss")}
                          for name, rs in runs.items()}

@@ -1,7 +1,8 @@
-"""Running the command line as a user's terminal would, for tests of what it prints.
+"""Running the command line as a user's terminal would, for every test of the CLI.
 
 Commands run with a strict UTF-8 stdout and stderr: in this process (fast) with
-:func:`run`, or as their own process with :func:`run_process`.
+:func:`run` or :func:`in_process`, or as their own process with :func:`run_process`.
+:func:`assert_cli_error` checks a failure is the one line the CLI promises.
 """
 
 from __future__ import annotations
@@ -11,21 +12,37 @@ import io
 import os
 import subprocess
 import sys
-
-import tensorflow as tf
+from pathlib import Path
 
 import tfckpt.cli
 
 STRICT = {"PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
+ROOT = str(Path(tfckpt.__file__).resolve().parent.parent)
 
 
-def run_process(*args) -> subprocess.CompletedProcess:
-    """``python -m tfckpt ARGS`` with a strict UTF-8 stdout; output kept as bytes."""
+def user_env(**extra: str) -> dict:
+    """The environment of a command a user runs: no terminal size or colour settings from
+    the caller, TensorFlow quiet, strict UTF-8 output, this checkout's tfckpt first."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", **STRICT)
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", **STRICT)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    env.update(extra)
+    return env
+
+
+def run_process(*args, text: bool = False, env: dict | None = None, timeout: float = 120,
+                **kwargs) -> subprocess.CompletedProcess:
+    """``python -m tfckpt ARGS`` in its own process, in :func:`user_env` unless ``env`` is
+    given; output kept as bytes unless ``text``. ``kwargs`` go to ``subprocess.run``
+    (``cwd``, ``preexec_fn``, ...)."""
     argv = [a if isinstance(a, bytes) else str(a) for a in args]
     return subprocess.run([sys.executable, "-m", "tfckpt", *argv], capture_output=True,
-                          timeout=120, env=env)
+                          text=text, timeout=timeout, env=env or user_env(), **kwargs)
+
+
+def run_text(*args, **kwargs) -> subprocess.CompletedProcess:
+    """:func:`run_process` with text output."""
+    return run_process(*args, text=True, **kwargs)
 
 
 def run(*args) -> subprocess.CompletedProcess:
@@ -48,6 +65,34 @@ def run(*args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, rc, out, err)
 
 
+def in_process(*args) -> tuple[int, str, str]:
+    """:func:`run` as exit status, stdout and stderr text."""
+    proc = run(*args)
+    return proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
+
+
+def _text(stream) -> str:
+    return stream.decode("utf-8") if isinstance(stream, bytes) else stream
+
+
+def assert_cli_error(result, *fragments: str) -> str:
+    """A failure as the CLI promises it: exit status 2, nothing on stdout, exactly one
+    stderr line ``tfckpt: error: ...`` containing every one of ``fragments``, no
+    traceback. ``result``: a CompletedProcess (text or bytes) or ``(rc, stdout, stderr)``.
+    Returns the line."""
+    if isinstance(result, subprocess.CompletedProcess):
+        result = result.returncode, result.stdout, result.stderr
+    rc, out, err = result[0], _text(result[1]), _text(result[2])
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfckpt: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert out == "", out
+    return lines[0]
+
+
 def assert_terminal_safe(proc: subprocess.CompletedProcess, what) -> None:
     """No traceback; stdout and stderr valid UTF-8 whose every line is printable text."""
     for stream in (proc.stdout, proc.stderr):
@@ -64,6 +109,7 @@ def bytes_name(name: str) -> bytes:
 def tf_keys(prefix: str) -> list[bytes]:
     """Index keys as TensorFlow's own reader lists them (bytes): whole tensors, and for a
     partitioned tensor its slices' keys instead of its name."""
+    import tensorflow as tf
     listing = tf.train.load_checkpoint(prefix).debug_string()
     return [line.rsplit(b" (DT_", 1)[0] for line in listing.split(b"\n") if line]
 

@@ -11,10 +11,11 @@ import pytest
 import tfckpt
 from tfckpt.demo import example_tensors
 
+from cli_helpers import assert_cli_error, run_text
+
 
 def run(*args, check_rc=None):
-    proc = subprocess.run([sys.executable, "-m", "tfckpt", *args], capture_output=True,
-                          text=True, timeout=120)
+    proc = run_text(*args)
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stderr
     return proc
@@ -68,12 +69,7 @@ def test_dump_filter_and_values(example):
     ["dump", "{example}", "--filter", "("],
 ])
 def test_errors_are_one_line(example, args):
-    proc = run(*[a.format(example=example) for a in args])
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfckpt: error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_cli_error(run(*[a.format(example=example) for a in args]))
 
 
 def test_corrupt_index_is_one_line(example, tmp_path):
@@ -84,10 +80,7 @@ def test_corrupt_index_is_one_line(example, tmp_path):
         byte = f.read(1)
         f.seek(3)
         f.write(bytes([byte[0] ^ 0x40]))
-    proc = run("dump", prefix)
-    assert proc.returncode == 2
-    assert "checksum mismatch" in proc.stderr and prefix + ".index" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert_cli_error(run("dump", prefix), "checksum mismatch", prefix + ".index")
 
 
 def test_library_and_dump_never_import_tensorflow(example):

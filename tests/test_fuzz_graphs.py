@@ -12,12 +12,8 @@ traceback, output linear in the graph's size.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import resource
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,10 +21,11 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-from tfckpt import cli  # noqa: E402
 from tfckpt import inspect as tfinspect  # noqa: E402
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph  # noqa: E402
 from tfckpt.objectgraph import MAX_ELEMENTS, OBJECT_GRAPH_KEY, PATH_CHARS  # noqa: E402
+
+from cli_helpers import assert_cli_error, in_process, run_process, user_env  # noqa: E402
 
 ADDRESS_SPACE = 2 << 30  # each command-line process runs under this RLIMIT_AS
 TIMEOUT_S = 60
@@ -219,14 +216,6 @@ def _output_bound(raw: bytes) -> int:
 # ---------------------------------------------------------------- in-process
 
 
-def _cli(argv) -> tuple[int, int, str]:
-    """``cli.main`` in this process: exit status, bytes printed, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main([str(a) for a in argv])
-    return rc, len(out.getvalue()), err.getvalue()
-
-
 @pytest.mark.parametrize("case", IN_PROCESS)
 def test_in_process(hostile, case, tmp_path):
     """Library calls and ``cli.main``: the one graph beyond the limits is refused by each."""
@@ -247,7 +236,8 @@ def test_in_process(hostile, case, tmp_path):
     if data is not None:
         assert all(p is None or len(p) <= PATH_CHARS for p in (n["path"] for n in data["nodes"]))
     for argv in (["dump", prefix, "--object-graph"], ["dump", prefix, "--object-graph", "--json"]):
-        rc, printed, err = _cli(argv)
+        rc, out, err = in_process(*argv)
+        printed = len(out)
         assert rc == (2 if refused else 0) and printed <= _output_bound(raw), \
             (argv, rc, printed, err)
         assert rc == 0 or len(err.splitlines()) == 1, err
@@ -288,10 +278,8 @@ def _limit_address_space():
 
 def run_limited(*argv) -> tuple[subprocess.CompletedProcess, int]:
     """``python -m tfckpt ARGV`` under RLIMIT_AS and a timeout; stdout is only counted."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "tfckpt", *map(str, argv)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                          timeout=TIMEOUT_S, preexec_fn=_limit_address_space)
+    proc = run_process(*argv, env=user_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
+                       timeout=TIMEOUT_S, preexec_fn=_limit_address_space)
     return proc, len(proc.stdout)
 
 
@@ -316,7 +304,7 @@ def test_command_line(hostile, case, tmp_path):
             (argv, stderr[-2000:])
         assert printed <= _output_bound(raw), (argv, printed)
         if proc.returncode == 2:
-            assert len(stderr.splitlines()) == 1 and stderr.startswith("tfckpt: error: "), stderr
+            assert_cli_error(proc)
         if case != "too many nodes":
             assert proc.returncode == 0, (argv, stderr)
         else:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -31,6 +29,8 @@ from tfckpt.table import (FOOTER_SIZE, NO_COMPRESSION,  # noqa: E402
                           BlockHandle, Footer, TableReader, _BlockBuilder, _U32, crc32c,
                           decode_varint, encode_varint, mask_crc, parse_block)
 from tfckpt.engine import shard_tasks  # noqa: E402
+
+from cli_helpers import assert_cli_error, run_text  # noqa: E402
 
 N_TENSORS = 20  # more than one restart interval: the data block has two restart points
 
@@ -128,20 +128,6 @@ def copy_prefix(prefix: str, dest: Path) -> str:
     return str(dest / src.name)
 
 
-def run_cli(*args, timeout=60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "tfckpt", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *names: str) -> str:
-    """The single stderr line of a failed command, which names ``names``."""
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("tfckpt:")]
-    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert all(n in lines[0] for n in names), lines[0]
-    return lines[0]
-
-
 def tf_refuses(prefix: str) -> bool:
     """Whether TensorFlow's reader fails to open the checkpoint or read one of its tensors."""
     try:
@@ -187,7 +173,7 @@ def test_named_pipe_in_place_of_a_file(tf_bundle, tmp_path, which, command):
     os.unlink(victim)
     os.mkfifo(victim)
     out = tmp_path / "out" / "model"
-    proc = run_cli(command[0], prefix, *(a.format(out=out) for a in command[1:]))
+    proc = run_text(command[0], prefix, *(a.format(out=out) for a in command[1:]))
     if command[0] == "verify" and which == "data":
         # verify lists problems: the shard, then every tensor it should hold.
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -198,7 +184,7 @@ def test_named_pipe_in_place_of_a_file(tf_bundle, tmp_path, which, command):
         assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
             f"{victim}: not a regular file (a named pipe)"], proc.stderr
     else:
-        one_line_error(proc, victim, "not a regular file")
+        assert_cli_error(proc, victim, "not a regular file")
     assert not out.parent.exists()
 
 
@@ -212,7 +198,7 @@ def test_data_shard_that_is_a_directory(tf_bundle, tmp_path):
         with pytest.raises(tfckpt.CorruptCheckpointError) as err:
             ckpt["layer/v03"]
     assert str(err.value) == f"{shard}: tensor 'layer/v03': not a regular file (a directory)"
-    one_line_error(run_cli("dump", prefix, "--tensor", "layer/v03"), shard, "directory")
+    assert_cli_error(run_text("dump", prefix, "--tensor", "layer/v03"), shard, "directory")
     report = tfinspect.verify(prefix)
     assert f"{shard}: data shard is not a regular file" in report["problems"]
 
@@ -272,8 +258,8 @@ def test_missing_source_shard_stops_the_plan(tf_sharded, tmp_path):
     with pytest.raises(tfckpt.CheckpointNotFoundError, match="data shard is missing") as err:
         tfckpt.plan(prefix, tmp_path / "out" / "model", cast="float16")
     assert err.value.path == missing
-    proc = run_cli("convert", prefix, tmp_path / "out" / "model", "--dtype", "float16")
-    one_line_error(proc, missing)
+    proc = run_text("convert", prefix, tmp_path / "out" / "model", "--dtype", "float16")
+    assert_cli_error(proc, missing)
     assert not (tmp_path / "out").exists()
 
 
@@ -355,7 +341,7 @@ def test_restart_points_tensorflow_cannot_use(tf_bundle, tmp_path, kind):
     with pytest.raises(tfckpt.CorruptCheckpointError) as err:
         tfckpt.open(prefix)
     assert err.value.path == index and "restart" in str(err.value)
-    proc = run_cli("verify", prefix)
+    proc = run_text("verify", prefix)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [str(err.value)]
     from tfckpt.tf import verify_with_tf
@@ -398,6 +384,6 @@ def test_verify_tf_reports_a_checkpoint_tensorflow_cannot_open(tf_bundle, tmp_pa
     report = verify_with_tf(prefix)
     assert len(report["mismatches"]) == 1
     assert report["mismatches"][0].startswith(f"{prefix}: TensorFlow cannot open it: ")
-    proc = run_cli("verify", prefix, "--tf", timeout=180)
+    proc = run_text("verify", prefix, "--tf", timeout=180)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{prefix}: TensorFlow cannot open it" in proc.stderr

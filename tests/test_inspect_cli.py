@@ -7,8 +7,6 @@ small planted ones written with ``tfckpt.save``.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -24,53 +22,12 @@ import tfckpt
 import tfckpt.cli
 import tfckpt.inspect as tfi
 
+from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
+
 COMMANDS = ["dump", "diff", "stats", "verify", "convert", "rename", "select", "merge"]
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
-    env.update(extra)
-    return env
-
-
-def run(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tfckpt", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=cwd, env=env or _env())
-
-
-def cli(*args) -> tuple[int, str, str]:
-    """``tfckpt.cli.main(ARGS)`` in this process: exit status, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    saved = os.environ.pop("COLUMNS", None)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = tfckpt.cli.main([str(a) for a in args])
-            except SystemExit as e:  # argparse: --help, usage errors
-                rc = e.code
-    finally:
-        if saved is not None:
-            os.environ["COLUMNS"] = saved
-    return rc, out.getvalue(), err.getvalue()
-
-
-def assert_one_line_error(proc_or_triple, *must_contain: str) -> str:
-    if isinstance(proc_or_triple, subprocess.CompletedProcess):
-        rc, out, err = proc_or_triple.returncode, proc_or_triple.stdout, proc_or_triple.stderr
-    else:
-        rc, out, err = proc_or_triple
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tfckpt: error: "), err
-    for text in must_contain:
-        assert text in lines[0], (text, lines[0])
-    return lines[0]
 
 
 def flip_byte(path, offset: int, mask: int = 0x01) -> None:
@@ -133,7 +90,7 @@ sys.exit(code)
 
 def run_without_tf(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _BLOCK_TF, *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=cwd, env=_env())
+                          text=True, timeout=120, cwd=cwd, env=user_env())
 
 
 def test_tensorflow_really_is_blocked():
@@ -173,7 +130,7 @@ def test_commands_work_without_tensorflow(tf_checkpoints, tmp_path, argv, rc, ex
 
 def test_verify_tf_without_tensorflow_is_one_line_error(tf_checkpoints):
     proc = run_without_tf("verify", tf_checkpoints("corruptible").path, "--tf")
-    line = assert_one_line_error(proc, "tfckpt[tf]")
+    line = assert_cli_error(proc, "tfckpt[tf]")
     assert "install" in line
     assert proc.stdout == ""
 
@@ -222,19 +179,19 @@ def damaged(tmp_path):
     (["stats", "{good}", "--filter", "*"], ["regular expression"]),
 ])
 def test_errors_are_one_line(damaged, argv, names):
-    proc = run(*[a.format(**damaged) for a in argv])
-    assert_one_line_error(proc, *[n.format(**damaged) for n in names])
+    proc = run_text(*[a.format(**damaged) for a in argv])
+    assert_cli_error(proc, *[n.format(**damaged) for n in names])
     assert proc.stdout == ""
 
 
 def test_verify_missing_path_is_an_error(damaged):
-    proc = run("verify", damaged["missing"])
-    assert_one_line_error(proc, damaged["missing"])
+    proc = run_text("verify", damaged["missing"])
+    assert_cli_error(proc, damaged["missing"])
 
 
 def test_verify_problems_are_one_line_each(damaged):
     for which, text in [("bad_index", ".index"), ("bad_data", damaged["shard"])]:
-        proc = run("verify", damaged[which])
+        proc = run_text("verify", damaged[which])
         assert proc.returncode == 1 and proc.stdout == ""
         assert "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
@@ -248,7 +205,7 @@ def test_verify_problems_are_one_line_each(damaged):
     ["dump", "{good}", "--tensor", "zzz"],
 ])
 def test_debug_shows_traceback(damaged, argv):
-    proc = run("--debug", *[a.format(**damaged) for a in argv])
+    proc = run_text("--debug", *[a.format(**damaged) for a in argv])
     assert proc.returncode == 2
     assert proc.stderr.startswith("Traceback (most recent call last):"), proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("tfckpt: error: ")
@@ -257,7 +214,7 @@ def test_debug_shows_traceback(damaged, argv):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_has_examples(command):
-    rc, out, _ = cli(command, "--help")
+    rc, out, _ = in_process(command, "--help")
     assert rc == 0
     assert "examples:" in out
     assert f"tfckpt {command} " in out.split("examples:")[1]
@@ -267,27 +224,27 @@ def test_help_has_examples(command):
 
 
 def test_diff_names_only_in_a_and_b(planted):
-    proc = run("diff", planted["a"], planted["b"])
+    proc = run_text("diff", planted["a"], planted["b"])
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert "- only_a/x  (only in A)" in lines and "- only_a/y  (only in A)" in lines
     assert "+ only_b/z  (only in B)" in lines
     assert lines[-1] == ("different: 2 only in A, 1 only in B, 0 changed dtype/shape, "
                          "0 with different values")
-    data = json.loads(run("diff", planted["a"], planted["b"], "--json").stdout)
+    data = json.loads(run_text("diff", planted["a"], planted["b"], "--json").stdout)
     assert data["only_in_a"] == ["only_a/x", "only_a/y"] and data["only_in_b"] == ["only_b/z"]
     assert data["changed"] == [] and data["values"] == [] and data["same"] is False
     assert (data["a"], data["b"]) == (planted["a"], planted["b"])
     # --filter narrows both sides.
-    data = json.loads(run("diff", planted["a"], planted["b"], "--json", "--filter",
+    data = json.loads(run_text("diff", planted["a"], planted["b"], "--json", "--filter",
                           "^common/").stdout)
     assert data["same"] is True and data["only_in_a"] == data["only_in_b"] == []
 
 
 def test_diff_nan_in_the_same_place_is_equal(planted):
-    proc = run("diff", planted["base"], planted["same_nan"])
+    proc = run_text("diff", planted["base"], planted["same_nan"])
     assert (proc.returncode, proc.stdout.strip()) == (0, "same"), proc.stderr
-    proc = run("diff", planted["base"], planted["moved_nan"], "--json")
+    proc = run_text("diff", planted["base"], planted["moved_nan"], "--json")
     assert proc.returncode == 1
     data = json.loads(proc.stdout)
     assert [v["name"] for v in data["values"]] == ["common/w"]
@@ -297,7 +254,7 @@ def test_diff_nan_in_the_same_place_is_equal(planted):
     # NaN against a number has no finite distance (strict JSON spells it out).
     assert v["max_abs"] == "Infinity"
     # --names-only ignores values.
-    proc = run("diff", planted["base"], planted["moved_nan"], "--names-only")
+    proc = run_text("diff", planted["base"], planted["moved_nan"], "--names-only")
     assert (proc.returncode, proc.stdout.strip()) == (0, "same")
 
 
@@ -307,15 +264,15 @@ def test_diff_values_and_names_only_with_dtype_change(planted, tmp_path):
     tfckpt.convert(src, dst, "float16")
     a = np.arange(2500, dtype=np.float32) / 7
     err = np.abs(a.astype(np.float64) - a.astype(np.float16).astype(np.float64))
-    data = json.loads(run("diff", src, dst, "--json").stdout)
+    data = json.loads(run_text("diff", src, dst, "--json").stdout)
     assert data["changed"] == [{"name": "big", "dtype_a": "float32", "dtype_b": "float16",
                                 "shape_a": [2500], "shape_b": [2500]}]
     (v,) = data["values"]
     assert (v["name"], v["elements"], v["differing"]) == ("big", 2500, int((err > 0).sum()))
     assert v["max_abs"] == err.max()
-    data = json.loads(run("diff", src, dst, "--json", "--names-only").stdout)
+    data = json.loads(run_text("diff", src, dst, "--json", "--names-only").stdout)
     assert data["values"] == [] and len(data["changed"]) == 1
-    assert run("diff", src, dst, "--names-only").returncode == 1
+    assert run_text("diff", src, dst, "--names-only").returncode == 1
     # Chunk boundaries never change the answer (float32 and float16 chunks differ in length).
     with tfckpt.open(src) as x, tfckpt.open(dst) as y:
         want = tfi.compare_values(x, y, "big")
@@ -326,16 +283,16 @@ def test_diff_values_and_names_only_with_dtype_change(planted, tmp_path):
 @pytest.mark.parametrize("argv", [["diff", "{missing}", "{missing}"], ["diff", "{a}", "{missing}"]])
 def test_diff_missing_path_exit_2(planted, argv):
     paths = dict(planted, missing=str(planted["dir"] / "nothing" / "here"))
-    assert_one_line_error(run(*[x.format(**paths) for x in argv]), paths["missing"])
+    assert_cli_error(run_text(*[x.format(**paths) for x in argv]), paths["missing"])
 
 
 # ---------------------------------------------------------------- dump values and tables
 
 
 def test_dump_tensor_summarizes_large_tensors_unless_full(planted):
-    rc, out, _ = cli("dump", planted["big"], "--tensor", "big")
+    rc, out, _ = in_process("dump", planted["big"], "--tensor", "big")
     assert rc == 0 and "..." in out and len(out) < 2000
-    rc, out, _ = cli("dump", planted["big"], "--tensor", "big", "--full")
+    rc, out, _ = in_process("dump", planted["big"], "--tensor", "big", "--full")
     assert rc == 0 and "..." not in out
     body = out.split("\n", 1)[1].replace("[", " ").replace("]", " ").split()
     got = np.array(body, dtype=np.float64).astype(np.float32)
@@ -343,7 +300,7 @@ def test_dump_tensor_summarizes_large_tensors_unless_full(planted):
 
 
 def test_dump_tensor_by_regex_and_repeated(planted):
-    rc, out, _ = cli("dump", planted["a"], "--tensor", "^only_a/", "--tensor", "only_a/x")
+    rc, out, _ = in_process("dump", planted["a"], "--tensor", "^only_a/", "--tensor", "only_a/x")
     assert rc == 0
     headers = [line for line in out.splitlines() if "(" in line]
     assert headers == ["only_a/x (float32 [3])", "only_a/y (int32 [2])"]  # each once
@@ -354,20 +311,20 @@ def test_dump_table_width(tmp_path):
              np.zeros((i + 1, 3), np.float32) for i in range(3)}
     names["step"] = np.array(1, np.int64)
     prefix = tfckpt.save(names, str(tmp_path / "m"))
-    narrow = run("dump", "m", cwd=tmp_path, env=_env(COLUMNS="80"))
+    narrow = run_text("dump", "m", cwd=tmp_path, env=user_env(COLUMNS="80"))
     assert narrow.returncode == 0
     assert all(len(line) <= 80 for line in narrow.stdout.splitlines()), narrow.stdout
     assert "…" in narrow.stdout
-    wide = run("dump", "m", cwd=tmp_path, env=_env(COLUMNS="200"))
+    wide = run_text("dump", "m", cwd=tmp_path, env=user_env(COLUMNS="200"))
     assert all(name in wide.stdout for name in names)
-    piped = run("dump", prefix)
+    piped = run_text("dump", prefix)
     assert all(name in piped.stdout for name in names) and "…" not in piped.stdout
     assert "\033[" not in piped.stdout  # no colour when not a terminal
 
 
 def test_stats_table_fits_80_columns(tf_checkpoints):
     case = tf_checkpoints("keras_manager")
-    proc = run("stats", case.path, env=_env(COLUMNS="80"))
+    proc = run_text("stats", case.path, env=user_env(COLUMNS="80"))
     assert proc.returncode == 0
     too_long = [line for line in proc.stdout.splitlines() if len(line) > 80]
     assert not too_long, too_long
@@ -377,7 +334,7 @@ def test_diff_table_fits_80_columns(tf_checkpoints, tmp_path):
     case = tf_checkpoints("keras_manager")
     dst = str(tmp_path / "fp16" / "ckpt")
     tfckpt.convert(case.path, dst, "float16")
-    proc = run("diff", case.path, dst, env=_env(COLUMNS="80"))
+    proc = run_text("diff", case.path, dst, env=user_env(COLUMNS="80"))
     assert proc.returncode == 1
     table = proc.stdout.split("NAME", 1)[1].splitlines()[1:-1]
     assert table and all(len(line) <= 80 for line in table), table
@@ -387,7 +344,7 @@ def test_diff_table_fits_80_columns(tf_checkpoints, tmp_path):
 
 
 def test_stats_text_and_json_agree(planted):
-    proc = run("stats", planted["a"])
+    proc = run_text("stats", planted["a"])
     assert proc.returncode == 0
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
     assert rows["common/w"][1:] == ["float32", "-inf", "3", "1.333", "1.247", "1", "1", "20.0%"]
@@ -395,7 +352,7 @@ def test_stats_text_and_json_agree(planted):
     assert rows["only_a/y"][1:] == ["int32", "1", "1", "1", "0", "0", "0", "0.0%"]
     assert ("every floating-point tensor casts to float16 and bfloat16 without overflow, flush "
             "to zero or subnormals") in proc.stdout
-    data = json.loads(run("stats", planted["a"], "--json", "--filter", "^common/w$").stdout)
+    data = json.loads(run_text("stats", planted["a"], "--json", "--filter", "^common/w$").stdout)
     assert data["tensors"][0]["min"] == "-Infinity"  # strict JSON
     data["tensors"][0]["min"] = float("-inf")
     (rec,) = data["tensors"]
@@ -418,14 +375,14 @@ def test_stats_planted_cast_counts_with_tfckpt_save(tmp_path):
             assert recs["x"]["cast"]["bfloat16"] == {"overflow": 0, "to_zero": 0, "subnormal": 0}
             assert recs["bf"]["cast"] == {"float16": {"overflow": 2, "to_zero": 1, "subnormal": 0}}
             assert (recs["x"]["nan"], recs["x"]["inf"]) == (1, 1)
-    proc = run("stats", prefix)
+    proc = run_text("stats", prefix)
     risky = proc.stdout.split("if cast:")[1].splitlines()
     assert ["x", "float16", "5", "4", "5"] in [r.split() for r in risky]
     assert ["bf", "float16", "2", "1", "0"] in [r.split() for r in risky]
 
 
 def test_stats_prints_no_numpy_warnings(tf_checkpoints):
-    proc = run("stats", tf_checkpoints("all_dtypes").path)
+    proc = run_text("stats", tf_checkpoints("all_dtypes").path)
     assert proc.returncode == 0
     assert proc.stderr == ""
 
@@ -434,11 +391,11 @@ def test_stats_prints_no_numpy_warnings(tf_checkpoints):
 
 
 def test_verify_ok_line_and_json(planted):
-    proc = run("verify", planted["a"])
+    proc = run_text("verify", planted["a"])
     assert proc.returncode == 0 and proc.stderr == ""
     assert re.fullmatch(rf"ok: {re.escape(planted['a'])}: 5 tensors, \d+ B, every checksum, "
                         r"shard, slice and object-graph key checked\n", proc.stdout), proc.stdout
-    data = json.loads(run("verify", planted["a"], "--json").stdout)
+    data = json.loads(run_text("verify", planted["a"], "--json").stdout)
     assert data == {"prefix": planted["a"], "tensors": 5, "bytes": data["bytes"], "problems": [],
                     "warnings": [], "partial": []}
 
@@ -451,7 +408,7 @@ def test_verify_reports_every_problem_once(tmp_path):
     shard = prefix + ".data-00000-of-00001"
     for n in "bd":
         flip_byte(shard, offsets[n] + 3)
-    proc = run("verify", prefix)
+    proc = run_text("verify", prefix)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 2 and "'b'" in lines[0] and "'d'" in lines[1], lines
@@ -468,7 +425,7 @@ def test_verify_extra_shard_file_and_missing_shard(tmp_path):
     Path(stray).write_bytes(b"x")
     missing = prefix + ".data-00001-of-00002"
     os.remove(missing)
-    proc = run("verify", prefix)
+    proc = run_text("verify", prefix)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert any(line.startswith(stray + ":") and "5-shard" in line for line in lines), lines

@@ -19,6 +19,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt import inspect as tfinspect  # noqa: E402
 
+import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 
 KEYS = [b"alpha", b"beta", b"gamma", b"delta"]
@@ -78,7 +79,7 @@ def attribute_keys(prefix) -> set[str]:
 
 
 def cli_json(*args):
-    proc = th.run_cli(*args, "--json")
+    proc = ch.run_text(*args, "--json")
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -91,7 +92,7 @@ def test_verify_accepts_the_tensors_of_an_attribute(written):
     assert {TABLE + "-keys", TABLE + "-values", ITERATOR + "_STATE"} <= names
     assert {TABLE, ITERATOR} <= attribute_keys(written["iterator"])
     assert not {TABLE, ITERATOR} & names
-    proc = th.run_cli("verify", written["table_var"])
+    proc = ch.run_text("verify", written["table_var"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ok: ")
     # The iterator's variant state aside, no object-graph problem either.
@@ -108,8 +109,8 @@ def test_verify_still_reports_a_missing_tensor(written, tmp_path):
     assert rc == 1
     assert data["problems"] == [f"{damaged}: the object graph names "
                                 f"{TABLE + '-values'!r}, which the checkpoint lacks"]
-    proc = th.run_cli("rename", damaged, tmp_path / "out", "--map", "table/=lookup/")
-    th.assert_cli_error(proc, TABLE + "-values")
+    proc = ch.run_text("rename", damaged, tmp_path / "out", "--map", "table/=lookup/")
+    ch.assert_cli_error(proc, TABLE + "-values")
 
 
 def test_dump_object_graph_shows_every_tensor_of_the_attribute(written):
@@ -125,7 +126,7 @@ def test_dump_object_graph_shows_every_tensor_of_the_attribute(written):
         assert attrs[key]["dtype"] is None
     v = attrs["v/.ATTRIBUTES/VARIABLE_VALUE"]
     assert v["tensors"] == [{"name": v["checkpoint_key"], "dtype": "float32", "shape": [3]}]
-    text = th.run_cli("dump", prefix, "--object-graph").stdout
+    text = ch.run_text("dump", prefix, "--object-graph").stdout
     assert f"  [table] {TABLE}  2 tensors\n" in text
     assert f"      {TABLE}-keys  string [4]\n      {TABLE}-values  int64 [4]\n" in text
     state = ",".join(map(str, shapes[ITERATOR + "_STATE"]))
@@ -138,7 +139,7 @@ def test_dump_object_graph_shows_every_tensor_of_the_attribute(written):
 
 def test_rename_rekeys_the_attribute_and_all_its_tensors(written, tmp_path):
     out = tmp_path / "renamed"
-    proc = th.run_cli("rename", written["table_var"], out, "--map", "table/=lookup/",
+    proc = ch.run_text("rename", written["table_var"], out, "--map", "table/=lookup/",
                       "--map", "v/=weights/")
     assert proc.returncode == 0, proc.stderr
     names = {n for n, _ in tf.train.list_variables(str(out))}
@@ -152,15 +153,15 @@ def test_rename_rekeys_the_attribute_and_all_its_tensors(written, tmp_path):
 
 
 def test_rename_that_would_split_an_attribute_is_refused(written, tmp_path):
-    proc = th.run_cli("rename", written["table_var"], tmp_path / "out",
+    proc = ch.run_text("rename", written["table_var"], tmp_path / "out",
                       "--map", "table/.ATTRIBUTES/table-keys=keys")
-    th.assert_cli_error(proc, TABLE, "renamed alike")
+    ch.assert_cli_error(proc, TABLE, "renamed alike")
     assert not (tmp_path / "out").exists()
 
 
 def test_drop_object_drops_every_tensor_of_the_object(written, tmp_path):
     out = tmp_path / "no_table"
-    proc = th.run_cli("select", written["table_var"], out, "--drop-object", "table")
+    proc = ch.run_text("select", written["table_var"], out, "--drop-object", "table")
     assert proc.returncode == 0, proc.stderr
     names = {n for n, _ in tf.train.list_variables(str(out))}
     assert not any(n.startswith("table/") for n in names), names
@@ -172,7 +173,7 @@ def test_drop_object_drops_every_tensor_of_the_object(written, tmp_path):
 
 def test_keeping_an_object_keeps_every_tensor_of_it(written, tmp_path):
     out = tmp_path / "only_table"
-    proc = th.run_cli("select", written["table_var"], out, "--drop-object", "v")
+    proc = ch.run_text("select", written["table_var"], out, "--drop-object", "v")
     assert proc.returncode == 0, proc.stderr
     t = new_table()
     restore(out, table=t)
@@ -186,7 +187,7 @@ def test_excluding_one_tensor_drops_the_whole_attribute(written, tmp_path):
     reasons = {d["name"]: d["reason"] for d in data["dropped"]}
     assert reasons == {TABLE + "-keys": "excluded",
                        TABLE + "-values": f"its attribute {TABLE!r} is not kept whole"}
-    assert th.run_cli("select", written["table_var"], out, "--exclude", "table-keys$") \
+    assert ch.run_text("select", written["table_var"], out, "--exclude", "table-keys$") \
         .returncode == 0
     assert TABLE not in attribute_keys(out)
     assert tfinspect.verify(str(out))["problems"] == []
@@ -194,7 +195,7 @@ def test_excluding_one_tensor_drops_the_whole_attribute(written, tmp_path):
 
 def test_merge_joins_a_table_and_a_variable(written, tmp_path):
     out = tmp_path / "merged"
-    proc = th.run_cli("merge", written["table"], written["var"], "-o", out)
+    proc = ch.run_text("merge", written["table"], written["var"], "-o", out)
     assert proc.returncode == 0, proc.stderr
     t, v = new_table(), tf.Variable([0.0, 0.0, 0.0])
     restore(out, table=t, v=v)
@@ -232,7 +233,7 @@ def test_iterator_continues_after_every_rewrite(written, tmp_path):
     src = written["iterator"]
     if not _reads_variants(src):
         pytest.skip("this build of tfckpt cannot read TensorFlow's variant tensors")
-    assert th.run_cli("verify", src).returncode == 0
+    assert ch.run_text("verify", src).returncode == 0
     runs = [
         (tmp_path / "r", ("rename", src, tmp_path / "r", "--map", "it/=iterator/",
                           "--map", "table/=lookup/")),
@@ -241,10 +242,10 @@ def test_iterator_continues_after_every_rewrite(written, tmp_path):
                           "--prefer", "first")),
     ]
     for out, argv in runs:
-        proc = th.run_cli(*argv)
+        proc = ch.run_text(*argv)
         assert proc.returncode == 0, (argv, proc.stderr)
         it, t = new_iterator(), new_table()
         restore(out, it=it, table=t)
         assert [int(next(it)) for _ in range(3)] == [13, 14, 15], argv
         assert lookups(t) == VALUES + [-1], argv
-        assert th.run_cli("verify", out).returncode == 0, argv
+        assert ch.run_text("verify", out).returncode == 0, argv

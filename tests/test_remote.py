@@ -41,6 +41,7 @@ fsspec = pytest.importorskip("fsspec")
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
+import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
@@ -684,16 +685,16 @@ def test_process_pool_output_identical(s3, cases, reference, tmp_path):
 
 @pytest.mark.parametrize("spec", ["threads:2", "processes:2"])
 def test_cli_pool_executors_output_identical(cases, reference, tmp_path, spec):
-    proc = th.run_cli("convert", cases["max_shard_policy"].path, f"{tmp_path}/", "--dtype",
+    proc = ch.run_text("convert", cases["max_shard_policy"].path, f"{tmp_path}/", "--dtype",
                       "float16", "--max-shard-bytes", "600", "--executor", spec)
     assert proc.returncode == 0, proc.stderr
     assert local_files(tmp_path) == reference("max_shard_policy", max_shard_bytes=600)
 
 
 def test_cli_bad_executor_spec(cases, tmp_path):
-    proc = th.run_cli("convert", cases["tf1_sharded"].path, f"{tmp_path}/out/", "--dtype",
+    proc = ch.run_text("convert", cases["tf1_sharded"].path, f"{tmp_path}/out/", "--dtype",
                       "float16", "--executor", "spark://x")
-    th.assert_cli_error(proc, "unknown --executor 'spark://x'")
+    ch.assert_cli_error(proc, "unknown --executor 'spark://x'")
     assert not (tmp_path / "out").exists()
 
 
@@ -886,14 +887,14 @@ def test_s3_to_s3_float16_restored_by_tensorflow(s3, cases, reference, keras_bas
 def test_s3_cli_convert_and_dump(s3, cases, reference, tmp_path):
     _, src = s3.upload("tf1_sharded")
     s3.log.requests.clear()
-    proc = th.run_cli("dump", src)
+    proc = ch.run_text("dump", src)
     assert proc.returncode == 0, proc.stderr
     assert f"prefix      {src}" in proc.stdout and "dev1/ids" in proc.stdout
     touched = [r for r in s3.log.requests if ".data-" in r[1]]
     assert touched == [], f"dump touched data objects: {touched}"
     assert any(m == "GET" and p.endswith("sharded.ckpt.index") for m, p, _ in s3.log.requests)
 
-    proc = th.run_cli("convert", src, f"{s3.url}/cli/", "--dtype", "float16")
+    proc = ch.run_text("convert", src, f"{s3.url}/cli/", "--dtype", "float16")
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {s3.url}/cli/sharded.ckpt" in proc.stderr
     assert s3.files(f"{s3.url}/cli") == reference("tf1_sharded")
@@ -901,7 +902,7 @@ def test_s3_cli_convert_and_dump(s3, cases, reference, tmp_path):
     with tfckpt.open(cases["tf1_sharded"].prefix) as orig:
         tf1_values_are_float16_of(local / "sharded.ckpt", orig)
 
-    proc = th.run_cli("verify", f"{s3.url}/cli")
+    proc = ch.run_text("verify", f"{s3.url}/cli")
     assert proc.returncode == 0 and proc.stdout.startswith(f"ok: {s3.url}/cli/sharded.ckpt")
 
 
@@ -997,7 +998,7 @@ def test_dask_cli(dask_cluster, cases, reference, tmp_path):
         args = ["convert", cases[name].path, f"{out}/", "--dtype", "float16", "--executor", spec]
         if msb:
             args += ["--max-shard-bytes", str(msb)]
-        proc = th.run_cli(*args)
+        proc = ch.run_text(*args)
         assert proc.returncode == 0, proc.stderr
         assert local_files(out) == reference(name, max_shard_bytes=msb)
 

@@ -29,6 +29,7 @@ fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
+import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from test_remote import BUCKET, s3_server  # noqa: E402,F401  (the moto server fixture)
@@ -229,15 +230,6 @@ def float16_of(prefix) -> dict[str, bytes]:
                 .tobytes() for n in ckpt.keys()}
 
 
-def one_error_line(proc, *fragments) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("tfckpt: error:") and "Traceback" not in proc.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
-
-
 # ---------------------------------------------------------------- overwrite, commit
 
 
@@ -248,7 +240,7 @@ def overwrite(how: str, src: str, dst: str):
     if how == "convert":
         return tfckpt.convert(src, dst, "float16", overwrite=True)
     if how == "cli":
-        return th.run_cli("convert", src, dst, "--dtype", "float16", "--overwrite")
+        return ch.run_text("convert", src, dst, "--dtype", "float16", "--overwrite")
     with tfckpt.open(src) as ckpt:  # the streaming writer, tensor by tensor, same shards
         values = {n: ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n]
                   for n in ckpt.keys()}
@@ -275,7 +267,7 @@ def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded
             overwrite(how, sharded.prefix, dst)
     assert s3.files("out") == before  # every old object, byte for byte; nothing new left
     if how == "cli":
-        one_error_line(proc, "sharded.ckpt.index")
+        ch.assert_cli_error(proc, "sharded.ckpt.index")
     else:
         assert isinstance(e.value, tfckpt.CheckpointWriteError)
         assert e.value.path == f"{dst}.index"
@@ -343,8 +335,8 @@ def test_server_ignoring_range(s3, sharded):
         with pytest.raises(tfckpt.CheckpointError, match="instead of") as e:
             ckpt["dev0/w"]
     assert e.value.path == shard
-    proc = th.run_cli("convert", src, f"{s3.url}/out/", "--dtype", "float16")
-    one_error_line(proc, "sharded.ckpt.data-0000", "instead of")
+    proc = ch.run_text("convert", src, f"{s3.url}/out/", "--dtype", "float16")
+    ch.assert_cli_error(proc, "sharded.ckpt.data-0000", "instead of")
     assert s3.files("out") == {}
 
 
@@ -393,7 +385,7 @@ def test_server_dying_mid_run(s3, sharded, s3_server, tmp_path, monkeypatch):
     # Gone when the second data object is written: reads, writes and the clean-up all fail.
     die = lambda m, p, h: "die" if m == "PUT" and ".data-00001-of-" in p else None  # noqa
     s3.proxy.rules.append(die)
-    one_error_line(th.run_cli("convert", src, dst, "--dtype", "float16"), s3.url)
+    ch.assert_cli_error(ch.run_text("convert", src, dst, "--dtype", "float16"), s3.url)
     s3.proxy.reset()
     s3.proxy.rules.append(die)
     with pytest.raises(tfckpt.CheckpointError, match=s3.url):

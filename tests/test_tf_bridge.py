@@ -25,6 +25,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
+import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 import tfckpt.tf as tfbridge  # noqa: E402
@@ -943,13 +944,13 @@ def test_cli_backends(cast_sources, tmp_path):
     tfckpt.convert(prefix, api, "float16", backend="numpy", overflow="clip")
     cli_tf, cli_auto = str(tmp_path / "cli_tf" / "out"), str(tmp_path / "cli_auto" / "out")
     for backend, out in [("tf", cli_tf), ("auto", cli_auto)]:
-        proc = th.run_cli("convert", prefix, out, "--dtype", "float16", "--backend", backend,
+        proc = ch.run_text("convert", prefix, out, "--dtype", "float16", "--backend", backend,
                           "--tf-threshold", "1", "--overflow", "clip")
         assert proc.returncode == 0, proc.stderr
         assert_same_checkpoints(api, out, vals)
     # auto on this GPU-less machine is the numpy backend: float32 -> float64 keeps subnormals
     # there, which tf.cast on the CPU would flush.
-    proc = th.run_cli("convert", prefix, str(tmp_path / "auto64" / "out"), "--dtype", "float64",
+    proc = ch.run_text("convert", prefix, str(tmp_path / "auto64" / "out"), "--dtype", "float64",
                       "--backend", "auto", "--tf-threshold", "1")
     assert proc.returncode == 0, proc.stderr
     tfckpt.convert(prefix, str(tmp_path / "np64" / "out"), "float64")
@@ -959,7 +960,7 @@ def test_cli_backends(cast_sources, tmp_path):
 def test_cli_tf_threshold_zero(cast_sources, tmp_path):
     prefix, vals = cast_sources["float32", "full"]
     out = str(tmp_path / "cli" / "out")
-    proc = th.run_cli("convert", prefix, out, "--dtype", "float16", "--backend", "tf",
+    proc = ch.run_text("convert", prefix, out, "--dtype", "float16", "--backend", "tf",
                       "--tf-threshold", "0", "--overflow", "inf")
     assert proc.returncode == 0, proc.stderr
     tfckpt.convert(prefix, str(tmp_path / "api" / "out"), "float16", overflow="inf")

@@ -14,7 +14,6 @@ TensorFlow writes every checkpoint during the test, and its own restore is the r
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 
 import ml_dtypes
@@ -24,8 +23,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-import tfckpt.cli  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
+
+from cli_helpers import in_process  # noqa: E402
 
 v1 = tf.compat.v1
 
@@ -335,14 +335,6 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(f"u{a.dtype.itemsize}")
 
 
-def run_cli(*args) -> tuple[int, str, str]:
-    """``tfckpt.cli.main(ARGS)`` in this process: rc, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = tfckpt.cli.main([str(a) for a in args])
-    return rc, out.getvalue(), err.getvalue()
-
-
 @pytest.mark.parametrize("src,dst", [("float32", "float64"), ("float64", "float32"),
                                      ("float64", "bfloat16"), ("bfloat16", "float64")])
 def test_verify_reports_subnormals_tf_flushes(tmp_path, src, dst):
@@ -362,11 +354,11 @@ def test_verify_reports_subnormals_tf_flushes(tmp_path, src, dst):
     assert result["cast_differences"] == [{"tensor": "x", "cast": f"{src} -> {dst}",
                                            "subnormals_tf_flushes": flushed,
                                            "nans_other_bits": 0}]
-    rc, stdout, stderr = run_cli("verify", out, "--tf", "--reference", source)
+    rc, stdout, stderr = in_process("verify", out, "--tf", "--reference", source)
     assert rc == 0, stderr
     assert f"note: x ({src} -> {dst}): {flushed} subnormal results tf.cast flushes to zero" \
         in stdout
-    rc, stdout, _ = run_cli("verify", out, "--tf", "--reference", source, "--json")
+    rc, stdout, _ = in_process("verify", out, "--tf", "--reference", source, "--json")
     assert rc == 0
     assert json.loads(stdout)["tf"]["cast_differences"] == result["cast_differences"]
 
@@ -432,5 +424,5 @@ def test_verify_still_catches_wrong_values_among_documented_ones(tmp_path, damag
     tfckpt.save({"x": bad}, str(tmp_path / "bad"))
     result = tfckpt.verify_with_tf(str(tmp_path / "bad"), reference=source)
     assert len(result["mismatches"]) == 1 and "x" in result["mismatches"][0]
-    rc, _, stderr = run_cli("verify", str(tmp_path / "bad"), "--tf", "--reference", source)
+    rc, _, stderr = in_process("verify", str(tmp_path / "bad"), "--tf", "--reference", source)
     assert rc == 1 and "differs from tf.cast" in stderr

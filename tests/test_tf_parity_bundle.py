@@ -23,7 +23,7 @@ from tfckpt.inspect import diff, dump, verify  # noqa: E402
 from tfckpt.orderedcode import encode_slice_key  # noqa: E402
 from tfckpt.table import TableReader  # noqa: E402
 
-from transform_helpers import run_cli  # noqa: E402
+from cli_helpers import run_text  # noqa: E402
 
 
 def _dataset():
@@ -136,7 +136,7 @@ def test_named_variants_read_and_verify(named_variants):
         for name in _variant_names(ckpt):
             assert ckpt.read_bytes(name) == _stored_bytes(ckpt, name)
     assert verify(prefix)["problems"] == []
-    proc = run_cli("verify", prefix)
+    proc = run_text("verify", prefix)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -320,12 +320,12 @@ def test_nul_names_listed_and_read_as_tf(nul_names):
 
 def test_nul_names_through_cli(nul_names, tmp_path):
     prefix, values = nul_names
-    proc = run_cli("dump", prefix, "--json")
+    proc = run_text("dump", prefix, "--json")
     assert proc.returncode == 0, proc.stderr
     assert [t["name"] for t in json.loads(proc.stdout)["tensors"]] == \
         [n for n, _ in tf.train.list_variables(prefix)]
     out = str(tmp_path / "cli" / "c.ckpt")
-    proc = run_cli("convert", prefix, out, "--dtype", "float64")
+    proc = run_text("convert", prefix, out, "--dtype", "float64")
     assert proc.returncode == 0, proc.stderr
     got = _tf_values(out)
     assert sorted(got) == sorted(values)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,6 +24,8 @@ from tfckpt.tf import verify_with_tf  # noqa: E402
 from tfckpt import orderedcode  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.table import TableBuilder, TableReader  # noqa: E402
+
+from cli_helpers import in_process  # noqa: E402
 
 # name -> (full shape, stored slice specs as SaveV2 takes them, dtype)
 PRESLICED = {
@@ -76,14 +76,6 @@ def presliced(tmp_path_factory):
     return prefix
 
 
-def cli(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(tfckpt.__file__)), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "tfckpt", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype == object or b.dtype == object:
         return a.shape == b.shape and a.tolist() == b.tolist()
@@ -123,13 +115,13 @@ def test_presliced_reads_like_tensorflow(presliced):
 
 
 def test_presliced_dump_reports_coverage(presliced):
-    rc, out, err = cli("dump", presliced, "--json")
+    rc, out, err = in_process("dump", presliced, "--json")
     assert rc == 0, err
     tensors = {t["name"]: t for t in json.loads(out)["tensors"]}
     assert (tensors["t"]["elements"], tensors["t"]["stored_elements"]) == (10, 5)
     assert (tensors["emb"]["elements"], tensors["emb"]["stored_elements"]) == (40, 28)
     assert (tensors["plain"]["elements"], tensors["plain"]["stored_elements"]) == (2, 2)
-    rc, out, err = cli("dump", presliced)
+    rc, out, err = in_process("dump", presliced)
     assert rc == 0, err
     rows = {}
     for line in out.splitlines():  # the tensor table comes before the scope table
@@ -144,7 +136,7 @@ def test_presliced_verify_is_information_not_a_problem(presliced, tmp_path):
     assert report["problems"] == [] and report["tensors"] == len(PRESLICED) + 1, report
     assert sorted(n.split("'")[1] for n in report["partial"]) == sorted(PRESLICED)
     assert verify_with_tf(presliced)["mismatches"] == []
-    rc, out, err = cli("verify", presliced)
+    rc, out, err = in_process("verify", presliced)
     assert rc == 0, err
     assert "note:" in out and "'t': pre-sliced, 5 of 10 elements" in out and "ok: " in out
     # A damaged slice of a pre-sliced tensor is still found.
@@ -160,7 +152,7 @@ def test_presliced_verify_is_information_not_a_problem(presliced, tmp_path):
         byte = f.read(1)
         f.seek(part.offset)
         f.write(bytes([byte[0] ^ 1]))
-    rc, out, err = cli("verify", f"{damaged}/model.ckpt")
+    rc, out, err = in_process("verify", f"{damaged}/model.ckpt")
     assert rc == 1 and "checksum mismatch" in err and "emb" in err
 
 
@@ -172,7 +164,7 @@ def test_presliced_verify_is_information_not_a_problem(presliced, tmp_path):
 def test_presliced_copied_through_unchanged(presliced, tmp_path, args):
     command, options = args[0], args[1:]
     out = tmp_path / "out" / "model.ckpt"
-    rc, _, err = cli(command, presliced, out, *options)
+    rc, _, err = in_process(command, presliced, out, *options)
     assert rc == 0 and "Traceback" not in err, err
     rename = {"emb": "Emb"} if command == "rename" else {}
     with tfckpt.open(presliced) as src, tfckpt.open(out) as dst:
@@ -188,7 +180,7 @@ def test_presliced_copied_through_unchanged(presliced, tmp_path, args):
 
 def test_presliced_cast_slice_by_slice(presliced, tmp_path):
     out = tmp_path / "fp16" / "model.ckpt"
-    rc, stdout, err = cli("convert", presliced, out, "--dtype", "float16", "--json")
+    rc, stdout, err = in_process("convert", presliced, out, "--dtype", "float16", "--json")
     assert rc == 0 and "Traceback" not in err, err
     with tfckpt.open(presliced) as src:  # what is stored, not the full shapes, is cast
         infos = [src.info(n) for n in src.keys()]
@@ -258,7 +250,7 @@ def test_tf2_partitioned_with_holes_is_copied_not_a_crash(tf_checkpoints, tmp_pa
     for command in (["select"], ["convert", "--dtype", "float16"],
                     ["convert", "--dtype", "bfloat16", "--max-shard-bytes", "500"]):
         out = tmp_path / "-".join(command).replace("--", "")
-        rc, _, err = cli(command[0], prefix, f"{out}/", *command[1:])
+        rc, _, err = in_process(command[0], prefix, f"{out}/", *command[1:])
         assert rc == 0 and "Traceback" not in err, err
         target = tf.as_dtype(command[2]) if len(command) > 1 else tf.float32
         with tfckpt.open(prefix) as before, tfckpt.open(out / "ckpt") as after:
@@ -297,11 +289,11 @@ def test_overlapping_slices_stay_corrupt(tf_checkpoints, tmp_path):
     _rewrite_index(prefix, overlap_existing)
     for command in (["select", "--include", "emb"], ["convert", "--dtype", "float16"]):
         out = tmp_path / command[0]
-        rc, _, err = cli(command[0], prefix, f"{out}/", *command[1:])
+        rc, _, err = in_process(command[0], prefix, f"{out}/", *command[1:])
         assert rc == 2 and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and "'emb'" in err and "overlap" in err
         assert not os.path.exists(out / "model.ckpt.index")
-    rc, out, err = cli("verify", prefix, "--json")
+    rc, out, err = in_process("verify", prefix, "--json")
     assert rc == 1 and any("overlap" in p for p in json.loads(out)["problems"])
     with tfckpt.open(prefix) as ckpt, pytest.raises(tfckpt.CorruptCheckpointError,
                                                       match="overlap"):
@@ -367,7 +359,7 @@ def tf1_float32(tmp_path_factory):
 def test_tf1_partitioned_cast_restores_in_tensorflow(tf1_float32, tmp_path, dtype):
     prefix, values = tf1_float32
     out = tmp_path / dtype / "model.ckpt"
-    rc, stdout, err = cli("convert", prefix, out, "--dtype", dtype, "--json")
+    rc, stdout, err = in_process("convert", prefix, out, "--dtype", dtype, "--json")
     assert rc == 0, err
     warnings = json.loads(stdout)["warnings"]
     target = tf.as_dtype(dtype)
@@ -392,7 +384,7 @@ def test_tf1_partitioned_cast_restores_in_tensorflow(tf1_float32, tmp_path, dtyp
         # So the slices are kept, and the summary says what TensorFlow cannot do with them.
         assert len(warnings) == 1
         assert "emb/table, vec, wide" in warnings[0] and "partitioned exactly" in warnings[0]
-        _, _, err = cli("convert", prefix, tmp_path / "again" / "model.ckpt", "--dtype", dtype)
+        _, _, err = in_process("convert", prefix, tmp_path / "again" / "model.ckpt", "--dtype", dtype)
         assert "warning: 3 partitioned tensor(s) stay partitioned in float16" in err
     else:
         # Slice-copyable dtypes restore every way: whole, and into other partitions.
@@ -405,7 +397,7 @@ def test_tf1_partitioned_cast_restores_in_tensorflow(tf1_float32, tmp_path, dtyp
 
 
 def test_presliced_stats_and_diff_use_the_stored_slices(presliced, tmp_path):
-    rc, out, err = cli("stats", presliced, "--json")
+    rc, out, err = in_process("stats", presliced, "--json")
     assert rc == 0, err
     recs = {r["name"]: r for r in json.loads(out)["tensors"]}
     for name in ("t", "emb", "grid", "ids"):
@@ -418,8 +410,8 @@ def test_presliced_stats_and_diff_use_the_stored_slices(presliced, tmp_path):
     assert "stored_elements" not in recs["plain"]
     # Against its float16 conversion: compared over the stored slices.
     fp16 = tmp_path / "fp16" / "model.ckpt"
-    assert cli("convert", presliced, fp16, "--dtype", "float16")[0] == 0
-    rc, out, err = cli("diff", presliced, fp16, "--json")
+    assert in_process("convert", presliced, fp16, "--dtype", "float16")[0] == 0
+    rc, out, err = in_process("diff", presliced, fp16, "--json")
     assert rc == 1, err
     report = json.loads(out)
     assert {c["name"] for c in report["changed"]} == {"t", "emb", "grid", "plain"}  # dtype only
@@ -428,12 +420,12 @@ def test_presliced_stats_and_diff_use_the_stored_slices(presliced, tmp_path):
     whole = str(tmp_path / "whole" / "model.ckpt")
     with tfckpt.open(presliced) as src:
         tfckpt.save({"t": np.zeros((2, 5), np.float32), "plain": src["plain"]}, whole)
-    rc, out, err = cli("diff", presliced, whole, "--json", "--filter", "^(t|plain)$")
+    rc, out, err = in_process("diff", presliced, whole, "--json", "--filter", "^(t|plain)$")
     assert rc == 1, err
     report = json.loads(out)
     assert report["changed"] == [{"name": "t", "dtype_a": "float32", "dtype_b": "float32",
                                   "shape_a": [2, 5], "shape_b": [2, 5], "stored_a": 5,
                                   "stored_b": 10}]
     assert report["values"] == []
-    rc, out, err = cli("diff", presliced, whole, "--filter", "^(t|plain)$")
+    rc, out, err = in_process("diff", presliced, whole, "--filter", "^(t|plain)$")
     assert rc == 1 and "(stored elements 5 -> 10)" in out, err

@@ -18,7 +18,7 @@ tf = pytest.importorskip("tensorflow")
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
-from transform_helpers import assert_cli_error, run_cli  # noqa: E402
+from cli_helpers import assert_cli_error, run_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def names(prefix) -> list[str]:
 
 
 def test_convert(src, tmp_path):
-    proc = ok(run_cli("convert", src.tf1, f"{tmp_path}/", "--dtype", "float16"))
+    proc = ok(run_text("convert", src.tf1, f"{tmp_path}/", "--dtype", "float16"))
     out = tmp_path / "model.ckpt-1234"
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"wrote {out}: 5 tensors kept, 0 dropped, 0 renamed, 4 cast")
@@ -72,7 +72,7 @@ def test_rename_with_map_and_map_file(src, tmp_path):
     map_file = tmp_path / "renames.json"
     map_file.write_text(json.dumps({"global_step": "train/step", "conv/biases": "c1/b"}))
     out = tmp_path / "out" / "renamed"
-    ok(run_cli("rename", src.tf1, out, "--map", r"(conv|dense)/(\w+)=\1_layer/\2",
+    ok(run_text("rename", src.tf1, out, "--map", r"(conv|dense)/(\w+)=\1_layer/\2",
                "--map", "dense=never", "--map-file", map_file))
     expected = {"train/step": "global_step", "c1/b": "conv/biases",  # exact names win
                 "conv_layer/weights": "conv/weights", "dense_layer/kernel": "dense/kernel",
@@ -86,7 +86,7 @@ def test_rename_with_map_and_map_file(src, tmp_path):
 
 def test_select(src, tmp_path):
     out = tmp_path / "sel"
-    ok(run_cli("select", src.tf1, out, "--include", "^conv/", "--include", "step",
+    ok(run_text("select", src.tf1, out, "--include", "^conv/", "--include", "step",
                "--exclude", "biases$"))
     assert names(out) == ["conv/weights", "global_step"]
     kept = {k: src.values[k] for k in ("conv/weights", "global_step")}
@@ -98,7 +98,7 @@ def test_select(src, tmp_path):
 def test_merge(src, tmp_path):
     (pa, va), (pb, vb), (pc, vc) = (src.merge[k] for k in "abc")
     out = tmp_path / "merged"
-    ok(run_cli("merge", pa, pb, "-o", out))
+    ok(run_text("merge", pa, pb, "-o", out))
     union = {**va, **vb}
     assert names(out) == sorted(union)
     restored = th.tf1_restore(out, th.specs_of(union))
@@ -107,7 +107,7 @@ def test_merge(src, tmp_path):
 
     for prefer, winner in (("first", va), ("last", vc)):
         out = tmp_path / f"prefer_{prefer}"
-        ok(run_cli("merge", pa, pc, "-o", out, "--prefer", prefer))
+        ok(run_text("merge", pa, pc, "-o", out, "--prefer", prefer))
         restored = th.tf1_restore(out, th.specs_of({**va, **vc}))
         assert restored["enc/kernel"].tobytes() == winner["enc/kernel"].tobytes(), prefer
         assert restored["head/w"].tobytes() == vc["head/w"].tobytes()
@@ -116,7 +116,7 @@ def test_merge(src, tmp_path):
 def test_every_command_takes_every_option(src, tmp_path):
     """Options are not tied to their namesake command."""
     out = tmp_path / "a" / "m"
-    ok(run_cli("rename", src.tf1, out, "--map", "conv/=c/", "--dtype", "bfloat16",
+    ok(run_text("rename", src.tf1, out, "--map", "conv/=c/", "--dtype", "bfloat16",
                "--from", "float32,float64", "--exclude", "^dense/", "--max-shard-bytes", "100"))
     assert names(out) == ["c/biases", "c/weights", "global_step"]
     assert th.tf_dtypes(out) == {"c/biases": "bfloat16", "c/weights": "bfloat16",
@@ -127,18 +127,18 @@ def test_every_command_takes_every_option(src, tmp_path):
     assert w.tobytes() == tf.cast(src.values["conv/weights"], tf.bfloat16).numpy().tobytes()
 
     out = tmp_path / "b" / "m"
-    ok(run_cli("select", src.tf1, out, "--include", "bias", "--map", "dense/=d/", "--dtype",
+    ok(run_text("select", src.tf1, out, "--include", "bias", "--map", "dense/=d/", "--dtype",
                "float64", "--overwrite"))
     assert th.tf_dtypes(out) == {"conv/biases": "float64", "d/bias": "float64"}
 
     pa, pb = src.merge["a"][0], src.merge["b"][0]
     out = tmp_path / "c" / "m"
-    ok(run_cli("merge", pa, pb, "-o", out, "--dtype", "float32", "--from", "float64",
+    ok(run_text("merge", pa, pb, "-o", out, "--dtype", "float32", "--from", "float64",
                "--include", "kernel", "--map", "(enc|dec)/=\\1oder/"))
     assert th.tf_dtypes(out) == {"encoder/kernel": "float32", "decoder/kernel": "float32"}
 
     out = tmp_path / "d" / "m"
-    ok(run_cli("convert", src.tf1, out, "--dtype", "float16", "--include", "^dense",
+    ok(run_text("convert", src.tf1, out, "--dtype", "float16", "--include", "^dense",
                "--map", "dense/=head/", "--max-shard-bytes", "1M"))
     assert th.tf_dtypes(out) == {"head/kernel": "float16", "head/bias": "float16"}
 
@@ -146,8 +146,8 @@ def test_every_command_takes_every_option(src, tmp_path):
 def test_tf_backend_writes_the_same_bytes(src, tmp_path):
     """``--backend tf`` (tf.cast in the CLI process) writes what the default numpy backend
     writes, on values without float32-range subnormals (see test_transform_tf for those)."""
-    ok(run_cli("convert", src.tf1, tmp_path / "np", "--dtype", "float16"))
-    ok(run_cli("convert", src.tf1, tmp_path / "tf", "--dtype", "float16", "--backend", "tf",
+    ok(run_text("convert", src.tf1, tmp_path / "np", "--dtype", "float16"))
+    ok(run_text("convert", src.tf1, tmp_path / "tf", "--dtype", "float16", "--backend", "tf",
                "--tf-threshold", "1"))
     for a, b in zip(th.checkpoint_files(tmp_path / "np"), th.checkpoint_files(tmp_path / "tf")):
         assert a.name[:2] == "np" and b.name[:2] == "tf" and a.name[2:] == b.name[2:]
@@ -174,7 +174,7 @@ PLAN_KWARGS = {
 @pytest.mark.parametrize("command", list(DRY_RUNS))
 def test_dry_run_prints_plan_and_writes_nothing(command, src, tmp_path):
     dst = tmp_path / "out" / "model"
-    proc = ok(run_cli(*DRY_RUNS[command](src, dst), "--dry-run"))
+    proc = ok(run_text(*DRY_RUNS[command](src, dst), "--dry-run"))
     assert th.listing(tmp_path) == []
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:3] == ["SOURCE", "NAME", "NEW"]
@@ -186,7 +186,7 @@ def test_dry_run_prints_plan_and_writes_nothing(command, src, tmp_path):
     if command == "select":
         assert "drop" in proc.stdout and "(excluded)" in proc.stdout
 
-    proc = ok(run_cli(*DRY_RUNS[command](src, dst), "--dry-run", "--json"))
+    proc = ok(run_text(*DRY_RUNS[command](src, dst), "--dry-run", "--json"))
     assert th.listing(tmp_path) == []
     data = json.loads(proc.stdout)
     assert set(data) == {"dst", "sources", "tensors", "dropped", "object_graph", "bytes_in",
@@ -205,7 +205,7 @@ def test_dry_run_prints_plan_and_writes_nothing(command, src, tmp_path):
 
 
 def test_dry_run_json_describes_the_cast(src, tmp_path):
-    data = json.loads(ok(run_cli("convert", src.tf1, tmp_path / "o", "--dtype", "float16",
+    data = json.loads(ok(run_text("convert", src.tf1, tmp_path / "o", "--dtype", "float16",
                                  "--dry-run", "--json", "--exclude", "bias")).stdout)
     by_name = {t["name"]: t for t in data["tensors"]}
     assert sorted(by_name) == ["conv/weights", "dense/kernel", "global_step"]
@@ -218,7 +218,7 @@ def test_dry_run_json_describes_the_cast(src, tmp_path):
 
 
 def test_json_summary(src, tmp_path):
-    proc = ok(run_cli("convert", src.ovf, tmp_path / "o", "--dtype", "float16", "--overflow",
+    proc = ok(run_text("convert", src.ovf, tmp_path / "o", "--dtype", "float16", "--overflow",
                       "clip", "--json"))
     data = json.loads(proc.stdout)
     assert set(data) == {"dst", "kept", "dropped", "renamed", "cast", "bytes_in", "bytes_out",
@@ -238,23 +238,23 @@ def test_json_summary(src, tmp_path):
 
 def test_error_destination_is_source(src, tmp_path):
     tf1_dir = Path(src.tf1).parent
-    assert_cli_error(run_cli("convert", src.tf1, src.tf1, "--dtype", "float16"),
+    assert_cli_error(run_text("convert", src.tf1, src.tf1, "--dtype", "float16"),
                      "destination is a source")
     # A directory destination takes the source's name: the source's own directory is refused.
-    assert_cli_error(run_cli("select", src.tf1, f"{tf1_dir}/", "--exclude", "x"),
+    assert_cli_error(run_text("select", src.tf1, f"{tf1_dir}/", "--exclude", "x"),
                      "destination is a source")
-    assert_cli_error(run_cli("merge", src.merge["a"][0], src.tf1, "-o", src.tf1),
+    assert_cli_error(run_text("merge", src.merge["a"][0], src.tf1, "-o", src.tf1),
                      "destination is a source")
 
 
 def test_error_existing_destination(src, tmp_path):
     out = tmp_path / "out"
-    ok(run_cli("convert", src.tf1, out, "--dtype", "float16"))
+    ok(run_text("convert", src.tf1, out, "--dtype", "float16"))
     before = th.digests(tmp_path)
-    assert_cli_error(run_cli("convert", src.tf1, out, "--dtype", "bfloat16"), "already exists",
+    assert_cli_error(run_text("convert", src.tf1, out, "--dtype", "bfloat16"), "already exists",
                      "overwrite")
     assert th.digests(tmp_path) == before
-    ok(run_cli("convert", src.tf1, out, "--dtype", "bfloat16", "--overwrite"))
+    ok(run_text("convert", src.tf1, out, "--dtype", "bfloat16", "--overwrite"))
     assert set(th.tf_dtypes(out).values()) == {"bfloat16", "int64"}
 
 
@@ -285,7 +285,7 @@ def test_errors_one_line_exit_2(case, src, tmp_path):
     make, fragments = ERRORS[case]
     dst = tmp_path / "out" / "model"
     args = [str(a).replace("{dst}", str(dst)) for a in make(src)]
-    line = assert_cli_error(run_cli(*args), *fragments)
+    line = assert_cli_error(run_text(*args), *fragments)
     if case == "merge_clash":
         assert src.merge["a"][0] in line and src.merge["c"][0] in line, line
     assert th.listing(tmp_path) == []  # nothing written, not even a directory
@@ -303,7 +303,7 @@ def keras_base():
 def test_tf2_rename_rekeys_object_graph(src, keras_base, tmp_path):
     case = src.keras
     out = tmp_path / "net"
-    ok(run_cli("rename", case.prefix, out, "--map", "model/=net/", "--map",
+    ok(run_text("rename", case.prefix, out, "--map", "model/=net/", "--map",
                "optimizer/_trainable_variables/=weights/"))
     keys = names(out)
     orig = names(case.prefix)
@@ -330,7 +330,7 @@ def test_tf2_rename_rekeys_object_graph(src, keras_base, tmp_path):
 def test_tf2_drop_object_and_convert(src, keras_base, tmp_path):
     case = src.keras
     out = tmp_path / "slim"
-    proc = ok(run_cli("select", case.prefix, out, "--drop-object", "optimizer", "--dtype",
+    proc = ok(run_text("select", case.prefix, out, "--drop-object", "optimizer", "--dtype",
                       "float16", "--json"))
     data = json.loads(proc.stdout)
     assert data["kept"] == 9 and data["dropped"] == 14 and data["cast"] == 8

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -47,25 +45,6 @@ def listing(directory) -> list[str]:
     """Every file and directory under ``directory``, relative, sorted."""
     d = Path(directory)
     return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
-
-
-def run_cli(*args, timeout=120) -> subprocess.CompletedProcess:
-    """``python -m tfckpt ARGS`` in a separate process, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "tfckpt", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def assert_cli_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
-    """Exit status 2, exactly one stderr line ``tfckpt: error: ...`` (with ``fragments``), no
-    traceback, nothing on stdout. Returns the line."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfckpt: error: "), proc.stderr
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
-    assert proc.stdout == "", proc.stdout
-    return lines[0]
 
 
 # ---------------------------------------------------------------- comparing values
