@@ -249,3 +249,33 @@ def test_iterator_continues_after_every_rewrite(written, tmp_path):
         assert [int(next(it)) for _ in range(3)] == [13, 14, 15], argv
         assert lookups(t) == VALUES + [-1], argv
         assert ch.run_text("verify", out).returncode == 0, argv
+
+
+def test_slots_of_a_variable_deeper_than_its_optimizer_survive_a_rewrite(tmp_path):
+    """An optimizer tracked before the model it trains: the slot variables hang off a
+    variable found later in the walk, and a rewrite keeps them (TF restores them)."""
+    tf.compat.v1.enable_resource_variables()
+    model = tf.Module()
+    model.inner = tf.Module()
+    model.inner.v = tf.Variable([1.0, 2.0, 3.0])
+    opt = tf.compat.v1.train.AdamOptimizer(0.1)
+    opt.minimize(lambda: tf.reduce_sum(model.inner.v ** 2), var_list=[model.inner.v])
+    src = tf.train.Checkpoint(a_opt=opt, model=model).save(str(tmp_path / "src" / "ckpt"))
+    dst = str(tmp_path / "out" / "ckpt")
+    tfckpt.select(src, dst, drop_objects=["save_counter"])
+    with tfckpt.open(src) as a, tfckpt.open(dst) as b:
+        slots = [k for k in a.keys() if ".OPTIMIZER_SLOT" in k]
+        assert len(slots) == 2 and all(k in b for k in slots)
+
+    fresh = tf.Module()
+    fresh.inner = tf.Module()
+    fresh.inner.v = tf.Variable([0.0, 0.0, 0.0])
+    fresh_opt = tf.compat.v1.train.AdamOptimizer(0.1)
+    fresh_opt.minimize(lambda: tf.reduce_sum(fresh.inner.v ** 2), var_list=[fresh.inner.v])
+    for var in fresh_opt.variables():
+        var.assign(tf.zeros_like(var))
+    tf.train.Checkpoint(a_opt=fresh_opt, model=fresh).read(dst).assert_existing_objects_matched()
+    for name in ("m", "v"):
+        ours = fresh_opt.get_slot(fresh.inner.v, name).numpy()
+        theirs = opt.get_slot(model.inner.v, name).numpy()
+        assert ours.tolist() == theirs.tolist() and ours.any()

@@ -209,11 +209,6 @@ def test_slot_variable_needs_its_original_reached():
     assert set(graph.paths()) == {0, 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a slot variable is looked for only when its "
-    "optimizer is visited, before a deeper original variable is reached",
-)
 def test_slot_variable_of_a_variable_reached_after_its_optimizer():
     graph = v1_adam()
     assert sorted(graph.reachable()) == list(range(10))
@@ -234,9 +229,6 @@ def test_long_paths_keep_their_end():
     assert graph.paths(limit=len(full))[200] == full
 
 
-@pytest.mark.xfail(
-    strict=True, reason="paths() joins local names without TensorFlow's escaping of '.' and '/'"
-)
 def test_paths_escape_local_names_as_tensorflow_does():
     # TensorFlow escapes a local name before joining it into an object path: "." becomes
     # "..", "/" becomes ".S" (trackable_utils.escape_local_name).

@@ -123,19 +123,7 @@ def test_select(sources, tmp_path):
 
 @pytest.mark.parametrize(
     "partitioned",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "the entry listing a partitioned tensor's slices keeps shard_id 0; "
-                    "MergeV2Checkpoints shifts it like every entry of a later source"
-                ),
-            ),
-        ),
-    ],
+    [False, True],
     ids=["whole", "partitioned"],
 )
 def test_merge(sources, tmp_path, partitioned):

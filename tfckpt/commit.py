@@ -101,6 +101,9 @@ def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
                     known = merged[key] = BundleEntryProto()
                     known.CopyFrom(entry)
                     del known.slices[:]
+                    # Holds no bytes, yet records the shard it was first written to, as
+                    # TensorFlow's merge of bundles shifts every entry's shard id.
+                    known.shard_id = shard_id
                 known.slices.extend(entry.slices)
                 continue
             if key in merged:

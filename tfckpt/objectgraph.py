@@ -18,6 +18,7 @@ is iterative, paths are built once per node from the parent's and cut to
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Container, Iterable, Mapping
 
@@ -79,6 +80,17 @@ def renamed_key(key: str, tensors: Iterable[str], new_names: Mapping[str, str],
                               f"plus a suffix and must be renamed alike, not {listed}",
                               path=path)
     return stem
+
+
+def escape_local_name(name: str) -> str:
+    """A local name as it appears in an object path: TensorFlow writes ``.`` as ``..``
+    and ``/`` as ``.S``, so that ``/`` separates names and ``.ATTRIBUTES`` is no name."""
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def unescape_local_name(text: str) -> str:
+    """The local name an escaped path component stands for (``..`` → ``.``, ``.S`` → ``/``)."""
+    return re.sub(r"\.([.S])", lambda m: "." if m[1] == "." else "/", text)
 
 
 class ObjectGraph:
@@ -159,20 +171,33 @@ class ObjectGraph:
         nodes = self.proto.nodes
         via: dict[int, tuple] = {0: ()}
         order = [0]
+        # Slot variables whose optimizer was reached before their variable: they are
+        # reached with the variable, however much deeper it lies.
+        waiting: dict[int, list[tuple[int, int, str]]] = {}
+
+        def reach(node_id: int, step: tuple) -> None:
+            via[node_id] = step
+            order.append(node_id)
+
         head = 0
         while head < len(order):
             i = order[head]
             head += 1
+            for slot_id, optimizer, slot_name in waiting.pop(i, ()):
+                if slot_id not in via:
+                    reach(slot_id, (i, optimizer, slot_name))
             for child in nodes[i].children:
                 if child.node_id not in via:
-                    via[child.node_id] = (i, child.local_name)
-                    order.append(child.node_id)
+                    reach(child.node_id, (i, child.local_name))
             for slot in nodes[i].slot_variables:
-                if slot.slot_variable_node_id not in via and \
-                        slot.original_variable_node_id in via:
-                    via[slot.slot_variable_node_id] = (slot.original_variable_node_id, i,
-                                                       slot.slot_name)
-                    order.append(slot.slot_variable_node_id)
+                if slot.slot_variable_node_id in via:
+                    continue
+                if slot.original_variable_node_id in via:
+                    reach(slot.slot_variable_node_id,
+                          (slot.original_variable_node_id, i, slot.slot_name))
+                else:
+                    waiting.setdefault(slot.original_variable_node_id, []).append(
+                        (slot.slot_variable_node_id, i, slot.slot_name))
         return order, via
 
     def reachable(self) -> list[int]:
@@ -196,11 +221,12 @@ class ObjectGraph:
             step = via[i]
             if len(step) == 2:
                 parent, name = step
+                name = escape_local_name(name)
                 found[i] = cut(f"{found[parent]}/{name}" if parent else name)
             else:
                 original, optimizer, slot_name = step
                 found[i] = cut(f"{found[original]}/.OPTIMIZER_SLOT/"
-                               f"{found[optimizer]}/{slot_name}")
+                               f"{found[optimizer]}/{escape_local_name(slot_name)}")
         return found
 
     # -- rewriting
@@ -231,12 +257,13 @@ class ObjectGraph:
         """Cut child edges, then remove every node no longer reachable from the root.
 
         A bare name removes every edge with that local name anywhere; a path
-        ``a/b/c`` removes exactly that edge, found by walking from the root.
+        ``a/b/c`` removes exactly that edge, found by walking from the root. Names
+        are written as in checkpoint keys (``.`` as ``..``, ``/`` as ``.S``).
         Returns the checkpoint keys of the removed nodes' attributes.
         """
         nodes = self.proto.nodes
         for spec in specs:
-            parts = [p for p in spec.split("/") if p]
+            parts = [unescape_local_name(p) for p in spec.split("/") if p]
             if not parts:
                 raise CheckpointError(f"empty object path {spec!r}", path=self.path)
             if len(parts) == 1:
