@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import inspect as tfinspect
+from tfckpt import inspection as tfinspect
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
 from tfckpt.table import BLOCK_TRAILER_SIZE, FOOTER_SIZE, TableBuilder, TableReader, \

@@ -21,7 +21,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-from tfckpt import inspect as tfinspect  # noqa: E402
+from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph  # noqa: E402
 from tfckpt.objectgraph import MAX_ELEMENTS, OBJECT_GRAPH_KEY, PATH_CHARS  # noqa: E402
 

@@ -23,7 +23,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-from tfckpt import inspect as tfinspect  # noqa: E402
+from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
 from tfckpt.table import (FOOTER_SIZE, NO_COMPRESSION,  # noqa: E402
                           BlockHandle, Footer, TableReader, _BlockBuilder, _U32, crc32c,

@@ -20,7 +20,7 @@ import pytest
 
 import tfckpt
 import tfckpt.cli
-import tfckpt.inspect as tfi
+import tfckpt.inspection as tfi
 
 from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
 

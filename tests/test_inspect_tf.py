@@ -24,7 +24,7 @@ tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
 import tfckpt.cli  # noqa: E402
-import tfckpt.inspect as tfi  # noqa: E402
+import tfckpt.inspection as tfi  # noqa: E402
 import tf_checkpoints as W  # noqa: E402  (conftest puts tests/ on sys.path)
 
 from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import inspect as tfinspect
+from tfckpt import inspection as tfinspect
 
 CHUNK = 1 << 20              # --chunk-bytes: the engine reads an eighth of it at a time
 ELEMENTS = 2 * (CHUNK // 8) // 4  # float32: two read chunks per tensor

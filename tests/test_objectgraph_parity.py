@@ -17,7 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-from tfckpt import inspect as tfinspect  # noqa: E402
+from tfckpt import inspection as tfinspect  # noqa: E402
 
 import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402

@@ -45,7 +45,7 @@ import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
-from tfckpt import inspect as tinspect  # noqa: E402
+from tfckpt import inspection as tinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.commit import TMP_MARK, commit_shards, merge_entries  # noqa: E402
 from tfckpt.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402

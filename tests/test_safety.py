@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import inspect as tfinspect
+from tfckpt import inspection as tfinspect
 
 from cli_helpers import assert_cli_error, run_process
 

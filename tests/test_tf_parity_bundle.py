@@ -19,7 +19,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.commit import write_index  # noqa: E402
-from tfckpt.inspect import diff, dump, verify  # noqa: E402
+from tfckpt.inspection import diff, dump, verify  # noqa: E402
 from tfckpt.orderedcode import encode_slice_key  # noqa: E402
 from tfckpt.table import TableReader  # noqa: E402
 

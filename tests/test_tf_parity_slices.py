@@ -19,7 +19,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-from tfckpt import inspect as tfinspect  # noqa: E402
+from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt.tf import verify_with_tf  # noqa: E402
 from tfckpt import orderedcode  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402

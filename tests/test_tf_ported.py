@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto  # noqa: E402
-from tfckpt.inspect import verify  # noqa: E402
+from tfckpt.inspection import verify  # noqa: E402
 from tfckpt.table import TableBuilder, TableReader, crc32c, mask_crc  # noqa: E402
 
 # The dtypes tensor_bundle_test.cc instantiates its typed cases with.

@@ -3,7 +3,7 @@
 Argument parsing and printing only; the work is done by library functions.
 Errors about checkpoints print one line on stderr and exit with status 2.
 
-Human-readable output reaches the terminal only through :func:`_emit`, which escapes
+Human-readable output reaches the terminal only through :func:`emit`, which escapes
 what names, paths and messages from files could do to a terminal; ``--json`` prints
 JSON alone on stdout, names exact.
 """
@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import threading
@@ -25,9 +24,10 @@ import numpy as np
 
 from . import __version__
 from . import dtypes as _dt
-from . import inspect as _inspect
+from . import inspection as _inspect
 from .reader import Checkpoint
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
+from .display import emit, fmt, human_bytes, print_json, shape_text, table, width
 from .engine import Summary, execute
 from .errors import CheckpointError
 from .options import BACKENDS, DEFAULTS, PREFER, Options
@@ -37,116 +37,31 @@ from .planner import Plan, plan
 EXIT_ERROR = 2
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
-def _shape(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def _escape_char(c: str) -> str:
-    n = ord(c)
-    if 0xDC80 <= n <= 0xDCFF:  # a byte that is not UTF-8 (surrogateescape): show the byte
-        return f"\\x{n - 0xDC00:02x}"
-    if n < 0x100:
-        return f"\\x{n:02x}"
-    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
-
-
-def _show(text) -> str:
-    """``text`` safe for a terminal: each character ``str.isprintable()`` rejects, escaped.
-
-    Names, paths and messages come from files. Raw, an escape sequence in one could clear
-    the screen, retitle the window or write the clipboard (OSC 52), a newline could forge
-    table rows and a bidi override could reorder what is shown. Escaped as ``\\x1b``,
-    ``\\x0a``, ``\\u202e``; a byte that is not UTF-8 shows as ``\\xNN``.
-    Applying it twice changes nothing.
-    """
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
-
-
-def _emit(*parts, err: bool = False) -> None:
-    """Print one line of human-readable output; every part goes through :func:`_show`.
-
-    A part is text, or ``(text, SGR code)`` to colour it on a terminal.
-    """
-    stream = sys.stderr if err else sys.stdout
-    print("".join(_color(_show(p[0]), p[1]) if isinstance(p, tuple) else _show(p)
-                  for p in parts), file=stream)
-
-
-def _width() -> int | None:
-    """Columns to fit: the terminal's, or $COLUMNS; None (no limit) when piped."""
-    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return shutil.get_terminal_size((80, 24)).columns
-    return None
-
-
-def _color(text: str, code: str) -> str:
-    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
-        return f"\033[{code}m{text}\033[0m"
-    return text
-
-
-def _shorten(text: str, width: int) -> str:
-    if len(text) <= width:
-        return text
-    keep = max(width - 1, 2)
-    head = keep // 2
-    return text[:head] + "…" + text[len(text) - (keep - head):]
-
-
-def _table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> None:
-    """Print aligned columns; column ``squeeze`` is shortened to fit the terminal."""
-    rows = [[_show(c) for c in r] for r in rows]  # escaped first, so widths are what shows
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    limit = _width()
-    if limit is not None:
-        others = sum(widths) - widths[squeeze] + 2 * (len(widths) - 1)
-        room = max(limit - others, 12)
-        if widths[squeeze] > room:
-            rows = [r[:squeeze] + [_shorten(r[squeeze], room)] + r[squeeze + 1:] for r in rows]
-            widths[squeeze] = room
-    for k, r in enumerate(rows):
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(r, widths))]
-        line = "  ".join(cells).rstrip()
-        _emit((line, "1") if k == 0 else line)
-
-
 def _print_dump(data: dict) -> None:
     v = data["version"]
-    _emit(f"prefix      {data['prefix']}")
-    _emit(f"shards      {data['num_shards']}")
-    _emit(f"format      bundle v2, producer {v['producer']}, min consumer {v['min_consumer']}, "
+    emit(f"prefix      {data['prefix']}")
+    emit(f"shards      {data['num_shards']}")
+    emit(f"format      bundle v2, producer {v['producer']}, min consumer {v['min_consumer']}, "
           f"{data['endianness']}-endian")
-    _emit(f"tensors     {data['tensor_count']}")
-    _emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
+    emit(f"tensors     {data['tensor_count']}")
+    emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
     if not data["tensors"]:
         return
-    _emit()
+    emit()
     rows = [["NAME", "DTYPE", "SHAPE", "SIZE", "SHARD"]]
     for t in data["tensors"]:
         shard = f"{len(t['slices'])} slices" if t["slices"] else str(t["shard"])
         if t["stored_elements"] < t["elements"]:  # pre-sliced: only part is stored
             shard += f", {100 * t['stored_elements'] / t['elements']:.3g}% stored"
-        rows.append([t["name"], t["dtype"], _shape(t["shape"]), human_bytes(t["bytes"]), shard])
-    _table(rows, right={3})
-    _emit()
+        rows.append([t["name"], t["dtype"], shape_text(t["shape"]), human_bytes(t["bytes"]), shard])
+    table(rows, right={3})
+    emit()
     total = data["total_bytes"] or 1
     rows = [["SCOPE", "SIZE", "SHARE", "TENSORS"]]
     for s in data["scopes"]:
         rows.append([s["scope"], human_bytes(s["bytes"]), f"{100 * s['bytes'] / total:.1f}%",
                      str(s["tensors"])])
-    _table(rows, right={1, 2, 3})
+    table(rows, right={1, 2, 3})
 
 
 def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[str]:
@@ -168,23 +83,23 @@ def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
     for name in _value_names(ckpt, patterns):
         info = ckpt.info(name)
         value = ckpt[name]
-        _emit(f"{name} ({info.dtype} {_shape(info.shape)})")
+        emit(f"{name} ({info.dtype} {shape_text(info.shape)})")
         # --full prints each float in its shortest form that reads back exactly.
         if value.dtype == object and not full:
             value = np.vectorize(lambda b: b if len(b) <= 64 else
                                  b[:48] + b"...(%d bytes)" % len(b), otypes=[object])(value)
-        text = (np.array2string(value, threshold=threshold, max_line_width=_width() or 100,
+        text = (np.array2string(value, threshold=threshold, max_line_width=width() or 100,
                                 floatmode="unique" if full else "maxprec")
                 if value.ndim else repr(value.item()))
         for line in text.split("\n"):
-            _emit(line)
+            emit(line)
 
 
 def _json_values(value: np.ndarray, dtype: str) -> dict:
     """A tensor's values as exact JSON: ``{"values": nested lists or a scalar}``.
 
     Floats of every width as the float64 that holds them exactly (non-finite ones become
-    strings in :func:`_print_json`); complex numbers as ``[real, imag]``; quantized types as
+    strings in :func:`print_json`); complex numbers as ``[real, imag]``; quantized types as
     their integers; strings as text when every element is UTF-8 (``"encoding": "utf-8"``),
     else every element as base64 (``"encoding": "base64"``).
     """
@@ -217,7 +132,7 @@ def _dump_values_json(ckpt: Checkpoint, patterns: list[str]) -> None:
         info = ckpt.info(name)
         tensors.append({"name": name, "dtype": info.dtype, "shape": list(info.shape),
                         **_json_values(ckpt[name], info.dtype)})
-    _print_json({"prefix": ckpt.prefix, "tensors": tensors})
+    print_json({"prefix": ckpt.prefix, "tensors": tensors})
 
 
 TREE_INDENT_LEVELS = 32  # deeper nodes keep this indentation and show their depth
@@ -242,29 +157,29 @@ def _print_object_graph(data: dict) -> None:
                 label = f"(depth {depth}) {label}"
             node = nodes[node_id]
             if node_id in shown:
-                _emit(f"{indent}{label} -> {node['path'] or '(root)'}")
+                emit(f"{indent}{label} -> {node['path'] or '(root)'}")
                 continue
             shown.add(node_id)
-            _emit(f"{indent}{label}", (f"  #{node_id}", "2"))
+            emit(f"{indent}{label}", (f"  #{node_id}", "2"))
             for a in node["attributes"]:
                 tensors = a["tensors"]
                 if len(tensors) == 1 and tensors[0]["name"] == a["checkpoint_key"]:
                     t = tensors[0]
-                    kind = f"{t['dtype']} {_shape(t['shape'])}" if t["dtype"] else "MISSING"
-                    _emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
+                    kind = f"{t['dtype']} {shape_text(t['shape'])}" if t["dtype"] else "MISSING"
+                    emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
                     continue
-                _emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {len(tensors)} tensors")
+                emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {len(tensors)} tensors")
                 for t in tensors:
-                    kind = f"{t['dtype']} {_shape(t['shape'])}" if t["dtype"] else "MISSING"
-                    _emit(f"{indent}    {t['name']}  {kind}")
+                    kind = f"{t['dtype']} {shape_text(t['shape'])}" if t["dtype"] else "MISSING"
+                    emit(f"{indent}    {t['name']}  {kind}")
             for s in node["slot_variables"]:
                 original = nodes[s["original_variable_node_id"]]["path"]
-                _emit(f"{indent}  slot {s['slot_name']!r} of {original}: "
+                emit(f"{indent}  slot {s['slot_name']!r} of {original}: "
                       f"#{s['slot_variable_node_id']}")
             for c in reversed(node["children"]):
                 stack.append((c["node_id"], c["name"], depth + 1))
 
-    _emit(f"object graph of {data['prefix']}: {len(nodes)} nodes")
+    emit(f"object graph of {data['prefix']}: {len(nodes)} nodes")
     walk(0, "(root)", 0)
     for s_node in nodes:
         for s in s_node["slot_variables"]:
@@ -283,47 +198,16 @@ def cmd_dump(args) -> int:
         if args.object_graph:
             data = _inspect.object_graph(ckpt)
             if args.json:
-                _print_json(data)
+                print_json(data)
             else:
                 _print_object_graph(data)
             return 0
         data = _inspect.dump(ckpt, filter=args.filter)
     if args.json:
-        _print_json(data)
+        print_json(data)
     else:
         _print_dump(data)
     return 0
-
-
-def _json_safe(value):
-    """Strict JSON: non-finite floats become the strings "NaN", "Infinity", "-Infinity"."""
-    if isinstance(value, float) and not np.isfinite(value):
-        return "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def _print_json(data) -> None:
-    # Indented for a person at a terminal; compact (and C-encoded: fast) for programs.
-    indent = 1 if sys.stdout.isatty() else None
-    try:
-        text = json.dumps(data, indent=indent, allow_nan=False)
-    except ValueError:  # NaN or inf somewhere: spell them out, strict JSON has none
-        text = json.dumps(_json_safe(data), indent=indent, allow_nan=False)
-    # ASCII-only (ensure_ascii), so no name can upset the output encoding; DEL, which
-    # json leaves raw, can only be inside a string, where \u007f means the same.
-    sys.stdout.write(text.replace("\x7f", "\\u007f") + "\n")
-
-
-def _fmt(v, digits: int = 6) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
 
 
 def cmd_diff(args) -> int:
@@ -331,24 +215,24 @@ def cmd_diff(args) -> int:
         data = _inspect.diff(a, b, atol=args.atol, rtol=args.rtol, values=not args.names_only,
                              filter=args.filter)
     if args.json:
-        _print_json(data)
+        print_json(data)
     else:
         for name in data["only_in_a"]:
-            _emit((f"- {name}", "31"), "  (only in A)")
+            emit((f"- {name}", "31"), "  (only in A)")
         for name in data["only_in_b"]:
-            _emit((f"+ {name}", "32"), "  (only in B)")
+            emit((f"+ {name}", "32"), "  (only in B)")
         for c in data["changed"]:
             stored = (f"  (stored elements {c['stored_a']} -> {c['stored_b']})"
                       if "stored_a" in c else "")
-            _emit(f"~ {c['name']}  {c['dtype_a']} {_shape(c['shape_a'])} -> "
-                  f"{c['dtype_b']} {_shape(c['shape_b'])}{stored}")
+            emit(f"~ {c['name']}  {c['dtype_a']} {shape_text(c['shape_a'])} -> "
+                  f"{c['dtype_b']} {shape_text(c['shape_b'])}{stored}")
         if data["values"]:
             rows = [["NAME", "DIFFERING", "ELEMENTS", "MAX ABS", "MAX REL"]]
             for v in data["values"]:
                 rows.append([v["name"], str(v["differing"]), str(v["elements"]),
-                             _fmt(v["max_abs"]), _fmt(v["max_rel"])])
-            _table(rows, right={1, 2, 3, 4})
-        _emit("same" if data["same"] else
+                             fmt(v["max_abs"]), fmt(v["max_rel"])])
+            table(rows, right={1, 2, 3, 4})
+        emit("same" if data["same"] else
               f"different: {len(data['only_in_a'])} only in A, {len(data['only_in_b'])} only in "
               f"B, {len(data['changed'])} changed dtype/shape, {len(data['values'])} with "
               "different values")
@@ -359,7 +243,7 @@ def cmd_stats(args) -> int:
     with Checkpoint(args.path) as ckpt:
         data = _inspect.stats(ckpt, filter=args.filter)
     if args.json:
-        _print_json(data)
+        print_json(data)
         return 0
     # NaN and inf columns only when some tensor has them: the table fits 80 columns.
     special = any(t.get("nan") or t.get("inf") for t in data["tensors"])
@@ -367,21 +251,21 @@ def cmd_stats(args) -> int:
             + ["ZEROS"]]
     risky = []
     for t in data["tensors"]:
-        rows.append([t["name"], t["dtype"], _fmt(t.get("min"), 4), _fmt(t.get("max"), 4),
-                     _fmt(t.get("mean"), 4), _fmt(t.get("std"), 4)]
-                    + ([_fmt(t.get("nan")), _fmt(t.get("inf"))] if special else [])
+        rows.append([t["name"], t["dtype"], fmt(t.get("min"), 4), fmt(t.get("max"), 4),
+                     fmt(t.get("mean"), 4), fmt(t.get("std"), 4)]
+                    + ([fmt(t.get("nan")), fmt(t.get("inf"))] if special else [])
                     + [f"{100 * t['zeros']:.1f}%" if "zeros" in t else "-"])
         for target, c in t.get("cast", {}).items():
             if c["overflow"] or c["to_zero"] or c["subnormal"]:
                 risky.append([t["name"], target, str(c["overflow"]), str(c["to_zero"]),
                               str(c["subnormal"])])
-    _table(rows, right=set(range(2, len(rows[0]))))
-    _emit()
+    table(rows, right=set(range(2, len(rows[0]))))
+    emit()
     if risky:
-        _emit("if cast:")
-        _table([["NAME", "TO", "OVERFLOW", "TO ZERO", "SUBNORMAL"]] + risky, right={2, 3, 4})
+        emit("if cast:")
+        table([["NAME", "TO", "OVERFLOW", "TO ZERO", "SUBNORMAL"]] + risky, right={2, 3, 4})
     else:
-        _emit("every floating-point tensor casts to float16 and bfloat16 without overflow, "
+        emit("every floating-point tensor casts to float16 and bfloat16 without overflow, "
               "flush to zero or subnormals")
     return 0
 
@@ -394,22 +278,22 @@ def cmd_verify(args) -> int:
         data["tf"] = tf_report
         data["problems"] += tf_report["mismatches"]
     if args.json:
-        _print_json(data)
+        print_json(data)
         return 1 if data["problems"] else 0
     for w in data["warnings"]:
-        _emit(w, err=True)
+        emit(w, err=True)
     for note in data["partial"]:
-        _emit(f"note: {note}")
+        emit(f"note: {note}")
     if data["problems"]:
         for p in data["problems"]:
-            _emit(p, err=True)
+            emit(p, err=True)
     else:
         extra = ""
         if "tf" in data:
             extra = ("; TensorFlow's reader agrees bit-for-bit"
                      + (f", {data['tf']['cast_checked']} casts equal tf.cast"
                         if args.reference else ""))
-        _emit(f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
+        emit(f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
               f"every checksum, shard, slice and object-graph key checked{extra}")
     for d in data.get("tf", {}).get("cast_differences", []):
         # Documented differences from tf.cast: information, not problems.
@@ -419,7 +303,7 @@ def cmd_verify(args) -> int:
                          "to zero (kept here, as IEEE 754 rounds)")
         if d["nans_other_bits"]:
             parts.append(f"{d['nans_other_bits']} NaNs of another sign or payload than tf.cast's")
-        _emit(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
+        emit(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
     return 1 if data["problems"] else 0
 
 
@@ -468,19 +352,19 @@ def _print_plan(p: Plan) -> None:
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
         rows.append([p.sources[t.source].label, t.name, t.new_name if t.renamed else "=",
-                     dtype, _shape(t.info.shape), human_bytes(t.info.nbytes),
+                     dtype, shape_text(t.info.shape), human_bytes(t.info.nbytes),
                      human_bytes(t.bytes_out)])
-    _table(rows, right={5, 6})
+    table(rows, right={5, 6})
     for src, name, why in p.dropped:
-        _emit(f"drop  {src}  {name}  ({why})")
-    _emit()
-    _emit(f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
+        emit(f"drop  {src}  {name}  ({why})")
+    emit()
+    emit(f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
           f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
           + (", object graph rewritten" if p.object_graph is not None else ""))
 
 
 def _print_summary(sm: Summary) -> None:
-    _emit(f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
+    emit(f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
           f"{sm.cast} cast; {human_bytes(sm.bytes_in)} in, {human_bytes(sm.bytes_out)} out, "
           f"{sm.seconds:.2f} s", err=True)
     for label, attr in (("clipped or overflowed", "overflow"), ("became zero", "to_zero"),
@@ -488,9 +372,9 @@ def _print_summary(sm: Summary) -> None:
         hit = {n: getattr(c, attr) for n, c in sm.cast_counts.items() if getattr(c, attr)}
         if hit:
             total = sum(hit.values())
-            _emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
+            emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
     for warning in sm.warnings:
-        _emit(f"tfckpt: warning: {warning}", err=True)
+        emit(f"tfckpt: warning: {warning}", err=True)
 
 
 def _progress(total: int):
@@ -547,7 +431,7 @@ def cmd_transform(args) -> int:
     p = plan(sources, dst, options)
     if args.dry_run:
         if args.json:
-            _print_json(p.to_dict())
+            print_json(p.to_dict())
         else:
             _print_plan(p)
         return 0
@@ -559,7 +443,7 @@ def cmd_transform(args) -> int:
         close()
         shutdown()
     if args.json:
-        _print_json(summary.to_dict())
+        print_json(summary.to_dict())
     _print_summary(summary)
     return 0
 
@@ -765,12 +649,12 @@ def _main(argv: list[str] | None) -> int:
     except (CheckpointError, re.error, OSError) as e:
         if args.debug:
             for line in traceback.format_exc().splitlines():
-                _emit(line, err=True)
+                emit(line, err=True)
         if isinstance(e, re.error):
             message = f"bad regular expression: {e}"
         elif isinstance(e, OSError) and not isinstance(e, CheckpointError):
             message = f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
         else:
             message = str(e)
-        _emit(f"tfckpt: error: {message}", err=True)
+        emit(f"tfckpt: error: {message}", err=True)
         return EXIT_ERROR
