@@ -28,11 +28,13 @@ def _check(rc: int, output: str = "") -> None:
 def _tf():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
+
     return tf
 
 
 def tfckpt_convert(src: str, dst: str, dtype: str, *flags: str) -> None:
     from tfckpt import cli
+
     t = time.perf_counter()
     rc = cli.main(["convert", src, dst, "--dtype", dtype, "--overwrite", *flags])
     seconds = time.perf_counter() - t
@@ -53,8 +55,9 @@ def tf_convert(src: str, dst: str, dtype: str) -> None:
         value = tf.constant(reader.get_tensor(name))
         tensors.append(tf.cast(value, target) if dtypes[name].is_floating else value)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    tf.raw_ops.SaveV2(prefix=dst, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=tensors)
+    tf.raw_ops.SaveV2(
+        prefix=dst, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
     _report(time.perf_counter() - t, 0)
 
 
@@ -62,28 +65,36 @@ def tf1_saver_builder_convert(src: str, dst: str, dtype: str) -> None:
     """The well-known TF1 answer: a float16 graph restored through a casting saver builder."""
     tf = _tf()
     from tensorflow.python.training.saver import BulkSaverBuilder
+
     v1 = tf.compat.v1
     target = tf.as_dtype(dtype)
     t = time.perf_counter()
 
     class CastingSaverBuilder(BulkSaverBuilder):
-        def bulk_restore(self, filename_tensor, saveables, preferred_shard,
-                         restore_sequentially):
-            specs = [(s.name, s.slice_spec, s.dtype) for saveable in saveables
-                     for s in saveable.specs]
+        def bulk_restore(self, filename_tensor, saveables, preferred_shard, restore_sequentially):
+            specs = [
+                (s.name, s.slice_spec, s.dtype) for saveable in saveables for s in saveable.specs
+            ]
             names, slices, dtypes = zip(*specs)
             stored = [tf.float32 if d.base_dtype == target else d for d in dtypes]
             with tf.device("cpu:0"):
-                values = tf.raw_ops.RestoreV2(prefix=filename_tensor, tensor_names=names,
-                                              shape_and_slices=slices, dtypes=stored)
+                values = tf.raw_ops.RestoreV2(
+                    prefix=filename_tensor,
+                    tensor_names=names,
+                    shape_and_slices=slices,
+                    dtypes=stored,
+                )
             return [tf.cast(v, d) for v, d in zip(values, dtypes)]
 
     reader = tf.train.load_checkpoint(src)
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     with tf.Graph().as_default():
-        variables = [v1.get_variable(n, shape=shapes[n],
-                                     dtype=target if dtypes[n].is_floating else dtypes[n])
-                     for n in sorted(shapes)]
+        variables = [
+            v1.get_variable(
+                n, shape=shapes[n], dtype=target if dtypes[n].is_floating else dtypes[n]
+            )
+            for n in sorted(shapes)
+        ]
         loader = v1.train.Saver(variables, builder=CastingSaverBuilder())
         saver = v1.train.Saver(variables)
         with v1.Session() as sess:
@@ -111,6 +122,7 @@ def cp_data(src: str, dst: str) -> None:
 
 def tfckpt_read_all(src: str) -> None:
     import tfckpt
+
     t = time.perf_counter()
     n = 0
     with tfckpt.open(src) as ckpt:
@@ -134,6 +146,7 @@ def tfckpt_list(src: str) -> None:
     from contextlib import redirect_stdout
 
     from tfckpt import cli
+
     t = time.perf_counter()
     with redirect_stdout(io.StringIO()) as out:
         rc = cli.main(["dump", "--json", src])
@@ -154,6 +167,7 @@ def tfckpt_dump(src: str) -> None:
     from contextlib import redirect_stdout
 
     from tfckpt import cli
+
     t = time.perf_counter()
     with redirect_stdout(io.StringIO()) as out:
         rc = cli.main(["dump", src])
@@ -165,12 +179,13 @@ def tfckpt_dump(src: str) -> None:
 def tf_inspect(src: str) -> None:
     import io
     from contextlib import redirect_stdout
+
     _tf()
     from tensorflow.python.tools import inspect_checkpoint
+
     t = time.perf_counter()
     with redirect_stdout(io.StringIO()):
-        inspect_checkpoint.print_tensors_in_checkpoint_file(src, tensor_name="",
-                                                            all_tensors=False)
+        inspect_checkpoint.print_tensors_in_checkpoint_file(src, tensor_name="", all_tensors=False)
     _report(time.perf_counter() - t, 0)
 
 

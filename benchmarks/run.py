@@ -45,11 +45,15 @@ def measure(command: list[str]) -> dict:
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     os.sync()  # every contender starts with no dirty pages of the previous one to flush
-    res = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                    env=env, check=True).stdout)
+    res = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, env=env, check=True
+        ).stdout
+    )
     if res["code"] != 0:
-        raise ContenderFailed(f"{' '.join(command)} exited with status {res['code']}:\n"
-                              f"{res['err'].rstrip()}")
+        raise ContenderFailed(
+            f"{' '.join(command)} exited with status {res['code']}:\n{res['err'].rstrip()}"
+        )
     inner = json.loads(res["out"].strip().splitlines()[-1])
     return {"wall": res["wall"], "rss": res["rss"], "inner": inner["seconds"]}
 
@@ -61,9 +65,11 @@ def measured(args: list[str]) -> dict:
 
 def make_inputs(root: str, big_mib: int, medium: int, medium_mib: int, small: int) -> dict:
     """Write the benchmark checkpoints with TensorFlow (once; reused when present)."""
-    paths = {"big": os.path.join(root, "f32", "model"),
-             "small": os.path.join(root, "small", "model"),
-             "keras": os.path.join(root, "keras")}
+    paths = {
+        "big": os.path.join(root, "f32", "model"),
+        "small": os.path.join(root, "small", "model"),
+        "keras": os.path.join(root, "keras"),
+    }
     stamp = os.path.join(root, "inputs.json")
     spec = {"big_mib": big_mib, "medium": medium, "medium_mib": medium_mib, "small": small}
     if os.path.exists(stamp) and json.load(open(stamp)) == spec:
@@ -83,19 +89,19 @@ for i in range({medium}):
     names.append(f"layer_{{i:02d}}/kernel")
     tensors.append(tf.constant(floats({medium_mib} << 18).reshape(-1, 512)))
 names.append("global_step"); tensors.append(tf.constant(np.int64(1000)))
-tf.raw_ops.SaveV2(prefix={paths['big']!r}, tensor_names=names,
+tf.raw_ops.SaveV2(prefix={paths["big"]!r}, tensor_names=names,
                   shape_and_slices=[""] * len(names), tensors=tensors)
 del tensors
 names = [f"scope_{{i // 100:03d}}/var_{{i % 100:02d}}" for i in range({small})]
-tf.raw_ops.SaveV2(prefix={paths['small']!r}, tensor_names=names,
+tf.raw_ops.SaveV2(prefix={paths["small"]!r}, tensor_names=names,
                   shape_and_slices=[""] * len(names),
                   tensors=[tf.constant(floats(16)) for _ in names])
 model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"),
                           keras.layers.BatchNormalization(), keras.layers.Dense(10)])
 model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
 model.fit(rng.random((64, 32)), rng.random((64, 10)), epochs=1, verbose=0)
-prefix = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save({paths['keras']!r} + "/ckpt")
-open({os.path.join(root, 'keras.prefix')!r}, "w").write(prefix)
+prefix = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save({paths["keras"]!r} + "/ckpt")
+open({os.path.join(root, "keras.prefix")!r}, "w").write(prefix)
 """
     subprocess.run([sys.executable, "-c", code], check=True)
     json.dump(spec, open(stamp, "w"))
@@ -114,21 +120,25 @@ def machine() -> dict:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     import numpy
+
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
     try:
-        out = subprocess.run([sys.executable, "-c", "import tensorflow as tf; "
-                              "print(tf.__version__)"], capture_output=True, text=True,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        out = subprocess.run(
+            [sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        )
         versions["tensorflow"] = out.stdout.strip()
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
-            **versions}
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1), **versions}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--big-mib", type=int, default=512)
     ap.add_argument("--medium", type=int, default=64)
@@ -137,18 +147,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--only", help="run only cases whose name contains this")
     args = ap.parse_args(argv)
-    inputs = make_inputs(os.path.join(args.out, "inputs"), args.big_mib, args.medium,
-                         args.medium_mib, args.small)
+    inputs = make_inputs(
+        os.path.join(args.out, "inputs"), args.big_mib, args.medium, args.medium_mib, args.small
+    )
     work = os.path.join(args.out, "work")
     big, small, keras_ckpt = inputs["big"], inputs["small"], inputs["keras"]
     cases = {
         "convert float32->float16 (1 GiB)": {
             "tfckpt": ["tfckpt_convert", big, f"{work}/tfckpt16/model", "float16"],
-            "tfckpt --no-fsync": ["tfckpt_convert", big, f"{work}/tfckpt16n/model", "float16",
-                                  "--no-fsync"],
+            "tfckpt --no-fsync": [
+                "tfckpt_convert",
+                big,
+                f"{work}/tfckpt16n/model",
+                "float16",
+                "--no-fsync",
+            ],
             "tensorflow": ["tf_convert", big, f"{work}/tf16/model", "float16"],
-            "tf1 saver builder": ["tf1_saver_builder_convert", big, f"{work}/tf1/model",
-                                  "float16"],
+            "tf1 saver builder": ["tf1_saver_builder_convert", big, f"{work}/tf1/model", "float16"],
             "cp": ["cp_data", big, f"{work}/cp/model"],
         },
         "convert float32->bfloat16 (1 GiB)": {
@@ -184,9 +199,10 @@ def main(argv=None) -> int:
                 except ContenderFailed as e:
                     print(f"{case}, {name}: {e}", file=sys.stderr)
                     return 1
-        results[case] = {name: {k: statistics.median(r[k] for r in rs)
-                                for k in ("wall", "inner", "rss")}
-                         for name, rs in runs.items()}
+        results[case] = {
+            name: {k: statistics.median(r[k] for r in rs) for k in ("wall", "inner", "rss")}
+            for name, rs in runs.items()
+        }
         print(f"done: {case}", file=sys.stderr)
     shutil.rmtree(work, ignore_errors=True)
     report = {"machine": machine(), "repeat": args.repeat, "results": results}
@@ -199,19 +215,24 @@ def main(argv=None) -> int:
 
 def table(report: dict) -> str:
     m = report["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python "
-             f"{m['python']}, numpy {m['numpy']}, TensorFlow {m.get('tensorflow', '?')}; "
-             f"medians of {report['repeat']} runs.", "",
-             "| case | contender | wall (process) | vs TF | vs cp | in-process | peak RSS |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python "
+        f"{m['python']}, numpy {m['numpy']}, TensorFlow {m.get('tensorflow', '?')}; "
+        f"medians of {report['repeat']} runs.",
+        "",
+        "| case | contender | wall (process) | vs TF | vs cp | in-process | peak RSS |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for case, res in report["results"].items():
         tf_wall = res.get("tensorflow", {}).get("wall")
         cp_wall = res.get("cp", {}).get("wall")
         for name, r in res.items():
             vs_tf = f"{r['wall'] / tf_wall:.2f}×" if tf_wall else ""
             vs_cp = f"{r['wall'] / cp_wall:.2f}×" if cp_wall else ""
-            lines.append(f"| {case} | {name} | {r['wall']:.2f} s | {vs_tf} | {vs_cp} | "
-                         f"{r['inner']:.3f} s | {r['rss'] / 2**20:.0f} MiB |")
+            lines.append(
+                f"| {case} | {name} | {r['wall']:.2f} s | {vs_tf} | {vs_cp} | "
+                f"{r['inner']:.3f} s | {r['rss'] / 2**20:.0f} MiB |"
+            )
     return "\n".join(lines)
 
 

@@ -30,14 +30,21 @@ def user_env(**extra: str) -> dict:
     return env
 
 
-def run_process(*args, text: bool = False, env: dict | None = None, timeout: float = 120,
-                **kwargs) -> subprocess.CompletedProcess:
+def run_process(
+    *args, text: bool = False, env: dict | None = None, timeout: float = 120, **kwargs
+) -> subprocess.CompletedProcess:
     """``python -m tfckpt ARGS`` in its own process, in :func:`user_env` unless ``env`` is
     given; output kept as bytes unless ``text``. ``kwargs`` go to ``subprocess.run``
     (``cwd``, ``preexec_fn``, ...)."""
     argv = [a if isinstance(a, bytes) else str(a) for a in args]
-    return subprocess.run([sys.executable, "-m", "tfckpt", *argv], capture_output=True,
-                          text=text, timeout=timeout, env=env or user_env(), **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "tfckpt", *argv],
+        capture_output=True,
+        text=text,
+        timeout=timeout,
+        env=env or user_env(),
+        **kwargs,
+    )
 
 
 def run_text(*args, **kwargs) -> subprocess.CompletedProcess:
@@ -49,8 +56,10 @@ def run(*args) -> subprocess.CompletedProcess:
     """``tfckpt.cli.main(ARGS)`` in this process, stdout and stderr strict UTF-8 streams
     (a character they cannot encode raises); argv bytes decoded as Python decodes argv."""
     argv = [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in args]
-    streams = [io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", newline="")
-               for _ in range(2)]
+    streams = [
+        io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", newline="")
+        for _ in range(2)
+    ]
     saved = os.environ.pop("COLUMNS", None)
     try:
         with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
@@ -110,7 +119,6 @@ def tf_keys(prefix: str) -> list[bytes]:
     """Index keys as TensorFlow's own reader lists them (bytes): whole tensors, and for a
     partitioned tensor its slices' keys instead of its name."""
     import tensorflow as tf
+
     listing = tf.train.load_checkpoint(prefix).debug_string()
     return [line.rsplit(b" (DT_", 1)[0] for line in listing.split(b"\n") if line]
-
-

@@ -7,11 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_error, run_text
 
 import tfckpt
 from tfckpt.demo import example_tensors
-
-from cli_helpers import assert_cli_error, run_text
 
 
 def run(*args, check_rc=None):
@@ -34,8 +33,12 @@ def test_dump_table(example):
     assert "simple-conv2/weights" in out and "[3,3,32,64]" in out and "72.0 KiB" in out
     # Scopes are listed largest first.
     scopes = out.split("SCOPE")[1].splitlines()[1:]
-    assert [line.split()[0] for line in scopes] == ["simple-conv2", "logits", "simple-conv1",
-                                                     "global_step"]
+    assert [line.split()[0] for line in scopes] == [
+        "simple-conv2",
+        "logits",
+        "simple-conv1",
+        "global_step",
+    ]
 
 
 def test_dump_json_matches_library(example):
@@ -44,8 +47,13 @@ def test_dump_json_matches_library(example):
         assert [t["name"] for t in data["tensors"]] == ckpt.keys()
         for t in data["tensors"]:
             info = ckpt.info(t["name"])
-            assert (t["dtype"], tuple(t["shape"]), t["bytes"], t["offset"], t["crc32c"]) == \
-                (info.dtype, info.shape, info.nbytes, info.offset, info.crc32c)
+            assert (t["dtype"], tuple(t["shape"]), t["bytes"], t["offset"], t["crc32c"]) == (
+                info.dtype,
+                info.shape,
+                info.nbytes,
+                info.offset,
+                info.crc32c,
+            )
     assert data["total_bytes"] == sum(v.nbytes for v in example_tensors().values())
     assert data["num_shards"] == 1 and data["version"]["producer"] == 1
 
@@ -53,8 +61,13 @@ def test_dump_json_matches_library(example):
 def test_dump_filter_and_values(example):
     data = json.loads(run("dump", example, "--json", "--filter", "^logits/", check_rc=0).stdout)
     assert {t["name"] for t in data["tensors"]} == {
-        "logits/weights", "logits/biases", "logits/weights/Adam", "logits/weights/Adam_1",
-        "logits/biases/Adam", "logits/biases/Adam_1"}
+        "logits/weights",
+        "logits/biases",
+        "logits/weights/Adam",
+        "logits/weights/Adam_1",
+        "logits/biases/Adam",
+        "logits/biases/Adam_1",
+    }
     out = run("dump", example, "--tensor", "global_step", check_rc=0).stdout
     assert out.splitlines() == ["global_step (int64 [])", "7"]
     bias = example_tensors()["logits/biases"]
@@ -63,11 +76,14 @@ def test_dump_filter_and_values(example):
     np.testing.assert_array_equal(np.array(printed, dtype=np.float32), bias)
 
 
-@pytest.mark.parametrize("args", [
-    ["dump", "/nonexistent/model.ckpt"],
-    ["dump", "{example}", "--tensor", "no-such-tensor"],
-    ["dump", "{example}", "--filter", "("],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["dump", "/nonexistent/model.ckpt"],
+        ["dump", "{example}", "--tensor", "no-such-tensor"],
+        ["dump", "{example}", "--filter", "("],
+    ],
+)
 def test_errors_are_one_line(example, args):
     assert_cli_error(run(*[a.format(example=example) for a in args]))
 
@@ -93,14 +109,17 @@ def test_library_and_dump_never_import_tensorflow(example):
         f"    tfckpt.cli.main(['dump', '--json', {example!r}])\n"
         "sys.exit(3 if 'tensorflow' in sys.modules else 0)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_demo_runs(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tfckpt.demo", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfckpt.demo", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "tensors     21" in proc.stdout
     assert os.path.exists(tmp_path / "out" / "model.ckpt-7.index")

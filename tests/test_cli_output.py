@@ -22,17 +22,34 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from cli_helpers import (  # noqa: E402
+    assert_cli_error,
+    assert_terminal_safe,
+    bytes_name,
+    run,
+    run_process,
+    tf_keys,
+)
+
 import tfckpt  # noqa: E402
 import tfckpt.cli  # noqa: E402
 from tfckpt import orderedcode  # noqa: E402
-from cli_helpers import (assert_cli_error, assert_terminal_safe, bytes_name,  # noqa: E402
-                         run, run_process, tf_keys)
 
 # Names TensorFlow saves as given: window title, clear screen, a forged table row, a
 # right-to-left override, a clipboard write (OSC 52), bidi isolates, a C1 CSI, DEL.
-HOSTILE = ["\x1b]0;pwned\x07", "\x1b[2J", "a\nb  float32  [1]", "\u202eevil",
-           "\x1b]52;c;cHduZWQ=\x07", "\u2066iso\u2069", "c1\x9b31m", "del\x7f"]
+HOSTILE = [
+    "\x1b]0;pwned\x07",
+    "\x1b[2J",
+    "a\nb  float32  [1]",
+    "\u202eevil",
+    "\x1b]52;c;cHduZWQ=\x07",
+    "\u2066iso\u2069",
+    "c1\x9b31m",
+    "del\x7f",
+]
 PARTITIONED = "\x1b[2J"  # also written as two slices: its slice keys hold the escape
+
+
 def tf_value(prefix: str, name: str) -> np.ndarray:
     return np.asarray(tf.train.load_checkpoint(prefix).get_tensor(bytes_name(name)))
 
@@ -60,24 +77,37 @@ def hostile(tmp_path_factory):
             names.append(bytes_name(n))
             specs.append("")
             tensors.append(values[n])
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=tf.constant(names), shape_and_slices=specs,
-                      tensors=[tf.constant(t) for t in tensors])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=tf.constant(names),
+        shape_and_slices=specs,
+        tensors=[tf.constant(t) for t in tensors],
+    )
     tf.compat.v1.train.update_checkpoint_state(str(root), prefix)
     assert tf.train.get_checkpoint_state(str(root)).model_checkpoint_path == prefix
 
     tf2_dir = root / "tf2"
-    ckpt = tf.train.Checkpoint(**{"\x1b]0;attr\x07": tf.Variable([1.0, 2.0]),
-                                  "step": tf.Variable(3, dtype=tf.int64)})
-    tf.train.CheckpointManager(ckpt, str(tf2_dir), max_to_keep=1,
-                               checkpoint_name="ck\x1b[2J").save()
+    ckpt = tf.train.Checkpoint(
+        **{"\x1b]0;attr\x07": tf.Variable([1.0, 2.0]), "step": tf.Variable(3, dtype=tf.int64)}
+    )
+    tf.train.CheckpointManager(
+        ckpt, str(tf2_dir), max_to_keep=1, checkpoint_name="ck\x1b[2J"
+    ).save()
 
     # Derived with tfckpt, for diff: values changed (float16) and names missing.
     f16 = str(root / "f16\x1b[2J" / "m")
     tfckpt.convert(prefix, f16, "float16")
     fewer = str(root / "fewer" / "m")
     tfckpt.transform([prefix], fewer, exclude=["^a"])
-    return {"dir": str(root), "prefix": prefix, "values": values, "tf2": str(tf2_dir),
-            "f16": f16, "fewer": fewer, "out": str(root / "out\x1b]0;out\x07")}
+    return {
+        "dir": str(root),
+        "prefix": prefix,
+        "values": values,
+        "tf2": str(tf2_dir),
+        "f16": f16,
+        "fewer": fewer,
+        "out": str(root / "out\x1b]0;out\x07"),
+    }
 
 
 BYTES_NAMES = [b"caf\xe9", b"\xff\xfe", b"\xe9t\xe9/kernel", b"plain"]
@@ -89,15 +119,27 @@ def bytes_ckpt(tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("bytes") / "model.ckpt")
     rng = np.random.default_rng(8)
     cafe = rng.standard_normal((4, 2)).astype(np.float32)
-    values = {b"caf\xe9": cafe, b"\xff\xfe": np.array([1, 2], np.int32),
-              b"\xe9t\xe9/kernel": rng.standard_normal((2, 3)).astype(np.float32),
-              b"plain": np.array([b"x", b"\xff"], dtype=object)}
+    values = {
+        b"caf\xe9": cafe,
+        b"\xff\xfe": np.array([1, 2], np.int32),
+        b"\xe9t\xe9/kernel": rng.standard_normal((2, 3)).astype(np.float32),
+        b"plain": np.array([b"x", b"\xff"], dtype=object),
+    }
     names = [b"caf\xe9", b"caf\xe9", b"\xff\xfe", b"\xe9t\xe9/kernel", b"plain"]
     specs = ["4 2 0,1:-", "4 2 1,3:-", "", "", ""]
-    tensors = [cafe[:1], cafe[1:], values[b"\xff\xfe"], values[b"\xe9t\xe9/kernel"],
-               values[b"plain"]]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=tf.constant(names), shape_and_slices=specs,
-                      tensors=[tf.constant(t) for t in tensors])
+    tensors = [
+        cafe[:1],
+        cafe[1:],
+        values[b"\xff\xfe"],
+        values[b"\xe9t\xe9/kernel"],
+        values[b"plain"],
+    ]
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=tf.constant(names),
+        shape_and_slices=specs,
+        tensors=[tf.constant(t) for t in tensors],
+    )
     return {"prefix": prefix, "values": values}
 
 
@@ -120,8 +162,9 @@ def _from_json(t: dict) -> np.ndarray:
     if np_dtype.kind in "biu" or dtype.startswith(("int", "uint")):
         return np.array(flat, dtype=np_dtype).reshape(shape)
     special = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-    floats = np.array([special.get(v, v) if isinstance(v, str) else v for v in flat],
-                      dtype=np.float64)
+    floats = np.array(
+        [special.get(v, v) if isinstance(v, str) else v for v in flat], dtype=np.float64
+    )
     if dtype.startswith("complex"):
         parts = floats.reshape(-1, 2)
         floats = np.empty(len(parts), np.complex128)
@@ -165,8 +208,10 @@ def test_dump_tensor_json_is_exact(tf_checkpoints):
         assert isinstance(by_name[name]["values"][0][0], float)
     assert by_name["string_2d"]["encoding"] == "base64"
     assert by_name["string_scalar"]["encoding"] == "base64"
-    assert by_name["scalar_float32"]["values"] == -0.0 and \
-        math.copysign(1, by_name["scalar_float32"]["values"]) == -1
+    assert (
+        by_name["scalar_float32"]["values"] == -0.0
+        and math.copysign(1, by_name["scalar_float32"]["values"]) == -1
+    )
 
 
 def test_every_command_prints_only_json(tf_checkpoints, tmp_path):
@@ -176,11 +221,14 @@ def test_every_command_prints_only_json(tf_checkpoints, tmp_path):
     tf.train.CheckpointManager(ckpt, str(root), max_to_keep=1).save()
     out = tmp_path / "out"
     commands = [
-        ["dump", sliced], ["dump", sliced, "--filter", "^emb"],
+        ["dump", sliced],
+        ["dump", sliced, "--filter", "^emb"],
         ["dump", sliced, "--tensor", "emb", "--tensor", "^plain"],
         ["dump", root, "--object-graph"],
-        ["diff", sliced, root], ["diff", sliced, sliced, "--names-only"],
-        ["stats", sliced], ["verify", sliced],
+        ["diff", sliced, root],
+        ["diff", sliced, sliced, "--names-only"],
+        ["stats", sliced],
+        ["verify", sliced],
         ["convert", sliced, out / "c", "--dtype", "float16", "--dry-run"],
         ["convert", sliced, out / "c", "--dtype", "float16"],
         ["rename", sliced, out / "r", "--map", "emb=embedding", "--dry-run"],
@@ -191,7 +239,8 @@ def test_every_command_prints_only_json(tf_checkpoints, tmp_path):
         ["merge", sliced, out / "c", "-o", out / "m", "--prefer", "first"],
         ["diff", sliced, out / "c"],
         # Errors: one line on stderr, nothing on stdout.
-        ["dump", tmp_path / "missing"], ["dump", sliced, "--tensor", "no-such-tensor"],
+        ["dump", tmp_path / "missing"],
+        ["dump", sliced, "--tensor", "no-such-tensor"],
         ["convert", sliced, out / "c", "--dtype", "float16"],
     ]
     for argv in commands:
@@ -213,9 +262,15 @@ ERRORS = 3  # the last three of _commands fail (exit status 2)
 def _commands(h: dict) -> list[list]:
     d, out = h["dir"], h["out"]
     return [
-        ["dump", d], ["dump", d, "--filter", "."], ["dump", d, "--tensor", "."],
-        ["dump", h["tf2"], "--object-graph"], ["stats", d], ["verify", d],
-        ["diff", d, h["f16"]], ["diff", d, h["fewer"]], ["diff", h["fewer"], d, "--names-only"],
+        ["dump", d],
+        ["dump", d, "--filter", "."],
+        ["dump", d, "--tensor", "."],
+        ["dump", h["tf2"], "--object-graph"],
+        ["stats", d],
+        ["verify", d],
+        ["diff", d, h["f16"]],
+        ["diff", d, h["fewer"]],
+        ["diff", h["fewer"], d, "--names-only"],
         ["convert", d, out + "/c", "--dtype", "float16", "--dry-run", "--overwrite"],
         ["convert", d, out + "/c", "--dtype", "float16", "--overwrite"],
         ["select", d, out + "/s", "--exclude", "^a", "--dry-run"],
@@ -249,7 +304,7 @@ def test_problems_and_errors_on_stderr_are_escaped(hostile, tmp_path):
     dst = tmp_path / "bad\x1b]0;copy\x07"
     for f in src.parent.iterdir():
         if f.name.startswith(src.name + "."):
-            (tmp_path / (dst.name + f.name[len(src.name):])).write_bytes(f.read_bytes())
+            (tmp_path / (dst.name + f.name[len(src.name) :])).write_bytes(f.read_bytes())
     data = Path(str(dst) + ".data-00000-of-00001")
     raw = bytearray(data.read_bytes())
     raw[0] ^= 0xFF
@@ -276,8 +331,9 @@ def test_json_keeps_hostile_names_exact(hostile):
     assert {t["name"] for t in stats["tensors"]} == names
     diff = json.loads(run("diff", d, hostile["fewer"], "--json").stdout)
     assert set(diff["only_in_a"]) == {n for n in HOSTILE if n.startswith("a")}
-    plan = json.loads(run("convert", d, hostile["out"] + "/p", "--dtype", "float16",
-                          "--dry-run", "--json").stdout)
+    plan = json.loads(
+        run("convert", d, hostile["out"] + "/p", "--dtype", "float16", "--dry-run", "--json").stdout
+    )
     assert plan_names(plan) == names
     graph = json.loads(run("dump", hostile["tf2"], "--object-graph", "--json").stdout)
     assert "\x1b]0;attr\x07" in {c["name"] for c in graph["nodes"][0]["children"]}
@@ -308,8 +364,9 @@ def test_bytes_names_read_as_tensorflow_does(bytes_ckpt):
         assert all(reader.has_tensor(bytes_name(k)) for k in ckpt.keys())
         info = ckpt.info("caf\udce9")
         assert len(info.slices) == 2
-        assert [orderedcode.encode_slice_key("caf\udce9", s) for s in info.slices] + \
-            [bytes_name(k) for k in ckpt.keys() if k != "caf\udce9"] == keys
+        assert [orderedcode.encode_slice_key("caf\udce9", s) for s in info.slices] + [
+            bytes_name(k) for k in ckpt.keys() if k != "caf\udce9"
+        ] == keys
         for name in ckpt.keys():
             got, want = ckpt[name], tf_value(prefix, name)
             assert got.dtype == want.dtype and got.tolist() == want.tolist(), name
@@ -339,8 +396,10 @@ def test_bytes_names_rewritten_and_read_back_by_tensorflow(bytes_ckpt, tmp_path)
     assert tf_value(sel, "caf\udce9").tobytes() == values[b"caf\xe9"].tobytes()
     proc = run("rename", prefix, f"{tmp_path}/ren/", "--map", b"caf\xe9=caf\xc3\xa9")
     assert proc.returncode == 0, proc.stderr
-    assert tf_value(str(tmp_path / "ren" / "model.ckpt"), "café").tobytes() == \
-        values[b"caf\xe9"].tobytes()
+    assert (
+        tf_value(str(tmp_path / "ren" / "model.ckpt"), "café").tobytes()
+        == values[b"caf\xe9"].tobytes()
+    )
 
 
 def test_bytes_names_print_without_traceback(bytes_ckpt, tmp_path):
@@ -348,8 +407,12 @@ def test_bytes_names_print_without_traceback(bytes_ckpt, tmp_path):
     f16 = str(tmp_path / "f16")
     tfckpt.convert(prefix, f16, "float16")
     commands = [
-        ["dump", prefix], ["dump", prefix, "--tensor", "."], ["dump", prefix, "--filter", "caf"],
-        ["stats", prefix], ["verify", prefix], ["diff", prefix, f16],
+        ["dump", prefix],
+        ["dump", prefix, "--tensor", "."],
+        ["dump", prefix, "--filter", "caf"],
+        ["stats", prefix],
+        ["verify", prefix],
+        ["diff", prefix, f16],
         ["diff", prefix, tmp_path / "none"],
         ["convert", prefix, tmp_path / "c", "--dtype", "float16", "--dry-run"],
         ["select", prefix, tmp_path / "s", "--exclude", "plain"],

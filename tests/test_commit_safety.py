@@ -22,6 +22,7 @@ tf = pytest.importorskip("tensorflow")
 
 import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt.commit import TMP_MARK  # noqa: E402
 from tfckpt.engine import execute  # noqa: E402
@@ -70,10 +71,16 @@ def test_two_concurrent_converts_to_one_destination(source, tmp_path):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     env = dict(os.environ, BARRIER=str(barrier))
-    procs = {dtype: subprocess.Popen([sys.executable, "-c", AT_BARRIER, "convert", source,
-                                      str(dst), "--dtype", dtype], env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for dtype in ("float16", "bfloat16")}
+    procs = {
+        dtype: subprocess.Popen(
+            [sys.executable, "-c", AT_BARRIER, "convert", source, str(dst), "--dtype", dtype],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for dtype in ("float16", "bfloat16")
+    }
     done = {dtype: (p.wait(timeout=120), p.stderr.read()) for dtype, p in procs.items()}
     assert len(os.listdir(barrier)) == 2  # both reached the commit before either went on
     winners = [d for d, (code, _) in done.items() if code == 0]
@@ -88,8 +95,11 @@ def test_two_concurrent_converts_to_one_destination(source, tmp_path):
         assert got[name].dtype == tf.as_dtype(winners[0]).as_numpy_dtype
         assert got[name].tobytes() == value.astype(got[name].dtype).tobytes()
     assert temporaries(dst.parent) == []
-    assert sorted(os.listdir(dst.parent)) == ["checkpoint", "model.data-00000-of-00001",
-                                              "model.index"]
+    assert sorted(os.listdir(dst.parent)) == [
+        "checkpoint",
+        "model.data-00000-of-00001",
+        "model.index",
+    ]
 
 
 def test_library_refuses_a_checkpoint_committed_meanwhile(source, tmp_path):
@@ -113,8 +123,9 @@ def test_state_file_failure_after_the_commit_is_a_warning(source, tmp_path):
     assert len(warnings) == 1 and "state file" in warnings[0], proc.stderr
     assert "Traceback" not in proc.stderr
     got = tf_values(out / "model")
-    assert {n: v.tobytes() for n, v in got.items()} == \
-        {n: v.astype(np.float16).tobytes() for n, v in VALUES.items()}
+    assert {n: v.tobytes() for n, v in got.items()} == {
+        n: v.astype(np.float16).tobytes() for n, v in VALUES.items()
+    }
     assert temporaries(out) == []
     # The library says so too.
     summary = tfckpt.convert(source, f"{out}/", "bfloat16", overwrite=True)
@@ -126,7 +137,7 @@ def test_state_file_temporaries_of_killed_runs_are_removed(source, tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a process id no longer in use
     stale = tmp_path / f"checkpoint{TMP_MARK}{gone.pid}"
-    stale.write_bytes(b"model_checkpoint_path: \"half\"\n")
+    stale.write_bytes(b'model_checkpoint_path: "half"\n')
     tfckpt.convert(source, f"{tmp_path}/", "float16")
     assert temporaries(tmp_path) == []
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model")
@@ -135,12 +146,12 @@ def test_state_file_temporaries_of_killed_runs_are_removed(source, tmp_path):
 def _limited(limit: int):
     def preexec():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return preexec
 
 
 def test_full_disk_into_a_new_nested_directory(source, tmp_path):
     dst = tmp_path / "a" / "b" / "c" / "model"
-    proc = ch.run_text("convert", source, dst, "--dtype", "float64",
-                       preexec_fn=_limited(16 << 10))
+    proc = ch.run_text("convert", source, dst, "--dtype", "float64", preexec_fn=_limited(16 << 10))
     ch.assert_cli_error(proc, "write")
     assert os.listdir(tmp_path) == []  # a/, a/b/ and a/b/c/ all removed again

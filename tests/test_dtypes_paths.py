@@ -12,22 +12,51 @@ import pytest
 
 import tfckpt
 from tfckpt import dtypes, paths
-from tfckpt.errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError,
-                           TensorNotFoundError, UnsupportedCheckpointError)
+from tfckpt.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    UnsupportedCheckpointError,
+)
 
 # --- dtypes -----------------------------------------------------------------------
 
 # DataType number -> tf.as_dtype(n).name (FORMAT.md's table), numpy itemsize (None: variable).
 TF_DTYPES = {
-    1: ("float32", 4), 2: ("float64", 8), 3: ("int32", 4), 4: ("uint8", 1),
-    5: ("int16", 2), 6: ("int8", 1), 7: ("string", None), 8: ("complex64", 8),
-    9: ("int64", 8), 10: ("bool", 1), 11: ("qint8", 1), 12: ("quint8", 1),
-    13: ("qint32", 4), 14: ("bfloat16", 2), 15: ("qint16", 2), 16: ("quint16", 2),
-    17: ("uint16", 2), 18: ("complex128", 16), 19: ("float16", 2), 20: ("resource", None),
-    21: ("variant", None), 22: ("uint32", 4), 23: ("uint64", 8), 24: ("float8_e5m2", 1),
-    25: ("float8_e4m3fn", 1), 26: ("float8_e4m3fnuz", 1), 27: ("float8_e4m3b11fnuz", 1),
-    28: ("float8_e5m2fnuz", 1), 29: ("int4", 1), 30: ("uint4", 1), 31: ("int2", 1),
-    32: ("uint2", 1), 33: ("float4_e2m1fn", 1),
+    1: ("float32", 4),
+    2: ("float64", 8),
+    3: ("int32", 4),
+    4: ("uint8", 1),
+    5: ("int16", 2),
+    6: ("int8", 1),
+    7: ("string", None),
+    8: ("complex64", 8),
+    9: ("int64", 8),
+    10: ("bool", 1),
+    11: ("qint8", 1),
+    12: ("quint8", 1),
+    13: ("qint32", 4),
+    14: ("bfloat16", 2),
+    15: ("qint16", 2),
+    16: ("quint16", 2),
+    17: ("uint16", 2),
+    18: ("complex128", 16),
+    19: ("float16", 2),
+    20: ("resource", None),
+    21: ("variant", None),
+    22: ("uint32", 4),
+    23: ("uint64", 8),
+    24: ("float8_e5m2", 1),
+    25: ("float8_e4m3fn", 1),
+    26: ("float8_e4m3fnuz", 1),
+    27: ("float8_e4m3b11fnuz", 1),
+    28: ("float8_e5m2fnuz", 1),
+    29: ("int4", 1),
+    30: ("uint4", 1),
+    31: ("int2", 1),
+    32: ("uint2", 1),
+    33: ("float4_e2m1fn", 1),
 }
 
 
@@ -66,28 +95,51 @@ def test_unknown_dtype_number_names_path_and_tensor():
     assert "/x/m.index" in str(e) and "dense/kernel" in str(e) and "99" in str(e)
 
 
-@pytest.mark.parametrize("alias,name", [
-    ("half", "float16"), ("float", "float32"), ("double", "float64"),
-])
+@pytest.mark.parametrize(
+    "alias,name",
+    [
+        ("half", "float16"),
+        ("float", "float32"),
+        ("double", "float64"),
+    ],
+)
 def test_dtype_aliases(alias, name):
     assert dtypes.lookup(alias).name == name
 
 
-@pytest.mark.parametrize("spec,name", [
-    (np.float32, "float32"), (np.dtype("float64"), "float64"), (np.int8, "int8"),
-    (np.uint16, "uint16"), (np.uint32, "uint32"), (np.uint64, "uint64"),
-    (np.int64, "int64"), (np.bool_, "bool"), (np.complex64, "complex64"),
-    (np.complex128, "complex128"), (np.float16, "float16"),
-    (ml_dtypes.bfloat16, "bfloat16"), (ml_dtypes.float8_e4m3fn, "float8_e4m3fn"),
-    (ml_dtypes.float8_e5m2, "float8_e5m2"), (ml_dtypes.float8_e4m3fnuz, "float8_e4m3fnuz"),
-    (ml_dtypes.float8_e4m3b11fnuz, "float8_e4m3b11fnuz"),
-    (ml_dtypes.float8_e5m2fnuz, "float8_e5m2fnuz"), (ml_dtypes.int4, "int4"),
-    (ml_dtypes.uint4, "uint4"), (ml_dtypes.int2, "int2"), (ml_dtypes.uint2, "uint2"),
-    (ml_dtypes.float4_e2m1fn, "float4_e2m1fn"),
-    (np.dtype(">f4"), "float32"), (np.dtype(">i8"), "int64"),   # big-endian views
-    ("<f2", "float16"),
-    (object, "string"), (np.bytes_, "string"), (np.dtype("S5"), "string"),
-])
+@pytest.mark.parametrize(
+    "spec,name",
+    [
+        (np.float32, "float32"),
+        (np.dtype("float64"), "float64"),
+        (np.int8, "int8"),
+        (np.uint16, "uint16"),
+        (np.uint32, "uint32"),
+        (np.uint64, "uint64"),
+        (np.int64, "int64"),
+        (np.bool_, "bool"),
+        (np.complex64, "complex64"),
+        (np.complex128, "complex128"),
+        (np.float16, "float16"),
+        (ml_dtypes.bfloat16, "bfloat16"),
+        (ml_dtypes.float8_e4m3fn, "float8_e4m3fn"),
+        (ml_dtypes.float8_e5m2, "float8_e5m2"),
+        (ml_dtypes.float8_e4m3fnuz, "float8_e4m3fnuz"),
+        (ml_dtypes.float8_e4m3b11fnuz, "float8_e4m3b11fnuz"),
+        (ml_dtypes.float8_e5m2fnuz, "float8_e5m2fnuz"),
+        (ml_dtypes.int4, "int4"),
+        (ml_dtypes.uint4, "uint4"),
+        (ml_dtypes.int2, "int2"),
+        (ml_dtypes.uint2, "uint2"),
+        (ml_dtypes.float4_e2m1fn, "float4_e2m1fn"),
+        (np.dtype(">f4"), "float32"),
+        (np.dtype(">i8"), "int64"),  # big-endian views
+        ("<f2", "float16"),
+        (object, "string"),
+        (np.bytes_, "string"),
+        (np.dtype("S5"), "string"),
+    ],
+)
 def test_dtype_from_numpy(spec, name):
     assert dtypes.lookup(spec).name == name
 
@@ -116,6 +168,7 @@ def test_dtype_unknown_spec(spec):
 
 # --- errors ------------------------------------------------------------------------
 
+
 def test_error_hierarchy_and_message():
     assert issubclass(CorruptCheckpointError, CheckpointError)
     assert issubclass(UnsupportedCheckpointError, CheckpointError)
@@ -133,6 +186,7 @@ def test_error_hierarchy_and_message():
 
 # --- paths: file names -----------------------------------------------------------------
 
+
 def test_file_names():
     assert paths.index_filename("d/model.ckpt-7") == "d/model.ckpt-7.index"
     assert paths.data_filename("d/model.ckpt-7", 0, 1) == "d/model.ckpt-7.data-00000-of-00001"
@@ -145,6 +199,7 @@ def test_file_names():
 
 
 # --- paths: resolution ------------------------------------------------------------------
+
 
 def touch(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +217,7 @@ def make_ckpt(prefix: Path, shards: int = 1) -> Path:
 def test_resolve_prefix(tmp_path):
     p = make_ckpt(tmp_path / "train" / "model.ckpt-7")
     assert paths.resolve_prefix(str(p)) == str(p)
-    assert paths.resolve_prefix(p) == str(p)   # os.PathLike
+    assert paths.resolve_prefix(p) == str(p)  # os.PathLike
 
 
 def test_resolve_index_path(tmp_path):
@@ -187,7 +242,8 @@ def test_resolve_dir_with_relative_state_file(tmp_path):
     (tmp_path / "checkpoint").write_text(
         'model_checkpoint_path: "model.ckpt-7"\n'
         'all_model_checkpoint_paths: "model.ckpt-5"\n'
-        'all_model_checkpoint_paths: "model.ckpt-7"\n')
+        'all_model_checkpoint_paths: "model.ckpt-7"\n'
+    )
     assert paths.resolve_prefix(tmp_path) == str(p)
     assert paths.latest_checkpoint(str(tmp_path)) == str(p)
 
@@ -230,7 +286,7 @@ def test_missing_path(tmp_path):
     with pytest.raises(CheckpointNotFoundError) as ei:
         paths.resolve_prefix(missing)
     msg = str(ei.value)
-    assert f"{missing}.index" in msg   # says what was looked for
+    assert f"{missing}.index" in msg  # says what was looked for
     assert ei.value.path == str(missing)
 
 
@@ -257,7 +313,7 @@ def test_dir_with_two_indexes_is_ambiguous(tmp_path):
 
 
 def test_state_file_naming_missing_checkpoint(tmp_path):
-    make_ckpt(tmp_path / "model.ckpt-5")   # exists, but is not the one named
+    make_ckpt(tmp_path / "model.ckpt-5")  # exists, but is not the one named
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-7"\n')
     with pytest.raises(CheckpointNotFoundError) as ei:
         paths.resolve_prefix(tmp_path)
@@ -266,13 +322,16 @@ def test_state_file_naming_missing_checkpoint(tmp_path):
     assert ei.value.path == str(tmp_path / "checkpoint")
 
 
-@pytest.mark.parametrize("content", [
-    b"this is not a text proto\n",
-    b'model_checkpoint_path: "unterminated\n',
-    b"unknown_field: 3\n",
-    b"model_checkpoint_path: 7\n",
-    b"\xff\xfe\x00garbage",
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"this is not a text proto\n",
+        b'model_checkpoint_path: "unterminated\n',
+        b"unknown_field: 3\n",
+        b"model_checkpoint_path: 7\n",
+        b"\xff\xfe\x00garbage",
+    ],
+)
 def test_garbage_state_file(tmp_path, content):
     make_ckpt(tmp_path / "model.ckpt-7")
     (tmp_path / "checkpoint").write_bytes(content)

@@ -20,12 +20,12 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from cli_helpers import assert_cli_error, in_process, run_process, user_env  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph  # noqa: E402
 from tfckpt.objectgraph import MAX_ELEMENTS, OBJECT_GRAPH_KEY, PATH_CHARS  # noqa: E402
-
-from cli_helpers import assert_cli_error, in_process, run_process, user_env  # noqa: E402
 
 ADDRESS_SPACE = 2 << 30  # each command-line process runs under this RLIMIT_AS
 TIMEOUT_S = 60
@@ -238,8 +238,12 @@ def test_in_process(hostile, case, tmp_path):
     for argv in (["dump", prefix, "--object-graph"], ["dump", prefix, "--object-graph", "--json"]):
         rc, out, err = in_process(*argv)
         printed = len(out)
-        assert rc == (2 if refused else 0) and printed <= _output_bound(raw), \
-            (argv, rc, printed, err)
+        assert rc == (2 if refused else 0) and printed <= _output_bound(raw), (
+            argv,
+            rc,
+            printed,
+            err,
+        )
         assert rc == 0 or len(err.splitlines()) == 1, err
     problems = tfinspect.verify(prefix)["problems"]
     assert len(problems) == refused, problems
@@ -266,7 +270,7 @@ def test_paths_keep_their_end_when_cut(hostile):
     assert nodes[3]["path"] == "v/.OPTIMIZER_SLOT/v/m/.OPTIMIZER_SLOT/v/.OPTIMIZER_SLOT/v/m/m"
     deep = nodes[61]["path"]  # the end of the path of node 60, then "/m"
     assert len(deep) == PATH_CHARS and deep.startswith("…")
-    assert deep[1:] == (nodes[60]["path"][1:] + "/m")[-(PATH_CHARS - 1):]
+    assert deep[1:] == (nodes[60]["path"][1:] + "/m")[-(PATH_CHARS - 1) :]
 
 
 # ---------------------------------------------------------------- command-line processes
@@ -278,8 +282,12 @@ def _limit_address_space():
 
 def run_limited(*argv) -> tuple[subprocess.CompletedProcess, int]:
     """``python -m tfckpt ARGV`` under RLIMIT_AS and a timeout; stdout is only counted."""
-    proc = run_process(*argv, env=user_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
-                       timeout=TIMEOUT_S, preexec_fn=_limit_address_space)
+    proc = run_process(
+        *argv,
+        env=user_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
+        timeout=TIMEOUT_S,
+        preexec_fn=_limit_address_space,
+    )
     return proc, len(proc.stdout)
 
 
@@ -300,13 +308,17 @@ def test_command_line(hostile, case, tmp_path):
         proc, printed = run_limited(*argv)
         stderr = proc.stderr.decode(errors="replace")
         assert proc.returncode in (0, 1, 2), (argv, proc.returncode, stderr[-2000:])
-        assert "Traceback" not in stderr and "Error:" not in stderr.replace("error:", ""), \
-            (argv, stderr[-2000:])
+        assert "Traceback" not in stderr and "Error:" not in stderr.replace("error:", ""), (
+            argv,
+            stderr[-2000:],
+        )
         assert printed <= _output_bound(raw), (argv, printed)
         if proc.returncode == 2:
             assert_cli_error(proc)
         if case != "too many nodes":
             assert proc.returncode == 0, (argv, stderr)
         else:
-            assert proc.returncode != 0 and f"more than {MAX_ELEMENTS} elements" in stderr, \
-                (argv, stderr)
+            assert proc.returncode != 0 and f"more than {MAX_ELEMENTS} elements" in stderr, (
+                argv,
+                stderr,
+            )

@@ -20,17 +20,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_fuzz import check_case  # the harness: time limit and allocation bound
-from test_hostile_index import (block, copy_prefix, entry_starts, raw_block,
-                                table, with_restarts, with_trailer)
+from test_hostile_index import (
+    block,
+    copy_prefix,
+    entry_starts,
+    raw_block,
+    table,
+    with_restarts,
+    with_trailer,
+)
 
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
-from tfckpt.table import BlockHandle, TableReader, _U32  # noqa: E402
 from tfckpt.engine import shard_tasks  # noqa: E402
+from tfckpt.table import _U32, BlockHandle, TableReader  # noqa: E402
 
 CASES_PER_KIND = 12
 
@@ -44,15 +50,16 @@ def base(tmp_path_factory):
     names = [f"net/block{i % 5}/{'w' * (i % 7 + 1)}{i:02d}" for i in range(40)] + ["text"]
     tensors = [tf.constant(rng.standard_normal(i % 4 + 1).astype(np.float32)) for i in range(40)]
     tensors.append(tf.constant(np.array([b"a", b"bc", b""], dtype=object)))
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=tensors)
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
     index = Path(prefix + ".index").read_bytes()
     entries = TableReader(index).entries
     with tfckpt.open(prefix) as ckpt:
         values = {k: ckpt[k].tolist() for k in ckpt.keys()}
     blocks = []
     for i in range(0, len(entries), 9):
-        chunk = entries[i:i + 9]
+        chunk = entries[i : i + 9]
         sep = entries[i + 9][0][:-1] + b"\xff" if i + 9 < len(entries) else b"\xff"
         blocks.append((max(sep, chunk[-1][0]), block(chunk)))
     return {"prefix": prefix, "entries": entries, "values": values, "blocks": blocks}
@@ -79,6 +86,7 @@ def _handles(blocks) -> list[BlockHandle]:
 
 # --- block references ---------------------------------------------------------------
 
+
 def _reference_lies(rng: random.Random, blocks):
     """(description, index bytes) with the index block's handles rearranged."""
     refs = [(sep, i) for i, (sep, _) in enumerate(blocks)]
@@ -86,8 +94,9 @@ def _reference_lies(rng: random.Random, blocks):
     n = len(refs)
     i = rng.randrange(n)
     j = rng.randrange(n)
-    kind = rng.choice(["duplicate", "duplicate-later", "swap", "overlap", "empty-twice",
-                       "index-itself", "huge"])
+    kind = rng.choice(
+        ["duplicate", "duplicate-later", "swap", "overlap", "empty-twice", "index-itself", "huge"]
+    )
     if kind == "duplicate":
         refs.insert(i + 1, refs[i])
     elif kind == "duplicate-later":
@@ -108,8 +117,13 @@ def _reference_lies(rng: random.Random, blocks):
         total = sum(len(c) + 5 for _, c in blocks) + len(block([])) + 5
         refs.append((b"\xff\xff", BlockHandle(total, rng.randint(1, 64))))
     else:
-        refs.insert(i, (refs[i][0], BlockHandle(rng.choice([1 << 40, (1 << 63) - 1]),
-                                                rng.choice([0, 1 << 30]))))
+        refs.insert(
+            i,
+            (
+                refs[i][0],
+                BlockHandle(rng.choice([1 << 40, (1 << 63) - 1]), rng.choice([0, 1 << 30])),
+            ),
+        )
     return f"{kind} (block {i}, {j})", table(blocks, refs)
 
 
@@ -136,6 +150,7 @@ def test_block_references(base, tmp_path):
 
 
 # --- key sharing ------------------------------------------------------------------------
+
 
 def _chain_block(n: int, step: int, restarts=(0,)) -> bytes:
     items = [(0, b"", b"")] + [(i * step, b"k" * step, b"") for i in range(n)]
@@ -171,13 +186,13 @@ def test_key_sharing(base, tmp_path):
         assert check_case(prefix, f"key sharing: {what}") == "error", what
     # Any restart interval a writer may choose reads the same.
     for n, interval in enumerate((1, 2, 5, 16, 64, 1 << 20)):
-        prefix = _case(base, tmp_path, 10 + n, table([(b"\xff", block(base["entries"],
-                                                                       interval))]))
+        prefix = _case(base, tmp_path, 10 + n, table([(b"\xff", block(base["entries"], interval))]))
         assert check_case(prefix, f"restart interval {interval}") == "ok"
         _reads_as_before(base, prefix)
 
 
 # --- restart arrays ------------------------------------------------------------------
+
 
 def _restart_lies(rng: random.Random, base):
     contents = block(base["entries"], rng.choice([1, 4, 16]))
@@ -185,8 +200,18 @@ def _restart_lies(rng: random.Random, base):
     (count,) = _U32.unpack_from(contents, len(contents) - 4)
     restarts = list(struct.unpack_from(f"<{count}I", contents, len(contents) - 4 - 4 * count))
     limit = len(contents) - 4 - 4 * count
-    kind = rng.choice(["inside", "unsorted", "first-not-0", "past-entries", "huge-count",
-                       "count-beyond-block", "none", "duplicate"])
+    kind = rng.choice(
+        [
+            "inside",
+            "unsorted",
+            "first-not-0",
+            "past-entries",
+            "huge-count",
+            "count-beyond-block",
+            "none",
+            "duplicate",
+        ]
+    )
     if kind == "inside":
         inside = [p for p in range(1, limit) if p not in starts]
         restarts[rng.randrange(len(restarts))] = rng.choice(inside)
@@ -229,15 +254,16 @@ def test_restart_arrays(base, tmp_path):
     starts = entry_starts(contents)
     for n in range(CASES_PER_KIND):
         keep = [0] + sorted(rng.sample(starts[1:], rng.randrange(len(starts) - 1)))
-        prefix = _case(base, tmp_path, 10 + n % 3,
-                       table([(b"\xff", with_restarts(contents, keep))]))
+        prefix = _case(
+            base, tmp_path, 10 + n % 3, table([(b"\xff", with_restarts(contents, keep))])
+        )
         assert check_case(prefix, f"restarts {keep[:6]}...") == "ok"
         _reads_as_before(base, prefix)
 
 
 # --- shard counts in the header --------------------------------------------------------
 
-SHARD_COUNTS = [0, 1, 2, 7, 1 << 20, (1 << 20) + 1, 10 ** 9, -1]
+SHARD_COUNTS = [0, 1, 2, 7, 1 << 20, (1 << 20) + 1, 10**9, -1]
 
 
 def test_header_shard_counts(base, tmp_path):
@@ -254,8 +280,9 @@ def test_header_shard_counts(base, tmp_path):
             prefix = _case(base, tmp_path, n, table([(b"\xff", block(entries))]))
             valid = 1 <= num_shards <= 1 << 20
             if files == "matching" and valid:
-                os.rename(prefix + ".data-00000-of-00001",
-                          f"{prefix}.data-00000-of-{num_shards:05d}")
+                os.rename(
+                    prefix + ".data-00000-of-00001", f"{prefix}.data-00000-of-{num_shards:05d}"
+                )
             what = f"num_shards {num_shards}, files {files}"
             outcome = check_case(prefix, what)
             if not valid or (files == "as written" and num_shards != 1):
@@ -263,6 +290,5 @@ def test_header_shard_counts(base, tmp_path):
                 continue
             assert outcome == "ok", what
             _reads_as_before(base, prefix)
-            tasks = shard_tasks(tfckpt.plan(prefix, tmp_path / f"out{n}" / "model",
-                                            cast="float16"))
+            tasks = shard_tasks(tfckpt.plan(prefix, tmp_path / f"out{n}" / "model", cast="float16"))
             assert len(tasks) == 1, what

@@ -19,8 +19,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import tfckpt  # noqa: E402
 from cli_helpers import assert_terminal_safe, run  # noqa: E402
+
+import tfckpt  # noqa: E402
 from tfckpt import orderedcode  # noqa: E402
 
 SEEDS = range(6)
@@ -34,8 +35,18 @@ def _random_bytes(rng: random.Random, n: int) -> bytes:
 def _name(rng: random.Random) -> bytes:
     kind = rng.randrange(9)
     if kind == 0:  # control characters and terminal escapes among text
-        return rng.choice([b"\x1b[2J", b"\x1b]0;t\x07", b"\x1b]52;c;eA==\x07", b"\n", b"\r",
-                           b"\x7f", b"\xc2\x9b", b"\t"]) + b"w" * rng.randrange(1, 4)
+        return rng.choice(
+            [
+                b"\x1b[2J",
+                b"\x1b]0;t\x07",
+                b"\x1b]52;c;eA==\x07",
+                b"\n",
+                b"\r",
+                b"\x7f",
+                b"\xc2\x9b",
+                b"\t",
+            ]
+        ) + b"w" * rng.randrange(1, 4)
     if kind == 1:  # bidi overrides and isolates, zero-width characters
         return "x\u202e\u2066\u200by".encode() + _random_bytes(rng, rng.randrange(3))
     if kind == 2:  # bytes that are not UTF-8
@@ -81,8 +92,12 @@ def named(request, tmp_path_factory):
             keys.append(name)
             specs.append("")
             tensors.append(values[name])
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=tf.constant(keys), shape_and_slices=specs,
-                      tensors=[tf.constant(t) for t in tensors])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=tf.constant(keys),
+        shape_and_slices=specs,
+        tensors=[tf.constant(t) for t in tensors],
+    )
     return prefix, values
 
 
@@ -103,9 +118,14 @@ def test_names_and_values_equal_tensorflows(named):
 
 def test_every_command_prints_safely(named, tmp_path):
     prefix, values = named
-    commands = [["dump", prefix], ["dump", prefix, "--tensor", "."], ["stats", prefix],
-                ["verify", prefix], ["diff", prefix, prefix],
-                ["convert", prefix, f"{tmp_path}/plan/", "--dtype", "float16", "--dry-run"]]
+    commands = [
+        ["dump", prefix],
+        ["dump", prefix, "--tensor", "."],
+        ["stats", prefix],
+        ["verify", prefix],
+        ["diff", prefix, prefix],
+        ["convert", prefix, f"{tmp_path}/plan/", "--dtype", "float16", "--dry-run"],
+    ]
     for argv in commands:
         proc = run(*argv)
         assert proc.returncode == 0, (argv, proc.stderr)

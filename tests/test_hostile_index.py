@@ -22,20 +22,32 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from cli_helpers import assert_cli_error, run_text  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
-from tfckpt.table import (FOOTER_SIZE, NO_COMPRESSION,  # noqa: E402
-                          BlockHandle, Footer, TableReader, _BlockBuilder, _U32, crc32c,
-                          decode_varint, encode_varint, mask_crc, parse_block)
 from tfckpt.engine import shard_tasks  # noqa: E402
-
-from cli_helpers import assert_cli_error, run_text  # noqa: E402
+from tfckpt.table import (  # noqa: E402
+    _U32,
+    FOOTER_SIZE,
+    NO_COMPRESSION,
+    BlockHandle,
+    Footer,
+    TableReader,
+    _BlockBuilder,
+    crc32c,
+    decode_varint,
+    encode_varint,
+    mask_crc,
+    parse_block,
+)
 
 N_TENSORS = 20  # more than one restart interval: the data block has two restart points
 
 
 # --- building tables block by block ----------------------------------------------
+
 
 def with_trailer(contents: bytes) -> bytes:
     """A block as it lies in the file: contents, compression type, masked CRC32C."""
@@ -77,8 +89,9 @@ def with_restarts(contents: bytes, restarts) -> bytes:
     """The same entries with another restart array."""
     (n,) = _U32.unpack_from(contents, len(contents) - 4)
     limit = len(contents) - 4 - 4 * n
-    return contents[:limit] + struct.pack(f"<{len(restarts)}I", *restarts) + \
-        _U32.pack(len(restarts))
+    return (
+        contents[:limit] + struct.pack(f"<{len(restarts)}I", *restarts) + _U32.pack(len(restarts))
+    )
 
 
 def table(blocks, refs=None, index_items=None) -> bytes:
@@ -113,9 +126,9 @@ def data_blocks(index: bytes) -> list[tuple[bytes, bytes]]:
     """(separator, contents) of every data block of a table file."""
     footer = Footer.decode(index[-FOOTER_SIZE:])
     out = []
-    for sep, h in parse_block(index[footer.index.offset:footer.index.offset + footer.index.size]):
+    for sep, h in parse_block(index[footer.index.offset : footer.index.offset + footer.index.size]):
         handle, _ = BlockHandle.decode(h, 0, len(h))
-        out.append((sep, index[handle.offset:handle.offset + handle.size]))
+        out.append((sep, index[handle.offset : handle.offset + handle.size]))
     return out
 
 
@@ -141,6 +154,7 @@ def tf_refuses(prefix: str) -> bool:
 
 # --- checkpoints written by TensorFlow ---------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tf_bundle(tmp_path_factory) -> str:
     """20 float32 tensors and a string tensor in one shard; one data block of the index."""
@@ -148,8 +162,9 @@ def tf_bundle(tmp_path_factory) -> str:
     names = [f"layer/v{i:02d}" for i in range(N_TENSORS)] + ["words"]
     tensors = [tf.constant(np.arange(3, dtype=np.float32) + i) for i in range(N_TENSORS)]
     tensors.append(tf.constant(np.array([b"alpha", b"", b"gamma"], dtype=object)))
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=tensors)
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
     return prefix
 
 
@@ -160,8 +175,12 @@ def tf_sharded(tf_checkpoints) -> str:
 
 # --- 1. named pipes and directories in place of files -------------------------------
 
-COMMANDS = [("verify",), ("stats",), ("dump", "--tensor", "layer/v03"),
-            ("convert", "{out}", "--dtype", "float16")]
+COMMANDS = [
+    ("verify",),
+    ("stats",),
+    ("dump", "--tensor", "layer/v03"),
+    ("convert", "{out}", "--dtype", "float16"),
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
@@ -182,7 +201,8 @@ def test_named_pipe_in_place_of_a_file(tf_bundle, tmp_path, which, command):
         assert all("not a regular file" in ln for ln in lines), lines
     elif command[0] == "verify":
         assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-            f"{victim}: not a regular file (a named pipe)"], proc.stderr
+            f"{victim}: not a regular file (a named pipe)"
+        ], proc.stderr
     else:
         assert_cli_error(proc, victim, "not a regular file")
     assert not out.parent.exists()
@@ -204,6 +224,7 @@ def test_data_shard_that_is_a_directory(tf_bundle, tmp_path):
 
 
 # --- 2. shard counts: what the header says against the data there is -----------------
+
 
 def _with_header(prefix: str, num_shards: int) -> None:
     entries = TableReader(Path(prefix + ".index").read_bytes()).entries
@@ -228,7 +249,10 @@ def test_header_declaring_more_shards_than_the_data(tf_bundle, tmp_path, num_sha
     assert len(shard_tasks(p)) == 1
     summary = tfckpt.transform(prefix, tmp_path / "out" / "model", cast="float16")
     assert sorted(os.listdir(tmp_path / "out")) == [
-        "checkpoint", "model.data-00000-of-00001", "model.index"]
+        "checkpoint",
+        "model.data-00000-of-00001",
+        "model.index",
+    ]
     reader = tf.train.load_checkpoint(summary.dst)
     assert reader.get_tensor("layer/v07").tolist() == [7, 8, 9]
     assert reader.get_tensor("words").tolist() == [b"alpha", b"", b"gamma"]
@@ -239,12 +263,16 @@ def test_select_writes_only_shards_that_keep_data(tf_sharded, tmp_path):
         assert src.header.num_shards == 2
         in_shard_1 = [n for n in src.keys() if src.info(n).shard == 1]
     assert in_shard_1
-    summary = tfckpt.select(tf_sharded, tmp_path / "out" / "model",
-                            include=[f"^{n}$" for n in in_shard_1])
+    summary = tfckpt.select(
+        tf_sharded, tmp_path / "out" / "model", include=[f"^{n}$" for n in in_shard_1]
+    )
     with tfckpt.open(summary.dst) as out:
         assert out.header.num_shards == 1 and out.keys() == sorted(in_shard_1)
     assert sorted(os.listdir(tmp_path / "out")) == [
-        "checkpoint", "model.data-00000-of-00001", "model.index"]
+        "checkpoint",
+        "model.data-00000-of-00001",
+        "model.index",
+    ]
     reader = tf.train.load_checkpoint(summary.dst)
     with tfckpt.open(tf_sharded) as src:
         for n in in_shard_1:
@@ -265,12 +293,14 @@ def test_missing_source_shard_stops_the_plan(tf_sharded, tmp_path):
 
 # --- 3. amplification: blocks read twice, keys that grow --------------------------------
 
+
 def test_data_block_referenced_twice_or_nested(tf_bundle):
     entries = TableReader(Path(tf_bundle + ".index").read_bytes()).entries
     empty = block([])
     # An empty block referenced twice: no key order to break, so only the reference says it.
-    twice = table([(b"", block(entries[:1])), (b"\xfe", empty)], [(b"", 0), (b"\xfe", 1),
-                                                                  (b"\xff", 1)])
+    twice = table(
+        [(b"", block(entries[:1])), (b"\xfe", empty)], [(b"", 0), (b"\xfe", 1), (b"\xff", 1)]
+    )
     with pytest.raises(tfckpt.CorruptCheckpointError, match="repeats or overlaps") as err:
         TableReader(twice, "twice.index")
     assert err.value.path == "twice.index"
@@ -304,8 +334,12 @@ def test_keys_sharing_ever_longer_prefixes(tf_bundle, tmp_path):
     # TensorFlow's long, prefix-sharing names stay far inside the bound.
     prefix = str(tmp_path / "long" / "model")
     names = [f"{'scope/' * 600}{i:04d}" for i in range(64)]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(float(i)) for i in range(len(names))])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(float(i)) for i in range(len(names))],
+    )
     size = os.path.getsize(prefix + ".index")
     decoded = sum(len(k) for k, _ in TableReader(Path(prefix + ".index").read_bytes()).entries)
     assert decoded > 8 * size  # sharing that real checkpoints do have
@@ -315,8 +349,9 @@ def test_keys_sharing_ever_longer_prefixes(tf_bundle, tmp_path):
 
 # --- 4. restart points: what TensorFlow can open -------------------------------------
 
+
 def _restart_variant(index: bytes, kind: str) -> bytes:
-    (sep, contents), = data_blocks(index)
+    ((sep, contents),) = data_blocks(index)
     starts = entry_starts(contents)
     if kind == "inside an entry":
         return table([(sep, with_restarts(contents, [0, starts[16] + 1]))])
@@ -327,8 +362,16 @@ def _restart_variant(index: bytes, kind: str) -> bytes:
     if kind == "missing one (interval 1)":  # still every restart an entry start: fine
         entries = TableReader(index).entries
         contents = block(entries, 1)
-        return table([(sep, with_restarts(contents, entry_starts(contents)[:5] +
-                                          entry_starts(contents)[6:]))])
+        return table(
+            [
+                (
+                    sep,
+                    with_restarts(
+                        contents, entry_starts(contents)[:5] + entry_starts(contents)[6:]
+                    ),
+                )
+            ]
+        )
     raise AssertionError(kind)
 
 
@@ -345,6 +388,7 @@ def test_restart_points_tensorflow_cannot_use(tf_bundle, tmp_path, kind):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [str(err.value)]
     from tfckpt.tf import verify_with_tf
+
     with pytest.raises(tfckpt.CorruptCheckpointError):  # no TensorFlow error escapes
         verify_with_tf(prefix)
 
@@ -357,7 +401,7 @@ def test_restart_points_tensorflow_can_use(tf_bundle, tmp_path):
     with tfckpt.open(prefix) as ckpt:
         want = {k: ckpt[k] for k in ckpt.keys()}
     entries = TableReader(original).entries
-    (sep, contents), = data_blocks(original)
+    ((sep, contents),) = data_blocks(original)
     # The crafting helpers give back TensorFlow's file byte for byte.
     assert _U32.unpack_from(contents, len(contents) - 4)[0] == 2  # two restart points
     assert table([(sep, contents)]) == table([(sep, block(entries))]) == original
@@ -367,8 +411,9 @@ def test_restart_points_tensorflow_can_use(tf_bundle, tmp_path):
         index.write_bytes(data)
         assert not tf_refuses(prefix), what
         with tfckpt.open(prefix) as ckpt:
-            assert {k: ckpt[k].tolist() for k in ckpt.keys()} == \
-                {k: v.tolist() for k, v in want.items()}, what
+            assert {k: ckpt[k].tolist() for k in ckpt.keys()} == {
+                k: v.tolist() for k, v in want.items()
+            }, what
         assert tfinspect.verify(prefix)["problems"] == [], what
     # What TensorFlow refuses, tfckpt refuses too (the other direction).
     index.write_bytes(_restart_variant(original, "inside an entry"))
@@ -381,6 +426,7 @@ def test_verify_tf_reports_a_checkpoint_tensorflow_cannot_open(tf_bundle, tmp_pa
     prefix = copy_prefix(tf_bundle, tmp_path / "c")
     os.mkdir(prefix)
     from tfckpt.tf import verify_with_tf
+
     report = verify_with_tf(prefix)
     assert len(report["mismatches"]) == 1
     assert report["mismatches"][0].startswith(f"{prefix}: TensorFlow cannot open it: ")

@@ -17,12 +17,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
 
 import tfckpt
 import tfckpt.cli
 import tfckpt.inspection as tfi
-
-from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
 
 COMMANDS = ["dump", "diff", "stats", "verify", "convert", "rename", "select", "merge"]
 
@@ -59,8 +58,14 @@ def planted(tmp_path_factory):
     moved_nan = dict(base, **{"common/w": np.array([1.0, 2.0, np.nan, -np.inf, 0.0], np.float32)})
     big = {"big": np.arange(2500, dtype=np.float32) / 7, "step": np.array(1, np.int64)}
     out = {}
-    for name, tensors in [("a", a), ("b", b), ("same_nan", same_nan), ("moved_nan", moved_nan),
-                          ("big", big), ("base", base)]:
+    for name, tensors in [
+        ("a", a),
+        ("b", b),
+        ("same_nan", same_nan),
+        ("moved_nan", moved_nan),
+        ("big", big),
+        ("base", base),
+    ]:
         out[name] = tfckpt.save(tensors, str(d / name / "model.ckpt"))
     out["dir"] = d
     return out
@@ -89,36 +94,58 @@ sys.exit(code)
 
 
 def run_without_tf(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _BLOCK_TF, *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=cwd, env=user_env())
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCK_TF, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=user_env(),
+    )
 
 
 def test_tensorflow_really_is_blocked():
-    proc = subprocess.run([sys.executable, "-c", _BLOCK_TF.replace(
-        "import tfckpt.cli", "import tensorflow"), "dump", "x"], capture_output=True, text=True,
-        timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _BLOCK_TF.replace("import tfckpt.cli", "import tensorflow"),
+            "dump",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "blocked by the test" in proc.stderr
 
 
-@pytest.mark.parametrize("argv,rc,expect", [
-    (["dump", "{keras}"], 0, "tensors     24"),
-    (["dump", "--json", "{keras}"], 0, '"tensor_count": 24'),
-    (["dump", "--object-graph", "{keras}"], 0, "object graph of "),
-    (["dump", "--object-graph", "--json", "{keras}"], 0, '"nodes"'),
-    (["dump", "{slices}", "--tensor", "^emb$", "--full"], 0, "emb (float32 [10,4])"),
-    (["diff", "{keras}", "{keras_first}"], 1, "with different values"),
-    (["diff", "{keras}", "{keras}"], 0, "same"),
-    (["stats", "{keras}"], 0, "MEAN"),
-    (["stats", "--json", "{dtypes}"], 0, '"cast"'),
-    (["verify", "{keras}"], 0, "ok: "),
-    (["verify", "{slices}"], 0, "ok: "),
-    (["convert", "{keras}", "{out}/fp16/", "--dtype", "float16"], 0, ""),
-])
+@pytest.mark.parametrize(
+    "argv,rc,expect",
+    [
+        (["dump", "{keras}"], 0, "tensors     24"),
+        (["dump", "--json", "{keras}"], 0, '"tensor_count": 24'),
+        (["dump", "--object-graph", "{keras}"], 0, "object graph of "),
+        (["dump", "--object-graph", "--json", "{keras}"], 0, '"nodes"'),
+        (["dump", "{slices}", "--tensor", "^emb$", "--full"], 0, "emb (float32 [10,4])"),
+        (["diff", "{keras}", "{keras_first}"], 1, "with different values"),
+        (["diff", "{keras}", "{keras}"], 0, "same"),
+        (["stats", "{keras}"], 0, "MEAN"),
+        (["stats", "--json", "{dtypes}"], 0, '"cast"'),
+        (["verify", "{keras}"], 0, "ok: "),
+        (["verify", "{slices}"], 0, "ok: "),
+        (["convert", "{keras}", "{out}/fp16/", "--dtype", "float16"], 0, ""),
+    ],
+)
 def test_commands_work_without_tensorflow(tf_checkpoints, tmp_path, argv, rc, expect):
     keras = tf_checkpoints("keras_manager")
-    paths = {"keras": keras.path, "keras_first": keras.extra["first"], "out": tmp_path,
-             "slices": tf_checkpoints("savev2_slices").path,
-             "dtypes": tf_checkpoints("all_dtypes").path}
+    paths = {
+        "keras": keras.path,
+        "keras_first": keras.extra["first"],
+        "out": tmp_path,
+        "slices": tf_checkpoints("savev2_slices").path,
+        "dtypes": tf_checkpoints("all_dtypes").path,
+    }
     proc = run_without_tf(*[a.format(**paths) for a in argv])
     assert proc.returncode == rc, proc.stderr
     assert expect in proc.stdout
@@ -149,35 +176,43 @@ def damaged(tmp_path):
         offset = ckpt.info("a").offset
     flip_byte(bad_data + ".data-00000-of-00001", offset + 9)
     good = tfckpt.save(values, str(tmp_path / "good" / "m"))
-    return {"bad_index": bad_index, "bad_data": bad_data, "good": good,
-            "shard": bad_data + ".data-00000-of-00001", "missing": str(tmp_path / "nope" / "m"),
-            "out": str(tmp_path / "out" / "m")}
+    return {
+        "bad_index": bad_index,
+        "bad_data": bad_data,
+        "good": good,
+        "shard": bad_data + ".data-00000-of-00001",
+        "missing": str(tmp_path / "nope" / "m"),
+        "out": str(tmp_path / "out" / "m"),
+    }
 
 
-@pytest.mark.parametrize("argv,names", [
-    (["dump", "{missing}"], ["{missing}"]),
-    (["dump", "{missing}", "--json"], ["{missing}"]),
-    (["dump", "{missing}", "--object-graph"], ["{missing}"]),
-    (["diff", "{missing}", "{good}"], ["{missing}"]),
-    (["diff", "{good}", "{missing}"], ["{missing}"]),
-    (["stats", "{missing}"], ["{missing}"]),
-    (["convert", "{missing}", "{out}", "--dtype", "float16"], ["{missing}"]),
-    (["rename", "{missing}", "{out}", "--map", "a=b"], ["{missing}"]),
-    (["select", "{missing}", "{out}", "--include", "a"], ["{missing}"]),
-    (["merge", "{good}", "{missing}", "-o", "{out}"], ["{missing}"]),
-    (["dump", "{bad_index}"], ["{bad_index}.index", "checksum"]),
-    (["dump", "{bad_index}", "--json"], ["{bad_index}.index"]),
-    (["diff", "{good}", "{bad_index}"], ["{bad_index}.index"]),
-    (["stats", "{bad_index}"], ["{bad_index}.index"]),
-    (["stats", "{bad_data}"], ["{shard}", "'a'", "checksum"]),
-    (["diff", "{bad_data}", "{good}"], ["{shard}", "'a'", "checksum"]),
-    (["dump", "{bad_data}", "--tensor", "^a$"], ["{shard}", "'a'", "checksum"]),
-    (["convert", "{bad_data}", "{out}", "--dtype", "float16"], ["{shard}", "'a'"]),
-    (["dump", "{good}", "--tensor", "no_such_tensor"], ["{good}", "no_such_tensor"]),
-    (["dump", "{good}", "--filter", "("], ["regular expression"]),
-    (["diff", "{good}", "{good}", "--filter", "[z"], ["regular expression"]),
-    (["stats", "{good}", "--filter", "*"], ["regular expression"]),
-])
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (["dump", "{missing}"], ["{missing}"]),
+        (["dump", "{missing}", "--json"], ["{missing}"]),
+        (["dump", "{missing}", "--object-graph"], ["{missing}"]),
+        (["diff", "{missing}", "{good}"], ["{missing}"]),
+        (["diff", "{good}", "{missing}"], ["{missing}"]),
+        (["stats", "{missing}"], ["{missing}"]),
+        (["convert", "{missing}", "{out}", "--dtype", "float16"], ["{missing}"]),
+        (["rename", "{missing}", "{out}", "--map", "a=b"], ["{missing}"]),
+        (["select", "{missing}", "{out}", "--include", "a"], ["{missing}"]),
+        (["merge", "{good}", "{missing}", "-o", "{out}"], ["{missing}"]),
+        (["dump", "{bad_index}"], ["{bad_index}.index", "checksum"]),
+        (["dump", "{bad_index}", "--json"], ["{bad_index}.index"]),
+        (["diff", "{good}", "{bad_index}"], ["{bad_index}.index"]),
+        (["stats", "{bad_index}"], ["{bad_index}.index"]),
+        (["stats", "{bad_data}"], ["{shard}", "'a'", "checksum"]),
+        (["diff", "{bad_data}", "{good}"], ["{shard}", "'a'", "checksum"]),
+        (["dump", "{bad_data}", "--tensor", "^a$"], ["{shard}", "'a'", "checksum"]),
+        (["convert", "{bad_data}", "{out}", "--dtype", "float16"], ["{shard}", "'a'"]),
+        (["dump", "{good}", "--tensor", "no_such_tensor"], ["{good}", "no_such_tensor"]),
+        (["dump", "{good}", "--filter", "("], ["regular expression"]),
+        (["diff", "{good}", "{good}", "--filter", "[z"], ["regular expression"]),
+        (["stats", "{good}", "--filter", "*"], ["regular expression"]),
+    ],
+)
 def test_errors_are_one_line(damaged, argv, names):
     proc = run_text(*[a.format(**damaged) for a in argv])
     assert_cli_error(proc, *[n.format(**damaged) for n in names])
@@ -198,12 +233,15 @@ def test_verify_problems_are_one_line_each(damaged):
         assert len(lines) == 1 and text in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("argv", [
-    ["dump", "{missing}"],
-    ["stats", "{bad_data}"],
-    ["diff", "{good}", "{bad_index}"],
-    ["dump", "{good}", "--tensor", "zzz"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dump", "{missing}"],
+        ["stats", "{bad_data}"],
+        ["diff", "{good}", "{bad_index}"],
+        ["dump", "{good}", "--tensor", "zzz"],
+    ],
+)
 def test_debug_shows_traceback(damaged, argv):
     proc = run_text("--debug", *[a.format(**damaged) for a in argv])
     assert proc.returncode == 2
@@ -229,15 +267,17 @@ def test_diff_names_only_in_a_and_b(planted):
     lines = proc.stdout.splitlines()
     assert "- only_a/x  (only in A)" in lines and "- only_a/y  (only in A)" in lines
     assert "+ only_b/z  (only in B)" in lines
-    assert lines[-1] == ("different: 2 only in A, 1 only in B, 0 changed dtype/shape, "
-                         "0 with different values")
+    assert lines[-1] == (
+        "different: 2 only in A, 1 only in B, 0 changed dtype/shape, 0 with different values"
+    )
     data = json.loads(run_text("diff", planted["a"], planted["b"], "--json").stdout)
     assert data["only_in_a"] == ["only_a/x", "only_a/y"] and data["only_in_b"] == ["only_b/z"]
     assert data["changed"] == [] and data["values"] == [] and data["same"] is False
     assert (data["a"], data["b"]) == (planted["a"], planted["b"])
     # --filter narrows both sides.
-    data = json.loads(run_text("diff", planted["a"], planted["b"], "--json", "--filter",
-                          "^common/").stdout)
+    data = json.loads(
+        run_text("diff", planted["a"], planted["b"], "--json", "--filter", "^common/").stdout
+    )
     assert data["same"] is True and data["only_in_a"] == data["only_in_b"] == []
 
 
@@ -265,8 +305,15 @@ def test_diff_values_and_names_only_with_dtype_change(planted, tmp_path):
     a = np.arange(2500, dtype=np.float32) / 7
     err = np.abs(a.astype(np.float64) - a.astype(np.float16).astype(np.float64))
     data = json.loads(run_text("diff", src, dst, "--json").stdout)
-    assert data["changed"] == [{"name": "big", "dtype_a": "float32", "dtype_b": "float16",
-                                "shape_a": [2500], "shape_b": [2500]}]
+    assert data["changed"] == [
+        {
+            "name": "big",
+            "dtype_a": "float32",
+            "dtype_b": "float16",
+            "shape_a": [2500],
+            "shape_b": [2500],
+        }
+    ]
     (v,) = data["values"]
     assert (v["name"], v["elements"], v["differing"]) == ("big", 2500, int((err > 0).sum()))
     assert v["max_abs"] == err.max()
@@ -307,8 +354,12 @@ def test_dump_tensor_by_regex_and_repeated(planted):
 
 
 def test_dump_table_width(tmp_path):
-    names = {f"encoder/block_{i}/attention/multi_head/query_projection/kernel/ExponentialMovingAverage":
-             np.zeros((i + 1, 3), np.float32) for i in range(3)}
+    names = {
+        f"encoder/block_{i}/attention/multi_head/query_projection/kernel/ExponentialMovingAverage": np.zeros(
+            (i + 1, 3), np.float32
+        )
+        for i in range(3)
+    }
     names["step"] = np.array(1, np.int64)
     prefix = tfckpt.save(names, str(tmp_path / "m"))
     narrow = run_text("dump", "m", cwd=tmp_path, env=user_env(COLUMNS="80"))
@@ -350,22 +401,39 @@ def test_stats_text_and_json_agree(planted):
     assert rows["common/w"][1:] == ["float32", "-inf", "3", "1.333", "1.247", "1", "1", "20.0%"]
     assert rows["common/words"][1:] == ["string"] + ["-"] * 7
     assert rows["only_a/y"][1:] == ["int32", "1", "1", "1", "0", "0", "0", "0.0%"]
-    assert ("every floating-point tensor casts to float16 and bfloat16 without overflow, flush "
-            "to zero or subnormals") in proc.stdout
+    assert (
+        "every floating-point tensor casts to float16 and bfloat16 without overflow, flush "
+        "to zero or subnormals"
+    ) in proc.stdout
     data = json.loads(run_text("stats", planted["a"], "--json", "--filter", "^common/w$").stdout)
     assert data["tensors"][0]["min"] == "-Infinity"  # strict JSON
     data["tensors"][0]["min"] = float("-inf")
     (rec,) = data["tensors"]
     finite = np.array([1.0, 3.0, 0.0])
     assert rec["mean"] == finite.mean() and rec["std"] == pytest.approx(finite.std(), rel=1e-15)
-    assert (rec["nan"], rec["inf"], rec["zeros"], rec["min"], rec["max"]) == (1, 1, 0.2, -np.inf, 3.0)
-    assert rec["cast"] == {t: {"overflow": 0, "to_zero": 0, "subnormal": 0}
-                           for t in ("float16", "bfloat16")}
+    assert (rec["nan"], rec["inf"], rec["zeros"], rec["min"], rec["max"]) == (
+        1,
+        1,
+        0.2,
+        -np.inf,
+        3.0,
+    )
+    assert rec["cast"] == {
+        t: {"overflow": 0, "to_zero": 0, "subnormal": 0} for t in ("float16", "bfloat16")
+    }
 
 
 def test_stats_planted_cast_counts_with_tfckpt_save(tmp_path):
-    x = np.concatenate([np.full(3, 1e5), np.full(2, -7e4), np.full(4, 1e-9), np.full(5, 1e-6),
-                        np.full(6, 0.5), [np.nan, np.inf]]).astype(np.float32)
+    x = np.concatenate(
+        [
+            np.full(3, 1e5),
+            np.full(2, -7e4),
+            np.full(4, 1e-9),
+            np.full(5, 1e-6),
+            np.full(6, 0.5),
+            [np.nan, np.inf],
+        ]
+    ).astype(np.float32)
     bf = np.array([1e10, 1e-10, 3.0, -2e9], dtype=np.float32).astype(ml_dtypes.bfloat16)
     prefix = tfckpt.save({"x": x, "bf": bf}, str(tmp_path / "m"))
     with tfckpt.open(prefix) as ckpt:
@@ -393,11 +461,20 @@ def test_stats_prints_no_numpy_warnings(tf_checkpoints):
 def test_verify_ok_line_and_json(planted):
     proc = run_text("verify", planted["a"])
     assert proc.returncode == 0 and proc.stderr == ""
-    assert re.fullmatch(rf"ok: {re.escape(planted['a'])}: 5 tensors, \d+ B, every checksum, "
-                        r"shard, slice and object-graph key checked\n", proc.stdout), proc.stdout
+    assert re.fullmatch(
+        rf"ok: {re.escape(planted['a'])}: 5 tensors, \d+ B, every checksum, "
+        r"shard, slice and object-graph key checked\n",
+        proc.stdout,
+    ), proc.stdout
     data = json.loads(run_text("verify", planted["a"], "--json").stdout)
-    assert data == {"prefix": planted["a"], "tensors": 5, "bytes": data["bytes"], "problems": [],
-                    "warnings": [], "partial": []}
+    assert data == {
+        "prefix": planted["a"],
+        "tensors": 5,
+        "bytes": data["bytes"],
+        "problems": [],
+        "warnings": [],
+        "partial": [],
+    }
 
 
 def test_verify_reports_every_problem_once(tmp_path):
@@ -416,8 +493,11 @@ def test_verify_reports_every_problem_once(tmp_path):
 
 
 def test_verify_extra_shard_file_and_missing_shard(tmp_path):
-    prefix = tfckpt.save({"a": np.arange(100, dtype=np.float32), "b": np.ones(100, np.float64)},
-                         str(tmp_path / "m"), max_shard_bytes=500)
+    prefix = tfckpt.save(
+        {"a": np.arange(100, dtype=np.float32), "b": np.ones(100, np.float64)},
+        str(tmp_path / "m"),
+        max_shard_bytes=500,
+    )
     with tfckpt.open(prefix) as ckpt:
         assert ckpt.header.num_shards == 2
         in_1 = [n for n in ckpt if ckpt.info(n).shard == 1]

@@ -22,16 +22,18 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+import tf_checkpoints as W  # noqa: E402  (conftest puts tests/ on sys.path)
+from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
+
 import tfckpt  # noqa: E402
 import tfckpt.cli  # noqa: E402
 import tfckpt.inspection as tfi  # noqa: E402
-import tf_checkpoints as W  # noqa: E402  (conftest puts tests/ on sys.path)
-
-from cli_helpers import assert_cli_error, in_process, run_text, user_env  # noqa: E402
 
 # TensorFlow's C++ logging that ignores TF_CPP_MIN_LOG_LEVEL (absl, before init).
-_TF_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IWE]\d{4} |To enable the following "
-                       r"instructions)")
+_TF_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl|[IWE]\d{4} |To enable the following "
+    r"instructions)"
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -93,15 +95,28 @@ def as_f64(a: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- dump --json vs TensorFlow
 
-DUMP_CASES = ["tf1_saver", "tf1_sharded", "tf1_partitioned", "savev2_slices", "all_dtypes",
-              "keras_manager", "max_shard_policy", "saved_model", "tf1_state_absolute"]
+DUMP_CASES = [
+    "tf1_saver",
+    "tf1_sharded",
+    "tf1_partitioned",
+    "savev2_slices",
+    "all_dtypes",
+    "keras_manager",
+    "max_shard_policy",
+    "saved_model",
+    "tf1_state_absolute",
+]
 
 
 def _cover_count(shape, slices) -> np.ndarray:
     count = np.zeros(shape, dtype=np.int64)
     for s in slices:
-        count[tuple(slice(None) if length is None else slice(start, start + length)
-                    for start, length in s)] += 1
+        count[
+            tuple(
+                slice(None) if length is None else slice(start, start + length)
+                for start, length in s
+            )
+        ] += 1
     return count
 
 
@@ -174,7 +189,9 @@ def test_dump_json_slices_are_the_ones_tensorflow_wrote(tf_checkpoints):
 def test_dump_json_filter(tf_checkpoints):
     case = tf_checkpoints("keras_manager")
     data = run_json("dump", case.path, "--json", "--filter", "^optimizer/_trainable")
-    want = [n for n, _ in tf.train.list_variables(case.prefix) if n.startswith("optimizer/_trainable")]
+    want = [
+        n for n, _ in tf.train.list_variables(case.prefix) if n.startswith("optimizer/_trainable")
+    ]
     assert [t["name"] for t in data["tensors"]] == want and len(want) == 6
     assert data["total_bytes"] == sum(t["bytes"] for t in data["tensors"])
     assert [s["scope"] for s in data["scopes"]] == ["optimizer"]
@@ -185,6 +202,7 @@ def test_dump_json_filter(tf_checkpoints):
 
 def _tf_object_graph(prefix: str):
     from tensorflow.core.protobuf import trackable_object_graph_pb2
+
     raw = tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
     return trackable_object_graph_pb2.TrackableObjectGraph.FromString(raw)
 
@@ -237,25 +255,31 @@ def test_object_graph_json_equals_tensorflow_proto(tf_checkpoints):
     shapes = tf.train.load_checkpoint(case.prefix).get_variable_to_shape_map()
     for n, p in zip(nodes, proto.nodes):
         assert n["children"] == [{"name": c.local_name, "node_id": c.node_id} for c in p.children]
-        assert [(a["name"], a["checkpoint_key"]) for a in n["attributes"]] == \
-            [(a.name, a.checkpoint_key) for a in p.attributes]
+        assert [(a["name"], a["checkpoint_key"]) for a in n["attributes"]] == [
+            (a.name, a.checkpoint_key) for a in p.attributes
+        ]
         for a in n["attributes"]:
             assert a["dtype"] == dtypes[a["checkpoint_key"]].name
             assert a["shape"] == shapes[a["checkpoint_key"]]
-        assert [(s["original_variable_node_id"], s["slot_name"], s["slot_variable_node_id"])
-                for s in n["slot_variables"]] == \
-            [(s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
-             for s in p.slot_variables]
+        assert [
+            (s["original_variable_node_id"], s["slot_name"], s["slot_variable_node_id"])
+            for s in n["slot_variables"]
+        ] == [
+            (s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
+            for s in p.slot_variables
+        ]
     # Paths: the first breadth-first path, which is also how TensorFlow built the keys.
     assert nodes[0]["path"] == ""
     assert all(n["path"] is not None for n in nodes)
     for n in nodes:
         for a in n["attributes"]:
             assert a["checkpoint_key"] == f"{n['path']}/.ATTRIBUTES/{a['name']}", n
-    kernel = next(n for n in nodes if any(a["checkpoint_key"] == _kernel_key(case)
-                                          for a in n["attributes"]))
-    parents = [(n["path"], c["name"]) for n in nodes for c in n["children"]
-               if c["node_id"] == kernel["id"]]
+    kernel = next(
+        n for n in nodes if any(a["checkpoint_key"] == _kernel_key(case) for a in n["attributes"])
+    )
+    parents = [
+        (n["path"], c["name"]) for n in nodes for c in n["children"] if c["node_id"] == kernel["id"]
+    ]
     assert any(path.startswith("model/") for path, _ in parents), parents
 
 
@@ -281,23 +305,28 @@ def _same_floats(got: np.ndarray, want: np.ndarray) -> None:
     assert np.array_equal(got[~nan].view(bits), want[~nan].view(bits))  # -0.0 keeps its sign
 
 
-@pytest.mark.parametrize("case_name,name,dtype", [
-    ("tf1_saver", "encoder/layer_0/kernel", np.float32),
-    ("tf1_saver", "embedding/table", np.float16),
-    ("tf1_saver", "encoder/layer_1/attention/w", np.float64),
-    ("all_dtypes", "float16", np.float16),
-    ("all_dtypes", "float32", np.float32),
-    ("all_dtypes", "float64", np.float64),
-    ("all_dtypes", "bfloat16", ml_dtypes.bfloat16),
-    ("all_dtypes", "float8_e4m3fn", ml_dtypes.float8_e4m3fn),
-    ("savev2_slices", "grid", np.float64),
-])
+@pytest.mark.parametrize(
+    "case_name,name,dtype",
+    [
+        ("tf1_saver", "encoder/layer_0/kernel", np.float32),
+        ("tf1_saver", "embedding/table", np.float16),
+        ("tf1_saver", "encoder/layer_1/attention/w", np.float64),
+        ("all_dtypes", "float16", np.float16),
+        ("all_dtypes", "float32", np.float32),
+        ("all_dtypes", "float64", np.float64),
+        ("all_dtypes", "bfloat16", ml_dtypes.bfloat16),
+        ("all_dtypes", "float8_e4m3fn", ml_dtypes.float8_e4m3fn),
+        ("savev2_slices", "grid", np.float64),
+    ],
+)
 def test_dump_tensor_full_floats_parse_back_exactly(tf_checkpoints, case_name, name, dtype):
     case = tf_checkpoints(case_name)
     want = W.tf_tensor(tf.train.load_checkpoint(case.prefix), name)
     rc, out, err = in_process("dump", case.path, "--tensor", f"^{re.escape(name)}$", "--full")
     assert rc == 0, err
-    assert out.splitlines()[0] == f"{name} ({np.dtype(dtype).name} [{','.join(map(str, want.shape))}])"
+    assert (
+        out.splitlines()[0] == f"{name} ({np.dtype(dtype).name} [{','.join(map(str, want.shape))}])"
+    )
     tokens = _numbers(out)
     assert "..." not in tokens
     got = np.array([float(t) for t in tokens], dtype=np.float64).astype(dtype).reshape(want.shape)
@@ -339,17 +368,24 @@ def test_dump_tensor_strings_full_and_shortened(tf_checkpoints):
 
 def test_dump_tensor_scalars(tf_checkpoints):
     case = tf_checkpoints("all_dtypes")
-    rc, out, _ = in_process("dump", case.path, "--tensor", "^scalar_int64$",
-                     "--tensor", "^scalar_float32$")
+    rc, out, _ = in_process(
+        "dump", case.path, "--tensor", "^scalar_int64$", "--tensor", "^scalar_float32$"
+    )
     assert rc == 0
-    assert out.splitlines() == ["scalar_int64 (int64 [])", str(-(2**62) - 5),
-                                "scalar_float32 (float32 [])", "-0.0"]
+    assert out.splitlines() == [
+        "scalar_int64 (int64 [])",
+        str(-(2**62) - 5),
+        "scalar_float32 (float32 [])",
+        "-0.0",
+    ]
     # A long string scalar (the serialized object graph) is shortened too, unless --full.
     keras = tf_checkpoints("keras_manager")
     raw = tf.train.load_checkpoint(keras.prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
     rc, out, _ = in_process("dump", keras.path, "--tensor", "_CHECKPOINTABLE_OBJECT_GRAPH")
     assert rc == 0 and f"...({len(raw)} bytes)" in out and len(out) < 300
-    rc, out, _ = in_process("dump", keras.path, "--tensor", "_CHECKPOINTABLE_OBJECT_GRAPH", "--full")
+    rc, out, _ = in_process(
+        "dump", keras.path, "--tensor", "_CHECKPOINTABLE_OBJECT_GRAPH", "--full"
+    )
     assert rc == 0 and ast.literal_eval(out.splitlines()[1]) == raw
 
 
@@ -363,8 +399,10 @@ def test_dump_tensor_partitioned_value_equals_tensorflow(tf_checkpoints):
 
 # ---------------------------------------------------------------- table width
 
-@pytest.mark.parametrize("case_name", ["keras_manager", "all_dtypes", "savev2_slices",
-                                       "max_shard_policy", "tf1_saver"])
+
+@pytest.mark.parametrize(
+    "case_name", ["keras_manager", "all_dtypes", "savev2_slices", "max_shard_policy", "tf1_saver"]
+)
 def test_dump_table_fits_80_columns_and_is_whole_when_piped(tf_checkpoints, case_name):
     case = tf_checkpoints(case_name)
     # Run from the checkpoint's directory so the printed prefix is short.
@@ -377,8 +415,11 @@ def test_dump_table_fits_80_columns_and_is_whole_when_piped(tf_checkpoints, case
     piped = run_text("dump", rel, cwd=cwd)
     assert piped.returncode == 0
     names = [n for n, _ in tf.train.list_variables(case.prefix)]
-    table_names = [line.split("  ")[0] for line in piped.stdout.split("NAME", 1)[1].splitlines()[1:]
-                   if line and not line.startswith("SCOPE")]
+    table_names = [
+        line.split("  ")[0]
+        for line in piped.stdout.split("NAME", 1)[1].splitlines()[1:]
+        if line and not line.startswith("SCOPE")
+    ]
     printable = [n for n in names if n.isprintable()]
     for n in printable:
         assert n in table_names, n  # nothing shortened without a width
@@ -388,6 +429,7 @@ def test_dump_table_fits_80_columns_and_is_whole_when_piped(tf_checkpoints, case
 
 
 # ---------------------------------------------------------------- diff
+
 
 @pytest.fixture(scope="module")
 def fp32_planted(tmp_path_factory):
@@ -424,8 +466,12 @@ def _expected_float16_diff(a: np.ndarray) -> dict:
     with np.errstate(invalid="ignore"):
         d = np.where(same, 0.0, np.abs(wa - wb))
     rel = np.divide(d, np.abs(wb), out=np.zeros_like(d), where=np.abs(wb) > 0)
-    return {"elements": a.size, "differing": int((~same).sum()), "max_abs": float(d.max()),
-            "max_rel": float(rel.max())}
+    return {
+        "elements": a.size,
+        "differing": int((~same).sum()),
+        "max_abs": float(d.max()),
+        "max_rel": float(rel.max()),
+    }
 
 
 def test_diff_float32_vs_float16_conversion(fp32_planted):
@@ -456,30 +502,40 @@ def test_diff_float32_vs_float16_conversion(fp32_planted):
     assert "~ dense/bias  float64 [20,30] -> float16 [20,30]" in text.stdout
     row = next(line for line in text.stdout.splitlines() if line.startswith("dense/kernel "))
     assert row.split()[1:3] == [str(values["dense/kernel"]["differing"]), "3000"]
-    assert text.stdout.strip().splitlines()[-1] == \
-        "different: 0 only in A, 0 only in B, 4 changed dtype/shape, 3 with different values"
+    assert (
+        text.stdout.strip().splitlines()[-1]
+        == "different: 0 only in A, 0 only in B, 4 changed dtype/shape, 3 with different values"
+    )
 
 
 def test_diff_tolerances_leave_only_dtype_changes(fp32_planted):
     src, dst, arrays = fp32_planted
-    worst = max(_expected_float16_diff(arrays[n])["max_abs"] for n in ["dense/kernel", "dense/bias",
-                                                                       "small"])
+    worst = max(
+        _expected_float16_diff(arrays[n])["max_abs"]
+        for n in ["dense/kernel", "dense/bias", "small"]
+    )
     data = run_json("diff", src, dst, "--json", "--atol", str(worst * 1.01))
     assert data["values"] == [] and len(data["changed"]) == 4 and data["same"] is False
     just_under = run_json("diff", src, dst, "--json", "--atol", str(worst * 0.99))
     assert len(just_under["values"]) == 1 and just_under["values"][0]["differing"] >= 1
     # float16 rounding is within 2**-11 relative for normal values.
-    data = run_json("diff", src, dst, "--json", "--rtol", str(2.0 ** -11), "--filter", "dense/")
-    assert data["values"] == [] and [c["name"] for c in data["changed"]] == ["dense/bias",
-                                                                              "dense/kernel"]
+    data = run_json("diff", src, dst, "--json", "--rtol", str(2.0**-11), "--filter", "dense/")
+    assert data["values"] == [] and [c["name"] for c in data["changed"]] == [
+        "dense/bias",
+        "dense/kernel",
+    ]
     proc = run_text("diff", src, dst, "--atol", "1")
     assert proc.returncode == 1
-    assert proc.stdout.strip().splitlines()[-1].endswith("4 changed dtype/shape, 0 with different "
-                                                         "values")
+    assert (
+        proc.stdout.strip()
+        .splitlines()[-1]
+        .endswith("4 changed dtype/shape, 0 with different values")
+    )
 
 
-def test_diff_chunked_equals_unchunked_with_partitioned_and_cast(fp32_planted, tf_checkpoints,
-                                                                  tmp_path):
+def test_diff_chunked_equals_unchunked_with_partitioned_and_cast(
+    fp32_planted, tf_checkpoints, tmp_path
+):
     src, dst, _ = fp32_planted
     with tfckpt.open(src) as a, tfckpt.open(dst) as b:
         whole = tfi.diff(a, b)
@@ -488,8 +544,10 @@ def test_diff_chunked_equals_unchunked_with_partitioned_and_cast(fp32_planted, t
     # A partitioned TF tensor against the same values stored whole.
     case = tf_checkpoints("savev2_slices")
     full = case.extra["full"]
-    other = tfckpt.save({"emb": full["emb"], "grid": full["grid"] + 1.0, "cols": full["cols"]},
-                        str(tmp_path / "whole"))
+    other = tfckpt.save(
+        {"emb": full["emb"], "grid": full["grid"] + 1.0, "cols": full["cols"]},
+        str(tmp_path / "whole"),
+    )
     with tfckpt.open(case.path) as a, tfckpt.open(other) as b:
         for chunk in (4, 24, 1 << 20):
             assert tfi.compare_values(a, b, "emb", chunk_bytes=chunk)["differing"] == 0
@@ -507,10 +565,13 @@ def test_diff_identical_tf_checkpoints(tf_checkpoints, tmp_path):
     data = run_json("diff", case.extra["first"], case.prefix, "--json")
     assert data["only_in_a"] == data["only_in_b"] == data["changed"] == []
     assert data["values"] and not data["same"]
-    assert run_text("diff", case.extra["first"], case.prefix, "--names-only").stdout.strip() == "same"
+    assert (
+        run_text("diff", case.extra["first"], case.prefix, "--names-only").stdout.strip() == "same"
+    )
 
 
 # ---------------------------------------------------------------- stats
+
 
 @pytest.fixture(scope="module")
 def stats_planted(tmp_path_factory):
@@ -518,17 +579,23 @@ def stats_planted(tmp_path_factory):
     rng = np.random.default_rng(12)
     f32 = rng.standard_normal(2000).astype(np.float32) * 10
     planted = [  # (value, count)
-        (np.nan, 3), (np.inf, 2), (-np.inf, 1), (0.0, 40), (-0.0, 10),
-        (1e5, 3), (-7e4, 1),      # overflow float16 (max 65504)
-        (65519.0, 1),             # rounds down to 65504 in float16: no overflow
-        (1e-9, 4),                # becomes zero in float16
-        (1e-6, 5), (-3e-5, 2),    # subnormal in float16 (smallest normal 6.1e-5)
-        (3.4e38, 1),              # overflows bfloat16 (max 3.39e38) but not float32
-        (1e-39, 2),               # float32 subnormal: bfloat16 subnormal, float16 zero
+        (np.nan, 3),
+        (np.inf, 2),
+        (-np.inf, 1),
+        (0.0, 40),
+        (-0.0, 10),
+        (1e5, 3),
+        (-7e4, 1),  # overflow float16 (max 65504)
+        (65519.0, 1),  # rounds down to 65504 in float16: no overflow
+        (1e-9, 4),  # becomes zero in float16
+        (1e-6, 5),
+        (-3e-5, 2),  # subnormal in float16 (smallest normal 6.1e-5)
+        (3.4e38, 1),  # overflows bfloat16 (max 3.39e38) but not float32
+        (1e-39, 2),  # float32 subnormal: bfloat16 subnormal, float16 zero
     ]
     pos = 0
     for v, n in planted:
-        f32[pos:pos + n] = v
+        f32[pos : pos + n] = v
         pos += n
     rng.shuffle(f32)
     f64 = rng.standard_normal((30, 40)) * 1e3
@@ -560,9 +627,11 @@ def _cast_counts(a: np.ndarray, target) -> dict:
     out = as_f64(tf.cast(tf.constant(a), target).numpy())
     src = as_f64(a)
     tiny = float(ml_dtypes.finfo(target.as_numpy_dtype).smallest_normal)
-    return {"overflow": int((np.isfinite(src) & ~np.isfinite(out)).sum()),
-            "to_zero": int(((out == 0) & (src != 0) & ~np.isnan(src)).sum()),
-            "subnormal": int(((np.abs(out) < tiny) & (np.abs(out) > 0)).sum())}
+    return {
+        "overflow": int((np.isfinite(src) & ~np.isfinite(out)).sum()),
+        "to_zero": int(((out == 0) & (src != 0) & ~np.isnan(src)).sum()),
+        "subnormal": int(((np.abs(out) < tiny) & (np.abs(out) > 0)).sum()),
+    }
 
 
 def _check_stats_record(rec: dict, a: np.ndarray) -> None:
@@ -623,13 +692,22 @@ _NEAR_OVERFLOW_BUG = (
     "but lie below Caster._overflow_at = max*(1+2**-(nmant+1)) (the real threshold is about "
     "max*(1+2**-(nmant+2)): 65520 for float16, 3.3961e38 for bfloat16) when the chunk holds no "
     "NaN/inf; e.g. float32 [65520, 65530, 1] -> float16 overflow 0 (2 expected), and 1-element "
-    "chunks of the planted 3.4e38 give bfloat16 overflow 0 instead of 1")
+    "chunks of the planted 3.4e38 give bfloat16 overflow 0 instead of 1"
+)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # see test_stats_prints_no_numpy_warnings
-@pytest.mark.parametrize("which", [
-    "planted",
-    "savev2_slices", "tf1_partitioned", "max_shard_policy", "all_dtypes", "tf1_sharded"])
+@pytest.mark.parametrize(
+    "which",
+    [
+        "planted",
+        "savev2_slices",
+        "tf1_partitioned",
+        "max_shard_policy",
+        "all_dtypes",
+        "tf1_sharded",
+    ],
+)
 def test_stats_chunked_equals_one_chunk(stats_planted, tf_checkpoints, which):
     path = stats_planted[0] if which == "planted" else tf_checkpoints(which).path
     with tfckpt.open(path) as ckpt:
@@ -647,16 +725,22 @@ def test_stats_chunked_equals_one_chunk(stats_planted, tf_checkpoints, which):
                         scale = float(np.abs(x[np.isfinite(x)]).max())
                         if scale > 1e150:  # squares overflow: test_stats_moments_of_huge_float64
                             continue
-                        assert s[k] == pytest.approx(w[k], rel=1e-9, abs=1e-12 * scale), \
-                            (w["name"], k, chunk)
+                        assert s[k] == pytest.approx(w[k], rel=1e-9, abs=1e-12 * scale), (
+                            w["name"],
+                            k,
+                            chunk,
+                        )
                     else:
                         assert s[k] == w[k], (w["name"], k, chunk)
 
 
-@pytest.mark.parametrize("values,target,want", [
-    ([65520.0, 65530.0, 1.0], "float16", 2),
-    ([3.4e38, 1.0], "bfloat16", 1),
-])
+@pytest.mark.parametrize(
+    "values,target,want",
+    [
+        ([65520.0, 65530.0, 1.0], "float16", 2),
+        ([3.4e38, 1.0], "bfloat16", 1),
+    ],
+)
 def test_stats_counts_overflow_just_past_the_rounding_edge(tmp_path, values, target, want):
     a = np.array(values, dtype=np.float32)
     assert _cast_counts(a, tf.as_dtype(target))["overflow"] == want  # what tf.cast does
@@ -696,7 +780,9 @@ def test_stats_text_lists_risky_casts(stats_planted, tf_checkpoints):
     assert i64[2:4] == [str(-(2**62) - 3), str(2**62 + 1)]
     # A checkpoint whose floats all cast cleanly says so.
     clean = run_text("stats", tf_checkpoints("tf1_sharded").path)
-    assert clean.returncode == 0 and "casts to float16 and bfloat16 without overflow" in clean.stdout
+    assert (
+        clean.returncode == 0 and "casts to float16 and bfloat16 without overflow" in clean.stdout
+    )
 
 
 # ---------------------------------------------------------------- verify
@@ -707,8 +793,18 @@ def _one_line_problems(proc) -> list[str]:
     return stderr_lines(proc.stderr)
 
 
-@pytest.mark.parametrize("case_name", ["corruptible", "tf1_sharded", "savev2_slices", "keras_manager",
-                                       "all_dtypes", "max_shard_policy", "saved_model"])
+@pytest.mark.parametrize(
+    "case_name",
+    [
+        "corruptible",
+        "tf1_sharded",
+        "savev2_slices",
+        "keras_manager",
+        "all_dtypes",
+        "max_shard_policy",
+        "saved_model",
+    ],
+)
 def test_verify_clean_tf_checkpoint(tf_checkpoints, case_name):
     case = tf_checkpoints(case_name)
     rc, out, err = in_process("verify", case.path)
@@ -800,8 +896,13 @@ def test_verify_extra_data_file_with_other_shard_count(tf_checkpoints, tmp_path)
 @pytest.fixture(scope="module")
 def string_ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("strings")
-    prefix = save_v2(str(d / "s"), {"words": np.array([b"abc", b"hello", b"x" * 300], dtype=object),
-                                    "n": np.arange(4, dtype=np.int32)})
+    prefix = save_v2(
+        str(d / "s"),
+        {
+            "words": np.array([b"abc", b"hello", b"x" * 300], dtype=object),
+            "n": np.arange(4, dtype=np.int32),
+        },
+    )
     with tfckpt.open(prefix) as ckpt:
         info = ckpt.info("words")
     return prefix, info
@@ -820,11 +921,17 @@ def _string_copy(string_ckpt, tmp_path, edits: dict[int, int]) -> tuple[str, str
     return new, shard
 
 
-@pytest.mark.parametrize("edits,what", [
-    ({0: 0x7F}, "malformed"),          # first length 3 -> 127: lengths overrun the bytes
-    ({0: 5, 1: 3}, "length checksum"),  # lengths swapped: framing parses, the lengths' CRC fails
-    ({10: ord("A")}, "checksum"),      # an element byte
-])
+@pytest.mark.parametrize(
+    "edits,what",
+    [
+        ({0: 0x7F}, "malformed"),  # first length 3 -> 127: lengths overrun the bytes
+        (
+            {0: 5, 1: 3},
+            "length checksum",
+        ),  # lengths swapped: framing parses, the lengths' CRC fails
+        ({10: ord("A")}, "checksum"),  # an element byte
+    ],
+)
 def test_verify_string_framing_names_the_tensor(string_ckpt, tmp_path, edits, what):
     prefix, _ = _string_copy(string_ckpt, tmp_path, edits)
     proc = run_text("verify", prefix)
@@ -854,9 +961,18 @@ def test_verify_tf_on_tf_written_checkpoint_subprocess(tf_checkpoints):
 
 
 # savev2_slices holds sliced float16 and string tensors TensorFlow's reader cannot reassemble.
-@pytest.mark.parametrize("case_name", ["corruptible", "tf1_sharded", "tf1_partitioned",
-                                       "max_shard_policy", "saved_model", "tf1_saver",
-                                       "savev2_slices"])
+@pytest.mark.parametrize(
+    "case_name",
+    [
+        "corruptible",
+        "tf1_sharded",
+        "tf1_partitioned",
+        "max_shard_policy",
+        "saved_model",
+        "tf1_saver",
+        "savev2_slices",
+    ],
+)
 def test_verify_tf_agrees(tf_checkpoints, case_name):
     case = tf_checkpoints(case_name)
     rc, out, err = in_process("verify", case.path, "--tf")
@@ -867,6 +983,7 @@ def test_verify_tf_agrees(tf_checkpoints, case_name):
 def test_verify_tf_all_dtypes_no_false_mismatch(tf_checkpoints):
     """Every dtype TF can save, quantized ones included, reads back bit-for-bit."""
     from tfckpt.tf import verify_with_tf
+
     case = tf_checkpoints("all_dtypes")
     report = verify_with_tf(case.path)
     assert report["mismatches"] == []
@@ -879,6 +996,7 @@ def test_verify_tf_with_reference_on_converted(fp32_planted):
     assert proc.returncode == 0, proc.stderr
     assert "TensorFlow's reader agrees bit-for-bit, 4 casts equal tf.cast" in proc.stdout
     from tfckpt.tf import verify_with_tf
+
     report = verify_with_tf(dst, reference=src)
     assert report["mismatches"] == [] and report["cast_checked"] == 4
     assert report["tensors"] == len(arrays)
@@ -896,6 +1014,7 @@ def test_verify_tf_with_reference_catches_tampered_value(fp32_planted, tmp_path)
     tampered = tfckpt.save(values, str(tmp_path / "t" / "model"))
     assert run_text("verify", tampered).returncode == 0  # intact as a file
     from tfckpt.tf import verify_with_tf
+
     report = verify_with_tf(tampered, reference=src)
     assert report["cast_checked"] == 4
     assert len(report["mismatches"]) == 1, report
@@ -920,5 +1039,6 @@ def test_verify_with_tf_catches_reader_disagreement(tf_checkpoints, monkeypatch)
 
     monkeypatch.setattr(tfckpt.Checkpoint, "__getitem__", wrong)
     from tfckpt.tf import verify_with_tf
+
     report = verify_with_tf(case.path)
     assert report["mismatches"] == [f"{case.prefix}: c: values differ from TensorFlow's reader"]

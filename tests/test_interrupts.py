@@ -22,10 +22,10 @@ import pytest
 import tfckpt
 from tfckpt import inspection as tfinspect
 
-CHUNK = 1 << 20              # --chunk-bytes: the engine reads an eighth of it at a time
+CHUNK = 1 << 20  # --chunk-bytes: the engine reads an eighth of it at a time
 ELEMENTS = 2 * (CHUNK // 8) // 4  # float32: two read chunks per tensor
 N_TENSORS = 96
-HANG = 30                    # seconds after which a run that has not ended counts as hung
+HANG = 30  # seconds after which a run that has not ended counts as hung
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,13 @@ def source(tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("interrupts") / "src" / "model")
     os.makedirs(os.path.dirname(prefix))
     names = [f"layer_{i:03d}/kernel" for i in range(N_TENSORS)] + ["step"]
-    values = [tf.constant((np.arange(ELEMENTS, dtype=np.float32) + i) / ELEMENTS)
-              for i in range(N_TENSORS)] + [tf.constant(np.int64(5))]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=values)
+    values = [
+        tf.constant((np.arange(ELEMENTS, dtype=np.float32) + i) / ELEMENTS)
+        for i in range(N_TENSORS)
+    ] + [tf.constant(np.int64(5))]
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=values
+    )
     return prefix
 
 
@@ -85,6 +88,7 @@ class Stop(Exception):
 def test_raising_progress_callback_stops_every_thread(source, tmp_path, executor):
     """The callback raises at its k-th call, for many k: the error propagates, nothing is left."""
     from concurrent.futures import ThreadPoolExecutor
+
     pool = ThreadPoolExecutor(2) if executor else None
     try:
         calls_per_run = 2 * N_TENSORS if pool is None else 4  # per chunk / per shard task
@@ -99,12 +103,23 @@ def test_raising_progress_callback_stops_every_thread(source, tmp_path, executor
                     raise Stop(k)
 
             before = set(threading.enumerate())
-            error = _run_in_thread(lambda: tfckpt.convert(
-                source, dst, "float16", chunk_bytes=CHUNK, progress=progress, executor=pool,
-                max_shard_bytes=None if pool is None else N_TENSORS * ELEMENTS // 2))
+            error = _run_in_thread(
+                lambda: tfckpt.convert(
+                    source,
+                    dst,
+                    "float16",
+                    chunk_bytes=CHUNK,
+                    progress=progress,
+                    executor=pool,
+                    max_shard_bytes=None if pool is None else N_TENSORS * ELEMENTS // 2,
+                )
+            )
             assert isinstance(error, Stop) and error.args == (k,), repr(error)
-            left = [t for t in threading.enumerate() if t not in before
-                    and not t.name.startswith("ThreadPoolExecutor")]
+            left = [
+                t
+                for t in threading.enumerate()
+                if t not in before and not t.name.startswith("ThreadPoolExecutor")
+            ]
             assert left == [], f"threads still alive after call {k}: {left}"
             assert _leftovers(dst.parent) == []
             assert not os.path.exists(f"{dst}.index")
@@ -133,8 +148,17 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _convert_args(source, dst, *extra):
-    return ["convert", source, str(dst), "--dtype", "float16", "--chunk-bytes", str(CHUNK),
-            "--overwrite", *extra]
+    return [
+        "convert",
+        source,
+        str(dst),
+        "--dtype",
+        "float16",
+        "--chunk-bytes",
+        str(CHUNK),
+        "--overwrite",
+        *extra,
+    ]
 
 
 def _check_interrupted(proc: subprocess.Popen, dst, what: str) -> str:
@@ -155,15 +179,21 @@ def _check_interrupted(proc: subprocess.Popen, dst, what: str) -> str:
     return "finished" if proc.returncode == 0 else state
 
 
-@pytest.mark.parametrize("extra", [(), ("--executor", "threads:2", "--max-shard-bytes", "8M")],
-                         ids=["in-process", "thread-executor"])
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("--executor", "threads:2", "--max-shard-bytes", "8M")],
+    ids=["in-process", "thread-executor"],
+)
 def test_sigint_at_the_nth_chunk(source, tmp_path, extra):
     dst = tmp_path / "out" / "model"
     for n in (1, 2, 3, 8, 33) if not extra else (1, 4, 33):
-        proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_AT_CHUNK,
-                                 *_convert_args(source, dst, *extra)],
-                                env=dict(os.environ, INTERRUPT_AT=str(n)),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", INTERRUPT_AT_CHUNK, *_convert_args(source, dst, *extra)],
+            env=dict(os.environ, INTERRUPT_AT=str(n)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         state = _check_interrupted(proc, dst, f"interrupted at chunk {n}")
         assert state == "absent"
 
@@ -173,11 +203,14 @@ def test_sigint_at_timed_points(source, tmp_path):
     dst = tmp_path / "out" / "model"
     states = []
     for delay in (0, 0.005, 0.01, 0.02, 0.03, 0.045, 0.06, 0.08, 0.1, 0.15, 0.3):
-        proc = subprocess.Popen([sys.executable, "-m", "tfckpt", *_convert_args(source, dst)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfckpt", *_convert_args(source, dst)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + HANG
-        while not _leftovers(dst.parent) and proc.poll() is None \
-                and time.monotonic() < deadline:
+        while not _leftovers(dst.parent) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.001)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)

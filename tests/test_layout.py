@@ -20,8 +20,11 @@ PACKAGE = Path(tfckpt.__file__).parent
 
 @pytest.fixture
 def saved(tmp_path):
-    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
-               "b": np.array([b"x", b"yz"], dtype=object), "c": np.int64(7)}
+    tensors = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([b"x", b"yz"], dtype=object),
+        "c": np.int64(7),
+    }
     return tfckpt.save(tensors, str(tmp_path / "m")), tensors
 
 
@@ -64,18 +67,29 @@ def test_shard_writers_committed_together_equal_save(saved, tmp_path):
         assert ckpt.header.num_shards == 2
         for name in tensors:
             assert ckpt[name].tolist() == np.asarray(tensors[name]).tolist()
-    assert Path(out + ".data-00000-of-00002").read_bytes() == \
-        Path(prefix + ".data-00000-of-00001").read_bytes()[:Path(out + ".data-00000-of-00002").stat().st_size]
+    assert (
+        Path(out + ".data-00000-of-00002").read_bytes()
+        == Path(prefix + ".data-00000-of-00001").read_bytes()[
+            : Path(out + ".data-00000-of-00002").stat().st_size
+        ]
+    )
 
 
 # Only storage.py asks where a path lives or calls the file system's write operations.
-FILE_OPERATIONS = re.compile(r"\.local\b|os\.(replace|link|makedirs|rmdir|listdir|fsync|unlink"
-                             r"|remove)\b|open\([^)]*['\"][wxa]b?['\"]")
+FILE_OPERATIONS = re.compile(
+    r"\.local\b|os\.(replace|link|makedirs|rmdir|listdir|fsync|unlink"
+    r"|remove)\b|open\([^)]*['\"][wxa]b?['\"]"
+)
 
 
-@pytest.mark.parametrize("module", sorted(p.relative_to(PACKAGE).as_posix()
-                                          for p in PACKAGE.rglob("*.py")
-                                          if p.name != "storage.py" and "_proto" not in p.parts))
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "storage.py" and "_proto" not in p.parts
+    ),
+)
 def test_only_storage_touches_files(module):
     text = (PACKAGE / module).read_text()
     assert not FILE_OPERATIONS.findall(text), module

@@ -16,14 +16,14 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import tfckpt  # noqa: E402
-from tfckpt import inspection as tfinspect  # noqa: E402
-
 import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 
+import tfckpt  # noqa: E402
+from tfckpt import inspection as tfinspect  # noqa: E402
+
 KEYS = [b"alpha", b"beta", b"gamma", b"delta"]
-VALUES = [11, -7, 2 ** 40, 0]
+VALUES = [11, -7, 2**40, 0]
 TABLE = "table/.ATTRIBUTES/table"
 ITERATOR = "it/.ATTRIBUTES/ITERATOR"
 
@@ -60,7 +60,8 @@ def written(tmp_path_factory):
     for _ in range(3):
         next(it)  # the restored iterator must continue at 13
     out["iterator"] = tf.train.Checkpoint(it=it, table=filled_table(), v=v).save(
-        str(d / "it" / "ckpt"))
+        str(d / "it" / "ckpt")
+    )
     return out
 
 
@@ -107,8 +108,9 @@ def test_verify_still_reports_a_missing_tensor(written, tmp_path):
     tfckpt.save(tensors, damaged)
     rc, data = cli_json("verify", damaged)
     assert rc == 1
-    assert data["problems"] == [f"{damaged}: the object graph names "
-                                f"{TABLE + '-values'!r}, which the checkpoint lacks"]
+    assert data["problems"] == [
+        f"{damaged}: the object graph names {TABLE + '-values'!r}, which the checkpoint lacks"
+    ]
     proc = ch.run_text("rename", damaged, tmp_path / "out", "--map", "table/=lookup/")
     ch.assert_cli_error(proc, TABLE + "-values")
 
@@ -139,8 +141,9 @@ def test_dump_object_graph_shows_every_tensor_of_the_attribute(written):
 
 def test_rename_rekeys_the_attribute_and_all_its_tensors(written, tmp_path):
     out = tmp_path / "renamed"
-    proc = ch.run_text("rename", written["table_var"], out, "--map", "table/=lookup/",
-                      "--map", "v/=weights/")
+    proc = ch.run_text(
+        "rename", written["table_var"], out, "--map", "table/=lookup/", "--map", "v/=weights/"
+    )
     assert proc.returncode == 0, proc.stderr
     names = {n for n, _ in tf.train.list_variables(str(out))}
     assert {"lookup/.ATTRIBUTES/table-keys", "lookup/.ATTRIBUTES/table-values"} <= names
@@ -153,8 +156,13 @@ def test_rename_rekeys_the_attribute_and_all_its_tensors(written, tmp_path):
 
 
 def test_rename_that_would_split_an_attribute_is_refused(written, tmp_path):
-    proc = ch.run_text("rename", written["table_var"], tmp_path / "out",
-                      "--map", "table/.ATTRIBUTES/table-keys=keys")
+    proc = ch.run_text(
+        "rename",
+        written["table_var"],
+        tmp_path / "out",
+        "--map",
+        "table/.ATTRIBUTES/table-keys=keys",
+    )
     ch.assert_cli_error(proc, TABLE, "renamed alike")
     assert not (tmp_path / "out").exists()
 
@@ -182,13 +190,15 @@ def test_keeping_an_object_keeps_every_tensor_of_it(written, tmp_path):
 
 def test_excluding_one_tensor_drops_the_whole_attribute(written, tmp_path):
     out = tmp_path / "partial"
-    _, data = cli_json("select", written["table_var"], out, "--exclude", "table-keys$",
-                        "--dry-run")
+    _, data = cli_json("select", written["table_var"], out, "--exclude", "table-keys$", "--dry-run")
     reasons = {d["name"]: d["reason"] for d in data["dropped"]}
-    assert reasons == {TABLE + "-keys": "excluded",
-                       TABLE + "-values": f"its attribute {TABLE!r} is not kept whole"}
-    assert ch.run_text("select", written["table_var"], out, "--exclude", "table-keys$") \
-        .returncode == 0
+    assert reasons == {
+        TABLE + "-keys": "excluded",
+        TABLE + "-values": f"its attribute {TABLE!r} is not kept whole",
+    }
+    assert (
+        ch.run_text("select", written["table_var"], out, "--exclude", "table-keys$").returncode == 0
+    )
     assert TABLE not in attribute_keys(out)
     assert tfinspect.verify(str(out))["problems"] == []
 
@@ -216,8 +226,7 @@ def test_plans_with_an_iterator_keep_its_state(written, tmp_path):
     assert ITERATOR + "_STATE" not in {t.name for t in p.tensors}
     assert [(n, r) for _, n, r in p.dropped] == [(ITERATOR + "_STATE", "object 'it' dropped")]
     p = tfckpt.plan([src, written["var"]], tmp_path / "m", drop_objects=["v"])
-    assert {ITERATOR + "_STATE", TABLE + "-keys", TABLE + "-values"} <= \
-        {t.name for t in p.tensors}
+    assert {ITERATOR + "_STATE", TABLE + "-keys", TABLE + "-values"} <= {t.name for t in p.tensors}
 
 
 def _reads_variants(prefix: str) -> bool:
@@ -235,11 +244,12 @@ def test_iterator_continues_after_every_rewrite(written, tmp_path):
         pytest.skip("this build of tfckpt cannot read TensorFlow's variant tensors")
     assert ch.run_text("verify", src).returncode == 0
     runs = [
-        (tmp_path / "r", ("rename", src, tmp_path / "r", "--map", "it/=iterator/",
-                          "--map", "table/=lookup/")),
+        (
+            tmp_path / "r",
+            ("rename", src, tmp_path / "r", "--map", "it/=iterator/", "--map", "table/=lookup/"),
+        ),
         (tmp_path / "s", ("select", src, tmp_path / "s", "--drop-object", "v")),
-        (tmp_path / "m", ("merge", src, written["var"], "-o", tmp_path / "m",
-                          "--prefer", "first")),
+        (tmp_path / "m", ("merge", src, written["var"], "-o", tmp_path / "m", "--prefer", "first")),
     ]
     for out, argv in runs:
         proc = ch.run_text(*argv)
@@ -259,7 +269,7 @@ def test_slots_of_a_variable_deeper_than_its_optimizer_survive_a_rewrite(tmp_pat
     model.inner = tf.Module()
     model.inner.v = tf.Variable([1.0, 2.0, 3.0])
     opt = tf.compat.v1.train.AdamOptimizer(0.1)
-    opt.minimize(lambda: tf.reduce_sum(model.inner.v ** 2), var_list=[model.inner.v])
+    opt.minimize(lambda: tf.reduce_sum(model.inner.v**2), var_list=[model.inner.v])
     src = tf.train.Checkpoint(a_opt=opt, model=model).save(str(tmp_path / "src" / "ckpt"))
     dst = str(tmp_path / "out" / "ckpt")
     tfckpt.select(src, dst, drop_objects=["save_counter"])
@@ -271,7 +281,7 @@ def test_slots_of_a_variable_deeper_than_its_optimizer_survive_a_rewrite(tmp_pat
     fresh.inner = tf.Module()
     fresh.inner.v = tf.Variable([0.0, 0.0, 0.0])
     fresh_opt = tf.compat.v1.train.AdamOptimizer(0.1)
-    fresh_opt.minimize(lambda: tf.reduce_sum(fresh.inner.v ** 2), var_list=[fresh.inner.v])
+    fresh_opt.minimize(lambda: tf.reduce_sum(fresh.inner.v**2), var_list=[fresh.inner.v])
     for var in fresh_opt.variables():
         var.assign(tf.zeros_like(var))
     tf.train.Checkpoint(a_opt=fresh_opt, model=fresh).read(dst).assert_existing_objects_matched()

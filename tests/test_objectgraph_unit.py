@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 import tfckpt
 from tfckpt import objectgraph
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph

@@ -10,6 +10,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import transform_helpers as th  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt.pipeline import READ_RING, BufferRing, WriteBehind, prefetch  # noqa: E402
 
@@ -17,9 +18,11 @@ from tfckpt.pipeline import READ_RING, BufferRing, WriteBehind, prefetch  # noqa
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     d = tmp_path_factory.mktemp("options_src")
-    values = {"big": np.array([1e6, -7e4, 1.5, 0.0], np.float32),
-              "w": np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64),
-              "step": np.array(9, np.int64)}
+    values = {
+        "big": np.array([1e6, -7e4, 1.5, 0.0], np.float32),
+        "w": np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64),
+        "step": np.array(9, np.int64),
+    }
     return th.tf1_save(str(d / "model"), values), values
 
 
@@ -27,8 +30,14 @@ def test_options_object_and_keywords_write_the_same_bytes(source, tmp_path):
     prefix, values = source
     opts = tfckpt.Options(exclude=["^step$"], overflow="clip", max_shard_bytes=4096)
     a = tfckpt.convert(prefix, tmp_path / "a" / "m", "float16", opts)
-    b = tfckpt.convert(prefix, tmp_path / "b" / "m", "float16", exclude=["^step$"],
-                       overflow="clip", max_shard_bytes=4096)
+    b = tfckpt.convert(
+        prefix,
+        tmp_path / "b" / "m",
+        "float16",
+        exclude=["^step$"],
+        overflow="clip",
+        max_shard_bytes=4096,
+    )
     c = tfckpt.transform(prefix, tmp_path / "c" / "m", opts, cast="float16", durable=False)
     digests = [sorted(th.digests(tmp_path / x).values()) for x in "abc"]
     assert digests[0] == digests[1] == digests[2]

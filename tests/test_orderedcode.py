@@ -22,11 +22,14 @@ EMB_ROWS_4_7 = b"\x00" + b"emb\x00\x01" + b"\x01\x02" + b"\x84\x83\x80\x84"
 EMB_0_4_FULL = b"\x00" + b"emb\x00\x01" + b"\x01\x02" + b"\x80\x84\x80\x7f"
 
 
-@pytest.mark.parametrize("extents,key", [
-    (((0, 4), (0, 4)), EMB_ROWS_0_4),
-    (((4, 3), (0, 4)), EMB_ROWS_4_7),
-    (((0, 4), (0, None)), EMB_0_4_FULL),
-])
+@pytest.mark.parametrize(
+    "extents,key",
+    [
+        (((0, 4), (0, 4)), EMB_ROWS_0_4),
+        (((4, 3), (0, 4)), EMB_ROWS_4_7),
+        (((0, 4), (0, None)), EMB_0_4_FULL),
+    ],
+)
 def test_tensorflow_slice_keys(extents, key):
     assert oc.encode_slice_key("emb", extents) == key
     assert oc.decode_slice_key(key) == ("emb", extents)
@@ -39,8 +42,9 @@ def test_slice_key_parts():
     assert oc.encode_signed_num_increasing(-1) == b"\x7f"
 
 
-@pytest.mark.parametrize("value,encoded", [(200, b"\xc0\xc8"), (400, b"\xc1\x90"),
-                                           (500, b"\xc1\xf4")])
+@pytest.mark.parametrize(
+    "value,encoded", [(200, b"\xc0\xc8"), (400, b"\xc1\x90"), (500, b"\xc1\xf4")]
+)
 def test_tensorflow_two_byte_numbers(value, encoded):
     assert oc.encode_signed_num_increasing(value) == encoded
     assert oc.decode_signed_num_increasing(encoded, 0) == (value, 2)
@@ -58,33 +62,40 @@ def test_slice_keys_sort_before_plain_names():
     for name in [b"\x01", b"a", b"_CHECKPOINTABLE_OBJECT_GRAPH", b"zzz"]:
         assert key < name
     # But the header key "" sorts first of all.
-    assert b"" < key
+    assert key > b""
 
 
 # --- strings ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw,encoded", [
-    (b"", b"\x00\x01"),
-    (b"a", b"a\x00\x01"),
-    (b"\x00", b"\x00\xff\x00\x01"),
-    (b"\xff", b"\xff\x00\x00\x01"),
-    (b"a\x00b\xffc", b"a\x00\xffb\xff\x00c\x00\x01"),
-    (b"\x00\x00\xff\xff", b"\x00\xff\x00\xff\xff\x00\xff\x00\x00\x01"),
-    (b"\x01\xfe", b"\x01\xfe\x00\x01"),
-])
+
+@pytest.mark.parametrize(
+    "raw,encoded",
+    [
+        (b"", b"\x00\x01"),
+        (b"a", b"a\x00\x01"),
+        (b"\x00", b"\x00\xff\x00\x01"),
+        (b"\xff", b"\xff\x00\x00\x01"),
+        (b"a\x00b\xffc", b"a\x00\xffb\xff\x00c\x00\x01"),
+        (b"\x00\x00\xff\xff", b"\x00\xff\x00\xff\xff\x00\xff\x00\x00\x01"),
+        (b"\x01\xfe", b"\x01\xfe\x00\x01"),
+    ],
+)
 def test_string_escaping(raw, encoded):
     assert oc.encode_string(raw) == encoded
     assert oc.decode_string(encoded + b"tail", 0) == (raw, len(encoded))
 
 
-@pytest.mark.parametrize("bad", [
-    b"",                 # nothing
-    b"abc",              # no terminator
-    b"abc\x00",          # half a terminator
-    b"a\x00\x02",        # 00 followed by neither 01 nor ff
-    b"a\xff\x01\x00\x01",  # ff followed by other than 00
-    b"a\xff",            # ff at the end
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",  # nothing
+        b"abc",  # no terminator
+        b"abc\x00",  # half a terminator
+        b"a\x00\x02",  # 00 followed by neither 01 nor ff
+        b"a\xff\x01\x00\x01",  # ff followed by other than 00
+        b"a\xff",  # ff at the end
+    ],
+)
 def test_string_malformed(bad):
     with pytest.raises(ValueError):
         oc.decode_string(bad, 0)
@@ -99,15 +110,19 @@ def test_string_roundtrip_and_order(a, b):
 
 # --- unsigned numbers --------------------------------------------------------------
 
-@pytest.mark.parametrize("value,encoded", [
-    (0, b"\x00"),
-    (1, b"\x01\x01"),
-    (255, b"\x01\xff"),
-    (256, b"\x02\x01\x00"),
-    (65535, b"\x02\xff\xff"),
-    (2**32, b"\x05\x01\x00\x00\x00\x00"),
-    (2**64 - 1, b"\x08" + b"\xff" * 8),
-])
+
+@pytest.mark.parametrize(
+    "value,encoded",
+    [
+        (0, b"\x00"),
+        (1, b"\x01\x01"),
+        (255, b"\x01\xff"),
+        (256, b"\x02\x01\x00"),
+        (65535, b"\x02\xff\xff"),
+        (2**32, b"\x05\x01\x00\x00\x00\x00"),
+        (2**64 - 1, b"\x08" + b"\xff" * 8),
+    ],
+)
 def test_num_increasing(value, encoded):
     assert oc.encode_num_increasing(value) == encoded
     assert oc.decode_num_increasing(encoded + b"\x99", 0) == (value, len(encoded))
@@ -171,7 +186,7 @@ def test_signed_hand_vectors(value, encoded):
 def _boundaries():
     out = {0, -1, INT64_MIN, INT64_MAX}
     for n in range(1, 10):
-        b = 2 ** (7 * n - 1)   # first magnitude that needs n + 1 bytes
+        b = 2 ** (7 * n - 1)  # first magnitude that needs n + 1 bytes
         out |= {b - 1, b, -b, -b - 1}
     return sorted(v for v in out if INT64_MIN <= v <= INT64_MAX)
 
@@ -224,15 +239,18 @@ def test_signed_sorted_lists_sort_bytewise(values):
     assert got == values and pos == len(buf)
 
 
-@pytest.mark.parametrize("bad", [
-    b"",
-    b"\xc0",                         # 2-byte header, 1 byte
-    b"\xff\xc0\x00",                 # 10-byte header, 3 bytes
-    b"\x3f",                         # negative 2-byte header, 1 byte
-    b"\xff\xe0" + b"\x00" * 12,      # 11 leading ones: no such length
-    b"\xff\xff" + b"\x00" * 16,
-    b"\x00\x1f" + b"\x00" * 12,      # the same, negative
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"\xc0",  # 2-byte header, 1 byte
+        b"\xff\xc0\x00",  # 10-byte header, 3 bytes
+        b"\x3f",  # negative 2-byte header, 1 byte
+        b"\xff\xe0" + b"\x00" * 12,  # 11 leading ones: no such length
+        b"\xff\xff" + b"\x00" * 16,
+        b"\x00\x1f" + b"\x00" * 12,  # the same, negative
+    ],
+)
 def test_signed_malformed(bad):
     with pytest.raises(ValueError):
         oc.decode_signed_num_increasing(bad, 0)
@@ -241,8 +259,9 @@ def test_signed_malformed(bad):
 # --- whole slice keys ------------------------------------------------------------------
 
 names = st.text(max_size=12)
-extent = st.tuples(st.integers(INT64_MIN, INT64_MAX),
-                   st.one_of(st.none(), st.integers(0, INT64_MAX)))
+extent = st.tuples(
+    st.integers(INT64_MIN, INT64_MAX), st.one_of(st.none(), st.integers(0, INT64_MAX))
+)
 
 
 @given(names, st.lists(extent, max_size=8))
@@ -278,18 +297,21 @@ def test_slice_key_rank_zero():
     assert oc.decode_slice_key(key) == ("s", ())
 
 
-@pytest.mark.parametrize("bad", [
-    b"",
-    b"emb",                                       # a plain tensor name
-    b"\x01\x05emb\x00\x01\x00",                   # first number is not 0
-    b"\x00emb",                                   # unterminated name
-    b"\x00emb\x00\x01",                           # no rank
-    b"\x00emb\x00\x01\x01\x02\x80\x84\x80",       # rank 2, three numbers
-    EMB_ROWS_0_4 + b"\x80",                       # trailing bytes
-    EMB_ROWS_0_4[:-1] + b"\xff\xe0",              # bad signed header
-    b"\x00emb\x00\x01\x08" + b"\xff" * 8,         # absurd rank
-    b"\x00emb\x00\x02\x01\x01\x80\x80",           # bad escape in the name
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"emb",  # a plain tensor name
+        b"\x01\x05emb\x00\x01\x00",  # first number is not 0
+        b"\x00emb",  # unterminated name
+        b"\x00emb\x00\x01",  # no rank
+        b"\x00emb\x00\x01\x01\x02\x80\x84\x80",  # rank 2, three numbers
+        EMB_ROWS_0_4 + b"\x80",  # trailing bytes
+        EMB_ROWS_0_4[:-1] + b"\xff\xe0",  # bad signed header
+        b"\x00emb\x00\x01\x08" + b"\xff" * 8,  # absurd rank
+        b"\x00emb\x00\x02\x01\x01\x80\x80",  # bad escape in the name
+    ],
+)
 def test_slice_key_malformed(bad):
     with pytest.raises(ValueError):
         oc.decode_slice_key(bad)
@@ -338,8 +360,9 @@ def test_ten_byte_encodings_at_int64_limits_decode():
     assert oc.decode_signed_num_increasing(b"\x00\x3f\x80" + b"\x00" * 7, 0) == (INT64_MIN, 10)
 
 
-@pytest.mark.parametrize("encoded,wrong_value", BEYOND_INT64,
-                         ids=["2**63", "2**64", "2**69-1", "-2**63-1", "-2**64-1"])
+@pytest.mark.parametrize(
+    "encoded,wrong_value", BEYOND_INT64, ids=["2**63", "2**64", "2**69-1", "-2**63-1", "-2**64-1"]
+)
 def test_signed_beyond_int64_rejected(encoded, wrong_value):
     with pytest.raises(ValueError):
         oc.decode_signed_num_increasing(encoded, 0)

@@ -38,11 +38,11 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 fsspec = pytest.importorskip("fsspec")
 
+import cli_helpers as ch  # noqa: E402
+import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
+import transform_helpers as th  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
-import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
-import cli_helpers as ch  # noqa: E402
-import transform_helpers as th  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
 from tfckpt import inspection as tinspect  # noqa: E402
@@ -73,7 +73,7 @@ def local_files(d) -> dict[str, bytes]:
 def mem_files(url: str) -> dict[str, bytes]:
     """Every object under a memory:// URL, relative name -> bytes (read without cat_file)."""
     root = MemoryFileSystem._strip_protocol(url)
-    return {p[len(root) + 1:]: MEM[p].getvalue() for p in sorted(MEM) if p.startswith(root + "/")}
+    return {p[len(root) + 1 :]: MEM[p].getvalue() for p in sorted(MEM) if p.startswith(root + "/")}
 
 
 def put_tree(fs, local_dir, dest: str) -> None:
@@ -118,11 +118,14 @@ def cases(tf_checkpoints):
 def ovf(tmp_path_factory):
     """A TF-written checkpoint whose last tensor overflows float16; several output shards."""
     d = tmp_path_factory.mktemp("remote_ovf")
-    prefix = th.save_v2(d / "ovf", {
-        "a": np.linspace(-3, 3, 100, dtype=np.float32),
-        "b": np.linspace(-1, 1, 100).astype(np.float64),
-        "z_big": np.array([1.0, 70000.0, -1e6, 0.5], dtype=np.float32),
-    })
+    prefix = th.save_v2(
+        d / "ovf",
+        {
+            "a": np.linspace(-3, 3, 100, dtype=np.float32),
+            "b": np.linspace(-1, 1, 100).astype(np.float64),
+            "z_big": np.array([1.0, 70000.0, -1e6, 0.5], dtype=np.float32),
+        },
+    )
     return SimpleNamespace(dir=d, prefix=prefix, name="ovf")
 
 
@@ -150,8 +153,9 @@ def mem():
     yield SimpleNamespace(fs=fs, root=root, url=f"memory:/{root}")
     for p in [p for p in MEM if p.startswith(root + "/")]:
         del MEM[p]
-    MemoryFileSystem.pseudo_dirs[:] = [d for d in MemoryFileSystem.pseudo_dirs
-                                       if not (d == root or d.startswith(root + "/"))]
+    MemoryFileSystem.pseudo_dirs[:] = [
+        d for d in MemoryFileSystem.pseudo_dirs if not (d == root or d.startswith(root + "/"))
+    ]
 
 
 @pytest.fixture
@@ -189,8 +193,9 @@ def record(monkeypatch):
         log.opens.append((path, mode))
         if "w" in mode and path.endswith(".index"):
             # What the store holds the moment the commit (the index) starts.
-            log.at_index_open = {p: MEM[p].getvalue() for p in MEM
-                                 if p.startswith(path[: -len(".index")] + ".data-")}
+            log.at_index_open = {
+                p: MEM[p].getvalue() for p in MEM if p.startswith(path[: -len(".index")] + ".data-")
+            }
         return _open(self, path, mode, *args, **kw)
 
     def rec_rm(self, path):
@@ -224,22 +229,29 @@ def data_reads(log) -> list[tuple[str, int, int]]:
 # ================================================================ memory://: reading
 
 
-@pytest.mark.parametrize("name,form", [
-    ("tf1_sharded", "prefix"),
-    ("tf1_sharded", "index"),
-    ("max_shard_policy", "prefix"),
-    ("max_shard_policy", "data_file"),
-    ("keras_manager", "state_dir"),
-    ("keras_manager", "state_dir/"),
-    ("saved_model", "saved_model_dir"),
-])
+@pytest.mark.parametrize(
+    "name,form",
+    [
+        ("tf1_sharded", "prefix"),
+        ("tf1_sharded", "index"),
+        ("max_shard_policy", "prefix"),
+        ("max_shard_policy", "data_file"),
+        ("keras_manager", "state_dir"),
+        ("keras_manager", "state_dir/"),
+        ("saved_model", "saved_model_dir"),
+    ],
+)
 def test_open_memory_url_reads_like_local(cases, mem_case, name, form):
     case = cases[name]
     path_url, prefix_url = mem_case(name)
-    url = {"prefix": prefix_url, "index": prefix_url + ".index",
-           "data_file": prefix_url + ".data-00001-of-" + f"{len(tfc.data_files(case.prefix)):05d}",
-           "state_dir": path_url, "state_dir/": path_url + "/",
-           "saved_model_dir": path_url}[form]
+    url = {
+        "prefix": prefix_url,
+        "index": prefix_url + ".index",
+        "data_file": prefix_url + ".data-00001-of-" + f"{len(tfc.data_files(case.prefix)):05d}",
+        "state_dir": path_url,
+        "state_dir/": path_url + "/",
+        "saved_model_dir": path_url,
+    }[form]
     with tfckpt.open(case.prefix) as want, tfckpt.open(url) as got:
         assert got.prefix == prefix_url
         assert got.storage.local is False
@@ -265,8 +277,10 @@ def test_dump_reads_only_the_index(cases, mem_case, record, capsys, name):
     assert not [o for o in record.opens if ".data-" in o[0]], record.opens
     read = {c[0] for c in record.cats}
     index = MemoryFileSystem._strip_protocol(prefix_url) + ".index"
-    assert index in read and read <= {index, MemoryFileSystem._strip_protocol(path_url) +
-                                      "/checkpoint"}, read
+    assert index in read and read <= {
+        index,
+        MemoryFileSystem._strip_protocol(path_url) + "/checkpoint",
+    }, read
     # Same listing as the local dump, but for the prefix.
     assert cli.main(["dump", cases[name].path, "--json"]) == 0
     want = json.loads(capsys.readouterr().out)
@@ -287,8 +301,9 @@ def test_reading_one_tensor_fetches_only_its_bytes(mem_case, record):
             info = ckpt.info(name)
             record.clear()
             ckpt[name]
-            assert record.cats == [(paths.data_filename(prefix, info.shard, n), info.offset,
-                                    info.offset + info.nbytes)], name
+            assert record.cats == [
+                (paths.data_filename(prefix, info.shard, n), info.offset, info.offset + info.nbytes)
+            ], name
             assert not [o for o in record.opens if "w" in o[1]]
 
 
@@ -300,8 +315,9 @@ def test_reading_a_partitioned_tensor_fetches_only_its_slices(mem_case, record):
         n = ckpt.header.num_shards
         parts = ckpt.slice_info(name)
         assert len(parts) >= 2  # TensorFlow split it over shards
-        want = sorted((paths.data_filename(prefix, s.shard, n), s.offset, s.offset + s.nbytes)
-                      for s in parts)
+        want = sorted(
+            (paths.data_filename(prefix, s.shard, n), s.offset, s.offset + s.nbytes) for s in parts
+        )
         record.clear()
         ckpt[name]
         assert sorted(record.cats) == want
@@ -312,8 +328,11 @@ def test_reading_a_partitioned_tensor_fetches_only_its_slices(mem_case, record):
         fetched = sorted(record.cats)
         assert sum(e - s for _, s, e in fetched) == sum(s.nbytes for s in parts)
         for path, start, end in fetched:
-            assert any(p == path and s <= start and end <= e for p, s, e in want), \
-                (path, start, end)
+            assert any(p == path and s <= start and end <= e for p, s, e in want), (
+                path,
+                start,
+                end,
+            )
         for (p1, _, e1), (p2, s2, _) in zip(fetched, fetched[1:]):
             assert p1 != p2 or e1 <= s2, "a byte range was fetched twice"
 
@@ -328,8 +347,9 @@ def test_dump_tensor_values_fetches_only_that_tensor(mem_case, record, capsys):
     assert cli.main(["dump", prefix_url, "--tensor", "dev1/ids", "--full"]) == 0
     out = capsys.readouterr().out
     assert "dev1/ids (int64 [100])" in out and " 99]" in out
-    assert data_reads(record) == [(paths.data_filename(prefix, info.shard, n), info.offset,
-                                   info.offset + info.nbytes)]
+    assert data_reads(record) == [
+        (paths.data_filename(prefix, info.shard, n), info.offset, info.offset + info.nbytes)
+    ]
 
 
 # ================================================================ memory://: verify
@@ -361,18 +381,21 @@ def test_verify_memory_url(mem_case, capsys):
     other = next(k for k in range(n) if k != info.shard)
     del MEM[paths.data_filename(prefix, other, n)]
     problems = tinspect.verify(prefix_url)["problems"]
-    assert any(p == f"{paths.data_filename(prefix_url, other, n)}: data shard is missing"
-               for p in problems), problems
+    assert any(
+        p == f"{paths.data_filename(prefix_url, other, n)}: data shard is missing" for p in problems
+    ), problems
 
 
 # ================================================================ memory://: converting
 
 
 @pytest.mark.parametrize("name", ["tf1_sharded", "max_shard_policy"])
-@pytest.mark.parametrize("src_kind,dst_kind", [("memory", "memory"), ("memory", "local"),
-                                               ("local", "memory")])
-def test_convert_between_memory_and_local(cases, mem, mem_case, reference, tmp_path, name,
-                                          src_kind, dst_kind):
+@pytest.mark.parametrize(
+    "src_kind,dst_kind", [("memory", "memory"), ("memory", "local"), ("local", "memory")]
+)
+def test_convert_between_memory_and_local(
+    cases, mem, mem_case, reference, tmp_path, name, src_kind, dst_kind
+):
     case = cases[name]
     src = mem_case(name)[0] if src_kind == "memory" else case.path
     dst = f"{mem.url}/out/" if dst_kind == "memory" else f"{tmp_path}/out/"
@@ -460,14 +483,14 @@ def test_shard_tasks_and_manual_commit_to_memory(cases, mem, reference, tmp_path
     assert [t.path for t in tasks] == [paths.data_filename(p.dst, k, n) for k in range(n)]
     assert all(isinstance(t, ShardTask) and pickle.loads(pickle.dumps(t)) == t for t in tasks)
     assert sum(t.object_graph is not None for t in tasks) == 1
-    local = shard_tasks(tfckpt.plan(src, f"{tmp_path}/x/", cast="float16",
-                                    max_shard_bytes=600))
+    local = shard_tasks(tfckpt.plan(src, f"{tmp_path}/x/", cast="float16", max_shard_bytes=600))
     assert all(TMP_MARK in t.path and t.path.endswith(f".data-{t.shard_id}") for t in local)
 
     results = [run_shard_task(t) for t in reversed(tasks)][::-1]  # any order
     assert not fsspec.filesystem("memory").exists(f"{mem.root}/out/policy.index")
-    entries = merge_entries([{k: BundleEntryProto.FromString(v) for k, v in r.entries.items()}
-                             for r in results])
+    entries = merge_entries(
+        [{k: BundleEntryProto.FromString(v) for k, v in r.entries.items()} for r in results]
+    )
     with pytest.raises(ValueError, match="final names"):
         commit_shards(p.dst, [t.path + ".tmp" for t in tasks], entries)
     assert commit_shards(p.dst, [t.path for t in tasks], entries) == p.dst
@@ -506,8 +529,10 @@ def test_file_url_destination(cases, reference, tmp_path, monkeypatch):
 
 def test_save_to_memory_url(mem, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    values = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.array([b"x", b""],
-                                                                            dtype=object)}
+    values = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "s": np.array([b"x", b""], dtype=object),
+    }
     try:
         assert tfckpt.save(values, f"{mem.url}/saved/model") == f"{mem.url}/saved/model"
     finally:
@@ -539,8 +564,7 @@ def test_overflow_error_leaves_nothing(ovf, mem, record, tmp_path, dst_kind):
 
 @pytest.mark.parametrize("where", ["memory", "local"])
 @pytest.mark.parametrize("workers", [None, 2])
-def test_task_fails_when_a_source_shard_is_gone(cases, mem, mem_case, tmp_path, where,
-                                                workers):
+def test_task_fails_when_a_source_shard_is_gone(cases, mem, mem_case, tmp_path, where, workers):
     """The source's last data file disappears between planning and running."""
     if where == "memory":
         src = mem_case("tf1_sharded")[1]
@@ -583,8 +607,9 @@ class FailingExecutor:
 def test_executor_whose_futures_raise(cases, mem, tmp_path, dst_kind):
     dst = f"{mem.url}/out/" if dst_kind == "memory" else f"{tmp_path}/out/"
     ex = FailingExecutor(ConnectionResetError("worker lost"))
-    with pytest.raises(tfckpt.CheckpointError,
-                       match="a shard task failed: ConnectionResetError: worker lost"):
+    with pytest.raises(
+        tfckpt.CheckpointError, match="a shard task failed: ConnectionResetError: worker lost"
+    ):
         tfckpt.convert(cases["max_shard_policy"].path, dst, "float16", executor=ex)
     # One task per source shard that keeps data: a shard that held only float16
     # slices (written whole, where their first slice was) gets none.
@@ -594,8 +619,9 @@ def test_executor_whose_futures_raise(cases, mem, tmp_path, dst_kind):
     # A CheckpointError from a task reaches the caller as it is.
     err = tfckpt.CorruptCheckpointError("bad bytes", path="somewhere")
     with pytest.raises(tfckpt.CorruptCheckpointError, match="bad bytes"):
-        tfckpt.convert(cases["max_shard_policy"].path, dst, "float16",
-                       executor=FailingExecutor(err))
+        tfckpt.convert(
+            cases["max_shard_policy"].path, dst, "float16", executor=FailingExecutor(err)
+        )
     assert_nothing_left(dst_kind, mem, tmp_path)
 
 
@@ -642,28 +668,40 @@ def test_failure_while_other_tasks_still_run_leaves_nothing(cases, mem, tmp_path
 def test_destination_spelled_differently_is_still_the_source(mem, mem_case):
     src = mem_case("tf1_sharded")[1]  # memory://tXXX/tf1_sharded/sharded.ckpt
     before = mem_files(mem.url)
-    other = "memory:///" + src[len("memory://"):].rsplit("/", 1)[0] + "/"
+    other = "memory:///" + src[len("memory://") :].rsplit("/", 1)[0] + "/"
     try:
         with pytest.raises(tfckpt.CheckpointError, match="source"):
             tfckpt.convert(src, other, "float16", overwrite=True)
     finally:
         after = mem_files(mem.url)
-        assert after == before, f"source objects changed: " \
-            f"{sorted(k for k in before if before[k] != after.get(k))}"
+        assert after == before, (
+            f"source objects changed: {sorted(k for k in before if before[k] != after.get(k))}"
+        )
 
 
 # ================================================================ concurrent.futures
 
 
-@pytest.mark.parametrize("name,max_shard_bytes", [("tf1_sharded", None),
-                                                  ("max_shard_policy", None),
-                                                  ("keras_manager", 1000)])
+@pytest.mark.parametrize(
+    "name,max_shard_bytes",
+    [("tf1_sharded", None), ("max_shard_policy", None), ("keras_manager", 1000)],
+)
 def test_thread_pool_output_identical(cases, reference, tmp_path, mem, name, max_shard_bytes):
     with ThreadPoolExecutor(2) as pool:
-        tfckpt.convert(cases[name].path, f"{tmp_path}/", "float16", executor=pool,
-                       max_shard_bytes=max_shard_bytes)
-        tfckpt.convert(cases[name].path, f"{mem.url}/out/", "float16", executor=pool,
-                       max_shard_bytes=max_shard_bytes)
+        tfckpt.convert(
+            cases[name].path,
+            f"{tmp_path}/",
+            "float16",
+            executor=pool,
+            max_shard_bytes=max_shard_bytes,
+        )
+        tfckpt.convert(
+            cases[name].path,
+            f"{mem.url}/out/",
+            "float16",
+            executor=pool,
+            max_shard_bytes=max_shard_bytes,
+        )
     want = reference(name, max_shard_bytes=max_shard_bytes)
     assert len([f for f in want if ".data-" in f]) >= 2
     assert local_files(tmp_path) == want
@@ -685,15 +723,31 @@ def test_process_pool_output_identical(s3, cases, reference, tmp_path):
 
 @pytest.mark.parametrize("spec", ["threads:2", "processes:2"])
 def test_cli_pool_executors_output_identical(cases, reference, tmp_path, spec):
-    proc = ch.run_text("convert", cases["max_shard_policy"].path, f"{tmp_path}/", "--dtype",
-                      "float16", "--max-shard-bytes", "600", "--executor", spec)
+    proc = ch.run_text(
+        "convert",
+        cases["max_shard_policy"].path,
+        f"{tmp_path}/",
+        "--dtype",
+        "float16",
+        "--max-shard-bytes",
+        "600",
+        "--executor",
+        spec,
+    )
     assert proc.returncode == 0, proc.stderr
     assert local_files(tmp_path) == reference("max_shard_policy", max_shard_bytes=600)
 
 
 def test_cli_bad_executor_spec(cases, tmp_path):
-    proc = ch.run_text("convert", cases["tf1_sharded"].path, f"{tmp_path}/out/", "--dtype",
-                      "float16", "--executor", "spark://x")
+    proc = ch.run_text(
+        "convert",
+        cases["tf1_sharded"].path,
+        f"{tmp_path}/out/",
+        "--dtype",
+        "float16",
+        "--executor",
+        "spark://x",
+    )
     ch.assert_cli_error(proc, "unknown --executor 'spark://x'")
     assert not (tmp_path / "out").exists()
 
@@ -706,8 +760,10 @@ BUCKET = "tfckpt-test"
 class _RequestLog(logging.Handler):
     """The S3 server's request lines: (method, path, status)."""
 
-    LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/[0-9.]+(?:\x1b\[[0-9;]*m)*" '
-                      r'(\d{3})')
+    LINE = re.compile(
+        r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/[0-9.]+(?:\x1b\[[0-9;]*m)*" '
+        r"(\d{3})"
+    )
 
     def __init__(self):
         super().__init__(logging.INFO)
@@ -736,13 +792,19 @@ def s3_server():
     assert host == "127.0.0.1"
     endpoint = f"http://127.0.0.1:{port}"
     mp = pytest.MonkeyPatch()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                 "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-                 "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-                 # fsspec reads FSSPEC_<PROTOCOL>_<KWARG> when imported: child processes
-                 # (CLI runs, Dask workers) get the endpoint from here...
-                 "FSSPEC_S3_ENDPOINT_URL": endpoint}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        # fsspec reads FSSPEC_<PROTOCOL>_<KWARG> when imported: child processes
+        # (CLI runs, Dask workers) get the endpoint from here...
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+    }.items():
         mp.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         mp.delenv(k, raising=False)
@@ -789,8 +851,8 @@ def s3(s3_server, cases):
 
     def files(url: str) -> dict[str, bytes]:
         fs.invalidate_cache()
-        key = url[len("s3://"):].rstrip("/")
-        return {p[len(key) + 1:]: fs.cat_file(p) for p in fs.find(key)}
+        key = url[len("s3://") :].rstrip("/")
+        return {p[len(key) + 1 :]: fs.cat_file(p) for p in fs.find(key)}
 
     def download(url: str, d: Path) -> Path:
         for rel, data in files(url).items():
@@ -798,8 +860,9 @@ def s3(s3_server, cases):
             (d / rel).write_bytes(data)
         return d
 
-    yield SimpleNamespace(fs=fs, url=f"s3://{base}", upload=upload, files=files,
-                          download=download, log=s3_server.log)
+    yield SimpleNamespace(
+        fs=fs, url=f"s3://{base}", upload=upload, files=files, download=download, log=s3_server.log
+    )
     s3_server.s3fs.S3FileSystem.clear_instance_cache()
 
 
@@ -810,8 +873,11 @@ def tf2_restore_float16(prefix, orig: tfckpt.Checkpoint) -> None:
     variables = {}
     for name in ("big", "matrix", "small", "half", "name"):
         v = orig[key(name)]
-        zero = np.zeros(v.shape, np.float16 if v.dtype.kind == "f" else v.dtype) \
-            if v.dtype != object else b""
+        zero = (
+            np.zeros(v.shape, np.float16 if v.dtype.kind == "f" else v.dtype)
+            if v.dtype != object
+            else b""
+        )
         variables[name] = tf.Variable(zero)
     # read(): the source was written with write(), which keeps no save_counter.
     status = tf.train.Checkpoint(**variables).read(str(prefix))
@@ -856,8 +922,7 @@ def keras_restore_float16(prefix, case, keras_base) -> None:
 
 
 @pytest.mark.parametrize("name", ["tf1_sharded", "max_shard_policy", "keras_manager"])
-def test_s3_to_s3_float16_restored_by_tensorflow(s3, cases, reference, keras_base, tmp_path,
-                                                 name):
+def test_s3_to_s3_float16_restored_by_tensorflow(s3, cases, reference, keras_base, tmp_path, name):
     src, _ = s3.upload(name)  # the keras_manager directory: its state file names ckpt-2
     s3.log.requests.clear()
     summary = tfckpt.convert(src, f"{s3.url}/out/", "float16")
@@ -867,12 +932,15 @@ def test_s3_to_s3_float16_restored_by_tensorflow(s3, cases, reference, keras_bas
     assert s3.files(f"{s3.url}/out") == want
     # Each object PUT once under its final name, the data objects first, then the index (the
     # commit), then the state file; nothing copied (a rename) or deleted.
-    out = "/" + s3.url[len("s3://"):] + "/out/"
-    writes = [(m, p[len(out):]) for m, p, _ in s3.log.requests
-              if p.startswith(out) and m not in ("GET", "HEAD")]
+    out = "/" + s3.url[len("s3://") :] + "/out/"
+    writes = [
+        (m, p[len(out) :])
+        for m, p, _ in s3.log.requests
+        if p.startswith(out) and m not in ("GET", "HEAD")
+    ]
     data = sorted(f for f in want if ".data-" in f)
-    assert writes[:len(data)] == [("PUT", f) for f in data]  # tasks run in shard order
-    assert writes[len(data):] == [("PUT", base + ".index"), ("PUT", "checkpoint")]
+    assert writes[: len(data)] == [("PUT", f) for f in data]  # tasks run in shard order
+    assert writes[len(data) :] == [("PUT", base + ".index"), ("PUT", "checkpoint")]
     local = s3.download(f"{s3.url}/out", tmp_path)
     assert tf.train.latest_checkpoint(str(local)) == str(local / base)
     with tfckpt.open(cases[name].prefix) as orig:
@@ -916,8 +984,9 @@ def test_s3_reading_one_tensor_is_one_range_get(s3, cases):
     with tfckpt.open(cases["tf1_sharded"].prefix) as orig:
         same_value(value, orig["dev0/w"])
     gets = [r for r in s3.log.requests if r[0] == "GET"]
-    assert len(gets) == 1 and gets[0][1].endswith("/" + shard) and gets[0][2] == 206, \
-        s3.log.requests  # one partial-content GET of the tensor's data object
+    assert len(gets) == 1 and gets[0][1].endswith("/" + shard) and gets[0][2] == 206, (
+        s3.log.requests
+    )  # one partial-content GET of the tensor's data object
 
 
 def test_s3_to_local_and_local_to_s3(s3, cases, reference, tmp_path):
@@ -928,8 +997,7 @@ def test_s3_to_local_and_local_to_s3(s3, cases, reference, tmp_path):
     with tfckpt.open(cases["max_shard_policy"].prefix) as orig:
         tf2_restore_float16(tmp_path / "policy", orig)
 
-    tfckpt.convert(cases["max_shard_policy"].path, f"{s3.url}/up/", "float16",
-                   max_shard_bytes=600)
+    tfckpt.convert(cases["max_shard_policy"].path, f"{s3.url}/up/", "float16", max_shard_bytes=600)
     assert s3.files(f"{s3.url}/up") == want
 
 
@@ -937,15 +1005,18 @@ def test_s3_failed_run_leaves_nothing(s3, ovf):
     for i, src in enumerate([ovf.prefix, None]):
         if src is None:  # the same from an S3 source
             s3.fs.put_file(ovf.prefix + ".index", f"{s3.url[5:]}/src/ovf.index")
-            s3.fs.put_file(paths.data_filename(ovf.prefix, 0, 1),
-                           f"{s3.url[5:]}/src/{Path(paths.data_filename(ovf.prefix, 0, 1)).name}")
+            s3.fs.put_file(
+                paths.data_filename(ovf.prefix, 0, 1),
+                f"{s3.url[5:]}/src/{Path(paths.data_filename(ovf.prefix, 0, 1)).name}",
+            )
             src = f"{s3.url}/src/ovf"
         with pytest.raises(tfckpt.CheckpointError, match="z_big"):
             tfckpt.convert(src, f"{s3.url}/out{i}/", "float16", max_shard_bytes=200)
         assert s3.files(f"{s3.url}/out{i}") == {}
         puts = [p for m, p, _ in s3.log.requests if m == "PUT" and f"/out{i}/" in p]
-        assert len([p for p in puts if ".data-" in p]) == 3 and not \
-            [p for p in puts if p.endswith(".index")]
+        assert len([p for p in puts if ".data-" in p]) == 3 and not [
+            p for p in puts if p.endswith(".index")
+        ]
 
 
 # ================================================================ Dask
@@ -956,9 +1027,14 @@ def dask_cluster(s3_server):
     """Two worker processes on 127.0.0.1 (started after the S3 settings, so they inherit them).
     A task whose worker dies fails at once (allowed_failures=0)."""
     distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                       dashboard_address=None, host="127.0.0.1",
-                                       scheduler_kwargs={"allowed_failures": 0})
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        processes=True,
+        threads_per_worker=1,
+        dashboard_address=None,
+        host="127.0.0.1",
+        scheduler_kwargs={"allowed_failures": 0},
+    )
     client = distributed.Client(cluster)
     try:
         yield SimpleNamespace(cluster=cluster, client=client, distributed=distributed)
@@ -967,17 +1043,25 @@ def dask_cluster(s3_server):
         cluster.close()
 
 
-DASK_RUNS = [("tf1_sharded", None), ("max_shard_policy", None), ("tf1_sharded", 300),
-             ("keras_manager", 1000)]
+DASK_RUNS = [
+    ("tf1_sharded", None),
+    ("max_shard_policy", None),
+    ("tf1_sharded", 300),
+    ("keras_manager", 1000),
+]
 
 
 @pytest.mark.parametrize("name,max_shard_bytes", DASK_RUNS)
-def test_dask_output_identical(dask_cluster, cases, reference, tmp_path, name,
-                               max_shard_bytes):
+def test_dask_output_identical(dask_cluster, cases, reference, tmp_path, name, max_shard_bytes):
     client = dask_cluster.client
     with dask_cluster.distributed.get_task_stream(client) as stream:
-        summary = tfckpt.convert(cases[name].path, f"{tmp_path}/", "float16",
-                                 max_shard_bytes=max_shard_bytes, executor=client)
+        summary = tfckpt.convert(
+            cases[name].path,
+            f"{tmp_path}/",
+            "float16",
+            max_shard_bytes=max_shard_bytes,
+            executor=client,
+        )
     want = reference(name, max_shard_bytes=max_shard_bytes)
     shards = [f for f in want if ".data-" in f]
     assert len(shards) >= 2
@@ -992,7 +1076,7 @@ def test_dask_output_identical(dask_cluster, cases, reference, tmp_path, name,
 def test_dask_cli(dask_cluster, cases, reference, tmp_path):
     address = dask_cluster.cluster.scheduler_address
     assert address.startswith("tcp://127.0.0.1:")
-    spec = "dask://" + address[len("tcp://"):]
+    spec = "dask://" + address[len("tcp://") :]
     for name, msb in [("max_shard_policy", None), ("tf1_sharded", 300)]:
         out = tmp_path / name
         args = ["convert", cases[name].path, f"{out}/", "--dtype", "float16", "--executor", spec]
@@ -1006,8 +1090,9 @@ def test_dask_cli(dask_cluster, cases, reference, tmp_path):
 def test_dask_s3_to_s3(dask_cluster, s3, reference, tmp_path, cases):
     _, src = s3.upload("max_shard_policy")
     s3.log.requests.clear()
-    tfckpt.convert(src, f"{s3.url}/out/", "float16", max_shard_bytes=600,
-                   executor=dask_cluster.client)
+    tfckpt.convert(
+        src, f"{s3.url}/out/", "float16", max_shard_bytes=600, executor=dask_cluster.client
+    )
     assert s3.files(f"{s3.url}/out") == reference("max_shard_policy", max_shard_bytes=600)
     local = s3.download(f"{s3.url}/out", tmp_path)
     with tfckpt.open(cases["max_shard_policy"].prefix) as orig:
@@ -1101,12 +1186,16 @@ class LoseFirstResult:
         return f
 
 
-@pytest.mark.parametrize("dst_kind", [
-    "s3",
-    "local",
-])
-def test_dask_result_lost_with_its_worker_is_recomputed(dask_cluster, cases, reference,
-                                                        tmp_path, dst_kind, request):
+@pytest.mark.parametrize(
+    "dst_kind",
+    [
+        "s3",
+        "local",
+    ],
+)
+def test_dask_result_lost_with_its_worker_is_recomputed(
+    dask_cluster, cases, reference, tmp_path, dst_kind, request
+):
     client = dask_cluster.client
     if dst_kind == "s3":
         s3 = request.getfixturevalue("s3")

@@ -31,14 +31,25 @@ pytest.importorskip("moto.server")
 
 import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
-import tfckpt  # noqa: E402
 from test_remote import BUCKET, s3_server  # noqa: E402,F401  (the moto server fixture)
+
+import tfckpt  # noqa: E402
 from tfckpt import paths  # noqa: E402
 
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "te",
-              "trailer", "upgrade", "proxy-connection"}
-ERROR_BODY = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
-              b"<Message>injected by the test proxy</Message></Error>")
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-connection",
+}
+ERROR_BODY = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
+    b"<Message>injected by the test proxy</Message></Error>"
+)
 
 
 class FaultProxy:
@@ -86,8 +97,16 @@ class FaultProxy:
 
             def _handle(self):
                 body = self._body()
-                action = next((a for a in (r(self.command, self.path, self.headers)
-                                           for r in list(proxy.rules)) if a is not None), None)
+                action = next(
+                    (
+                        a
+                        for a in (
+                            r(self.command, self.path, self.headers) for r in list(proxy.rules)
+                        )
+                        if a is not None
+                    ),
+                    None,
+                )
                 proxy.log.append((self.command, self.path, action))
                 if action == "die":
                     proxy.dead = True
@@ -101,9 +120,12 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(ERROR_BODY)
                     return
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in HOP_BY_HOP
-                           and not (action == "ignore_range" and k.lower() == "range")}
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in HOP_BY_HOP
+                    and not (action == "ignore_range" and k.lower() == "range")
+                }
                 headers["Content-Length"] = str(len(body))
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 try:
@@ -119,8 +141,9 @@ class FaultProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in HOP_BY_HOP:
                         self.send_header(k, v)
-                length = resp.getheader("Content-Length", "0") if self.command == "HEAD" \
-                    else len(data)
+                length = (
+                    resp.getheader("Content-Length", "0") if self.command == "HEAD" else len(data)
+                )
                 self.send_header("Content-Length", str(length))
                 self.end_headers()
                 if self.command != "HEAD":
@@ -161,6 +184,7 @@ def on(method: str, ending: str, action, times: int | None = None):
                 return None
             left[0] -= 1
         return action
+
     return rule
 
 
@@ -187,7 +211,7 @@ def s3(s3_server, proxy, monkeypatch):
     def files(sub: str) -> dict[str, bytes]:
         direct.invalidate_cache()
         key = f"{base}/{sub}"
-        return {p[len(key) + 1:]: direct.cat_file(p) for p in direct.find(key)}
+        return {p[len(key) + 1 :]: direct.cat_file(p) for p in direct.find(key)}
 
     def put(prefix, sub: str) -> str:
         """The checkpoint files of a local ``prefix`` under ``sub``; its URL prefix."""
@@ -195,8 +219,7 @@ def s3(s3_server, proxy, monkeypatch):
             direct.put_file(str(f), f"{base}/{sub}/{f.name}")
         return f"s3://{base}/{sub}/{Path(prefix).name}"
 
-    yield SimpleNamespace(url=f"s3://{base}", files=files, put=put, proxy=proxy,
-                          direct=direct)
+    yield SimpleNamespace(url=f"s3://{base}", files=files, put=put, proxy=proxy, direct=direct)
     proxy.reset()
     s3_server.s3fs.S3FileSystem.clear_instance_cache()
 
@@ -226,8 +249,10 @@ def tf_values(files: dict[str, bytes], directory: Path, name: str) -> dict[str, 
 
 def float16_of(prefix) -> dict[str, bytes]:
     with tfckpt.open(prefix) as ckpt:
-        return {n: (ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n])
-                .tobytes() for n in ckpt.keys()}
+        return {
+            n: (ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n]).tobytes()
+            for n in ckpt.keys()
+        }
 
 
 # ---------------------------------------------------------------- overwrite, commit
@@ -242,8 +267,10 @@ def overwrite(how: str, src: str, dst: str):
     if how == "cli":
         return ch.run_text("convert", src, dst, "--dtype", "float16", "--overwrite")
     with tfckpt.open(src) as ckpt:  # the streaming writer, tensor by tensor, same shards
-        values = {n: ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n]
-                  for n in ckpt.keys()}
+        values = {
+            n: ckpt[n].astype(np.float16) if ckpt[n].dtype.kind == "f" else ckpt[n]
+            for n in ckpt.keys()
+        }
         shards = {n: ckpt.info(n).shard for n in ckpt.keys()}
     with tfckpt.BundleWriter(dst, overwrite=True) as w:
         for name in sorted(values):
@@ -251,13 +278,16 @@ def overwrite(how: str, src: str, dst: str):
 
 
 @pytest.mark.parametrize("how", OVERWRITERS)
-def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded, tmp_path,
-                                                                     how):
+def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded, tmp_path, how):
     dst = f"{s3.url}/out/sharded.ckpt"
     tfckpt.transform(sharded.prefix, dst)  # the old checkpoint: a float32 copy, 2 shards
     before = s3.files("out")
-    assert sorted(before) == ["checkpoint", "sharded.ckpt.data-00000-of-00002",
-                              "sharded.ckpt.data-00001-of-00002", "sharded.ckpt.index"]
+    assert sorted(before) == [
+        "checkpoint",
+        "sharded.ckpt.data-00000-of-00002",
+        "sharded.ckpt.data-00001-of-00002",
+        "sharded.ckpt.index",
+    ]
     s3.proxy.log.clear()
     s3.proxy.rules.append(on("PUT", "sharded.ckpt.index", 500))
     if how == "cli":
@@ -278,14 +308,19 @@ def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded
     s3.proxy.reset()
     overwrite("convert" if how == "cli" else how, sharded.prefix, dst)
     after = s3.files("out")
-    assert sorted(after) == ["checkpoint", "sharded.ckpt.data-00000-of-00003",
-                             "sharded.ckpt.data-00001-of-00003",
-                             "sharded.ckpt.data-00002-of-00003", "sharded.ckpt.index"]
+    assert sorted(after) == [
+        "checkpoint",
+        "sharded.ckpt.data-00000-of-00003",
+        "sharded.ckpt.data-00001-of-00003",
+        "sharded.ckpt.data-00002-of-00003",
+        "sharded.ckpt.index",
+    ]
     assert after["sharded.ckpt.data-00002-of-00003"] == b""
     log = s3.proxy.log
     old_deleted = [i for i, (m, p, _) in enumerate(log) if m == "DELETE" and "-of-00002" in p]
-    index_at = [i for i, (m, p, _) in enumerate(log)
-                if m == "PUT" and p.endswith("sharded.ckpt.index")]
+    index_at = [
+        i for i, (m, p, _) in enumerate(log) if m == "PUT" and p.endswith("sharded.ckpt.index")
+    ]
     assert len(old_deleted) == 2 and len(index_at) == 1 and index_at[0] < min(old_deleted)
     got = tf_values(after, tmp_path / "got", "sharded.ckpt")
     assert {n: v.tobytes() for n, v in got.items()} == float16_of(sharded.prefix)
@@ -314,10 +349,23 @@ def test_interrupt_while_writing_the_index_publishes_nothing(s3, many, existing)
         tfckpt.transform(many.prefix, dst)
     before = s3.files("out")
     s3.proxy.log.clear()
-    proc = subprocess.run([sys.executable, "-c", INTERRUPT_IN_INDEX, "convert", many.prefix,
-                           dst, "--dtype", "float16", "--overwrite"],
-                          env=dict(os.environ, INTERRUPT_AT="250"), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            INTERRUPT_IN_INDEX,
+            "convert",
+            many.prefix,
+            dst,
+            "--dtype",
+            "float16",
+            "--overwrite",
+        ],
+        env=dict(os.environ, INTERRUPT_AT="250"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 130, proc.stderr
     assert s3.files("out") == before  # no index, no half index, no new data objects
     assert not s3.proxy.requests("PUT", "many.index")
@@ -328,8 +376,7 @@ def test_interrupt_while_writing_the_index_publishes_nothing(s3, many, existing)
 
 def test_server_ignoring_range(s3, sharded):
     src = s3.put(sharded.prefix, "src")
-    s3.proxy.rules.append(lambda m, p, h: "ignore_range" if m == "GET" and "Range" in h
-                          else None)
+    s3.proxy.rules.append(lambda m, p, h: "ignore_range" if m == "GET" and "Range" in h else None)
     with tfckpt.open(src) as ckpt:  # the index is read whole: no Range needed
         shard = paths.data_filename(src, ckpt.info("dev0/w").shard, 2)
         with pytest.raises(tfckpt.CheckpointError, match="instead of") as e:
@@ -392,14 +439,17 @@ def test_server_dying_mid_run(s3, sharded, s3_server, tmp_path, monkeypatch):
         tfckpt.convert(src, dst, "float16")
     s3.proxy.reset()
     # No index; the first data object of each run, which the dead server kept.
-    assert sorted(s3.files("out")) == ["sharded.ckpt.data-00000-of-00002",
-                                       "sharded.ckpt.data-00000-of-00003"]
+    assert sorted(s3.files("out")) == [
+        "sharded.ckpt.data-00000-of-00002",
+        "sharded.ckpt.data-00000-of-00003",
+    ]
     # Back again: the next run completes (under names no leftover has), and deletes the
     # leftovers after its commit.
     tfckpt.convert(src, dst, "float16")
     files = s3.files("out")
-    assert sorted(files) == ["checkpoint"] + [f"sharded.ckpt.data-0000{i}-of-00004"
-                                              for i in range(4)] + ["sharded.ckpt.index"]
+    assert sorted(files) == ["checkpoint"] + [
+        f"sharded.ckpt.data-0000{i}-of-00004" for i in range(4)
+    ] + ["sharded.ckpt.index"]
     got = tf_values(files, tmp_path / "got", "sharded.ckpt")
     assert {n: v.tobytes() for n, v in got.items()} == float16_of(sharded.prefix)
     # A server that is not there at all: connections refused.

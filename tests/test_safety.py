@@ -16,11 +16,10 @@ import time
 
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_error, run_process
 
 import tfckpt
 from tfckpt import inspection as tfinspect
-
-from cli_helpers import assert_cli_error, run_process
 
 N_TENSORS = 48
 ELEMENTS = 1 << 20  # 4 MiB of float32 each: ~190 MiB to convert
@@ -31,16 +30,18 @@ def source(tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("safety") / "src" / "model")
     with tfckpt.BundleWriter(prefix) as w:
         for i in range(N_TENSORS):
-            w.add(f"layer_{i:02d}/kernel",
-                  (np.arange(ELEMENTS, dtype=np.float32) + i) / ELEMENTS)
+            w.add(f"layer_{i:02d}/kernel", (np.arange(ELEMENTS, dtype=np.float32) + i) / ELEMENTS)
         w.add("step", np.int64(5))
     return prefix
 
 
 def _hash_files(prefix: str) -> dict[str, str]:
     d, base = os.path.split(prefix)
-    return {f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
-            for f in sorted(os.listdir(d)) if f.startswith(base + ".")}
+    return {
+        f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+        for f in sorted(os.listdir(d))
+        if f.startswith(base + ".")
+    }
 
 
 def _verified(prefix: str) -> str | None:
@@ -76,8 +77,18 @@ def _leftovers(directory: str) -> list[str]:
 
 
 def _convert_cmd(src, dst, *extra):
-    return [sys.executable, "-m", "tfckpt", "convert", src, dst, "--dtype", "float16",
-            "--overwrite", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "tfckpt",
+        "convert",
+        src,
+        dst,
+        "--dtype",
+        "float16",
+        "--overwrite",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["fresh", "overwrite"])
@@ -87,8 +98,9 @@ def test_sigkill_at_timed_points(source, tmp_path, existing):
     for delay in (0.05, 0.3, 0.5, 0.7, 0.9, 1.2, 1.6, 2.2):
         if existing:
             tfckpt.transform(source, dst, overwrite=True)  # a float32 copy: the "old" one
-        proc = subprocess.Popen(_convert_cmd(source, dst), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _convert_cmd(source, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -140,9 +152,23 @@ def test_sigkill_at_every_step_of_the_commit(tmp_path, existing):
             tfckpt.transform(src, dst, overwrite=True, max_shard_bytes=8 << 10)  # 2+ shards
             before = _hash_files(dst)
         env = dict(os.environ, KILL_AT=str(kill_at))
-        proc = subprocess.run([sys.executable, "-c", KILL_AT_RENAME, "convert", src, dst,
-                               "--dtype", "float16", "--overwrite", "--max-shard-bytes", "8K"],
-                              env=env, capture_output=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                KILL_AT_RENAME,
+                "convert",
+                src,
+                dst,
+                "--dtype",
+                "float16",
+                "--overwrite",
+                "--max-shard-bytes",
+                "8K",
+            ],
+            env=env,
+            capture_output=True,
+        )
         if proc.returncode == 0:
             break  # past the last rename: the run completed
         assert proc.returncode == -signal.SIGKILL
@@ -173,6 +199,7 @@ def _checkpoint_state_small(prefix: str) -> str:
 def _limited(limit: int):
     def preexec():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return preexec
 
 
@@ -182,8 +209,13 @@ def test_disk_full(source, tmp_path, existing):
     if existing:
         tfckpt.transform(source, dst, include=["^step$"])
         before = _hash_files(dst)
-    proc = subprocess.run(_convert_cmd(source, dst), capture_output=True, text=True,
-                          preexec_fn=_limited(8 << 20), timeout=300)
+    proc = subprocess.run(
+        _convert_cmd(source, dst),
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited(8 << 20),
+        timeout=300,
+    )
     assert_cli_error(proc, "write")
     assert _leftovers(os.path.dirname(dst)) == []
     if existing:
@@ -200,16 +232,26 @@ def test_library_write_error_is_a_checkpoint_error(tmp_path):
         f"    tfckpt.save({{'x': np.zeros(4 << 20, np.float32)}}, {str(tmp_path / 'm')!r})\n"
         "except tfckpt.CheckpointWriteError as e:\n"
         "    print('CheckpointWriteError', e); sys.exit(0)\n"
-        "sys.exit(1)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          preexec_fn=_limited(1 << 20), timeout=120)
+        "sys.exit(1)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited(1 << 20),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert os.listdir(tmp_path) == []
 
 
 COMMANDS = [
-    ["dump", "{src}"], ["dump", "{src}", "--json"], ["dump", "{src}", "--tensor", "step"],
-    ["diff", "{src}", "{other}"], ["stats", "{src}"], ["verify", "{src}"],
+    ["dump", "{src}"],
+    ["dump", "{src}", "--json"],
+    ["dump", "{src}", "--tensor", "step"],
+    ["diff", "{src}", "{other}"],
+    ["stats", "{src}"],
+    ["verify", "{src}"],
     ["convert", "{src}", "{out}/c", "--dtype", "bfloat16"],
     ["rename", "{src}", "{out}/r", "--map", "layer_=block_"],
     ["select", "{src}", "{out}/s", "--exclude", "^layer_1"],
@@ -221,19 +263,27 @@ COMMANDS = [
 def test_sources_are_never_modified(tmp_path, args):
     src = str(tmp_path / "a" / "model")
     other = str(tmp_path / "b" / "model")
-    tfckpt.save({"layer_00/kernel": np.ones((4, 4), np.float32), "step": np.int64(1),
-                 "words": np.array([b"x", b"yz"], dtype=object)}, src)
+    tfckpt.save(
+        {
+            "layer_00/kernel": np.ones((4, 4), np.float32),
+            "step": np.int64(1),
+            "words": np.array([b"x", b"yz"], dtype=object),
+        },
+        src,
+    )
     tfckpt.save({"layer_00/kernel": np.zeros((4, 4), np.float32)}, other)
     before = {**_hash_files(src), **{"b/" + k: v for k, v in _hash_files(other).items()}}
-    mtimes = {f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns
-              for f in os.listdir(tmp_path / "a")}
+    mtimes = {
+        f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns for f in os.listdir(tmp_path / "a")
+    }
     cmd = [a.format(src=src, other=other, out=tmp_path / "out") for a in args]
     proc = run_process(*cmd, text=True)
     assert proc.returncode == (1 if args[0] == "diff" else 0), proc.stderr  # they did run
     after = {**_hash_files(src), **{"b/" + k: v for k, v in _hash_files(other).items()}}
     assert after == before
-    assert {f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns
-            for f in os.listdir(tmp_path / "a")} == mtimes
+    assert {
+        f: os.stat(os.path.join(tmp_path / "a", f)).st_mtime_ns for f in os.listdir(tmp_path / "a")
+    } == mtimes
 
 
 def test_destination_may_not_be_a_source(tmp_path):
@@ -246,10 +296,20 @@ def test_destination_may_not_be_a_source(tmp_path):
     assert _hash_files(src) == before
 
 
-@pytest.mark.parametrize("name", [
-    "../../escape", "/absolute/looking", "a/../../b", "..", "nul\x00inside",
-    "x" * 10_000, "dir/" * 200 + "deep", "data-00000-of-00001", "../model.index",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../escape",
+        "/absolute/looking",
+        "a/../../b",
+        "..",
+        "nul\x00inside",
+        "x" * 10_000,
+        "dir/" * 200 + "deep",
+        "data-00000-of-00001",
+        "../model.index",
+    ],
+)
 def test_names_are_never_paths(tmp_path, name):
     out = tmp_path / "inner" / "model"
     value = np.arange(6, dtype=np.float32)
@@ -260,8 +320,8 @@ def test_names_are_never_paths(tmp_path, name):
     assert sorted(os.listdir(tmp_path)) == ["inner"]
     # (No state file: the directory holds the source, whose state it would be.)
     assert sorted(os.listdir(tmp_path / "inner")) == sorted(
-        ["model.index", "model.data-00000-of-00001", "conv.index",
-         "conv.data-00000-of-00001"])
+        ["model.index", "model.data-00000-of-00001", "conv.index", "conv.data-00000-of-00001"]
+    )
     with tfckpt.open(str(converted)) as ckpt:
         assert name in ckpt.keys()
         assert ckpt[name].tobytes() == value.astype(np.float16).tobytes()

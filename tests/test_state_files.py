@@ -26,7 +26,7 @@ def managed(directory, saves: int) -> list[str]:
     v = tf.Variable(np.arange(4, dtype=np.float32))
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(directory), max_to_keep=5)
     prefixes = []
-    for i in range(saves):
+    for _ in range(saves):
         v.assign_add(tf.ones(4))
         prefixes.append(manager.save())
     return prefixes

@@ -16,14 +16,13 @@ import sys
 
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_error
 
 import tfckpt
 
-from cli_helpers import assert_cli_error
-
 CHUNK = "1M"
-MANY = 1 << 20           # elements of "many": 0 to 127 bytes each, about 64 MiB in all
-BIG = 48 << 20           # one element of "big", far larger than a chunk
+MANY = 1 << 20  # elements of "many": 0 to 127 bytes each, about 64 MiB in all
+BIG = 48 << 20  # one element of "big", far larger than a chunk
 
 
 def _strings(rng, n: int, max_len: int) -> np.ndarray:
@@ -37,8 +36,12 @@ def _strings(rng, n: int, max_len: int) -> np.ndarray:
 def _save_v2(prefix: str, tensors: dict) -> None:
     tf = pytest.importorskip("tensorflow")
     names = list(tensors)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(tensors[n]) for n in names])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(tensors[n]) for n in names],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +56,11 @@ def strings_ckpt(tmp_path_factory):
         "kernel": rng.standard_normal((64, 64)).astype(np.float32),
     }
     _save_v2(str(d / "model"), values)
-    small = {"many": values["many"][:2, :8], "big": values["big"][[0, 2]],
-             "kernel": values["kernel"]}
+    small = {
+        "many": values["many"][:2, :8],
+        "big": values["big"][[0, 2]],
+        "kernel": values["kernel"],
+    }
     _save_v2(str(d / "small"), small)
     return str(d / "model"), str(d / "small"), values
 
@@ -71,8 +77,12 @@ print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
 
 
 def _peak_mib(*args) -> float:
-    proc = subprocess.run([sys.executable, "-c", PEAK_RSS, sys.executable, "-m", "tfckpt",
-                           *map(str, args)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, sys.executable, "-m", "tfckpt", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     peak_kib, rc = map(int, proc.stdout.split())
     assert rc == 0, proc.stderr
     return peak_kib / 1024
@@ -84,13 +94,16 @@ def test_string_tensors_stream_in_bounded_memory(strings_ckpt, tmp_path):
     out = tmp_path / "out" / "model"
     baseline = _peak_mib("select", small, tmp_path / "base" / "model", "--chunk-bytes", CHUNK)
     peak = _peak_mib("select", src, out, "--chunk-bytes", CHUNK)
-    string_mib = (os.path.getsize(f"{src}.data-00000-of-00001") >> 20)
+    string_mib = os.path.getsize(f"{src}.data-00000-of-00001") >> 20
     assert string_mib > 100
-    assert peak < baseline + 24, \
+    assert peak < baseline + 24, (
         f"peak RSS {peak:.0f} MiB for {string_mib} MiB of strings (baseline {baseline:.0f} MiB)"
+    )
     # The same bytes TensorFlow wrote, and TensorFlow reads them back.
-    with open(f"{src}.data-00000-of-00001", "rb") as a, \
-            open(f"{out}.data-00000-of-00001", "rb") as b:
+    with (
+        open(f"{src}.data-00000-of-00001", "rb") as a,
+        open(f"{out}.data-00000-of-00001", "rb") as b,
+    ):
         assert a.read() == b.read()
     reader = tf.train.load_checkpoint(str(out))
     for name, value in values.items():
@@ -106,8 +119,10 @@ def test_string_tensors_stream_in_bounded_memory(strings_ckpt, tmp_path):
     assert peak < baseline + 24, f"peak RSS {peak:.0f} MiB (baseline {baseline:.0f} MiB)"
     reader = tf.train.load_checkpoint(str(half))
     assert (reader.get_tensor("big") == values["big"]).all()
-    assert reader.get_tensor("kernel").tobytes() == \
-        tf.cast(values["kernel"], tf.float16).numpy().tobytes()
+    assert (
+        reader.get_tensor("kernel").tobytes()
+        == tf.cast(values["kernel"], tf.float16).numpy().tobytes()
+    )
 
 
 def test_string_stream_matches_tensorflow_bytes(strings_ckpt, tmp_path):
@@ -122,8 +137,10 @@ def test_string_stream_matches_tensorflow_bytes(strings_ckpt, tmp_path):
             with w.stream(name, "string", ckpt.info(name).shape) as s:
                 for kind, part, _ in ckpt.iter_string_parts(name, chunk_bytes=3):
                     (s.write_lengths if kind == "lengths" else s.write_data)(part)
-    with open(f"{small}.data-00000-of-00001", "rb") as a, \
-            open(f"{out}.data-00000-of-00001", "rb") as b:
+    with (
+        open(f"{small}.data-00000-of-00001", "rb") as a,
+        open(f"{out}.data-00000-of-00001", "rb") as b,
+    ):
         assert a.read() == b.read()
 
 
@@ -150,9 +167,14 @@ def test_source_truncated_during_a_run_is_a_clean_error(strings_ckpt, tmp_path, 
     tf = pytest.importorskip("tensorflow")
     # Two string tensors: the first is read whole before the shard is cut inside the second.
     copy = str(tmp_path / "src" / "model")
-    _save_v2(copy, {"a_words": values["many"][:64].reshape(-1),
-                    "b_words": values["many"][64:256].reshape(-1),
-                    "kernel": values["kernel"]})
+    _save_v2(
+        copy,
+        {
+            "a_words": values["many"][:64].reshape(-1),
+            "b_words": values["many"][64:256].reshape(-1),
+            "kernel": values["kernel"],
+        },
+    )
     del tf
     with tfckpt.open(copy) as ckpt:
         at = ckpt.info("b_words")
@@ -160,10 +182,22 @@ def test_source_truncated_during_a_run_is_a_clean_error(strings_ckpt, tmp_path, 
     assert at.offset > first
     dst = tmp_path / "out" / "model"
     proc = subprocess.run(
-        [sys.executable, "-c", TRUNCATE_DURING_RUN, command[0], copy, str(dst), *command[1:],
-         "--chunk-bytes", CHUNK],
+        [
+            sys.executable,
+            "-c",
+            TRUNCATE_DURING_RUN,
+            command[0],
+            copy,
+            str(dst),
+            *command[1:],
+            "--chunk-bytes",
+            CHUNK,
+        ],
         env=dict(os.environ, TRUNCATE_AT="b_words", TRUNCATE_TO=str(at.offset + 4096)),
-        capture_output=True, text=True, timeout=120)
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != -signal.SIGBUS, "killed by SIGBUS"
     assert_cli_error(proc, "b_words", "data-00000-of-00001")
     assert not os.path.exists(f"{dst}.index")
@@ -200,10 +234,15 @@ def test_mapped_read_after_truncation_is_an_error(strings_ckpt, tmp_path):
     src, small, values = strings_ckpt
     copy = str(tmp_path / "model")
     rng = np.random.default_rng(3)
-    _save_v2(copy, {"kernel": values["kernel"],
-                    "other": rng.standard_normal(1 << 18).astype(np.float32)})
-    proc = subprocess.run([sys.executable, "-c", MAPPED_READ_AFTER_TRUNCATION, copy],
-                          capture_output=True, text=True, timeout=60)
+    _save_v2(
+        copy, {"kernel": values["kernel"], "other": rng.standard_normal(1 << 18).astype(np.float32)}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", MAPPED_READ_AFTER_TRUNCATION, copy],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, f"exit status {proc.returncode}: {proc.stderr}"
     assert "other" in proc.stdout
 
@@ -221,7 +260,8 @@ def test_iter_chunks_yields_string_elements_a_chunk_at_a_time(strings_ckpt):
             assert (np.concatenate(chunks) == want).all(), name
             for c in chunks:
                 sizes = [len(x) for x in c]
-                assert sum(sizes) <= 2 * chunk or len(c) == 1 or \
-                    sum(sizes) - max(sizes) <= 2 * chunk, (name, len(c), sum(sizes))
+                assert (
+                    sum(sizes) <= 2 * chunk or len(c) == 1 or sum(sizes) - max(sizes) <= 2 * chunk
+                ), (name, len(c), sum(sizes))
             if name == "many":
                 assert len(chunks) > 32

@@ -16,7 +16,7 @@ import struct
 
 import crc32c as crc32c_lib
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfckpt
@@ -34,6 +34,7 @@ EMPTY_BLOCK = b"\x00\x00\x00\x00\x01\x00\x00\x00"  # no entries, restarts [0], c
 
 
 # --- independent test-side encoders ----------------------------------------
+
 
 def varint(n: int) -> bytes:
     out = bytearray()
@@ -82,7 +83,9 @@ def prefix_block(kvs, interval: int = 16) -> bytes:
         entries.append(e)
         offset += len(e)
         last = k
-    return b"".join(entries) + b"".join(u32(r) for r in (restarts or [0])) + u32(len(restarts or [0]))
+    return (
+        b"".join(entries) + b"".join(u32(r) for r in (restarts or [0])) + u32(len(restarts or [0]))
+    )
 
 
 def handle(offset: int, size: int) -> bytes:
@@ -94,8 +97,9 @@ def footer(meta_off, meta_size, idx_off, idx_size) -> bytes:
     return h + b"\x00" * (40 - len(h)) + MAGIC_LE
 
 
-def assemble(blocks, index_keys=None, *, index_contents=None, index_type=0,
-             index_handles=None) -> bytes:
+def assemble(
+    blocks, index_keys=None, *, index_contents=None, index_type=0, index_handles=None
+) -> bytes:
     """A table from data blocks given as contents or (contents, type[, trailer])."""
     out = bytearray()
     handles = []
@@ -138,9 +142,9 @@ def parse_raw_block(contents: bytes):
         shared, pos = read_varint(contents, pos)
         non_shared, pos = read_varint(contents, pos)
         vlen, pos = read_varint(contents, pos)
-        key = key[:shared] + contents[pos:pos + non_shared]
+        key = key[:shared] + contents[pos : pos + non_shared]
         pos += non_shared
-        entries.append((shared, key, contents[pos:pos + vlen], start))
+        entries.append((shared, key, contents[pos : pos + vlen], start))
         pos += vlen
     assert pos == limit
     return entries, restarts
@@ -155,7 +159,7 @@ def parse_table(data: bytes):
     io_, p = read_varint(f, p)
     is_, p = read_varint(f, p)
     assert f[p:40] == b"\x00" * (40 - p)
-    index = data[io_:io_ + is_]
+    index = data[io_ : io_ + is_]
     if data[io_ + is_] == 1:
         index = bytes(cramjam.snappy.decompress_raw(index))
     blocks = []
@@ -166,11 +170,11 @@ def parse_table(data: bytes):
         off, q = read_varint(value, 0)
         size, q = read_varint(value, q)
         assert q == len(value)
-        contents = data[off:off + size]
+        contents = data[off : off + size]
         if data[off + size] == 1:
             contents = bytes(cramjam.snappy.decompress_raw(contents))
         blocks.append((key, off, size, data[off + size], contents))
-    return (mo, ms, io_, is_), data[mo:mo + ms], blocks
+    return (mo, ms, io_, is_), data[mo : mo + ms], blocks
 
 
 def build(entries, **kw) -> bytes:
@@ -232,13 +236,16 @@ def test_varint_negative_refused():
         T.encode_varint(-1)
 
 
-@pytest.mark.parametrize("buf,limit", [
-    (b"", 0),
-    (b"\x80", 1),
-    (b"\xff\xff\xff", 3),
-    (b"\x80\x01", 1),          # the limit cuts the varint short even though bytes follow
-    (b"\xac\x02", 1),
-])
+@pytest.mark.parametrize(
+    "buf,limit",
+    [
+        (b"", 0),
+        (b"\x80", 1),
+        (b"\xff\xff\xff", 3),
+        (b"\x80\x01", 1),  # the limit cuts the varint short even though bytes follow
+        (b"\xac\x02", 1),
+    ],
+)
 def test_varint_truncated(buf, limit):
     with pytest.raises(ValueError):
         T.decode_varint(buf, 0, limit)
@@ -289,6 +296,7 @@ def test_varint_decode_never_crashes(buf, limit):
 
 # --- CRC32C and masking --------------------------------------------------------
 
+
 def test_crc32c_known_vectors():
     assert T.crc32c(b"123456789") == 0xE3069283
     # LevelDB's crc32c_test.cc vectors (from RFC 3720).
@@ -304,9 +312,9 @@ def test_crc32c_known_vectors():
 def test_mask_by_hand():
     # mask(c) = rotr15(c) + 0xa282ead8 (mod 2**32)
     assert T.mask_crc(0) == 0xA282EAD8
-    assert T.mask_crc(1) == 0xA282EAD8 + (1 << 17)           # 1 rotates to bit 17
-    assert T.mask_crc(0x8000) == 0xA282EAD9                  # bit 15 rotates to bit 0
-    assert T.mask_crc(0xFFFFFFFF) == 0xA282EAD7              # 0xffffffff + delta wraps
+    assert T.mask_crc(1) == 0xA282EAD8 + (1 << 17)  # 1 rotates to bit 17
+    assert T.mask_crc(0x8000) == 0xA282EAD9  # bit 15 rotates to bit 0
+    assert T.mask_crc(0xFFFFFFFF) == 0xA282EAD7  # 0xffffffff + delta wraps
     # c = 0xE3069283: c >> 15 = 0x1C60D, (c & 0x7fff) << 17 = 0x25060000,
     # rotated 0x2507C60D, plus 0xA282EAD8 = 0xC78AB0E5.
     assert T.mask_crc(0xE3069283) == 0xC78AB0E5
@@ -324,6 +332,7 @@ def test_mask_unmask_roundtrip(x):
 
 
 # --- block handles and footer --------------------------------------------------
+
 
 def test_block_handle_encode_decode():
     assert T.BlockHandle(0, 0).encode() == b"\x00\x00"
@@ -357,11 +366,18 @@ HAND_ENTRIES = [
 ]
 
 HAND_DATA_BLOCK = (
-    b"\x00\x00\x03" + b"HDR"                      # shared 0, key "", value "HDR"
-    + b"\x00\x0a\x02" + b"dense/bias" + b"B1"      # shared 0 with ""
-    + b"\x06\x06\x03" + b"kernel" + b"K22"         # shares "dense/"
-    + b"\x0c\x02\x00" + b"/m"                      # shares "dense/kernel", empty value
-    + b"\x00\x00\x00\x00" + b"\x01\x00\x00\x00"    # restarts [0], count 1
+    b"\x00\x00\x03"
+    + b"HDR"  # shared 0, key "", value "HDR"
+    + b"\x00\x0a\x02"
+    + b"dense/bias"
+    + b"B1"  # shared 0 with ""
+    + b"\x06\x06\x03"
+    + b"kernel"
+    + b"K22"  # shares "dense/"
+    + b"\x0c\x02\x00"
+    + b"/m"  # shares "dense/kernel", empty value
+    + b"\x00\x00\x00\x00"
+    + b"\x01\x00\x00\x00"  # restarts [0], count 1
 )
 # Index: one entry, key = short successor of "dense/kernel/m" = "e", value = handle(0, 46).
 HAND_INDEX_BLOCK = b"\x00\x01\x02" + b"e" + b"\x00\x2e" + b"\x00\x00\x00\x00\x01\x00\x00\x00"
@@ -369,9 +385,9 @@ HAND_INDEX_BLOCK = b"\x00\x01\x02" + b"e" + b"\x00\x2e" + b"\x00\x00\x00\x00\x01
 
 def hand_table() -> bytes:
     assert len(HAND_DATA_BLOCK) == 46 and len(HAND_INDEX_BLOCK) == 14
-    data = HAND_DATA_BLOCK + trailer(HAND_DATA_BLOCK)          # [0, 51)
-    data += EMPTY_BLOCK + trailer(EMPTY_BLOCK)                 # [51, 64)
-    data += HAND_INDEX_BLOCK + trailer(HAND_INDEX_BLOCK)       # [64, 83)
+    data = HAND_DATA_BLOCK + trailer(HAND_DATA_BLOCK)  # [0, 51)
+    data += EMPTY_BLOCK + trailer(EMPTY_BLOCK)  # [51, 64)
+    data += HAND_INDEX_BLOCK + trailer(HAND_INDEX_BLOCK)  # [64, 83)
     data += b"\x33\x08" + b"\x40\x0e" + b"\x00" * 36 + MAGIC_LE
     assert len(data) == 131
     return data
@@ -416,14 +432,20 @@ def test_single_entry_header_only():
 def test_two_block_table_exact_bytes():
     # block_size=1 cuts a block after every entry. Index keys: separator("abc", "abz")
     # = "abd", then short successor("abz") = "b". The index restarts at every entry.
-    b1 = b"\x00\x03\x01abc1" + EMPTY_BLOCK          # [0, 20)
-    b2 = b"\x00\x03\x01abz2" + EMPTY_BLOCK          # [20, 40)
-    index = (b"\x00\x03\x02abd" + b"\x00\x0f"       # handle(0, 15)
-             + b"\x00\x01\x02b" + b"\x14\x0f"       # handle(20, 15)
-             + u32(0) + u32(8) + u32(2))
+    b1 = b"\x00\x03\x01abc1" + EMPTY_BLOCK  # [0, 20)
+    b2 = b"\x00\x03\x01abz2" + EMPTY_BLOCK  # [20, 40)
+    index = (
+        b"\x00\x03\x02abd"
+        + b"\x00\x0f"  # handle(0, 15)
+        + b"\x00\x01\x02b"
+        + b"\x14\x0f"  # handle(20, 15)
+        + u32(0)
+        + u32(8)
+        + u32(2)
+    )
     data = b1 + trailer(b1) + b2 + trailer(b2)
-    data += EMPTY_BLOCK + trailer(EMPTY_BLOCK)      # [40, 53)
-    data += index + trailer(index)                   # [53, 84)
+    data += EMPTY_BLOCK + trailer(EMPTY_BLOCK)  # [40, 53)
+    data += index + trailer(index)  # [53, 84)
     data += b"\x28\x08\x35\x1a" + b"\x00" * 36 + MAGIC_LE
     entries = [(b"abc", b"1"), (b"abz", b"2")]
     assert build(entries, block_size=1) == data
@@ -432,20 +454,24 @@ def test_two_block_table_exact_bytes():
 
 # --- TableBuilder structure -------------------------------------------------------
 
+
 def index_keys(data):
     return [b[0] for b in parse_table(data)[2]]
 
 
-@pytest.mark.parametrize("a,b,sep", [
-    (b"abc", b"abz", b"abd"),
-    (b"the quick brown fox", b"the who", b"the r"),
-    (b"abc", b"abd", b"abc"),          # 'c' + 1 is not < 'd': unchanged
-    (b"abc", b"abcd", b"abc"),         # a prefix of the next key: unchanged
-    (b"a\xff\xff", b"b", b"a\xff\xff"),  # 'a' + 1 is not < 'b'
-    (b"a\xffz", b"c", b"b"),
-    (b"\xff\x01", b"\xff\x05", b"\xff\x02"),
-    (b"", b"a", b""),
-])
+@pytest.mark.parametrize(
+    "a,b,sep",
+    [
+        (b"abc", b"abz", b"abd"),
+        (b"the quick brown fox", b"the who", b"the r"),
+        (b"abc", b"abd", b"abc"),  # 'c' + 1 is not < 'd': unchanged
+        (b"abc", b"abcd", b"abc"),  # a prefix of the next key: unchanged
+        (b"a\xff\xff", b"b", b"a\xff\xff"),  # 'a' + 1 is not < 'b'
+        (b"a\xffz", b"c", b"b"),
+        (b"\xff\x01", b"\xff\x05", b"\xff\x02"),
+        (b"", b"a", b""),
+    ],
+)
 def test_index_separator(a, b, sep):
     data = build([(a, b"1"), (b, b"2")], block_size=1)
     assert len(parse_table(data)[2]) == 2
@@ -453,12 +479,15 @@ def test_index_separator(a, b, sep):
     assert read(data) == [(a, b"1"), (b, b"2")]
 
 
-@pytest.mark.parametrize("last,succ", [
-    (b"abz", b"b"),
-    (b"\xff\xff", b"\xff\xff"),        # nothing to increment: stays
-    (b"\xff\x05zz", b"\xff\x06"),
-    (b"dense/kernel", b"e"),
-])
+@pytest.mark.parametrize(
+    "last,succ",
+    [
+        (b"abz", b"b"),
+        (b"\xff\xff", b"\xff\xff"),  # nothing to increment: stays
+        (b"\xff\x05zz", b"\xff\x06"),
+        (b"dense/kernel", b"e"),
+    ],
+)
 def test_index_last_key_short_successor(last, succ):
     data = build([(b"", b"h"), (last, b"v")])
     assert index_keys(data) == [succ]
@@ -495,10 +524,10 @@ def test_block_cut_at_size_estimate():
     # Estimate = entries + 4 * restarts + 4. Keys "a".."f" share nothing, so an entry
     # with an 8-byte value is 3 + 1 + 8 = 12 bytes; after n entries the estimate is 12n + 8.
     kvs = [(bytes([0x61 + i]), b"v" * 8) for i in range(6)]
-    data = build(kvs, block_size=12 * 3 + 8)   # reached after the 3rd entry
+    data = build(kvs, block_size=12 * 3 + 8)  # reached after the 3rd entry
     blocks = parse_table(data)[2]
     assert [len(parse_raw_block(b[4])[0]) for b in blocks] == [3, 3]
-    data = build(kvs, block_size=12 * 3 + 9)   # needs a 4th
+    data = build(kvs, block_size=12 * 3 + 9)  # needs a 4th
     blocks = parse_table(data)[2]
     assert [len(parse_raw_block(b[4])[0]) for b in blocks] == [4, 2]
 
@@ -509,7 +538,7 @@ def test_builder_refuses_misuse():
     with pytest.raises(ValueError):
         b.add(b"a", b"")
     with pytest.raises(ValueError):
-        b.add(b"b", b"")          # duplicate
+        b.add(b"b", b"")  # duplicate
     b.finish()
     with pytest.raises(ValueError):
         b.finish()
@@ -523,8 +552,10 @@ values = st.one_of(st.binary(max_size=40), st.binary(min_size=150, max_size=700)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(any_keys, values), unique_by=lambda kv: kv[0], max_size=80),
-       st.sampled_from([1, 16, 64, 256, 4096, T.BLOCK_SIZE]))
+@given(
+    st.lists(st.tuples(any_keys, values), unique_by=lambda kv: kv[0], max_size=80),
+    st.sampled_from([1, 16, 64, 256, 4096, T.BLOCK_SIZE]),
+)
 def test_roundtrip_and_structure(kvs, block_size):
     kvs = sorted(kvs)
     data = build(kvs, block_size=block_size)
@@ -551,12 +582,15 @@ def test_roundtrip_and_structure(kvs, block_size):
             # A block was cut because it was full or because the next entry was large.
             nk = blocks[i + 1]
             first_next = parse_raw_block(nk[4])[0][0]
-            assert (len(contents) >= block_size
-                    or len(first_next[1]) + len(first_next[2]) >= 2 * block_size)
+            assert (
+                len(contents) >= block_size
+                or len(first_next[1]) + len(first_next[2]) >= 2 * block_size
+            )
     assert got == kvs
 
 
 # --- corruption -----------------------------------------------------------------
+
 
 def multi_block_table():
     kvs = [(b"", b"header")] + [(b"var/%02d" % i, bytes([i]) * (i % 7)) for i in range(30)]
@@ -640,8 +674,9 @@ def test_index_handle_past_eof():
 
 def test_data_handle_past_eof():
     block = prefix_block([(b"a", b"1")])
-    expect_corrupt(assemble([block], [b"b"], index_handles=[handle(0, 10**6)]),
-                   match="past the end")
+    expect_corrupt(
+        assemble([block], [b"b"], index_handles=[handle(0, 10**6)]), match="past the end"
+    )
     expect_corrupt(assemble([block], [b"b"], index_handles=[handle(10**9, 5)]))
 
 
@@ -662,8 +697,9 @@ def test_restart_count_larger_than_block():
     expect_corrupt(assemble([bad], [b"c"]), match="restart count")
     expect_corrupt(assemble([good[:-4] + u32(0xFFFFFFFF)], [b"c"]))
     # Also in the index block.
-    data = assemble([good], index_contents=b"\x00\x01\x02c\x00" + bytes([len(good)])
-                    + u32(0) + u32(7))
+    data = assemble(
+        [good], index_contents=b"\x00\x01\x02c\x00" + bytes([len(good)]) + u32(0) + u32(7)
+    )
     expect_corrupt(data)
 
 
@@ -778,6 +814,7 @@ def test_fuzz_footer_only_checkpoint_errors(handles):
 
 # --- snappy -----------------------------------------------------------------------
 
+
 def lit(data: bytes) -> bytes:
     """A snappy literal element (test-side)."""
     n = len(data) - 1
@@ -787,20 +824,27 @@ def lit(data: bytes) -> bytes:
     return bytes([(59 + nb) << 2]) + n.to_bytes(nb, "little") + data
 
 
-@pytest.mark.parametrize("stream,expected", [
-    (b"\x00", b""),
-    (b"\x05\x10hello", b"hello"),                                   # literal, length in tag
-    (b"\x64\xf0\x63" + b"x" * 100, b"x" * 100),                     # literal, 1 length byte
-    (b"\xac\x02\xf4\x2b\x01" + bytes(range(256)) + bytes(44),
-     bytes(range(256)) + bytes(44)),                                # literal, 2 length bytes
-    (b"\x08\x0cabcd\x01\x04", b"abcdabcd"),                         # copy-1: len 4, offset 4
-    (b"\x0c\x00a\x1d\x01", b"a" * 12),                              # copy-1 overlapping run
-    (b"\x0c\x04ab\x19\x02", b"ab" * 6),                             # len 10 offset 2
-    (b"\x44\x0cabcd\xfe\x04\x00", b"abcd" * 17),                    # copy-2: len 64, offset 4
-    (b"\x10\x28hello world\x13\x0b\x00\x00\x00",
-     b"hello worldhello"),                                          # copy-4: len 5, offset 11
-    (b"\x09\x08xyz\x0e\x02\x00\x04xy", b"xyzyzyzxy"),                # copy-2 overlap, then literal
-])
+@pytest.mark.parametrize(
+    "stream,expected",
+    [
+        (b"\x00", b""),
+        (b"\x05\x10hello", b"hello"),  # literal, length in tag
+        (b"\x64\xf0\x63" + b"x" * 100, b"x" * 100),  # literal, 1 length byte
+        (
+            b"\xac\x02\xf4\x2b\x01" + bytes(range(256)) + bytes(44),
+            bytes(range(256)) + bytes(44),
+        ),  # literal, 2 length bytes
+        (b"\x08\x0cabcd\x01\x04", b"abcdabcd"),  # copy-1: len 4, offset 4
+        (b"\x0c\x00a\x1d\x01", b"a" * 12),  # copy-1 overlapping run
+        (b"\x0c\x04ab\x19\x02", b"ab" * 6),  # len 10 offset 2
+        (b"\x44\x0cabcd\xfe\x04\x00", b"abcd" * 17),  # copy-2: len 64, offset 4
+        (
+            b"\x10\x28hello world\x13\x0b\x00\x00\x00",
+            b"hello worldhello",
+        ),  # copy-4: len 5, offset 11
+        (b"\x09\x08xyz\x0e\x02\x00\x04xy", b"xyzyzyzxy"),  # copy-2 overlap, then literal
+    ],
+)
 def test_snappy_hand_streams(stream, expected):
     assert T.snappy_decompress(stream) == expected
 
@@ -813,23 +857,26 @@ def test_snappy_copy1_long_offset():
     assert T.snappy_decompress(stream) == src + src[:11]
 
 
-@pytest.mark.parametrize("stream", [
-    b"",                                   # no length
-    b"\x80",                               # truncated length varint
-    b"\x08\x0cabcd\x01\x00",               # copy offset 0
-    b"\x08\x0cabcd\x01\x05",               # copy offset beyond output
-    b"\x04\x01\x01",                       # copy before any output
-    b"\x09\x0cabcd\x01\x04",               # declared longer than produced
-    b"\x07\x0cabcd\x01\x04",               # declared shorter: copy overflows
-    b"\x03\x0cabcd",                       # declared shorter: literal overflows
-    b"\x05\x10hel",                        # truncated literal
-    b"\x64\xf0",                           # truncated literal length
-    b"\x08\x0cabcd\x01",                   # truncated copy-1
-    b"\x08\x0cabcd\x0e\x04",               # truncated copy-2
-    b"\x08\x0cabcd\x0f\x04\x00\x00",       # truncated copy-4
-    b"\xff\xff\xff\xff\x0f\x00a",          # absurd declared length
-    b"\xff\xff\xff\xff\x1f",               # length beyond varint32
-])
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"",  # no length
+        b"\x80",  # truncated length varint
+        b"\x08\x0cabcd\x01\x00",  # copy offset 0
+        b"\x08\x0cabcd\x01\x05",  # copy offset beyond output
+        b"\x04\x01\x01",  # copy before any output
+        b"\x09\x0cabcd\x01\x04",  # declared longer than produced
+        b"\x07\x0cabcd\x01\x04",  # declared shorter: copy overflows
+        b"\x03\x0cabcd",  # declared shorter: literal overflows
+        b"\x05\x10hel",  # truncated literal
+        b"\x64\xf0",  # truncated literal length
+        b"\x08\x0cabcd\x01",  # truncated copy-1
+        b"\x08\x0cabcd\x0e\x04",  # truncated copy-2
+        b"\x08\x0cabcd\x0f\x04\x00\x00",  # truncated copy-4
+        b"\xff\xff\xff\xff\x0f\x00a",  # absurd declared length
+        b"\xff\xff\xff\xff\x1f",  # length beyond varint32
+    ],
+)
 def test_snappy_bad_streams(stream):
     with pytest.raises(ValueError):
         T.snappy_decompress(stream)
@@ -837,11 +884,15 @@ def test_snappy_bad_streams(stream):
 
 @needs_cramjam
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(
-    st.binary(max_size=3000),
-    st.lists(st.sampled_from([b"a", b"ab", b"tensor/", b"\x00\x00\x00\x00", b"xyz" * 30]),
-             max_size=400).map(b"".join),
-))
+@given(
+    st.one_of(
+        st.binary(max_size=3000),
+        st.lists(
+            st.sampled_from([b"a", b"ab", b"tensor/", b"\x00\x00\x00\x00", b"xyz" * 30]),
+            max_size=400,
+        ).map(b"".join),
+    )
+)
 def test_snappy_matches_real_compressor(data):
     compressed = bytes(cramjam.snappy.compress_raw(data))
     assert T.snappy_decompress(compressed) == data
@@ -850,10 +901,13 @@ def test_snappy_matches_real_compressor(data):
 @needs_cramjam
 def test_snappy_real_compressor_large_and_compressible():
     import random
+
     rnd = random.Random(1234)
-    for data in [bytes(rnd.getrandbits(8) for _ in range(200_000)),
-                 b"a" * 100_000,
-                 b"".join(b"var/%06d" % rnd.randrange(1000) for _ in range(20_000))]:
+    for data in [
+        bytes(rnd.getrandbits(8) for _ in range(200_000)),
+        b"a" * 100_000,
+        b"".join(b"var/%06d" % rnd.randrange(1000) for _ in range(20_000)),
+    ]:
         compressed = bytes(cramjam.snappy.compress_raw(data))
         assert T.snappy_decompress(compressed) == data
 
@@ -890,8 +944,9 @@ def snappy_table(data: bytes, compress_meta: bool = False) -> bytes:
 
 @needs_cramjam
 def test_snappy_table_reads_back():
-    kvs = [(b"", b"header")] + [(b"layer_%03d/kernel" % i, b"\x00" * (i * 13 % 97))
-                                for i in range(200)]
+    kvs = [(b"", b"header")] + [
+        (b"layer_%03d/kernel" % i, b"\x00" * (i * 13 % 97)) for i in range(200)
+    ]
     plain = build(kvs, block_size=512)
     assert len(parse_table(plain)[2]) > 3
     data = snappy_table(plain)
@@ -903,20 +958,25 @@ def test_snappy_table_reads_back():
 
 @needs_cramjam
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(any_keys, values), unique_by=lambda kv: kv[0], max_size=60),
-       st.sampled_from([1, 64, 256, 4096]))
+@given(
+    st.lists(st.tuples(any_keys, values), unique_by=lambda kv: kv[0], max_size=60),
+    st.sampled_from([1, 64, 256, 4096]),
+)
 def test_snappy_table_roundtrip(kvs, block_size):
     kvs = sorted(kvs)
     assert read(snappy_table(build(kvs, block_size=block_size))) == kvs
 
 
-@pytest.mark.parametrize("stream", [
-    b"\x08\x0cabcd\x01\x00",               # offset 0
-    b"\x08\x0cabcd\x01\x05",               # offset beyond output
-    b"\x09\x0cabcd\x01\x04",               # length mismatch
-    b"\x05\x10hel",                        # truncated literal
-    b"",                                   # empty
-])
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"\x08\x0cabcd\x01\x00",  # offset 0
+        b"\x08\x0cabcd\x01\x05",  # offset beyond output
+        b"\x09\x0cabcd\x01\x04",  # length mismatch
+        b"\x05\x10hel",  # truncated literal
+        b"",  # empty
+    ],
+)
 def test_bad_snappy_block_is_corrupt(stream):
     # Valid checksum over the bad stream, so only the decompressor can object.
     expect_corrupt(assemble([(stream, 1)], [b"b"]))

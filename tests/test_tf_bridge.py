@@ -24,18 +24,23 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import cli_helpers as ch  # noqa: E402
+import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import transform_helpers as th  # noqa: E402
+
 import tfckpt  # noqa: E402
 import tfckpt.tf as tfbridge  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
 
 v1 = tf.compat.v1
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
-NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-      "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
-F32_TINY = 2.0 ** -126
+NP = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
+F32_TINY = 2.0**-126
 
 
 # ---------------------------------------------------------------- helpers
@@ -56,11 +61,13 @@ def cast_np(value: np.ndarray, dtype: str) -> np.ndarray:
 
 def sliced_init(full: np.ndarray):
     """An initializer giving each partition of a partitioned variable its slice of ``full``."""
+
     def init(shape, dtype=None, partition_info=None):
         if partition_info is None:
             return tf.constant(full, dtype=dtype)
         index = tuple(slice(o, o + n) for o, n in zip(partition_info.var_offset, shape))
         return tf.constant(full[index], dtype=dtype)
+
     return init
 
 
@@ -70,8 +77,9 @@ def tf1_var(name, value=None, *, dtype=None, shape=None, parts=None, axis=0, res
     shape = list(value.shape if value is not None else shape)
     init = sliced_init(value) if value is not None else v1.zeros_initializer()
     kw = {"partitioner": v1.fixed_size_partitioner(parts, axis=axis)} if parts else {}
-    return v1.get_variable(name, shape=shape, dtype=dtype, initializer=init,
-                           use_resource=resource, **kw)
+    return v1.get_variable(
+        name, shape=shape, dtype=dtype, initializer=init, use_resource=resource, **kw
+    )
 
 
 def is_partitioned(var) -> bool:
@@ -79,8 +87,12 @@ def is_partitioned(var) -> bool:
 
 
 def run_values(sess, variables: dict) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in sess.run(
-        {k: (v.as_tensor() if is_partitioned(v) else v) for k, v in variables.items()}).items()}
+    return {
+        k: np.asarray(v)
+        for k, v in sess.run(
+            {k: (v.as_tensor() if is_partitioned(v) else v) for k, v in variables.items()}
+        ).items()
+    }
 
 
 def tf1_save(prefix, build) -> dict[str, np.ndarray]:
@@ -117,9 +129,28 @@ def ckpt_keys(path) -> list[str]:
 # ---------------------------------------------------------------- 1. TF1 graph mode
 
 
-TF1_EDGES = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 65504.0, -65504.0, 65519.0,
-                      2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25, 1e-9, 1 + 2.0 ** -11,
-                      1 + 3 * 2.0 ** -11, 2049.0, 1e-45], dtype=np.float32)
+TF1_EDGES = np.array(
+    [
+        np.nan,
+        -np.nan,
+        np.inf,
+        -np.inf,
+        -0.0,
+        0.0,
+        65504.0,
+        -65504.0,
+        65519.0,
+        2.0**-24,
+        2.0**-25,
+        3 * 2.0**-25,
+        1e-9,
+        1 + 2.0**-11,
+        1 + 3 * 2.0**-11,
+        2049.0,
+        1e-45,
+    ],
+    dtype=np.float32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -127,15 +158,18 @@ def tf1_float32(tmp_path_factory):
     """A float32 TF1 Saver checkpoint: plain, partitioned (3 parts) and int64 (ref) variables."""
     rng = np.random.default_rng(101)
     kernel = (rng.standard_normal((6, 5)) * 4).astype(np.float32)
-    kernel.reshape(-1)[:TF1_EDGES.size] = TF1_EDGES
+    kernel.reshape(-1)[: TF1_EDGES.size] = TF1_EDGES
     bias = rng.standard_normal(5).astype(np.float32)
     table = rng.standard_normal((10, 4)).astype(np.float32)
     prefix = tmp_path_factory.mktemp("tf1_float32") / "model.ckpt"
 
     def build():
-        return {"enc/kernel": tf1_var("enc/kernel", kernel), "enc/bias": tf1_var("enc/bias", bias),
-                "emb/table": tf1_var("emb/table", table, parts=3),
-                "global_step": tf1_var("global_step", np.array(1234, np.int64), resource=False)}
+        return {
+            "enc/kernel": tf1_var("enc/kernel", kernel),
+            "enc/bias": tf1_var("enc/bias", bias),
+            "emb/table": tf1_var("emb/table", table, parts=3),
+            "global_step": tf1_var("global_step", np.array(1234, np.int64), resource=False),
+        }
 
     values = tf1_save(prefix, build)
     assert_bits(values["enc/kernel"], kernel, "saved kernel")
@@ -144,11 +178,13 @@ def tf1_float32(tmp_path_factory):
 
 
 def build_tf1_float16(dtype="float16", table_parts=3):
-    return {"enc/kernel": tf1_var("enc/kernel", dtype=dtype, shape=(6, 5)),
-            "enc/bias": tf1_var("enc/bias", dtype=dtype, shape=(5,)),
-            "emb/table": tf1_var("emb/table", dtype=dtype, shape=(10, 4), parts=table_parts),
-            # A resource variable: ref variables hit a bug (test_tf1_ref_variables).
-            "global_step": tf1_var("global_step", dtype=tf.int64, shape=())}
+    return {
+        "enc/kernel": tf1_var("enc/kernel", dtype=dtype, shape=(6, 5)),
+        "enc/bias": tf1_var("enc/bias", dtype=dtype, shape=(5,)),
+        "emb/table": tf1_var("emb/table", dtype=dtype, shape=(10, 4), parts=table_parts),
+        # A resource variable: ref variables hit a bug (test_tf1_ref_variables).
+        "global_step": tf1_var("global_step", dtype=tf.int64, shape=()),
+    }
 
 
 @pytest.mark.parametrize("form", ["list", "global_variables", "dict"])
@@ -158,8 +194,10 @@ def test_tf1_float32_checkpoint_into_float16_graph(tf1_float32, form):
         assert is_partitioned(variables["emb/table"])
         # TensorFlow's own Saver refuses the dtype change.
         saver = v1.train.Saver()
-        with pytest.raises(tf.errors.InvalidArgumentError,
-                           match="expected dtype half does not equal original dtype float"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match="expected dtype half does not equal original dtype float",
+        ):
             saver.restore(sess, prefix)
         before = run_values(sess, variables)
         assert all(not v.any() for v in before.values())
@@ -171,8 +209,11 @@ def test_tf1_float32_checkpoint_into_float16_graph(tf1_float32, form):
             assert len(target) == 6
         else:
             # {checkpoint name: variable}; the partitions share one name, so they follow in a list.
-            target = {"enc/kernel": variables["enc/kernel"], "enc/bias": variables["enc/bias"],
-                      "global_step": variables["global_step"]}
+            target = {
+                "enc/kernel": variables["enc/kernel"],
+                "enc/bias": variables["enc/bias"],
+                "global_step": variables["global_step"],
+            }
         report = tfckpt.restore(target, prefix, session=sess)
         if form == "dict":
             tfckpt.restore(list(variables["emb/table"]), prefix, session=sess)
@@ -185,12 +226,14 @@ def test_tf1_float32_checkpoint_into_float16_graph(tf1_float32, form):
         assert_bits(after[name], tf.cast(original[name], tf.float16).numpy(), name + " vs tf.cast")
     assert_bits(after["global_step"], np.array(1234, np.int64), "global_step")
     k = after["enc/kernel"].reshape(-1)
-    assert k[6] == 65504 and k[8] == 65504 and k[10] == 0 and k[11] == 2.0 ** -23
-    assert k[13] == 1.0 and k[14] == 1 + 2.0 ** -9 and k[15] == 2048
+    assert k[6] == 65504 and k[8] == 65504 and k[10] == 0 and k[11] == 2.0**-23
+    assert k[13] == 1.0 and k[14] == 1 + 2.0**-9 and k[15] == 2048
 
-    expected = [("enc/bias", "enc/bias:0", "float32", "float16"),
-                ("enc/kernel", "enc/kernel:0", "float32", "float16"),
-                ("global_step", "global_step:0", "int64", "int64")]
+    expected = [
+        ("enc/bias", "enc/bias:0", "float32", "float16"),
+        ("enc/kernel", "enc/kernel:0", "float32", "float16"),
+        ("global_step", "global_step:0", "int64", "int64"),
+    ]
     if form != "dict":
         expected += [("emb/table", f"emb/table/part_{i}:0", "float32", "float16") for i in range(3)]
     assert names_of(report) == sorted(expected)
@@ -200,16 +243,16 @@ def test_tf1_float32_checkpoint_into_float16_graph(tf1_float32, form):
     assert report.unused == ([] if form != "dict" else ["emb/table"])
 
 
-
-
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_tf1_ref_variables(tf1_float32, dtype):
     """Classic TF1 ref variables, same dtype (int64 step) and cast (float32 -> float16)."""
     prefix, original = tf1_float32
 
     def build():
-        return {"enc/kernel": tf1_var("enc/kernel", dtype=dtype, shape=(6, 5), resource=False),
-                "global_step": tf1_var("global_step", dtype=tf.int64, shape=(), resource=False)}
+        return {
+            "enc/kernel": tf1_var("enc/kernel", dtype=dtype, shape=(6, 5), resource=False),
+            "global_step": tf1_var("global_step", dtype=tf.int64, shape=(), resource=False),
+        }
 
     with tf1_session(build) as (sess, variables):
         assert type(variables["global_step"]).__name__ == "RefVariable"
@@ -217,18 +260,24 @@ def test_tf1_ref_variables(tf1_float32, dtype):
         after = run_values(sess, variables)
     assert_bits(after["enc/kernel"], cast_np(original["enc/kernel"], dtype), "enc/kernel")
     assert_bits(after["global_step"], np.array(1234, np.int64), "global_step")
-    assert names_of(report) == [("enc/kernel", "enc/kernel:0", "float32", dtype),
-                                ("global_step", "global_step:0", "int64", "int64")]
+    assert names_of(report) == [
+        ("enc/kernel", "enc/kernel:0", "float32", dtype),
+        ("global_step", "global_step:0", "int64", "int64"),
+    ]
 
 
 def test_tf1_dict_with_partitioned_variable(tf1_float32):
     prefix, original = tf1_float32
     with tf1_session(build_tf1_float16) as (sess, variables):
-        report = tfckpt.restore({"emb/table": variables["emb/table"],
-                                 "enc/bias": variables["enc/bias"]}, prefix, session=sess)
+        report = tfckpt.restore(
+            {"emb/table": variables["emb/table"], "enc/bias": variables["enc/bias"]},
+            prefix,
+            session=sess,
+        )
         after = run_values(sess, variables)
-    assert ("emb/table", "float32", "float16") in [(r.checkpoint_name, r.dtype, r.new_dtype)
-                                                   for r in report.restored]
+    assert ("emb/table", "float32", "float16") in [
+        (r.checkpoint_name, r.dtype, r.new_dtype) for r in report.restored
+    ]
     assert_bits(after["enc/bias"], cast_np(original["enc/bias"], "float16"), "enc/bias")
     assert_bits(after["emb/table"], cast_np(original["emb/table"], "float16"), "emb/table")
 
@@ -241,10 +290,14 @@ def tf1_partitioned32(tmp_path_factory):
     vec = rng.standard_normal(12).astype(np.float32)
     wide = rng.standard_normal((5, 7)).astype(np.float32)
     prefix = tmp_path_factory.mktemp("tf1_partitioned32") / "parts.ckpt"
-    values = tf1_save(prefix, lambda: {
-        "emb": tf1_var("emb", emb, parts=3),          # 4 + 3 + 3 rows
-        "vec": tf1_var("vec", vec),                   # whole
-        "wide": tf1_var("wide", wide, parts=2, axis=1)})
+    values = tf1_save(
+        prefix,
+        lambda: {
+            "emb": tf1_var("emb", emb, parts=3),  # 4 + 3 + 3 rows
+            "vec": tf1_var("vec", vec),  # whole
+            "wide": tf1_var("wide", wide, parts=2, axis=1),
+        },
+    )
     return str(prefix), values
 
 
@@ -254,9 +307,11 @@ def test_tf1_repartitioned_restore_matches_tf_saver(tf1_partitioned32, dtype):
     prefix, original = tf1_partitioned32
 
     def build():
-        return {"emb": tf1_var("emb", dtype=dtype, shape=(10, 4), parts=2),
-                "vec": tf1_var("vec", dtype=dtype, shape=(12,), parts=3),
-                "wide": tf1_var("wide", dtype=dtype, shape=(5, 7))}
+        return {
+            "emb": tf1_var("emb", dtype=dtype, shape=(10, 4), parts=2),
+            "vec": tf1_var("vec", dtype=dtype, shape=(12,), parts=3),
+            "wide": tf1_var("wide", dtype=dtype, shape=(5, 7)),
+        }
 
     with tf1_session(build) as (sess, variables):
         report = tfckpt.restore(list(variables.values()), prefix, session=sess)
@@ -278,13 +333,15 @@ def test_tf1_repartitioned_restore_matches_tf_saver(tf1_partitioned32, dtype):
 
 def keras_model(dtype: str, dense_units: int = 4):
     """The architecture of ``tf_checkpoints.make_keras_model``, with every layer in ``dtype``."""
-    return keras.Sequential([
-        keras.Input((6, 6, 2)),
-        keras.layers.Conv2D(3, 3, name="conv", dtype=dtype),
-        keras.layers.BatchNormalization(name="bn", dtype=dtype),
-        keras.layers.Flatten(dtype=dtype),
-        keras.layers.Dense(dense_units, name="dense", dtype=dtype),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.Conv2D(3, 3, name="conv", dtype=dtype),
+            keras.layers.BatchNormalization(name="bn", dtype=dtype),
+            keras.layers.Flatten(dtype=dtype),
+            keras.layers.Dense(dense_units, name="dense", dtype=dtype),
+        ]
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -352,8 +409,10 @@ class Net(tf.Module):
         super().__init__()
         self.w = tf.Variable(values((4, 3), dtype, rng))
         self.leaves = [Leaf(dtype, rng), Leaf(dtype, rng)]
-        self.table = {"scale": tf.Variable(values((), dtype, rng)),
-                      "step": tf.Variable(np.int64(77 if rng is not None else 0))}
+        self.table = {
+            "scale": tf.Variable(values((), dtype, rng)),
+            "step": tf.Variable(np.int64(77 if rng is not None else 0)),
+        }
         if extra:
             self.more = tf.Variable(np.ones(3, NP[dtype]))
 
@@ -365,8 +424,15 @@ def values(shape, dtype, rng):
 
 
 def module_variables(net: Net) -> list:
-    return [net.w, net.leaves[0].kernel, net.leaves[0].bias, net.leaves[1].kernel,
-            net.leaves[1].bias, net.table["scale"], net.table["step"]]
+    return [
+        net.w,
+        net.leaves[0].kernel,
+        net.leaves[0].bias,
+        net.leaves[1].kernel,
+        net.leaves[1].bias,
+        net.table["scale"],
+        net.table["step"],
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -400,7 +466,11 @@ def test_tf2_saved_model_variables_into_module_root(tf_checkpoints):
         v.assign(tf.zeros_like(v))
     target.tables["names"].assign([b"", b"", b""])
     report = tfckpt.restore(target, case.path)
-    for a, b in [(target.w, want.w), (target.b, want.b), (target.tables["scale"], want.tables["scale"])]:
+    for a, b in [
+        (target.w, want.w),
+        (target.b, want.b),
+        (target.tables["scale"], want.tables["scale"]),
+    ]:
         assert_bits(a.numpy(), b.numpy(), a.name)
     assert target.tables["names"].numpy().tolist() == [b"alpha", b"", b"\xff\xfe"]
     assert len(report.restored) == 4 and report.missing == []
@@ -413,12 +483,16 @@ def test_tf2_saved_model_variables_into_module_root(tf_checkpoints):
 def ab_checkpoints(tmp_path_factory):
     rng = np.random.default_rng(104)
     d = tmp_path_factory.mktemp("ab")
-    a = {"a1/w": rng.standard_normal((3, 4)).astype(np.float32),
-         "a1/b": rng.standard_normal(4).astype(np.float32),
-         "a2/w": rng.standard_normal(2).astype(np.float32)}
-    b = {"b1/w": rng.standard_normal((4, 2)).astype(np.float64),
-         "b1/b": rng.standard_normal(2).astype(np.float32),
-         "b1/step": np.array(5, np.int64)}
+    a = {
+        "a1/w": rng.standard_normal((3, 4)).astype(np.float32),
+        "a1/b": rng.standard_normal(4).astype(np.float32),
+        "a2/w": rng.standard_normal(2).astype(np.float32),
+    }
+    b = {
+        "b1/w": rng.standard_normal((4, 2)).astype(np.float64),
+        "b1/b": rng.standard_normal(2).astype(np.float32),
+        "b1/step": np.array(5, np.int64),
+    }
     pa = d / "a" / "model.ckpt"
     pb = d / "b" / "model.ckpt"
     tf1_save(pa, lambda: {k: tf1_var(k, v) for k, v in a.items()})
@@ -427,11 +501,13 @@ def ab_checkpoints(tmp_path_factory):
 
 
 def build_net(dtypes):
-    out = {"net/a1/w": tf1_var("net/a1/w", dtype=dtypes[0], shape=(3, 4)),
-           "net/a1/b": tf1_var("net/a1/b", dtype=dtypes[1], shape=(4,)),
-           "net/b1/w": tf1_var("net/b1/w", dtype=dtypes[2], shape=(4, 2)),
-           "net/b1/b": tf1_var("net/b1/b", dtype=dtypes[3], shape=(2,)),
-           "net/b1/step": tf1_var("net/b1/step", dtype=tf.int64, shape=())}
+    out = {
+        "net/a1/w": tf1_var("net/a1/w", dtype=dtypes[0], shape=(3, 4)),
+        "net/a1/b": tf1_var("net/a1/b", dtype=dtypes[1], shape=(4,)),
+        "net/b1/w": tf1_var("net/b1/w", dtype=dtypes[2], shape=(4, 2)),
+        "net/b1/b": tf1_var("net/b1/b", dtype=dtypes[3], shape=(2,)),
+        "net/b1/step": tf1_var("net/b1/step", dtype=tf.int64, shape=()),
+    }
     out["other/v"] = v1.get_variable("other/v", initializer=np.ones(3, np.float32))
     return out
 
@@ -445,12 +521,16 @@ def test_two_checkpoints_into_one_graph_under_new_names(ab_checkpoints):
         mid = run_values(sess, variables)
         rb = tfckpt.restore(everything, pb, session=sess, assignment_map={"b1/": "net/b1/"})
         ours = run_values(sess, variables)
-    assert names_of(ra) == [("a1/b", "net/a1/b:0", "float32", "float32"),
-                            ("a1/w", "net/a1/w:0", "float32", "float16")]
+    assert names_of(ra) == [
+        ("a1/b", "net/a1/b:0", "float32", "float32"),
+        ("a1/w", "net/a1/w:0", "float32", "float16"),
+    ]
     assert ra.unused == ["a2/w"] and ra.missing == []
-    assert names_of(rb) == [("b1/b", "net/b1/b:0", "float32", "bfloat16"),
-                            ("b1/step", "net/b1/step:0", "int64", "int64"),
-                            ("b1/w", "net/b1/w:0", "float64", "float32")]
+    assert names_of(rb) == [
+        ("b1/b", "net/b1/b:0", "float32", "bfloat16"),
+        ("b1/step", "net/b1/step:0", "int64", "int64"),
+        ("b1/w", "net/b1/w:0", "float64", "float32"),
+    ]
     assert rb.unused == [] and rb.missing == []
     assert not mid["net/b1/w"].any()  # the first restore touched only a1
     assert_bits(ours["net/a1/w"], cast_np(a["a1/w"], "float16"), "net/a1/w")
@@ -463,8 +543,12 @@ def test_two_checkpoints_into_one_graph_under_new_names(ab_checkpoints):
     # Same dtypes as the checkpoints: identical to tf.compat.v1.train.init_from_checkpoint.
     same = ["float32", "float32", "float64", "float32"]
     with tf1_session(lambda: build_net(same)) as (sess, variables):
-        tfckpt.restore(list(variables.values()), pa, session=sess, assignment_map={"a1/": "net/a1/"})
-        tfckpt.restore(list(variables.values()), pb, session=sess, assignment_map={"b1/": "net/b1/"})
+        tfckpt.restore(
+            list(variables.values()), pa, session=sess, assignment_map={"a1/": "net/a1/"}
+        )
+        tfckpt.restore(
+            list(variables.values()), pb, session=sess, assignment_map={"b1/": "net/b1/"}
+        )
         ours = run_values(sess, variables)
     with tf.Graph().as_default() as g:
         variables = build_net(same)
@@ -477,31 +561,44 @@ def test_two_checkpoints_into_one_graph_under_new_names(ab_checkpoints):
         assert_bits(ours[k], theirs[k], k)
 
 
-@pytest.mark.parametrize("which,assignment_map", [
-    ("a", {"/": "net/"}),                           # the whole checkpoint under a new scope
-    ("a", {"a1/": "x/"}),
-    ("a", {"a1/w": "net/a1/w", "a2/": "net/a2/"}),  # exact and scope together
-    ("parts", {"emb": "net/emb", "/": "net/"}),     # a partitioned variable, by exact name
-])
-def test_assignment_map_agrees_with_init_from_checkpoint(ab_checkpoints, tf1_partitioned32,
-                                                         which, assignment_map):
+@pytest.mark.parametrize(
+    "which,assignment_map",
+    [
+        ("a", {"/": "net/"}),  # the whole checkpoint under a new scope
+        ("a", {"a1/": "x/"}),
+        ("a", {"a1/w": "net/a1/w", "a2/": "net/a2/"}),  # exact and scope together
+        ("parts", {"emb": "net/emb", "/": "net/"}),  # a partitioned variable, by exact name
+    ],
+)
+def test_assignment_map_agrees_with_init_from_checkpoint(
+    ab_checkpoints, tf1_partitioned32, which, assignment_map
+):
     """Same dtypes, so TensorFlow's own init_from_checkpoint can say what the map means."""
     prefix = ab_checkpoints[0] if which == "a" else tf1_partitioned32[0]
 
     def build():
         if which == "parts":
-            return {"net/emb": tf1_var("net/emb", dtype="float32", shape=(10, 4), parts=2),
-                    "net/vec": tf1_var("net/vec", dtype="float32", shape=(12,)),
-                    "net/wide": tf1_var("net/wide", dtype="float32", shape=(5, 7), parts=3,
-                                        axis=1)}
-        return {n: tf1_var(n, dtype="float32", shape=s) for n, s in [
-            ("net/a1/w", (3, 4)), ("net/a1/b", (4,)), ("net/a2/w", (2,)), ("x/w", (3, 4)),
-            ("x/b", (4,))]}
+            return {
+                "net/emb": tf1_var("net/emb", dtype="float32", shape=(10, 4), parts=2),
+                "net/vec": tf1_var("net/vec", dtype="float32", shape=(12,)),
+                "net/wide": tf1_var("net/wide", dtype="float32", shape=(5, 7), parts=3, axis=1),
+            }
+        return {
+            n: tf1_var(n, dtype="float32", shape=s)
+            for n, s in [
+                ("net/a1/w", (3, 4)),
+                ("net/a1/b", (4,)),
+                ("net/a2/w", (2,)),
+                ("x/w", (3, 4)),
+                ("x/b", (4,)),
+            ]
+        }
 
     with tf1_session(build) as (sess, variables):
         zeros = run_values(sess, variables)
-        report = tfckpt.restore(list(variables.values()), prefix, session=sess,
-                                assignment_map=assignment_map)
+        report = tfckpt.restore(
+            list(variables.values()), prefix, session=sess, assignment_map=assignment_map
+        )
         ours = run_values(sess, variables)
     with tf.Graph().as_default() as g:
         variables = build()
@@ -512,8 +609,7 @@ def test_assignment_map_agrees_with_init_from_checkpoint(ab_checkpoints, tf1_par
     for k in theirs:
         assert_bits(ours[k], theirs[k], k)
     changed = sorted(k for k in ours if ours[k].tobytes() != zeros[k].tobytes())
-    assert changed == sorted({r.variable.split("/part_")[0].split(":")[0]
-                              for r in report.restored})
+    assert changed == sorted({r.variable.split("/part_")[0].split(":")[0] for r in report.restored})
     assert report.missing == []
 
 
@@ -521,16 +617,24 @@ def test_exact_name_assignment_map(ab_checkpoints):
     pa, a, _, _ = ab_checkpoints
 
     def build():
-        return {"net/a1/w": tf1_var("net/a1/w", dtype="float16", shape=(3, 4)),
-                "net/a1/b": tf1_var("net/a1/b", dtype="float16", shape=(4,)),
-                "renamed": tf1_var("renamed", dtype="float16", shape=(2,))}
+        return {
+            "net/a1/w": tf1_var("net/a1/w", dtype="float16", shape=(3, 4)),
+            "net/a1/b": tf1_var("net/a1/b", dtype="float16", shape=(4,)),
+            "renamed": tf1_var("renamed", dtype="float16", shape=(2,)),
+        }
 
     with tf1_session(build) as (sess, variables):
-        report = tfckpt.restore(list(variables.values()), pa, session=sess,
-                                assignment_map={"a1/w": "net/a1/w", "a2/w": "renamed"})
+        report = tfckpt.restore(
+            list(variables.values()),
+            pa,
+            session=sess,
+            assignment_map={"a1/w": "net/a1/w", "a2/w": "renamed"},
+        )
         ours = run_values(sess, variables)
-    assert names_of(report) == [("a1/w", "net/a1/w:0", "float32", "float16"),
-                                ("a2/w", "renamed:0", "float32", "float16")]
+    assert names_of(report) == [
+        ("a1/w", "net/a1/w:0", "float32", "float16"),
+        ("a2/w", "renamed:0", "float32", "float16"),
+    ]
     assert report.unused == ["a1/b"] and report.missing == []
     assert_bits(ours["net/a1/w"], cast_np(a["a1/w"], "float16"), "net/a1/w")
     assert_bits(ours["renamed"], cast_np(a["a2/w"], "float16"), "renamed")
@@ -543,8 +647,10 @@ def test_eager_name_based_restore(ab_checkpoints):
     w = tf.Variable(np.zeros((3, 4), np.float16), name="net/a1/w")
     bias = tf.Variable(np.zeros(4, ml_dtypes.bfloat16), name="net/a1/b")
     report = tfckpt.restore([w, bias], pa, assignment_map={"a1/": "net/a1/"})
-    assert names_of(report) == [("a1/b", "net/a1/b:0", "float32", "bfloat16"),
-                                ("a1/w", "net/a1/w:0", "float32", "float16")]
+    assert names_of(report) == [
+        ("a1/b", "net/a1/b:0", "float32", "bfloat16"),
+        ("a1/w", "net/a1/w:0", "float32", "float16"),
+    ]
     assert_bits(w.numpy(), cast_np(a["a1/w"], "float16"), "w")
     assert_bits(bias.numpy(), cast_np(a["a1/b"], "bfloat16"), "b")
 
@@ -565,8 +671,10 @@ def test_shape_mismatch_names_both_shapes_and_changes_nothing(ab_checkpoints):
     pa, _, _, _ = ab_checkpoints
 
     def build():  # a1/b first, so a restore in list order would already have touched it
-        return {"a1/b": tf1_var("a1/b", dtype="float16", shape=(4,)),
-                "a1/w": tf1_var("a1/w", dtype="float16", shape=(4, 3))}
+        return {
+            "a1/b": tf1_var("a1/b", dtype="float16", shape=(4,)),
+            "a1/w": tf1_var("a1/w", dtype="float16", shape=(4, 3)),
+        }
 
     with tf1_session(build) as (sess, variables):
         with pytest.raises(CheckpointError) as e:
@@ -599,9 +707,11 @@ def test_missing_variable(ab_checkpoints):
     pa, a, _, _ = ab_checkpoints
 
     def build():
-        return {"a1/w": tf1_var("a1/w", dtype="float16", shape=(3, 4)),
-                "a1/b": tf1_var("a1/b", dtype="float16", shape=(4,)),
-                "extra/v": v1.get_variable("extra/v", initializer=np.ones(2, np.float16))}
+        return {
+            "a1/w": tf1_var("a1/w", dtype="float16", shape=(3, 4)),
+            "a1/b": tf1_var("a1/b", dtype="float16", shape=(4,)),
+            "extra/v": v1.get_variable("extra/v", initializer=np.ones(2, np.float16)),
+        }
 
     with tf1_session(build) as (sess, variables):
         with pytest.raises(CheckpointError, match="extra/v") as e:
@@ -612,8 +722,10 @@ def test_missing_variable(ab_checkpoints):
         after = run_values(sess, variables)
     assert not unchanged["a1/w"].any() and not unchanged["a1/b"].any()
     assert report.missing == ["extra/v:0"]
-    assert names_of(report) == [("a1/b", "a1/b:0", "float32", "float16"),
-                                ("a1/w", "a1/w:0", "float32", "float16")]
+    assert names_of(report) == [
+        ("a1/b", "a1/b:0", "float32", "float16"),
+        ("a1/w", "a1/w:0", "float32", "float16"),
+    ]
     assert report.unused == ["a2/w"]
     assert_bits(after["a1/w"], cast_np(a["a1/w"], "float16"), "a1/w")
     assert_bits(after["extra/v"], np.ones(2, np.float16), "extra/v")
@@ -660,16 +772,20 @@ def test_name_based_and_object_based_requirements(ab_checkpoints, module_ckpt):
 
 @pytest.fixture(scope="module")
 def overflow_ckpt(tmp_path_factory):
-    values = {"small": np.array([1.0, 2.0], np.float32),
-              "big": np.array([1e5, -1e5, 1.5, 70000.0, 65519.0, np.inf], np.float32),
-              "count": np.array(2 ** 40, np.int64)}
+    values = {
+        "small": np.array([1.0, 2.0], np.float32),
+        "big": np.array([1e5, -1e5, 1.5, 70000.0, 65519.0, np.inf], np.float32),
+        "count": np.array(2**40, np.int64),
+    }
     prefix = tmp_path_factory.mktemp("overflow") / "o.ckpt"
     tf1_save(prefix, lambda: {k: tf1_var(k, v) for k, v in values.items()})
     return str(prefix), values
 
 
-OVERFLOWED = {"clip": [65504.0, -65504.0, 1.5, 65504.0, 65504.0, np.inf],
-              "inf": [np.inf, -np.inf, 1.5, np.inf, 65504.0, np.inf]}
+OVERFLOWED = {
+    "clip": [65504.0, -65504.0, 1.5, 65504.0, 65504.0, np.inf],
+    "inf": [np.inf, -np.inf, 1.5, np.inf, 65504.0, np.inf],
+}
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
@@ -704,7 +820,7 @@ def test_integer_and_kind_mismatches(overflow_ckpt):
     prefix, _ = overflow_ckpt
     fits = tf.Variable(np.int64(0), name="count")
     tfckpt.restore([fits], prefix)
-    assert int(fits.numpy()) == 2 ** 40
+    assert int(fits.numpy()) == 2**40
     narrow = tf.Variable(np.int32(0), name="count")
     small = tf.Variable(np.zeros(2, np.float16), name="small")
     with pytest.raises(CheckpointError, match="do not fit int32"):
@@ -727,39 +843,183 @@ def special_values(src: str) -> np.ndarray:
     """NaNs (several payloads, both signs), ±inf, ±0, subnormals, extremes, overflow and ties."""
     dt = NP[src]
     if src == "float32":
-        return np.concatenate([
-            _bits(dt, 0x7FC00000, 0x7FC00001, 0x7F800001, 0x7FBFFFFF, 0x7FFFFFFF, 0x7FD2B4C1,
-                  0xFFC00000, 0xFF800001, 0xFFFFFFFF, 0xFFA5A5A5,          # NaNs
-                  0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00400000,  # subnormals
-                  0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,                      # tiny, ±max
-                  0x7F7F7FFF, 0x7F7F8000, 0x7F7F8001, 0xFF7F8000,          # around bfloat16's max
-                  0x3F808000, 0x3F818000, 0xBF808000, 0x3F808001),         # bfloat16 ties
-            np.array([0.0, -0.0, np.inf, -np.inf, 65504, -65504, 65519.996, 65520, -65520, 65536,
-                      1e5, -1e5, 1e38, 2.0 ** -24, -2.0 ** -24, 2.0 ** -25, -2.0 ** -25,
-                      3 * 2.0 ** -25, 2.0 ** -26, 2.0 ** -14, 2.0 ** -14 - 2.0 ** -25, 1e-10,
-                      1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, -(1 + 2.0 ** -11), 2049, 2051, 4097,
-                      0.1, 1 / 3, np.pi], dtype=dt)])
+        return np.concatenate(
+            [
+                _bits(
+                    dt,
+                    0x7FC00000,
+                    0x7FC00001,
+                    0x7F800001,
+                    0x7FBFFFFF,
+                    0x7FFFFFFF,
+                    0x7FD2B4C1,
+                    0xFFC00000,
+                    0xFF800001,
+                    0xFFFFFFFF,
+                    0xFFA5A5A5,  # NaNs
+                    0x00000001,
+                    0x80000001,
+                    0x007FFFFF,
+                    0x807FFFFF,
+                    0x00400000,  # subnormals
+                    0x00800000,
+                    0x7F7FFFFF,
+                    0xFF7FFFFF,  # tiny, ±max
+                    0x7F7F7FFF,
+                    0x7F7F8000,
+                    0x7F7F8001,
+                    0xFF7F8000,  # around bfloat16's max
+                    0x3F808000,
+                    0x3F818000,
+                    0xBF808000,
+                    0x3F808001,
+                ),  # bfloat16 ties
+                np.array(
+                    [
+                        0.0,
+                        -0.0,
+                        np.inf,
+                        -np.inf,
+                        65504,
+                        -65504,
+                        65519.996,
+                        65520,
+                        -65520,
+                        65536,
+                        1e5,
+                        -1e5,
+                        1e38,
+                        2.0**-24,
+                        -(2.0**-24),
+                        2.0**-25,
+                        -(2.0**-25),
+                        3 * 2.0**-25,
+                        2.0**-26,
+                        2.0**-14,
+                        2.0**-14 - 2.0**-25,
+                        1e-10,
+                        1 + 2.0**-11,
+                        1 + 3 * 2.0**-11,
+                        -(1 + 2.0**-11),
+                        2049,
+                        2051,
+                        4097,
+                        0.1,
+                        1 / 3,
+                        np.pi,
+                    ],
+                    dtype=dt,
+                ),
+            ]
+        )
     if src == "float64":
-        return np.concatenate([
-            _bits(dt, 0x7FF8000000000000, 0x7FF8000000000001, 0x7FF0000000000001,
-                  0x7FF4000000000000, 0x7FFFFFFFE0000000, 0xFFF8000000000000,
-                  0xFFF0000000000001, 0xFFFFFFFFFFFFFFFF,                  # NaNs
-                  0x0000000000000001, 0x800FFFFFFFFFFFFF,                  # float64 subnormals
-                  0x7FEFFFFFFFFFFFFF, 0xFFEFFFFFFFFFFFFF),                 # ±max
-            np.array([0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-42, 2.0 ** -149, 2.0 ** -150,
-                      1.1754942e-38, 3.4028234663852886e38, 3.4028235677973366e38,
-                      3.5e38, 1e300, -1e300, 65504, 65519.99, 65519.999999999, 65520, 1e5,
-                      1 + 2.0 ** -11 + 2.0 ** -40, -(1 + 2.0 ** -11 + 2.0 ** -40),  # double rounding
-                      1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -24, 1 + 2.0 ** -24 + 2.0 ** -60,
-                      2.0 ** -25 + 2.0 ** -50, 2.0 ** -24, 3 * 2.0 ** -25, 0.1, 1 / 3, np.pi],
-                     dtype=dt)])
+        return np.concatenate(
+            [
+                _bits(
+                    dt,
+                    0x7FF8000000000000,
+                    0x7FF8000000000001,
+                    0x7FF0000000000001,
+                    0x7FF4000000000000,
+                    0x7FFFFFFFE0000000,
+                    0xFFF8000000000000,
+                    0xFFF0000000000001,
+                    0xFFFFFFFFFFFFFFFF,  # NaNs
+                    0x0000000000000001,
+                    0x800FFFFFFFFFFFFF,  # float64 subnormals
+                    0x7FEFFFFFFFFFFFFF,
+                    0xFFEFFFFFFFFFFFFF,
+                ),  # ±max
+                np.array(
+                    [
+                        0.0,
+                        -0.0,
+                        np.inf,
+                        -np.inf,
+                        1e-40,
+                        -1e-42,
+                        2.0**-149,
+                        2.0**-150,
+                        1.1754942e-38,
+                        3.4028234663852886e38,
+                        3.4028235677973366e38,
+                        3.5e38,
+                        1e300,
+                        -1e300,
+                        65504,
+                        65519.99,
+                        65519.999999999,
+                        65520,
+                        1e5,
+                        1 + 2.0**-11 + 2.0**-40,
+                        -(1 + 2.0**-11 + 2.0**-40),  # double rounding
+                        1 + 2.0**-8 + 2.0**-30,
+                        1 + 2.0**-24,
+                        1 + 2.0**-24 + 2.0**-60,
+                        2.0**-25 + 2.0**-50,
+                        2.0**-24,
+                        3 * 2.0**-25,
+                        0.1,
+                        1 / 3,
+                        np.pi,
+                    ],
+                    dtype=dt,
+                ),
+            ]
+        )
     if src == "float16":
-        return _bits(dt, 0x7E00, 0x7C01, 0x7D55, 0x7FFF, 0xFE00, 0xFC01, 0xFFFF, 0x0001, 0x8001,
-                     0x03FF, 0x0200, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x0000, 0x8000,
-                     0x3C01, 0x3555, 0x3C04, 0x3C0C, 0x3C02, 0xBC04)
-    return _bits(dt, 0x7FC0, 0x7F81, 0x7FA0, 0x7FFF, 0xFFC0, 0xFF81, 0x0001, 0x8001, 0x007F,
-                 0x0080, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x477F, 0x4780, 0xC780,
-                 0x3300, 0x3340, 0x3F81)
+        return _bits(
+            dt,
+            0x7E00,
+            0x7C01,
+            0x7D55,
+            0x7FFF,
+            0xFE00,
+            0xFC01,
+            0xFFFF,
+            0x0001,
+            0x8001,
+            0x03FF,
+            0x0200,
+            0x0400,
+            0x7BFF,
+            0xFBFF,
+            0x7C00,
+            0xFC00,
+            0x0000,
+            0x8000,
+            0x3C01,
+            0x3555,
+            0x3C04,
+            0x3C0C,
+            0x3C02,
+            0xBC04,
+        )
+    return _bits(
+        dt,
+        0x7FC0,
+        0x7F81,
+        0x7FA0,
+        0x7FFF,
+        0xFFC0,
+        0xFF81,
+        0x0001,
+        0x8001,
+        0x007F,
+        0x0080,
+        0x7F7F,
+        0xFF7F,
+        0x7F80,
+        0xFF80,
+        0x0000,
+        0x8000,
+        0x477F,
+        0x4780,
+        0xC780,
+        0x3300,
+        0x3340,
+        0x3F81,
+    )
 
 
 SOURCES = ["float16", "bfloat16", "float32", "float64"]
@@ -781,18 +1041,29 @@ def cast_sources(tmp_path_factory):
     out = {}
     for src in SOURCES:
         dt = NP[src]
-        full = {"special": special_values(src),
-                "random_bits": tfc.random_floats(dt, (48, 64), rng),
-                "random_normal": (rng.standard_normal(3000) * 100).astype(dt),
-                "ints": np.arange(10, dtype=np.int32)}
-        for variant, vals in [("full", full),
-                              ("no_subnormals", {k: without_float32_subnormals(v.reshape(-1))
-                                                 if v.dtype == dt else v
-                                                 for k, v in full.items()})]:
+        full = {
+            "special": special_values(src),
+            "random_bits": tfc.random_floats(dt, (48, 64), rng),
+            "random_normal": (rng.standard_normal(3000) * 100).astype(dt),
+            "ints": np.arange(10, dtype=np.int32),
+        }
+        for variant, vals in [
+            ("full", full),
+            (
+                "no_subnormals",
+                {
+                    k: without_float32_subnormals(v.reshape(-1)) if v.dtype == dt else v
+                    for k, v in full.items()
+                },
+            ),
+        ]:
             prefix = str(d / f"{src}_{variant}")
-            tf.raw_ops.SaveV2(prefix=prefix, tensor_names=list(vals),
-                              shape_and_slices=[""] * len(vals),
-                              tensors=[tf.constant(v) for v in vals.values()])
+            tf.raw_ops.SaveV2(
+                prefix=prefix,
+                tensor_names=list(vals),
+                shape_and_slices=[""] * len(vals),
+                tensors=[tf.constant(v) for v in vals.values()],
+            )
             with tfckpt.open(prefix) as c:  # NaN payloads survived TensorFlow's writer
                 for k, v in vals.items():
                     assert_bits(c[k], v, f"{prefix}:{k}")
@@ -802,8 +1073,10 @@ def cast_sources(tmp_path_factory):
 
 def summary_counts(s) -> dict:
     d = s.to_dict()
-    return {k: d[k] for k in ("kept", "cast", "bytes_in", "bytes_out", "overflow", "to_zero",
-                              "subnormal")}
+    return {
+        k: d[k]
+        for k in ("kept", "cast", "bytes_in", "bytes_out", "overflow", "to_zero", "subnormal")
+    }
 
 
 def assert_same_checkpoints(a: str, b: str, source: dict) -> None:
@@ -821,7 +1094,9 @@ def assert_same_checkpoints(a: str, b: str, source: dict) -> None:
                 s = source[k].reshape(-1)
                 bad[k] = f"{idx.size} elements, e.g. " + "; ".join(
                     f"{s[i]!r} -> numpy 0x{int(x.reshape(-1).view(u)[i]):x}, "
-                    f"tf 0x{int(y.reshape(-1).view(u)[i]):x}" for i in idx[:4])
+                    f"tf 0x{int(y.reshape(-1).view(u)[i]):x}"
+                    for i in idx[:4]
+                )
         assert not bad, tfc.report(bad, "tensors differ between the numpy and tf backends")
     for fa, fb in zip(th.checkpoint_files(a), th.checkpoint_files(b)):
         assert fa.read_bytes() == fb.read_bytes(), (fa, fb)
@@ -834,18 +1109,27 @@ def convert_both(src_prefix, dst, tmp_path, overflow):
     return out_np, out_tf, s_np, s_tf
 
 
-PAIRS = [("float32", "float16"), ("float32", "bfloat16"), ("float64", "float16"),
-         ("float64", "bfloat16"), ("float32", "float64"), ("float64", "float32"),
-         ("float16", "bfloat16"), ("bfloat16", "float16"), ("float16", "float32"),
-         ("float16", "float64"), ("bfloat16", "float32"), ("bfloat16", "float64")]
+PAIRS = [
+    ("float32", "float16"),
+    ("float32", "bfloat16"),
+    ("float64", "float16"),
+    ("float64", "bfloat16"),
+    ("float32", "float64"),
+    ("float64", "float32"),
+    ("float16", "bfloat16"),
+    ("bfloat16", "float16"),
+    ("float16", "float32"),
+    ("float16", "float64"),
+    ("bfloat16", "float32"),
+    ("bfloat16", "float64"),
+]
 # tf.cast on TensorFlow's CPU threads flushes float32 subnormals (inputs and results) to ±0;
 # numpy (and tfckpt's numpy backend) keeps them. These pairs meet such values.
 FTZ_PAIRS = {("float32", "float64"), ("float64", "float32"), ("bfloat16", "float64")}
 
 
 @pytest.mark.parametrize("overflow", ["inf", "clip"])
-@pytest.mark.parametrize("src,dst", [
-    (s, d) for s, d in PAIRS])
+@pytest.mark.parametrize("src,dst", [(s, d) for s, d in PAIRS])
 def test_tf_backend_bitwise_equals_numpy(cast_sources, tmp_path, src, dst, overflow):
     prefix, vals = cast_sources[src, "full"]
     out_np, out_tf, s_np, s_tf = convert_both(prefix, dst, tmp_path, overflow)
@@ -856,8 +1140,9 @@ def test_tf_backend_bitwise_equals_numpy(cast_sources, tmp_path, src, dst, overf
 
 @pytest.mark.parametrize("overflow", ["inf", "clip"])
 @pytest.mark.parametrize("src,dst", sorted(FTZ_PAIRS))
-def test_tf_backend_equals_numpy_away_from_float32_subnormals(cast_sources, tmp_path, src, dst,
-                                                              overflow):
+def test_tf_backend_equals_numpy_away_from_float32_subnormals(
+    cast_sources, tmp_path, src, dst, overflow
+):
     """The pairs above that meet TF's flush-to-zero agree on everything else."""
     prefix, vals = cast_sources[src, "no_subnormals"]
     out_np, out_tf, s_np, s_tf = convert_both(prefix, dst, tmp_path, overflow)
@@ -880,8 +1165,8 @@ def test_tf_backend_special_values_are_right(cast_sources, tmp_path):
     assert got[i[65519.99609375]] == 65504 and got[i[float(np.float32(1e38))]] == 65504
     assert np.isposinf(got[i[np.inf]]) and np.isneginf(got[i[-np.inf]])
     assert got[i[-0.0]].view(np.uint16) == 0x8000
-    assert got[i[2.0 ** -25]] == 0 and got[i[3 * 2.0 ** -25]] == 2.0 ** -23
-    assert got[i[1 + 2.0 ** -11]] == 1 and got[i[1 + 3 * 2.0 ** -11]] == 1 + 2.0 ** -9
+    assert got[i[2.0**-25]] == 0 and got[i[3 * 2.0**-25]] == 2.0**-23
+    assert got[i[1 + 2.0**-11]] == 1 and got[i[1 + 3 * 2.0**-11]] == 1 + 2.0**-9
     assert got[i[2049.0]] == 2048 and got[i[2051.0]] == 2052
 
 
@@ -891,8 +1176,9 @@ def test_tf_backend_overflow_error_same_as_numpy(cast_sources, tmp_path, src, ds
     errors = []
     for backend in ["numpy", "tf"]:
         with pytest.raises(CheckpointError, match="nothing written") as e:
-            tfckpt.convert(prefix, str(tmp_path / backend / "out"), dst, backend=backend,
-                           tf_threshold=0)
+            tfckpt.convert(
+                prefix, str(tmp_path / backend / "out"), dst, backend=backend, tf_threshold=0
+            )
         errors.append((e.value.detail, e.value.counts))
         assert not list((tmp_path / backend).glob("out*"))
     assert errors[0] == errors[1]
@@ -911,15 +1197,23 @@ def test_tf_threshold_chooses_the_tensors(cast_sources, tmp_path, monkeypatch):
         def wrapped(chunk, target):
             seen.append((chunk.size, np.dtype(target).name))
             return convert(chunk, target)
+
         return wrapped
 
     monkeypatch.setattr(tfbridge.cast, "converter", spy)
     prefix, vals = cast_sources["float32", "full"]
     threshold = vals["random_normal"].nbytes  # 12000 bytes: random_bits (12288) too, special not
-    tfckpt.convert(prefix, str(tmp_path / "tf" / "out"), "float16", backend="tf",
-                   tf_threshold=threshold, overflow="inf")
-    assert sorted(seen) == sorted([(vals["random_bits"].size, "float16"),
-                                   (vals["random_normal"].size, "float16")])
+    tfckpt.convert(
+        prefix,
+        str(tmp_path / "tf" / "out"),
+        "float16",
+        backend="tf",
+        tf_threshold=threshold,
+        overflow="inf",
+    )
+    assert sorted(seen) == sorted(
+        [(vals["random_bits"].size, "float16"), (vals["random_normal"].size, "float16")]
+    )
     tfckpt.convert(prefix, str(tmp_path / "np" / "out"), "float16", overflow="inf")
     assert_same_checkpoints(str(tmp_path / "np" / "out"), str(tmp_path / "tf" / "out"), vals)
 
@@ -932,8 +1226,9 @@ def test_auto_backend_without_gpu_is_numpy(cast_sources, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tfbridge.cast, "converter", no)
     prefix, vals = cast_sources["float32", "full"]
-    tfckpt.convert(prefix, str(tmp_path / "auto" / "out"), "float64", backend="auto",
-                   tf_threshold=0)
+    tfckpt.convert(
+        prefix, str(tmp_path / "auto" / "out"), "float64", backend="auto", tf_threshold=0
+    )
     tfckpt.convert(prefix, str(tmp_path / "np" / "out"), "float64", backend="numpy")
     assert_same_checkpoints(str(tmp_path / "np" / "out"), str(tmp_path / "auto" / "out"), vals)
 
@@ -944,14 +1239,34 @@ def test_cli_backends(cast_sources, tmp_path):
     tfckpt.convert(prefix, api, "float16", backend="numpy", overflow="clip")
     cli_tf, cli_auto = str(tmp_path / "cli_tf" / "out"), str(tmp_path / "cli_auto" / "out")
     for backend, out in [("tf", cli_tf), ("auto", cli_auto)]:
-        proc = ch.run_text("convert", prefix, out, "--dtype", "float16", "--backend", backend,
-                          "--tf-threshold", "1", "--overflow", "clip")
+        proc = ch.run_text(
+            "convert",
+            prefix,
+            out,
+            "--dtype",
+            "float16",
+            "--backend",
+            backend,
+            "--tf-threshold",
+            "1",
+            "--overflow",
+            "clip",
+        )
         assert proc.returncode == 0, proc.stderr
         assert_same_checkpoints(api, out, vals)
     # auto on this GPU-less machine is the numpy backend: float32 -> float64 keeps subnormals
     # there, which tf.cast on the CPU would flush.
-    proc = ch.run_text("convert", prefix, str(tmp_path / "auto64" / "out"), "--dtype", "float64",
-                      "--backend", "auto", "--tf-threshold", "1")
+    proc = ch.run_text(
+        "convert",
+        prefix,
+        str(tmp_path / "auto64" / "out"),
+        "--dtype",
+        "float64",
+        "--backend",
+        "auto",
+        "--tf-threshold",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     tfckpt.convert(prefix, str(tmp_path / "np64" / "out"), "float64")
     assert_same_checkpoints(str(tmp_path / "np64" / "out"), str(tmp_path / "auto64" / "out"), vals)
@@ -960,8 +1275,19 @@ def test_cli_backends(cast_sources, tmp_path):
 def test_cli_tf_threshold_zero(cast_sources, tmp_path):
     prefix, vals = cast_sources["float32", "full"]
     out = str(tmp_path / "cli" / "out")
-    proc = ch.run_text("convert", prefix, out, "--dtype", "float16", "--backend", "tf",
-                      "--tf-threshold", "0", "--overflow", "inf")
+    proc = ch.run_text(
+        "convert",
+        prefix,
+        out,
+        "--dtype",
+        "float16",
+        "--backend",
+        "tf",
+        "--tf-threshold",
+        "0",
+        "--overflow",
+        "inf",
+    )
     assert proc.returncode == 0, proc.stderr
     tfckpt.convert(prefix, str(tmp_path / "api" / "out"), "float16", overflow="inf")
     assert_same_checkpoints(str(tmp_path / "api" / "out"), out, vals)
@@ -970,24 +1296,32 @@ def test_cli_tf_threshold_zero(cast_sources, tmp_path):
 # ---------------------------------------------------------------- 6. verify_with_tf
 
 
-
-
-@pytest.mark.parametrize("name,dtype,backend", [
-    ("tf1_saver", "float16", "numpy"), ("tf1_saver", "float16", "tf"),
-    ("tf1_saver", "float64", "tf"),
-    ("keras_manager", "float16", "numpy"), ("keras_manager", "bfloat16", "tf"),
-    ("keras_manager", "float64", "numpy"),
-    ("tf1_partitioned", "bfloat16", "numpy"), ("tf1_partitioned", "float64", "tf"),
-    ("tf1_sharded", "float64", "numpy"), ("tf1_sharded", "float16", "tf"),
-    ("max_shard_policy", "bfloat16", "numpy"), ("saved_model", "float16", "numpy"),
-    ("tf1_saver", "float64", "numpy"), ("tf1_saver", "bfloat16", "numpy"),
-    ("tf1_partitioned", "float16", "numpy"),
-])
+@pytest.mark.parametrize(
+    "name,dtype,backend",
+    [
+        ("tf1_saver", "float16", "numpy"),
+        ("tf1_saver", "float16", "tf"),
+        ("tf1_saver", "float64", "tf"),
+        ("keras_manager", "float16", "numpy"),
+        ("keras_manager", "bfloat16", "tf"),
+        ("keras_manager", "float64", "numpy"),
+        ("tf1_partitioned", "bfloat16", "numpy"),
+        ("tf1_partitioned", "float64", "tf"),
+        ("tf1_sharded", "float64", "numpy"),
+        ("tf1_sharded", "float16", "tf"),
+        ("max_shard_policy", "bfloat16", "numpy"),
+        ("saved_model", "float16", "numpy"),
+        ("tf1_saver", "float64", "numpy"),
+        ("tf1_saver", "bfloat16", "numpy"),
+        ("tf1_partitioned", "float16", "numpy"),
+    ],
+)
 def test_verify_with_tf_after_convert(tf_checkpoints, tmp_path, name, dtype, backend):
     case = tf_checkpoints(name)
     out = str(tmp_path / "out" / "model")
-    summary = tfckpt.convert(case.prefix, out, dtype, overflow="inf", backend=backend,
-                             tf_threshold=0)
+    summary = tfckpt.convert(
+        case.prefix, out, dtype, overflow="inf", backend=backend, tf_threshold=0
+    )
     assert summary.cast > 0
     result = tfckpt.verify_with_tf(out, reference=case.prefix)
     assert result["mismatches"] == [], result["mismatches"]
@@ -998,8 +1332,12 @@ def test_verify_with_tf_after_convert(tf_checkpoints, tmp_path, name, dtype, bac
 def test_verify_with_tf_negative_nan_to_bfloat16(tmp_path):
     """The smallest case: eight float32 -NaNs, written by TF, converted to bfloat16."""
     src = str(tmp_path / "src")
-    tf.raw_ops.SaveV2(prefix=src, tensor_names=["x"], shape_and_slices=[""],
-                      tensors=[tf.constant(np.full(8, -np.nan, np.float32))])
+    tf.raw_ops.SaveV2(
+        prefix=src,
+        tensor_names=["x"],
+        shape_and_slices=[""],
+        tensors=[tf.constant(np.full(8, -np.nan, np.float32))],
+    )
     out = str(tmp_path / "out" / "m")
     tfckpt.convert(src, out, "bfloat16")
     with tfckpt.open(out) as c:
@@ -1017,10 +1355,12 @@ def test_tf_saver_restores_converted_partitioned_float16(tf_checkpoints, tmp_pat
     tfckpt.convert(case.prefix, out, "float16")
 
     def build():
-        return {"vec": tf1_var("vec", dtype="float16", shape=(12,), parts=3),
-                "emb/table": tf1_var("emb/table", dtype="float16", shape=(10, 4), parts=3),
-                "wide": tf1_var("wide", dtype=tf.int64, shape=(5, 7), parts=2, axis=1),
-                "plain": tf1_var("plain", dtype=tf.int32, shape=(6,))}
+        return {
+            "vec": tf1_var("vec", dtype="float16", shape=(12,), parts=3),
+            "emb/table": tf1_var("emb/table", dtype="float16", shape=(10, 4), parts=3),
+            "wide": tf1_var("wide", dtype=tf.int64, shape=(5, 7), parts=2, axis=1),
+            "plain": tf1_var("plain", dtype=tf.int32, shape=(6,)),
+        }
 
     with tf1_session(build) as (sess, variables):
         v1.train.Saver().restore(sess, out)
@@ -1064,7 +1404,12 @@ def test_numpy_path_does_not_import_tensorflow(tf_checkpoints, tmp_path):
         "assert loaded() == [], ('convert', loaded())\n"
         "import tfckpt.tf\n"
         "assert loaded() == [], ('import tfckpt.tf', loaded())\n"
-        "print('ok')\n")
-    proc = subprocess.run([sys.executable, "-c", code, case.prefix, str(tmp_path / "out" / "m")],
-                          capture_output=True, text=True, timeout=120)
+        "print('ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, case.prefix, str(tmp_path / "out" / "m")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -22,16 +22,17 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from cli_helpers import in_process  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
-
-from cli_helpers import in_process  # noqa: E402
 
 v1 = tf.compat.v1
 
 
 def var(name, dtype, shape, value=None, parts=None):
     """``get_variable`` (resource) holding ``value`` or zeros, optionally partitioned on axis 0."""
+
     def init(shape, dtype=None, partition_info=None):
         if value is None:
             return tf.zeros(shape, dtype)
@@ -39,14 +40,20 @@ def var(name, dtype, shape, value=None, parts=None):
             return tf.constant(value, dtype=dtype)
         index = tuple(slice(o, o + n) for o, n in zip(partition_info.var_offset, shape))
         return tf.constant(value[index], dtype=dtype)
+
     kw = {"partitioner": v1.fixed_size_partitioner(parts)} if parts else {}
-    return v1.get_variable(name, shape=list(shape), dtype=tf.as_dtype(dtype), initializer=init,
-                           use_resource=True, **kw)
+    return v1.get_variable(
+        name, shape=list(shape), dtype=tf.as_dtype(dtype), initializer=init, use_resource=True, **kw
+    )
 
 
 def read(sess, variables: dict) -> dict[str, np.ndarray]:
-    return sess.run({k: v.as_tensor() if type(v).__name__ == "PartitionedVariable" else v
-                     for k, v in variables.items()})
+    return sess.run(
+        {
+            k: v.as_tensor() if type(v).__name__ == "PartitionedVariable" else v
+            for k, v in variables.items()
+        }
+    )
 
 
 @contextlib.contextmanager
@@ -60,8 +67,13 @@ def session(build):
 
 def assert_bits(got, want, what=""):
     got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape,
-                                                                 want.dtype, want.shape)
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        what,
+        got.dtype,
+        got.shape,
+        want.dtype,
+        want.shape,
+    )
     assert got.tobytes() == want.tobytes(), (what, got, want)
 
 
@@ -69,14 +81,18 @@ def assert_bits(got, want, what=""):
 def tf1_ckpt(tmp_path_factory):
     """A TF1 Saver checkpoint: ``emb`` partitioned three ways, ``w`` (3, 4), ``b`` (4,)."""
     rng = np.random.default_rng(7)
-    values = {"emb": rng.standard_normal((10, 4)).astype(np.float32),
-              "w": rng.standard_normal((3, 4)).astype(np.float32),
-              "b": rng.standard_normal(4).astype(np.float32)}
+    values = {
+        "emb": rng.standard_normal((10, 4)).astype(np.float32),
+        "w": rng.standard_normal((3, 4)).astype(np.float32),
+        "b": rng.standard_normal(4).astype(np.float32),
+    }
     prefix = str(tmp_path_factory.mktemp("tf1") / "model.ckpt")
     with tf.Graph().as_default():
-        made = {"emb": var("emb", "float32", (10, 4), values["emb"], parts=3),
-                "w": var("w", "float32", (3, 4), values["w"]),
-                "b": var("b", "float32", (4,), values["b"])}
+        made = {
+            "emb": var("emb", "float32", (10, 4), values["emb"], parts=3),
+            "w": var("w", "float32", (3, 4), values["w"]),
+            "b": var("b", "float32", (4,), values["b"]),
+        }
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             assert_bits(read(sess, made)["emb"], values["emb"])
@@ -101,12 +117,16 @@ def test_dict_with_list_of_partitions_as_saver(tf1_ckpt, dtype):
         report = tfckpt.restore({"emb": parts, "b": variables["b"]}, prefix, session=sess)
         ours = read(sess, variables)
     assert sorted((r.checkpoint_name, r.variable) for r in report.restored) == [
-        ("b", "b:0"), ("emb", "emb/part_0:0"), ("emb", "emb/part_1:0")]
+        ("b", "b:0"),
+        ("emb", "emb/part_0:0"),
+        ("emb", "emb/part_1:0"),
+    ]
     assert report.unused == ["w"] and report.missing == []
     if dtype == "float32":
         with session(build) as (sess, variables):
             v1.train.Saver({"emb": list(variables["emb"]), "b": variables["b"]}).restore(
-                sess, prefix)
+                sess, prefix
+            )
             theirs = read(sess, variables)
     else:
         theirs = {k: tf.cast(values[k], dtype).numpy() for k in ("emb", "b")}
@@ -121,15 +141,17 @@ class Leaf(tf.Module):
     def __init__(self, dtype, rng=None):
         super().__init__()
         shape = (3, 2)
-        self.kernel = tf.Variable(np.zeros(shape, dtype) if rng is None
-                                  else rng.standard_normal(shape).astype(dtype))
+        self.kernel = tf.Variable(
+            np.zeros(shape, dtype) if rng is None else rng.standard_normal(shape).astype(dtype)
+        )
 
 
 class Net(tf.Module):
     def __init__(self, dtype, rng=None):
         super().__init__()
-        self.w = tf.Variable(np.zeros(5, dtype) if rng is None
-                             else rng.standard_normal(5).astype(dtype))
+        self.w = tf.Variable(
+            np.zeros(5, dtype) if rng is None else rng.standard_normal(5).astype(dtype)
+        )
         self.leaf = Leaf(dtype, rng)
 
 
@@ -144,8 +166,11 @@ def test_positional_root_like_checkpoint_read(tmp_path):
     ours, our_step = Net(np.float32), tf.Variable(np.int64(0))
     report = tfckpt.restore(tf.train.Checkpoint(ours, step=our_step), prefix)
     assert report.missing == [] and report.unused == [] and len(report.restored) == 3
-    for a, b in [(ours.w, theirs.w), (ours.leaf.kernel, theirs.leaf.kernel),
-                 (our_step, their_step)]:
+    for a, b in [
+        (ours.w, theirs.w),
+        (ours.leaf.kernel, theirs.leaf.kernel),
+        (our_step, their_step),
+    ]:
         assert_bits(a.numpy(), b.numpy(), a.name)
     assert int(our_step.numpy()) == 41
 
@@ -162,10 +187,13 @@ def test_positional_root_like_checkpoint_read(tmp_path):
 # ---------------------------------------------------------------- restore: assignment_map errors
 
 
-@pytest.mark.parametrize("assignment_map,names", [
-    ({"w": "no_such_var"}, ["no_such_var", "'w'"]),          # no variable of that name
-    ({"no_such_tensor": "net/w"}, ["no_such_tensor", "net/w"]),  # no tensor of that name
-])
+@pytest.mark.parametrize(
+    "assignment_map,names",
+    [
+        ({"w": "no_such_var"}, ["no_such_var", "'w'"]),  # no variable of that name
+        ({"no_such_tensor": "net/w"}, ["no_such_tensor", "net/w"]),  # no tensor of that name
+    ],
+)
 def test_assignment_map_naming_nothing_is_an_error(tf1_ckpt, assignment_map, names):
     prefix, _ = tf1_ckpt
 
@@ -179,8 +207,7 @@ def test_assignment_map_naming_nothing_is_an_error(tf1_ckpt, assignment_map, nam
     full_map = {"b": "net/b", **assignment_map}
     with session(build) as (sess, variables):
         with pytest.raises(CheckpointError) as e:
-            tfckpt.restore(list(variables.values()), prefix, session=sess,
-                           assignment_map=full_map)
+            tfckpt.restore(list(variables.values()), prefix, session=sess, assignment_map=full_map)
         after = read(sess, variables)
     assert all(n in str(e.value) for n in names), str(e.value)
     assert prefix in str(e.value)
@@ -251,16 +278,19 @@ def test_partitioned_variable_of_another_full_shape_is_an_error(tf1_ckpt):
 def tf2_named(tmp_path_factory):
     """A TF2 object checkpoint of eagerly created variables with TF1-style names."""
     rng = np.random.default_rng(9)
-    values = {"enc/kernel": rng.standard_normal((3, 4)).astype(np.float32),
-              "enc/bias": rng.standard_normal(4).astype(np.float32),
-              "step": np.array(17, np.int64)}
+    values = {
+        "enc/kernel": rng.standard_normal((3, 4)).astype(np.float32),
+        "enc/bias": rng.standard_normal(4).astype(np.float32),
+        "step": np.array(17, np.int64),
+    }
     module = tf.Module()
     module.enc = tf.Module()
     module.enc.k = tf.Variable(values["enc/kernel"], name="enc/kernel")
     module.enc.b = tf.Variable(values["enc/bias"], name="enc/bias")
     module.step = tf.Variable(values["step"], name="step")
     prefix = tf.train.Checkpoint(model=module).write(
-        str(tmp_path_factory.mktemp("tf2_named") / "ckpt"))
+        str(tmp_path_factory.mktemp("tf2_named") / "ckpt")
+    )
     with tfckpt.open(prefix) as c:
         assert "enc/kernel" not in c  # keys are object paths, not the names
     return prefix, values
@@ -271,24 +301,29 @@ def test_tf1_names_against_tf2_checkpoint_like_saver(tf2_named, dtype):
     prefix, values = tf2_named
 
     def build():
-        return {"enc/kernel": var("enc/kernel", dtype, (3, 4)),
-                "enc/bias": var("enc/bias", dtype, (4,)),
-                "step": var("step", "int64", ())}
+        return {
+            "enc/kernel": var("enc/kernel", dtype, (3, 4)),
+            "enc/bias": var("enc/bias", dtype, (4,)),
+            "step": var("step", "int64", ()),
+        }
 
     with session(build) as (sess, variables):
         report = tfckpt.restore(list(variables.values()), prefix, session=sess)
         ours = read(sess, variables)
     assert sorted(r.checkpoint_name for r in report.restored) == [
-        "model/enc/b/.ATTRIBUTES/VARIABLE_VALUE", "model/enc/k/.ATTRIBUTES/VARIABLE_VALUE",
-        "model/step/.ATTRIBUTES/VARIABLE_VALUE"]
+        "model/enc/b/.ATTRIBUTES/VARIABLE_VALUE",
+        "model/enc/k/.ATTRIBUTES/VARIABLE_VALUE",
+        "model/step/.ATTRIBUTES/VARIABLE_VALUE",
+    ]
     assert report.missing == []
     if dtype == "float32":  # Saver.restore falls back to the object graph itself
         with session(build) as (sess, variables):
             v1.train.Saver().restore(sess, prefix)
             theirs = read(sess, variables)
     else:
-        theirs = {k: v if v.dtype == np.int64 else tf.cast(v, dtype).numpy()
-                  for k, v in values.items()}
+        theirs = {
+            k: v if v.dtype == np.int64 else tf.cast(v, dtype).numpy() for k, v in values.items()
+        }
     for k in theirs:
         assert_bits(ours[k], theirs[k], k)
 
@@ -303,17 +338,24 @@ def test_tf1_names_against_tf2_checkpoint_like_saver(tf2_named, dtype):
             tfckpt.restore(list(variables.values()), prefix, session=sess)
 
 
-#-------------------------------------------------------- verify_with_tf: documented differences
+# -------------------------------------------------------- verify_with_tf: documented differences
 
 
-NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-      "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+NP = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
 
 
 def save_v2(prefix: str, **tensors) -> None:
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=list(tensors),
-                      shape_and_slices=[""] * len(tensors),
-                      tensors=[tf.constant(v) for v in tensors.values()])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=list(tensors),
+        shape_and_slices=[""] * len(tensors),
+        tensors=[tf.constant(v) for v in tensors.values()],
+    )
 
 
 def ieee(x: np.ndarray, dst: str) -> np.ndarray:
@@ -335,8 +377,15 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(f"u{a.dtype.itemsize}")
 
 
-@pytest.mark.parametrize("src,dst", [("float32", "float64"), ("float64", "float32"),
-                                     ("float64", "bfloat16"), ("bfloat16", "float64")])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        ("float32", "float64"),
+        ("float64", "float32"),
+        ("float64", "bfloat16"),
+        ("bfloat16", "float64"),
+    ],
+)
 def test_verify_reports_subnormals_tf_flushes(tmp_path, src, dst):
     x = with_subnormals(src)
     theirs = tf.cast(tf.constant(x), dst).numpy()
@@ -351,13 +400,19 @@ def test_verify_reports_subnormals_tf_flushes(tmp_path, src, dst):
 
     result = tfckpt.verify_with_tf(out, reference=source)
     assert result["mismatches"] == [] and result["cast_checked"] == 1
-    assert result["cast_differences"] == [{"tensor": "x", "cast": f"{src} -> {dst}",
-                                           "subnormals_tf_flushes": flushed,
-                                           "nans_other_bits": 0}]
+    assert result["cast_differences"] == [
+        {
+            "tensor": "x",
+            "cast": f"{src} -> {dst}",
+            "subnormals_tf_flushes": flushed,
+            "nans_other_bits": 0,
+        }
+    ]
     rc, stdout, stderr = in_process("verify", out, "--tf", "--reference", source)
     assert rc == 0, stderr
-    assert f"note: x ({src} -> {dst}): {flushed} subnormal results tf.cast flushes to zero" \
-        in stdout
+    assert (
+        f"note: x ({src} -> {dst}): {flushed} subnormal results tf.cast flushes to zero" in stdout
+    )
     rc, stdout, _ = in_process("verify", out, "--tf", "--reference", source, "--json")
     assert rc == 0
     assert json.loads(stdout)["tf"]["cast_differences"] == result["cast_differences"]
@@ -370,14 +425,22 @@ def nan_values(src: str) -> np.ndarray:
     x[40:80] = np.abs(x[40:80])
     x[:40] = -np.abs(x[:40])
     if src == "float32":
-        payload = np.array([0x7F800001, 0xFF800001, 0x7FA00000, 0xFFA00000, 0x7FFFFFFF],
-                           np.uint32).view(np.float32)
+        payload = np.array(
+            [0x7F800001, 0xFF800001, 0x7FA00000, 0xFFA00000, 0x7FFFFFFF], np.uint32
+        ).view(np.float32)
         x = np.concatenate([x, np.resize(payload, 40)])
     return x
 
 
-@pytest.mark.parametrize("src,dst", [("float32", "bfloat16"), ("float32", "float16"),
-                                     ("float64", "bfloat16"), ("float32", "float64")])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        ("float32", "bfloat16"),
+        ("float32", "float16"),
+        ("float64", "bfloat16"),
+        ("float32", "float64"),
+    ],
+)
 def test_verify_reports_nans_of_other_bits(tmp_path, src, dst):
     """tfckpt's NaN: the target's quiet NaN with the source's sign; tf.cast's varies."""
     x = nan_values(src)
@@ -400,9 +463,18 @@ def test_verify_reports_nans_of_other_bits(tmp_path, src, dst):
         assert_bits(c["x"][~nan], theirs[~nan], "the other values are tf.cast's")
     result = tfckpt.verify_with_tf(out, reference=source)
     assert result["mismatches"] == []
-    assert result["cast_differences"] == ([{"tensor": "x", "cast": f"{src} -> {dst}",
-                                            "subnormals_tf_flushes": 0,
-                                            "nans_other_bits": other}] if other else [])
+    assert result["cast_differences"] == (
+        [
+            {
+                "tensor": "x",
+                "cast": f"{src} -> {dst}",
+                "subnormals_tf_flushes": 0,
+                "nans_other_bits": other,
+            }
+        ]
+        if other
+        else []
+    )
     # float32 payloads reach float16 and float64 in tf.cast; float64 -> bfloat16 agrees.
     assert (other > 0) == ((src, dst) != ("float64", "bfloat16"))
 
@@ -416,10 +488,10 @@ def test_verify_still_catches_wrong_values_among_documented_ones(tmp_path, damag
     good = ieee(x, "float64")
     good[np.isnan(x)] = -np.nan
     bad = good.copy()
-    if damage == "subnormal":    # TensorFlow gives 0 here, tfckpt the IEEE value: neither
-        i = int(np.flatnonzero((np.abs(x) < 2.0 ** -126) & (x != 0))[0])
+    if damage == "subnormal":  # TensorFlow gives 0 here, tfckpt the IEEE value: neither
+        i = int(np.flatnonzero((np.abs(x) < 2.0**-126) & (x != 0))[0])
         bad[i] = np.nextafter(bad[i], np.inf)
-    else:                        # tf.cast keeps the sign of float32 -> float64 NaNs, so does tfckpt
+    else:  # tf.cast keeps the sign of float32 -> float64 NaNs, so does tfckpt
         bad[-1] = np.abs(bad[-1])
     tfckpt.save({"x": bad}, str(tmp_path / "bad"))
     result = tfckpt.verify_with_tf(str(tmp_path / "bad"), reference=source)

@@ -16,14 +16,14 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from cli_helpers import run_text  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.commit import write_index  # noqa: E402
 from tfckpt.inspection import diff, dump, verify  # noqa: E402
 from tfckpt.orderedcode import encode_slice_key  # noqa: E402
 from tfckpt.table import TableReader  # noqa: E402
-
-from cli_helpers import run_text  # noqa: E402
 
 
 def _dataset():
@@ -45,17 +45,20 @@ def _take(it, n: int) -> list[list[int]]:
 def _restore_named_iterator(prefix: str, name: str):
     """A fresh iterator set to the state saved under ``name`` (a TF1-style, name-based save)."""
     it = iter(_dataset())
-    state = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
-                                 dtypes=[tf.variant])[0]
+    state = tf.raw_ops.RestoreV2(
+        prefix=prefix, tensor_names=[name], shape_and_slices=[""], dtypes=[tf.variant]
+    )[0]
     tf.raw_ops.DeserializeIterator(resource_handle=it._iterator_resource, serialized=state)
     return it
 
 
 def _restore_tensor_list(prefix: str, name: str) -> np.ndarray:
-    handle = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
-                                  dtypes=[tf.variant])[0]
-    return tf.raw_ops.TensorListStack(input_handle=handle, element_dtype=tf.float32,
-                                      element_shape=[2]).numpy()
+    handle = tf.raw_ops.RestoreV2(
+        prefix=prefix, tensor_names=[name], shape_and_slices=[""], dtypes=[tf.variant]
+    )[0]
+    return tf.raw_ops.TensorListStack(
+        input_handle=handle, element_dtype=tf.float32, element_shape=[2]
+    ).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +67,21 @@ def named_variants(tmp_path_factory):
     d = tmp_path_factory.mktemp("named_variants")
     prefix = str(d / "model.ckpt")
     it = _consumed(4)
-    state = tf.raw_ops.SerializeIterator(resource_handle=it._iterator_resource,
-                                         external_state_policy=0)
+    state = tf.raw_ops.SerializeIterator(
+        resource_handle=it._iterator_resource, external_state_policy=0
+    )
     rows = np.array([[1.5, -2.0], [3.25, 4.0], [0.1, 1e-3]], dtype=np.float32)
-    tlist = tf.raw_ops.TensorListFromTensor(tensor=tf.constant(rows),
-                                            element_shape=tf.constant([2]))
+    tlist = tf.raw_ops.TensorListFromTensor(
+        tensor=tf.constant(rows), element_shape=tf.constant([2])
+    )
     weights = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     names = ["input/iterator", "state/list", "layer/w", "step"]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * 4,
-                      tensors=[state, tlist, tf.constant(weights), tf.constant(7, tf.int64)])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[""] * 4,
+        tensors=[state, tlist, tf.constant(weights), tf.constant(7, tf.int64)],
+    )
     return {"prefix": prefix, "next": _take(it, 3), "rows": rows, "weights": weights}
 
 
@@ -93,7 +102,7 @@ def _variant_names(ckpt) -> list[str]:
 def _stored_bytes(ckpt, name: str) -> bytes:
     info = ckpt.info(name)
     data = Path(ckpt.data_files[info.shard]).read_bytes()
-    return data[info.offset:info.offset + info.nbytes]
+    return data[info.offset : info.offset + info.nbytes]
 
 
 def _flip(prefix: str, dst: Path, name: str, at_fraction: float) -> str:
@@ -203,8 +212,12 @@ def test_variant_written_by_add_raw_read_by_tf(named_variants, tmp_path):
     with tfckpt.open(src) as ckpt, tfckpt.BundleWriter(dst) as w:
         data = ckpt.read_bytes("state/list")
         w.add_raw("again/list", "variant", (), data)
-        w.add_raw("iterator", "variant", ckpt.info("input/iterator").shape,
-                  ckpt.read_bytes("input/iterator"))
+        w.add_raw(
+            "iterator",
+            "variant",
+            ckpt.info("input/iterator").shape,
+            ckpt.read_bytes("input/iterator"),
+        )
     assert (_restore_tensor_list(dst, "again/list") == named_variants["rows"]).all()
     assert _take(_restore_named_iterator(dst, "iterator"), 3) == named_variants["next"]
 
@@ -212,14 +225,23 @@ def test_variant_written_by_add_raw_read_by_tf(named_variants, tmp_path):
 def test_variant_shapes_and_slices(tmp_path):
     """Zero elements, a [1, 2] matrix and a [2] vector saved as two slices, through select."""
     rows = [np.array([[1.0, 2.0]], np.float32), np.array([[3.0, 4.0], [5.0, 6.0]], np.float32)]
-    lists = [tf.raw_ops.TensorListFromTensor(tensor=tf.constant(r), element_shape=tf.constant([2]))
-             for r in rows]
+    lists = [
+        tf.raw_ops.TensorListFromTensor(tensor=tf.constant(r), element_shape=tf.constant([2]))
+        for r in rows
+    ]
     vec = tf.stack(lists)
     src = str(tmp_path / "src" / "v")
-    tf.raw_ops.SaveV2(prefix=src, tensor_names=["empty", "matrix", "sliced", "sliced"],
-                      shape_and_slices=["", "", "2 0,1", "2 1,1"],
-                      tensors=[tf.gather(vec, tf.constant([], tf.int32)), tf.reshape(vec, [1, 2]),
-                               vec[:1], vec[1:]])
+    tf.raw_ops.SaveV2(
+        prefix=src,
+        tensor_names=["empty", "matrix", "sliced", "sliced"],
+        shape_and_slices=["", "", "2 0,1", "2 1,1"],
+        tensors=[
+            tf.gather(vec, tf.constant([], tf.int32)),
+            tf.reshape(vec, [1, 2]),
+            vec[:1],
+            vec[1:],
+        ],
+    )
     dst = str(tmp_path / "dst" / "v")
     tfckpt.select(src, dst, exclude=["^none$"])
     for prefix in (src, dst):
@@ -231,14 +253,17 @@ def test_variant_shapes_and_slices(tmp_path):
         assert verify(prefix)["problems"] == []
     with tfckpt.open(src) as a, tfckpt.open(dst) as b:
         assert b.read_bytes("matrix") == a.read_bytes("matrix")
-    matrix = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=["matrix"], shape_and_slices=[""],
-                                  dtypes=[tf.variant])[0]
+    matrix = tf.raw_ops.RestoreV2(
+        prefix=dst, tensor_names=["matrix"], shape_and_slices=[""], dtypes=[tf.variant]
+    )[0]
     assert matrix.shape == (1, 2)
     for i, spec in enumerate(["2 0,1", "2 1,1"]):
-        part = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=["sliced"], shape_and_slices=[spec],
-                                    dtypes=[tf.variant])[0]
-        got = tf.raw_ops.TensorListStack(input_handle=part[0], element_dtype=tf.float32,
-                                         element_shape=[2]).numpy()
+        part = tf.raw_ops.RestoreV2(
+            prefix=dst, tensor_names=["sliced"], shape_and_slices=[spec], dtypes=[tf.variant]
+        )[0]
+        got = tf.raw_ops.TensorListStack(
+            input_handle=part[0], element_dtype=tf.float32, element_shape=[2]
+        ).numpy()
         assert (got == rows[i]).all()
 
 
@@ -258,11 +283,13 @@ def test_flipped_variant_byte_is_corrupt(named_variants, tmp_path, where):
     problems = verify(bad)["problems"]
     assert len(problems) == 1 and "input/iterator" in problems[0], problems
     with pytest.raises(tf.errors.OpError):  # TensorFlow refuses the same bytes
-        tf.raw_ops.RestoreV2(prefix=bad, tensor_names=["input/iterator"],
-                             shape_and_slices=[""], dtypes=[tf.variant])
+        tf.raw_ops.RestoreV2(
+            prefix=bad, tensor_names=["input/iterator"], shape_and_slices=[""], dtypes=[tf.variant]
+        )
     with tfckpt.open(bad, verify=False) as ckpt, pytest.raises(ValueError, match="checksum"):
         tfckpt.BundleWriter(str(tmp_path / "w" / "w")).add_raw(
-            "x", "variant", ckpt.info("input/iterator").shape, ckpt.read_bytes("input/iterator"))
+            "x", "variant", ckpt.info("input/iterator").shape, ckpt.read_bytes("input/iterator")
+        )
 
 
 # ---------------------------------------------------------------- names that start with NUL
@@ -277,9 +304,13 @@ def nul_names(tmp_path_factory):
     """
     d = tmp_path_factory.mktemp("nul_names")
     prefix = str(d / "nul.ckpt")
-    values = {"\x00abc": np.array([1.5, -2.5], np.float32), "\x00\x00x": np.array([b"s", b""], object),
-              "\x00": np.array(3, np.int64), "plain": np.arange(6, dtype=np.float64).reshape(2, 3),
-              "\x00abc\x00\x01\x00": np.array([7], np.int32)}
+    values = {
+        "\x00abc": np.array([1.5, -2.5], np.float32),
+        "\x00\x00x": np.array([b"s", b""], object),
+        "\x00": np.array(3, np.int64),
+        "plain": np.arange(6, dtype=np.float64).reshape(2, 3),
+        "\x00abc\x00\x01\x00": np.array([7], np.int32),
+    }
     full = np.arange(24, dtype=np.float32).reshape(6, 4)
     names = list(values) + ["\x00part", "\x00part", "emb", "emb"]
     specs = [""] * len(values) + ["6 4 0,4:-", "6 4 4,2:-"] * 2
@@ -322,8 +353,9 @@ def test_nul_names_through_cli(nul_names, tmp_path):
     prefix, values = nul_names
     proc = run_text("dump", prefix, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert [t["name"] for t in json.loads(proc.stdout)["tensors"]] == \
-        [n for n, _ in tf.train.list_variables(prefix)]
+    assert [t["name"] for t in json.loads(proc.stdout)["tensors"]] == [
+        n for n, _ in tf.train.list_variables(prefix)
+    ]
     out = str(tmp_path / "cli" / "c.ckpt")
     proc = run_text("convert", prefix, out, "--dtype", "float64")
     assert proc.returncode == 0, proc.stderr
@@ -344,8 +376,9 @@ def test_nul_names_converted_and_renamed_read_by_tf(nul_names, tmp_path):
     renamed = str(tmp_path / "ren" / "r.ckpt")
     tfckpt.rename(prefix, renamed, {"\x00": "nul/"})
     got = _tf_values(renamed)
-    assert sorted(got) == sorted(["nul/abc", "nul/\x00x", "nul/", "nul/part", "emb", "plain",
-                                  "nul/abc\x00\x01\x00"])
+    assert sorted(got) == sorted(
+        ["nul/abc", "nul/\x00x", "nul/", "nul/part", "emb", "plain", "nul/abc\x00\x01\x00"]
+    )
     assert _equal(got["nul/part"], values["\x00part"])
 
 
@@ -356,8 +389,12 @@ def test_nul_names_written_by_tfckpt_match_savev2(nul_names, tmp_path):
     ours = tfckpt.save(whole, str(tmp_path / "ours" / "n"))
     theirs = str(tmp_path / "theirs" / "n")
     names = sorted(whole, key=lambda n: n.encode())
-    tf.raw_ops.SaveV2(prefix=theirs, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(whole[n]) for n in names])
+    tf.raw_ops.SaveV2(
+        prefix=theirs,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(whole[n]) for n in names],
+    )
     got = _tf_values(ours)
     assert sorted(got) == sorted(whole)
     for name, want in whole.items():
@@ -399,9 +436,12 @@ def test_partitioned_name_not_utf8(tmp_path):
     full = np.arange(8, dtype=np.float32).reshape(4, 2)
     name = b"\xffemb"
     src = str(tmp_path / "src" / "b")
-    tf.raw_ops.SaveV2(prefix=src, tensor_names=tf.constant([name, name]),
-                      shape_and_slices=["4 2 0,2:-", "4 2 2,2:-"],
-                      tensors=[tf.constant(full[:2]), tf.constant(full[2:])])
+    tf.raw_ops.SaveV2(
+        prefix=src,
+        tensor_names=tf.constant([name, name]),
+        shape_and_slices=["4 2 0,2:-", "4 2 2,2:-"],
+        tensors=[tf.constant(full[:2]), tf.constant(full[2:])],
+    )
     as_str = name.decode("utf-8", errors="surrogateescape")
     with tfckpt.open(src) as ckpt:
         assert ckpt.keys() == [as_str]
@@ -410,20 +450,28 @@ def test_partitioned_name_not_utf8(tmp_path):
     assert verify(src)["problems"] == []
     dst = str(tmp_path / "dst" / "b")
     tfckpt.convert(src, dst, "float64")
-    got = tf.raw_ops.RestoreV2(prefix=dst, tensor_names=tf.constant([name]), shape_and_slices=[""],
-                               dtypes=[tf.float64])[0]
+    got = tf.raw_ops.RestoreV2(
+        prefix=dst, tensor_names=tf.constant([name]), shape_and_slices=[""], dtypes=[tf.float64]
+    )[0]
     assert (got.numpy() == full).all()
 
 
 def test_diff_compares_variant_elements(tmp_path):
     """Variant elements are compared by their bytes: one changed list of two is one difference."""
+
     def save(label, second_row):
         rows = [np.array([[1.0, 2.0]], np.float32), np.array([second_row], np.float32)]
-        lists = [tf.raw_ops.TensorListFromTensor(tensor=tf.constant(r),
-                                                 element_shape=tf.constant([2])) for r in rows]
+        lists = [
+            tf.raw_ops.TensorListFromTensor(tensor=tf.constant(r), element_shape=tf.constant([2]))
+            for r in rows
+        ]
         prefix = str(tmp_path / label / "l")
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["lists", "w"], shape_and_slices=["", ""],
-                          tensors=[tf.stack(lists), tf.constant([1.0, 2.0])])
+        tf.raw_ops.SaveV2(
+            prefix=prefix,
+            tensor_names=["lists", "w"],
+            shape_and_slices=["", ""],
+            tensors=[tf.stack(lists), tf.constant([1.0, 2.0])],
+        )
         return prefix
 
     a, again, b = save("a", [3.0, 4.0]), save("again", [3.0, 4.0]), save("b", [3.0, 5.0])
@@ -436,6 +484,7 @@ def test_diff_compares_variant_elements(tmp_path):
         with tfckpt.open(b) as cb:
             report = diff(ca, cb)
             assert not report["same"]
-            assert report["values"] == [{"name": "lists", "elements": 2, "differing": 1,
-                                         "max_abs": None, "max_rel": None}]
+            assert report["values"] == [
+                {"name": "lists", "elements": 2, "differing": 1, "max_abs": None, "max_rel": None}
+            ]
             assert ca.variant_elements("lists")[0] == cb.variant_elements("lists")[0]

@@ -18,19 +18,19 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from cli_helpers import in_process  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
-from tfckpt.tf import verify_with_tf  # noqa: E402
 from tfckpt import orderedcode  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.table import TableBuilder, TableReader  # noqa: E402
-
-from cli_helpers import in_process  # noqa: E402
+from tfckpt.tf import verify_with_tf  # noqa: E402
 
 # name -> (full shape, stored slice specs as SaveV2 takes them, dtype)
 PRESLICED = {
-    "t": ((2, 5), ["0,1:-"], tf.float32),                  # TensorFlow's PreSlicedTensor case
-    "emb": ((10, 4), ["0,4:-", "7,3:-"], tf.float32),      # rows 4..7 left out
+    "t": ((2, 5), ["0,1:-"], tf.float32),  # TensorFlow's PreSlicedTensor case
+    "emb": ((10, 4), ["0,4:-", "7,3:-"], tf.float32),  # rows 4..7 left out
     "grid": ((4, 6), ["0,2:0,3", "2,2:3,3"], tf.float64),  # two of four blocks
     "ids": ((6,), ["1,2"], tf.int32),
     "strs": ((4,), ["0,2"], tf.string),
@@ -44,8 +44,9 @@ def _spec(name: str, part: str) -> str:
 
 
 def _extents(part: str) -> tuple:
-    return tuple((0, None) if e == "-" else tuple(int(x) for x in e.split(","))
-                 for e in part.split(":"))
+    return tuple(
+        (0, None) if e == "-" else tuple(int(x) for x in e.split(",")) for e in part.split(":")
+    )
 
 
 def _value(name: str, part: str):
@@ -58,8 +59,9 @@ def _value(name: str, part: str):
 
 
 def _restore(prefix: str, name: str, part: str, dtype) -> np.ndarray:
-    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
-                                shape_and_slices=[_spec(name, part)], dtypes=[dtype])[0].numpy()
+    return tf.raw_ops.RestoreV2(
+        prefix=prefix, tensor_names=[name], shape_and_slices=[_spec(name, part)], dtypes=[dtype]
+    )[0].numpy()
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +96,13 @@ def test_presliced_reads_like_tensorflow(presliced):
             stored = sum(int(np.prod(ckpt.read_slice(name, _extents(p)).shape)) for p in parts)
             assert (info.shape, info.partial, info.stored_elements) == (shape, True, stored)
             for part in parts:  # each stored slice as TensorFlow restores it
-                assert _same(ckpt.read_slice(name, _extents(part)),
-                             _restore(presliced, name, part, dtype)), (name, part)
+                assert _same(
+                    ckpt.read_slice(name, _extents(part)), _restore(presliced, name, part, dtype)
+                ), (name, part)
                 chunks = list(ckpt.iter_chunks(name, 8, _extents(part)))
-                assert _same(np.concatenate(chunks),
-                             ckpt.read_slice(name, _extents(part)).reshape(-1))
+                assert _same(
+                    np.concatenate(chunks), ckpt.read_slice(name, _extents(part)).reshape(-1)
+                )
             # TensorFlow's reader cannot give the whole tensor either ...
             with pytest.raises(Exception, match="Does not have sufficient slices"):
                 reader.get_tensor(name)
@@ -144,8 +148,7 @@ def test_presliced_verify_is_information_not_a_problem(presliced, tmp_path):
         part = ckpt.slice_info("emb")[0]
     damaged = str(tmp_path)
     for suffix in (".index", ".data-00000-of-00001"):
-        with open(presliced + suffix, "rb") as f, \
-                open(f"{damaged}/model.ckpt{suffix}", "wb") as g:
+        with open(presliced + suffix, "rb") as f, open(f"{damaged}/model.ckpt{suffix}", "wb") as g:
             g.write(f.read())
     with open(f"{damaged}/model.ckpt.data-00000-of-00001", "r+b") as f:
         f.seek(part.offset)
@@ -159,8 +162,10 @@ def test_presliced_verify_is_information_not_a_problem(presliced, tmp_path):
 # ---------------------------------------------------------------- rewriting
 
 
-@pytest.mark.parametrize("args", [["select", "--exclude", "^plain$"],
-                                  ["rename", "--map", "e=E", "--max-shard-bytes", "64"]])
+@pytest.mark.parametrize(
+    "args",
+    [["select", "--exclude", "^plain$"], ["rename", "--map", "e=E", "--max-shard-bytes", "64"]],
+)
 def test_presliced_copied_through_unchanged(presliced, tmp_path, args):
     command, options = args[0], args[1:]
     out = tmp_path / "out" / "model.ckpt"
@@ -168,12 +173,13 @@ def test_presliced_copied_through_unchanged(presliced, tmp_path, args):
     assert rc == 0 and "Traceback" not in err, err
     rename = {"emb": "Emb"} if command == "rename" else {}
     with tfckpt.open(presliced) as src, tfckpt.open(out) as dst:
-        for name, (shape, parts, dtype) in PRESLICED.items():
+        for name, (_, parts, dtype) in PRESLICED.items():
             new = rename.get(name, name)
             assert dst.info(new).slices == src.info(name).slices
             for part in parts:  # TensorFlow restores the same slice, bit for bit
-                assert _same(_restore(str(out), new, part, dtype),
-                             _restore(presliced, name, part, dtype)), (name, part)
+                assert _same(
+                    _restore(str(out), new, part, dtype), _restore(presliced, name, part, dtype)
+                ), (name, part)
                 assert dst.read_bytes(new, _extents(part)) == src.read_bytes(name, _extents(part))
     assert tfinspect.verify(out)["problems"] == [] and verify_with_tf(out)["mismatches"] == []
 
@@ -185,9 +191,10 @@ def test_presliced_cast_slice_by_slice(presliced, tmp_path):
     with tfckpt.open(presliced) as src:  # what is stored, not the full shapes, is cast
         infos = [src.info(n) for n in src.keys()]
     assert json.loads(stdout)["bytes_out"] == sum(
-        i.stored_elements * 2 if i.dtype.startswith("float") else i.nbytes for i in infos)
+        i.stored_elements * 2 if i.dtype.startswith("float") else i.nbytes for i in infos
+    )
     with tfckpt.open(out) as dst:
-        for name, (shape, parts, dtype) in PRESLICED.items():
+        for name, (_, parts, dtype) in PRESLICED.items():
             new_dtype = tf.float16 if dtype.is_floating else dtype
             assert dst.info(name).dtype == new_dtype.name and dst.info(name).partial
             for part in parts:
@@ -221,8 +228,10 @@ def _copy_checkpoint(src: str, prefix: str) -> None:
     base = os.path.basename(src)
     for name in os.listdir(os.path.dirname(src)):
         if name.startswith(base + "."):
-            with open(os.path.join(os.path.dirname(src), name), "rb") as f, \
-                    open(prefix + name[len(base):], "wb") as g:
+            with (
+                open(os.path.join(os.path.dirname(src), name), "rb") as f,
+                open(prefix + name[len(base) :], "wb") as g,
+            ):
                 g.write(f.read())
 
 
@@ -241,14 +250,21 @@ def test_tf2_partitioned_with_holes_is_copied_not_a_crash(tf_checkpoints, tmp_pa
             return False
         name = key.decode("latin-1")
         if name in gone:
-            kept = [s for s in entry.slices if tuple(
-                (e.start, e.length if e.HasField("length") else None) for e in s.extent)
-                != gone[name]]
+            kept = [
+                s
+                for s in entry.slices
+                if tuple((e.start, e.length if e.HasField("length") else None) for e in s.extent)
+                != gone[name]
+            ]
             del entry.slices[:]
             entry.slices.extend(kept)
+
     _rewrite_index(prefix, drop)
-    for command in (["select"], ["convert", "--dtype", "float16"],
-                    ["convert", "--dtype", "bfloat16", "--max-shard-bytes", "500"]):
+    for command in (
+        ["select"],
+        ["convert", "--dtype", "float16"],
+        ["convert", "--dtype", "bfloat16", "--max-shard-bytes", "500"],
+    ):
         out = tmp_path / "-".join(command).replace("--", "")
         rc, _, err = in_process(command[0], prefix, f"{out}/", *command[1:])
         assert rc == 0 and "Traceback" not in err, err
@@ -260,13 +276,15 @@ def test_tf2_partitioned_with_holes_is_copied_not_a_crash(tf_checkpoints, tmp_pa
                 assert info.slices == before.info(name).slices and gone[name] not in info.slices
                 full = " ".join(map(str, info.shape))
                 for extents in info.slices:
-                    spec = full + " " + ":".join("-" if n is None else f"{s},{n}"
-                                                 for s, n in extents)
+                    spec = (
+                        full + " " + ":".join("-" if n is None else f"{s},{n}" for s, n in extents)
+                    )
 
                     def restore(p, dtype):
-                        return tf.raw_ops.RestoreV2(prefix=p, tensor_names=[name],
-                                                    shape_and_slices=[spec],
-                                                    dtypes=[dtype])[0]
+                        return tf.raw_ops.RestoreV2(
+                            prefix=p, tensor_names=[name], shape_and_slices=[spec], dtypes=[dtype]
+                        )[0]
+
                     want = tf.cast(restore(prefix, tf.float32), target).numpy()
                     assert _same(restore(str(out / "ckpt"), target).numpy(), want), name
         assert tfinspect.verify(str(out / "ckpt"))["problems"] == []
@@ -286,6 +304,7 @@ def test_overlapping_slices_stay_corrupt(tf_checkpoints, tmp_path):
                 s = entry.slices.add()
                 s.extent.add().start, s.extent[0].length = start, length
                 s.extent.add()
+
     _rewrite_index(prefix, overlap_existing)
     for command in (["select", "--include", "emb"], ["convert", "--dtype", "float16"]):
         out = tmp_path / command[0]
@@ -295,8 +314,7 @@ def test_overlapping_slices_stay_corrupt(tf_checkpoints, tmp_path):
         assert not os.path.exists(out / "model.ckpt.index")
     rc, out, err = in_process("verify", prefix, "--json")
     assert rc == 1 and any("overlap" in p for p in json.loads(out)["problems"])
-    with tfckpt.open(prefix) as ckpt, pytest.raises(tfckpt.CorruptCheckpointError,
-                                                      match="overlap"):
+    with tfckpt.open(prefix) as ckpt, pytest.raises(tfckpt.CorruptCheckpointError, match="overlap"):
         ckpt.slice_info("emb")
 
 
@@ -306,9 +324,12 @@ def test_writer_accepts_presliced_and_rejects_overlap(tmp_path):
     with tfckpt.BundleWriter(prefix) as w:
         w.add_slice("emb", (10, 4), [(0, 3), (0, None)], rows)
         w.add_slice("emb", (10, 4), [(8, 2), (0, None)], rows[:2] + 100)
-    got = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=["emb", "emb"],
-                               shape_and_slices=["10 4 0,3:-", "10 4 8,2:-"],
-                               dtypes=[tf.float32, tf.float32])
+    got = tf.raw_ops.RestoreV2(
+        prefix=prefix,
+        tensor_names=["emb", "emb"],
+        shape_and_slices=["10 4 0,3:-", "10 4 8,2:-"],
+        dtypes=[tf.float32, tf.float32],
+    )
     assert _same(got[0].numpy(), rows) and _same(got[1].numpy(), rows[:2] + 100)
     w = tfckpt.BundleWriter(str(tmp_path / "w" / "bad"))
     w.add_slice("emb", (10, 4), [(0, 3), (0, None)], rows)
@@ -326,12 +347,15 @@ def _tf1_graph(dtype, parts=3):
     init = tf.compat.v1.random_normal_initializer(seed=7)
     fixed = tf.compat.v1.fixed_size_partitioner
     return {
-        "emb/table": tf.compat.v1.get_variable("emb/table", shape=[10, 4], dtype=dtype,
-                                               initializer=init, partitioner=fixed(parts)),
-        "wide": tf.compat.v1.get_variable("wide", shape=[3, 7], dtype=dtype, initializer=init,
-                                          partitioner=fixed(2, axis=1)),
-        "vec": tf.compat.v1.get_variable("vec", shape=[11], dtype=dtype, initializer=init,
-                                         partitioner=fixed(parts)),
+        "emb/table": tf.compat.v1.get_variable(
+            "emb/table", shape=[10, 4], dtype=dtype, initializer=init, partitioner=fixed(parts)
+        ),
+        "wide": tf.compat.v1.get_variable(
+            "wide", shape=[3, 7], dtype=dtype, initializer=init, partitioner=fixed(2, axis=1)
+        ),
+        "vec": tf.compat.v1.get_variable(
+            "vec", shape=[11], dtype=dtype, initializer=init, partitioner=fixed(parts)
+        ),
     }
 
 
@@ -384,7 +408,9 @@ def test_tf1_partitioned_cast_restores_in_tensorflow(tf1_float32, tmp_path, dtyp
         # So the slices are kept, and the summary says what TensorFlow cannot do with them.
         assert len(warnings) == 1
         assert "emb/table, vec, wide" in warnings[0] and "partitioned exactly" in warnings[0]
-        _, _, err = in_process("convert", prefix, tmp_path / "again" / "model.ckpt", "--dtype", dtype)
+        _, _, err = in_process(
+            "convert", prefix, tmp_path / "again" / "model.ckpt", "--dtype", dtype
+        )
         assert "warning: 3 partitioned tensor(s) stay partitioned in float16" in err
     else:
         # Slice-copyable dtypes restore every way: whole, and into other partitions.
@@ -423,9 +449,17 @@ def test_presliced_stats_and_diff_use_the_stored_slices(presliced, tmp_path):
     rc, out, err = in_process("diff", presliced, whole, "--json", "--filter", "^(t|plain)$")
     assert rc == 1, err
     report = json.loads(out)
-    assert report["changed"] == [{"name": "t", "dtype_a": "float32", "dtype_b": "float32",
-                                  "shape_a": [2, 5], "shape_b": [2, 5], "stored_a": 5,
-                                  "stored_b": 10}]
+    assert report["changed"] == [
+        {
+            "name": "t",
+            "dtype_a": "float32",
+            "dtype_b": "float32",
+            "shape_a": [2, 5],
+            "shape_b": [2, 5],
+            "stored_a": 5,
+            "stored_b": 10,
+        }
+    ]
     assert report["values"] == []
     rc, out, err = in_process("diff", presliced, whole, "--filter", "^(t|plain)$")
     assert rc == 1 and "(stored elements 5 -> 10)" in out, err

@@ -17,24 +17,40 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto  # noqa: E402
 from tfckpt.inspection import verify  # noqa: E402
 from tfckpt.table import TableBuilder, TableReader, crc32c, mask_crc  # noqa: E402
 
 # The dtypes tensor_bundle_test.cc instantiates its typed cases with.
-BUNDLE_TEST_DTYPES = ["float32", "float64", "int32", "uint8", "int16", "int8", "complex64",
-                      "complex128", "int64", "bool", "qint32", "quint8", "qint8", "bfloat16"]
+BUNDLE_TEST_DTYPES = [
+    "float32",
+    "float64",
+    "int32",
+    "uint8",
+    "int16",
+    "int8",
+    "complex64",
+    "complex128",
+    "int64",
+    "bool",
+    "qint32",
+    "quint8",
+    "qint8",
+    "bfloat16",
+]
 
 
 def _save(prefix: str, tensors: dict, specs: dict | None = None) -> str:
     """One SaveV2, tensors in name order (the order tfckpt.save writes them in)."""
     names = sorted(tensors, key=str.encode)
     specs = specs or {}
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
-                      shape_and_slices=[specs.get(n, "") for n in names],
-                      tensors=[tensors[n] for n in names])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[specs.get(n, "") for n in names],
+        tensors=[tensors[n] for n in names],
+    )
     return prefix
 
 
@@ -49,8 +65,11 @@ def _constant(value, shape, dtype: str) -> tf.Tensor:
 def _numpy(t: tf.Tensor) -> np.ndarray:
     dt = t.dtype
     if dt.is_quantized:
-        return tf.bitcast(t, {"qint8": tf.int8, "quint8": tf.uint8,
-                              "qint32": tf.int32}[dt.name]).numpy().view(dt.as_numpy_dtype)
+        return (
+            tf.bitcast(t, {"qint8": tf.int8, "quint8": tf.uint8, "qint32": tf.int32}[dt.name])
+            .numpy()
+            .view(dt.as_numpy_dtype)
+        )
     return t.numpy()
 
 
@@ -62,8 +81,9 @@ def _entries(prefix: str) -> list[tuple[bytes, bytes]]:
     return TableReader(Path(prefix + ".index").read_bytes(), prefix).entries
 
 
-def _rewrite_index(prefix: str, header: BundleHeaderProto,
-                   entries: dict[bytes, BundleEntryProto]) -> None:
+def _rewrite_index(
+    prefix: str, header: BundleHeaderProto, entries: dict[bytes, BundleEntryProto]
+) -> None:
     """Write the index again with an edited header and entries (TF's FlipEndiannessBit way)."""
     with open(prefix + ".index", "wb") as f:
         builder = TableBuilder(f)
@@ -111,9 +131,12 @@ def test_string_tensors(tmp_path):
     # TensorBundleTest.StringTensors: a default [1] string, a [1] "hello", a 32 MiB element
     # beside short ones, floats mixed in (the >4 GiB element of that case is left out).
     big = b"c" * (1 << 25)
-    tensors = {"string_tensor": tf.constant([b""]), "scalar": tf.constant([b"hello"]),
-               "strs": tf.constant([b"hello", b"", b"x01", big]),
-               "floats": tf.fill([2, 3], tf.constant(16.18, tf.float32))}
+    tensors = {
+        "string_tensor": tf.constant([b""]),
+        "scalar": tf.constant([b"hello"]),
+        "strs": tf.constant([b"hello", b"", b"x01", big]),
+        "floats": tf.fill([2, 3], tf.constant(16.18, tf.float32)),
+    }
     theirs = _save(str(tmp_path / "tf" / "foo"), tensors)
     with tfckpt.open(theirs) as ckpt:
         assert ckpt.keys() == ["floats", "scalar", "string_tensor", "strs"]
@@ -141,9 +164,9 @@ def test_endianness_bit_flipped(dtype, tmp_path):
     itemsize = np.dtype(tf.as_dtype(dtype).as_numpy_dtype).itemsize
     unit = itemsize // 2 if dtype.startswith("complex") else itemsize
     for e in entries.values():
-        part = np.frombuffer(bytes(data[e.offset:e.offset + e.size]), dtype=f"<u{unit}")
-        data[e.offset:e.offset + e.size] = part.byteswap().tobytes()
-        e.crc32c = mask_crc(crc32c(bytes(data[e.offset:e.offset + e.size])))
+        part = np.frombuffer(bytes(data[e.offset : e.offset + e.size]), dtype=f"<u{unit}")
+        data[e.offset : e.offset + e.size] = part.byteswap().tobytes()
+        e.crc32c = mask_crc(crc32c(bytes(data[e.offset : e.offset + e.size])))
     Path(big + ".data-00000-of-00001").write_bytes(bytes(data))
     header.endianness = BundleHeaderProto.BIG
     _rewrite_index(big, header, entries)
@@ -159,17 +182,22 @@ def test_endianness_bit_flipped(dtype, tmp_path):
     assert verify(big)["problems"] == []
     little = str(tmp_path / "little" / "foo")
     tfckpt.select(big, little)
-    assert Path(little + ".data-00000-of-00001").read_bytes() == \
-        Path(src + ".data-00000-of-00001").read_bytes()
+    assert (
+        Path(little + ".data-00000-of-00001").read_bytes()
+        == Path(src + ".data-00000-of-00001").read_bytes()
+    )
 
 
 def test_partitioned_columns(tmp_path):
     # TensorBundleTest.PartitionedVariables: [5, 10] as column 0 (zeros) and columns 1-9 (ones);
     # read whole, and the stored slices listed in the order written.
     prefix = str(tmp_path / "foo")
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["foo", "foo"],
-                      shape_and_slices=["5 10 -:0,1", "5 10 -:1,9"],
-                      tensors=[tf.zeros([5, 1]), tf.ones([5, 9])])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=["foo", "foo"],
+        shape_and_slices=["5 10 -:0,1", "5 10 -:1,9"],
+        tensors=[tf.zeros([5, 1]), tf.ones([5, 9])],
+    )
     want = np.ones((5, 10), np.float32)
     want[:, 0] = 0
     with tfckpt.open(prefix) as ckpt:
@@ -185,8 +213,12 @@ def test_equivalent_full_slices(tmp_path):
     # are the whole tensor; stored whole, read whole, and re-sliceable by TF after a rewrite.
     prefix = str(tmp_path / "foo")
     ones = tf.ones([5, 10])
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["no_extents", "both_extents"],
-                      shape_and_slices=["5 10 -:-", "5 10 0,5:0,10"], tensors=[ones, ones])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=["no_extents", "both_extents"],
+        shape_and_slices=["5 10 -:-", "5 10 0,5:0,10"],
+        tensors=[ones, ones],
+    )
     with tfckpt.open(prefix) as ckpt:
         assert ckpt.keys() == ["both_extents", "no_extents"]
         for name in ckpt.keys():
@@ -196,8 +228,9 @@ def test_equivalent_full_slices(tmp_path):
     out = str(tmp_path / "out" / "foo")
     tfckpt.rename(prefix, out, {"no_": "none_"})
     for name, spec in [("none_extents", "0,5:0,10"), ("both_extents", "-:-")]:
-        got = tf.raw_ops.RestoreV2(prefix=out, tensor_names=[name], shape_and_slices=[f"5 10 {spec}"],
-                                   dtypes=[tf.float32])[0]
+        got = tf.raw_ops.RestoreV2(
+            prefix=out, tensor_names=[name], shape_and_slices=[f"5 10 {spec}"], dtypes=[tf.float32]
+        )[0]
         assert _same(got.numpy(), np.ones((5, 10), np.float32))
 
 
@@ -207,22 +240,31 @@ def test_directory_structure(tmp_path):
     workers = []
     for i in range(2):
         workers.append(_save(str(tmp_path / f"worker{i}"), {f"tensor{i}": tf.zeros([2, 3])}))
-    for i, w in enumerate(workers):
-        assert sorted(p.name for p in tmp_path.glob(f"worker{i}.*")) == \
-            [f"worker{i}.data-00000-of-00001", f"worker{i}.index"]
+    for i, _ in enumerate(workers):
+        assert sorted(p.name for p in tmp_path.glob(f"worker{i}.*")) == [
+            f"worker{i}.data-00000-of-00001",
+            f"worker{i}.index",
+        ]
     another = str(tmp_path / "ours" / "another")
     tfckpt.merge([workers[0]], another)
-    assert sorted(p.name for p in (tmp_path / "ours").glob("another.*")) == \
-        ["another.data-00000-of-00001", "another.index"]
+    assert sorted(p.name for p in (tmp_path / "ours").glob("another.*")) == [
+        "another.data-00000-of-00001",
+        "another.index",
+    ]
     merged = str(tmp_path / "ours" / "merged")
     tfckpt.merge([another, workers[1]], merged)
     ours = sorted(p.name for p in (tmp_path / "ours").glob("merged.*"))
     tf_dir = tmp_path / "tf"
     tf_dir.mkdir()
     copies = [_copy(w, tf_dir / f"w{i}") for i, w in enumerate(workers)]
-    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=copies, destination_prefix=str(tf_dir / "merged"))
-    assert ours == sorted(p.name for p in tf_dir.glob("merged.*")) == \
-        ["merged.data-00000-of-00002", "merged.data-00001-of-00002", "merged.index"]
+    tf.raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=copies, destination_prefix=str(tf_dir / "merged")
+    )
+    assert (
+        ours
+        == sorted(p.name for p in tf_dir.glob("merged.*"))
+        == ["merged.data-00000-of-00002", "merged.data-00001-of-00002", "merged.index"]
+    )
     reader = tf.train.load_checkpoint(merged)
     assert sorted(reader.get_variable_to_shape_map()) == ["tensor0", "tensor1"]
     with tfckpt.open(str(tf_dir / "merged")) as ckpt:
@@ -240,8 +282,11 @@ def test_errors(tmp_path):
     w.finish()
     with pytest.raises(ValueError):
         w.finish()
-    assert tfckpt.open(str(tmp_path / "bad")).keys() == \
-        list(tf.train.load_checkpoint(str(tmp_path / "bad")).get_variable_to_shape_map()) == []
+    assert (
+        tfckpt.open(str(tmp_path / "bad")).keys()
+        == list(tf.train.load_checkpoint(str(tmp_path / "bad")).get_variable_to_shape_map())
+        == []
+    )
     with pytest.raises(tf.errors.NotFoundError):
         tf.train.load_checkpoint(str(tmp_path / "nonexist"))
     with pytest.raises(tfckpt.CheckpointNotFoundError):
@@ -296,7 +341,7 @@ def test_data_alignment(tmp_path):
     new = bytearray()
     for e in sorted(entries.values(), key=lambda e: e.offset):
         new += b"\0" * (-len(new) % 42)
-        chunk = old[e.offset:e.offset + e.size]
+        chunk = old[e.offset : e.offset + e.size]
         e.offset = len(new)
         new += chunk
     Path(prefix + ".data-00000-of-00001").write_bytes(bytes(new))
@@ -326,9 +371,11 @@ def test_init_from_partition_var(tmp_path):
     with tf.Graph().as_default():
         with tf.compat.v1.variable_scope("scope"):
             var = tf.compat.v1.get_variable(
-                "var1", shape=[100, 100],
+                "var1",
+                shape=[100, 100],
                 initializer=tf.compat.v1.truncated_normal_initializer(0.5, seed=5),
-                partitioner=partitioner(max_partitions=5, axis=0, min_slice_size=8 << 10))
+                partitioner=partitioner(max_partitions=5, axis=0, min_slice_size=8 << 10),
+            )
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             parts = sess.run(var._get_variable_list())
@@ -342,8 +389,11 @@ def test_init_from_partition_var(tmp_path):
     with tf.Graph().as_default():
         with tf.compat.v1.variable_scope("some_other_scope"):
             other = tf.compat.v1.get_variable(
-                "var1", shape=[100, 100], initializer=tf.compat.v1.zeros_initializer(),
-                partitioner=partitioner(max_partitions=5, axis=0, min_slice_size=16 << 10))
+                "var1",
+                shape=[100, 100],
+                initializer=tf.compat.v1.zeros_initializer(),
+                partitioner=partitioner(max_partitions=5, axis=0, min_slice_size=16 << 10),
+            )
         with tf.compat.v1.Session() as sess:
             tf.compat.v1.train.Saver().restore(sess, dst)
             got = sess.run(other._get_variable_list())

@@ -15,6 +15,7 @@ tf = pytest.importorskip("tensorflow")
 crc32c = pytest.importorskip("crc32c")
 
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
+
 import tfckpt  # noqa: E402
 
 ALL = list(tfc.WRITERS)
@@ -108,7 +109,9 @@ def test_every_tensor_bit_exact(case, ckpt):
         except Exception as e:  # report every tensor, not just the first
             failures[key] = f"raised {e!r}"
             continue
-        why = tfc.mismatch(got, tfc.tf_tensor(reader, key, case, dtypes[key]), tfc.numpy_dtype(dtypes[key]))
+        why = tfc.mismatch(
+            got, tfc.tf_tensor(reader, key, case, dtypes[key]), tfc.numpy_dtype(dtypes[key])
+        )
         if why:
             failures[key] = why
     assert not failures, tfc.report(failures, f"tensors of {case.name} differ from TensorFlow's")
@@ -151,7 +154,9 @@ def test_info_locations(case, ckpt):
             f.seek(info.offset)
             raw = f.read(info.nbytes)
         if len(raw) != info.nbytes:
-            failures[key] = f"offset {info.offset} + nbytes {info.nbytes} runs past the end of the shard"
+            failures[key] = (
+                f"offset {info.offset} + nbytes {info.nbytes} runs past the end of the shard"
+            )
         elif fixed and raw != value.tobytes():
             failures[key] = f"bytes at shard {info.shard} offset {info.offset} are not the value's"
     assert not failures, tfc.report(failures, f"bad locations in {case.name}")
@@ -176,7 +181,9 @@ def test_read_bytes_and_crc(case, ckpt):
             want = b"".join(varint(len(e)) for e in elems) + lengths_crc + body
             crc_input = lengths + lengths_crc + body
         if raw != want:
-            failures[key] = f"read_bytes gave {len(raw)} bytes {raw[:24]!r}..., expected {len(want)} {want[:24]!r}..."
+            failures[key] = (
+                f"read_bytes gave {len(raw)} bytes {raw[:24]!r}..., expected {len(want)} {want[:24]!r}..."
+            )
         elif len(raw) != info.nbytes:
             failures[key] = f"nbytes {info.nbytes} but {len(raw)} bytes on disk"
         elif info.crc32c != crc32c.crc32c(crc_input):  # TensorInfo documents the unmasked CRC
@@ -186,7 +193,10 @@ def test_read_bytes_and_crc(case, ckpt):
 
 def row_partitioned(info) -> bool:
     """Every slice spans whole rows (other dims whole, written as '-' or as '0,dim')."""
-    return all(full_extents(info.shape, s)[1:] == tuple((0, d) for d in info.shape[1:]) for s in info.slices)
+    return all(
+        full_extents(info.shape, s)[1:] == tuple((0, d) for d in info.shape[1:])
+        for s in info.slices
+    )
 
 
 @pytest.mark.parametrize("chunk_bytes", [3, 48])
@@ -197,8 +207,12 @@ def test_iter_chunks_reassemble(case, ckpt, chunk_bytes):
     for key in sample_keys(case, ckpt.keys()):
         full = ckpt[key]
         chunks = list(ckpt.iter_chunks(key, chunk_bytes=chunk_bytes))
-        if any(not isinstance(c, np.ndarray) or c.ndim != 1 or c.dtype != full.dtype for c in chunks):
-            failures[key] = f"chunks must be 1-D {full.dtype}: {[(c.dtype, c.shape) for c in chunks][:5]}"
+        if any(
+            not isinstance(c, np.ndarray) or c.ndim != 1 or c.dtype != full.dtype for c in chunks
+        ):
+            failures[key] = (
+                f"chunks must be 1-D {full.dtype}: {[(c.dtype, c.shape) for c in chunks][:5]}"
+            )
             continue
         flat = np.concatenate(chunks) if chunks else np.empty(0, full.dtype)
         why = tfc.mismatch(flat, full.ravel(), full.dtype)
@@ -207,7 +221,9 @@ def test_iter_chunks_reassemble(case, ckpt, chunk_bytes):
         elif full.dtype != object and row_partitioned(ckpt.info(key)):
             most = max(1, chunk_bytes // full.itemsize)  # elements; so the chunks can't be fewer
             if any(c.size > most for c in chunks):
-                failures[key] = f"a chunk exceeds chunk_bytes={chunk_bytes}: {[c.nbytes for c in chunks][:10]}"
+                failures[key] = (
+                    f"a chunk exceeds chunk_bytes={chunk_bytes}: {[c.nbytes for c in chunks][:10]}"
+                )
     assert not failures, tfc.report(failures, f"iter_chunks wrong in {case.name}")
 
 
@@ -235,7 +251,12 @@ def test_dtype_bit_exact(key, tf_checkpoints):
 EXPECTED_SLICES = {  # (start, length) per dim, whole dims made explicit
     ("savev2_slices", "emb"): {((0, 4), (0, 4)), ((4, 6), (0, 4))},
     ("savev2_slices", "cols"): {((0, 6), (0, 3)), ((0, 6), (3, 5))},
-    ("savev2_slices", "grid"): {((0, 2), (0, 3)), ((0, 2), (3, 3)), ((2, 2), (0, 3)), ((2, 2), (3, 3))},
+    ("savev2_slices", "grid"): {
+        ((0, 2), (0, 3)),
+        ((0, 2), (3, 3)),
+        ((2, 2), (0, 3)),
+        ((2, 2), (3, 3)),
+    },
     ("savev2_slices", "cube"): {((0, 3), (0, 1), (0, 5)), ((0, 3), (1, 3), (0, 5))},
     ("savev2_slices", "half"): {((0, 2), (0, 3)), ((2, 3), (0, 3))},
     ("savev2_slices", "strs"): {((0, 3), (0, 1)), ((0, 3), (1, 1))},
@@ -321,8 +342,11 @@ def test_saved_model_directory(tf_checkpoints):
 @pytest.mark.parametrize("form", ["index_file", "data_file", "pathlib"])
 def test_other_path_forms(form, tf_checkpoints):
     case = tf_checkpoints("tf1_saver")
-    path = {"index_file": case.prefix + ".index", "data_file": str(tfc.data_files(case.prefix)[0]),
-            "pathlib": Path(case.prefix)}[form]
+    path = {
+        "index_file": case.prefix + ".index",
+        "data_file": str(tfc.data_files(case.prefix)[0]),
+        "pathlib": Path(case.prefix),
+    }[form]
     with tfckpt.open(path) as ckpt:
         assert same_path(ckpt.prefix, case.prefix)
         assert ckpt.keys() == [n for n, _ in tf.train.list_variables(case.prefix)]
@@ -409,8 +433,12 @@ def test_flipped_data_byte(where, tf_checkpoints, tmp_path):
 def test_flipped_string_byte(where, tmp_path):
     prefix = str(tmp_path / "strings")
     elems = [b"hello", b"", b"world" * 10]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["s"], shape_and_slices=[""],
-                      tensors=[tf.constant(np.array(elems, dtype=object))])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=["s"],
+        shape_and_slices=[""],
+        tensors=[tf.constant(np.array(elems, dtype=object))],
+    )
     data = Path(prefix + ".data-00000-of-00001")
     raw = bytearray(data.read_bytes())
     assert len(raw) == 3 + 4 + 55  # three 1-byte varints, the lengths' CRC, the bytes
@@ -456,7 +484,7 @@ def test_flipped_index_byte(tf_checkpoints, tmp_path):
     raw = bytearray(index.read_bytes())
     raw[20] ^= 0x01  # inside the first data block (its entries), covered by the block CRC
     index.write_bytes(bytes(raw))
-    with pytest.raises(Exception):
+    with pytest.raises((tf.errors.OpError, ValueError)):
         tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
     with pytest.raises(tfckpt.CorruptCheckpointError):
         with tfckpt.open(prefix) as ckpt:

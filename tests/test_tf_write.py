@@ -11,6 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
+
 import tfckpt  # noqa: E402
 
 ALL = list(tfc.WRITERS)
@@ -125,11 +126,26 @@ def test_array_layouts(tmp_path):
 
 def test_names_sort_bytewise(tmp_path):
     rng = np.random.default_rng(0)
-    names = ["z", "a", "a/b", "a.b", "a0", "B", "a\x7f", "\u00e4", "\u65e5\u672c/\u8a9e", "a/b/c" * 40, "~", " "]
+    names = [
+        "z",
+        "a",
+        "a/b",
+        "a.b",
+        "a0",
+        "B",
+        "a\x7f",
+        "\u00e4",
+        "\u65e5\u672c/\u8a9e",
+        "a/b/c" * 40,
+        "~",
+        " ",
+    ]
     values = {n: np.full((i % 3 + 1,), i, np.int32) for i, n in enumerate(rng.permutation(names))}
     prefix = str(tmp_path / "names")
     tfckpt.save(values, prefix)
-    assert [n for n, _ in tf.train.list_variables(prefix)] == sorted(names, key=lambda n: n.encode())
+    assert [n for n, _ in tf.train.list_variables(prefix)] == sorted(
+        names, key=lambda n: n.encode()
+    )
     assert_tf_reads(prefix, values)
 
 
@@ -138,14 +154,18 @@ def test_names_sort_bytewise(tmp_path):
 
 def test_max_shard_bytes(tmp_path):
     rng = np.random.default_rng(1)
-    values = {f"t{i:02d}": rng.standard_normal(100).astype(np.float32) for i in range(10)}  # 400 B each
+    values = {
+        f"t{i:02d}": rng.standard_normal(100).astype(np.float32) for i in range(10)
+    }  # 400 B each
     values["s"] = np.array([b"abc" * 20], dtype=object)
     prefix = str(tmp_path / "sharded")
     tfckpt.save(values, prefix, max_shard_bytes=1000)
     files = tfc.data_files(prefix)
     assert len(files) >= 4, files
     assert all(f.name.endswith(f"-of-{len(files):05d}") for f in files), files
-    assert [f.stat().st_size <= 1000 for f in files] == [True] * len(files), [f.stat().st_size for f in files]
+    assert [f.stat().st_size <= 1000 for f in files] == [True] * len(files), [
+        f.stat().st_size for f in files
+    ]
     assert_tf_reads(prefix, values)
     with tfckpt.open(prefix) as ckpt:
         assert ckpt.header.num_shards == len(files)
@@ -173,7 +193,7 @@ def write_emb(prefix: str, row_layout, whole_dim=None) -> None:
             w.add("emb", EMB)
         else:
             for start, n in row_layout:
-                w.add_slice("emb", (10, 4), [(start, n), (0, whole_dim)], EMB[start:start + n])
+                w.add_slice("emb", (10, 4), [(start, n), (0, whole_dim)], EMB[start : start + n])
         w.add("other", np.arange(3, dtype=np.int64))
 
 
@@ -197,21 +217,33 @@ def test_add_slice_columns_and_grid(tmp_path):
         w.add_slice("cols", cols.shape, [(0, None), (0, 3)], cols[:, 0:3])
         w.add_slice("cols", cols.shape, [(0, None), (3, 5)], cols[:, 3:8])
         for r0, c0 in [(2, 3), (0, 0), (2, 0), (0, 3)]:  # any order
-            w.add_slice("grid", grid.shape, [(r0, 2), (c0, 3)], grid[r0:r0 + 2, c0:c0 + 3])
+            w.add_slice("grid", grid.shape, [(r0, 2), (c0, 3)], grid[r0 : r0 + 2, c0 : c0 + 3])
         w.add_slice("cube", cube.shape, [(0, None), (1, 3), (0, None)], cube[:, 1:4])
         w.add_slice("cube", cube.shape, [(0, None), (0, 1), (0, None)], cube[:, 0:1])
         w.add("plain", cols)
         w.add_slice(tfc.WEIRD_NAME, (6, 2), [(3, 3), (0, None)], cols[3:6, 0:2])
         w.add_slice(tfc.WEIRD_NAME, (6, 2), [(0, 3), (0, None)], cols[0:3, 0:2])
-    assert_tf_reads(prefix, {"cols": cols, "grid": grid, "cube": cube, "plain": cols,
-                             tfc.WEIRD_NAME: cols[:, 0:2].copy()})
+    assert_tf_reads(
+        prefix,
+        {
+            "cols": cols,
+            "grid": grid,
+            "cube": cube,
+            "plain": cols,
+            tfc.WEIRD_NAME: cols[:, 0:2].copy(),
+        },
+    )
 
 
 def restore_tf1_partitioned(prefix: str) -> np.ndarray:
     """Restore 'emb' into a TF1 variable partitioned by fixed_size_partitioner(3)."""
     with tf.Graph().as_default():
-        emb = tf.compat.v1.get_variable("emb", shape=[10, 4], initializer=tf.compat.v1.zeros_initializer(),
-                                        partitioner=tf.compat.v1.fixed_size_partitioner(3))
+        emb = tf.compat.v1.get_variable(
+            "emb",
+            shape=[10, 4],
+            initializer=tf.compat.v1.zeros_initializer(),
+            partitioner=tf.compat.v1.fixed_size_partitioner(3),
+        )
         other = tf.compat.v1.get_variable("other", initializer=np.zeros(3, np.int64))
         assert len(list(emb)) == 3
         saver = tf.compat.v1.train.Saver()
@@ -222,7 +254,9 @@ def restore_tf1_partitioned(prefix: str) -> np.ndarray:
     return value
 
 
-@pytest.mark.parametrize("layout", [ROWS_LIKE_TF1, [(5, 5), (0, 5)], None], ids=["same", "other", "plain"])
+@pytest.mark.parametrize(
+    "layout", [ROWS_LIKE_TF1, [(5, 5), (0, 5)], None], ids=["same", "other", "plain"]
+)
 def test_tf1_saver_restores_partitioned(layout, tmp_path):
     prefix = str(tmp_path / "part")
     write_emb(prefix, layout)
@@ -256,7 +290,10 @@ def test_resave_slice_by_slice(name, tf_checkpoints, tmp_path):
         else:
             got = tfc.tf_tensor(new_r, key, dtype=dtype)
         want = tfc.tf_tensor(old_r, key, case, dtype)
-        assert tfc.mismatch(got, want, want.dtype) is None, (key, tfc.mismatch(got, want, want.dtype))
+        assert tfc.mismatch(got, want, want.dtype) is None, (
+            key,
+            tfc.mismatch(got, want, want.dtype),
+        )
 
 
 # ---------------------------------------------------------------- TF1 and TF2 restore
@@ -275,15 +312,22 @@ def test_tf1_saver_restore(tmp_path):
     prefix = str(tmp_path / "tf1")
     tfckpt.save(values, prefix)
     with tf.Graph().as_default():
-        variables = {name: tf.compat.v1.get_variable(
-            name, initializer=tf.zeros_like(tf.constant(v, dtype=tfc.tf_dtype_for(v))))
-            for name, v in values.items()}
+        variables = {
+            name: tf.compat.v1.get_variable(
+                name, initializer=tf.zeros_like(tf.constant(v, dtype=tfc.tf_dtype_for(v)))
+            )
+            for name, v in values.items()
+        }
         saver = tf.compat.v1.train.Saver(variables)
         with tf.compat.v1.Session() as sess:
             saver.restore(sess, prefix)
             got = sess.run(variables)
     for name, v in values.items():
-        g = np.array(got[name], dtype=object) if isinstance(got[name], bytes) else np.asarray(got[name])
+        g = (
+            np.array(got[name], dtype=object)
+            if isinstance(got[name], bytes)
+            else np.asarray(got[name])
+        )
         assert tfc.mismatch(g, v, v.dtype) is None, (name, g, v)
 
 
@@ -297,7 +341,9 @@ def test_tf2_keras_restore(tf_checkpoints, tmp_path):
     model, optimizer = tfc.make_keras_model()
     optimizer.build(model.trainable_variables)
     before = [v.numpy() for v in model.weights]
-    assert any(b.tobytes() != w.tobytes() for b, w in zip(before, case.extra["weights"]))  # training changed them
+    assert any(
+        b.tobytes() != w.tobytes() for b, w in zip(before, case.extra["weights"])
+    )  # training changed them
 
     status = tf.train.Checkpoint(model=model, optimizer=optimizer).restore(new)
     status.assert_consumed()
@@ -313,9 +359,29 @@ def test_tf2_keras_restore(tf_checkpoints, tmp_path):
 
 # TF byte-swaps these on read (tensor_bundle's IsByteSwappable); it refuses big-endian bundles
 # holding any other fixed-size dtype ("Byte-swapping not supported for tensors with dtype 25").
-TF_SWAPPABLE = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-                "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-                "qint8", "quint8", "qint16", "quint16", "qint32", "string"}
+TF_SWAPPABLE = {
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "qint8",
+    "quint8",
+    "qint16",
+    "quint16",
+    "qint32",
+    "string",
+}
 
 
 def big_endian_bytes(value: np.ndarray) -> bytes:
@@ -334,7 +400,10 @@ def test_big_endian(tmp_path):
         for k, v in values.items():
             assert tfc.mismatch(ckpt[k], v, v.dtype) is None, k
             chunks = list(ckpt.iter_chunks(k, chunk_bytes=16))
-            assert tfc.mismatch(np.concatenate(chunks) if chunks else v.ravel(), v.ravel(), v.dtype) is None, k
+            assert (
+                tfc.mismatch(np.concatenate(chunks) if chunks else v.ravel(), v.ravel(), v.dtype)
+                is None
+            ), k
             if v.dtype != object:
                 assert ckpt.read_bytes(k) == big_endian_bytes(v), k
     reader = tf.train.load_checkpoint(prefix)
@@ -373,12 +442,15 @@ def test_stream_equals_add(tmp_path):
             s.write(flat[100:].reshape(50, 5))  # another shape altogether
         with w.stream("y", ml_dtypes.bfloat16, (4, 5, 6)) as s:
             for i in range(0, y.size, 7):
-                s.write(y.ravel()[i:i + 7])
+                s.write(y.ravel()[i : i + 7])
         with w.stream("z", np.dtype(np.int64), [33]) as s:
             s.write(z)
         w.add("s", np.array([b"s"], dtype=object))
     assert files_under(tmp_path / "stream") == files_under(tmp_path / "add")
-    assert_tf_reads(str(tmp_path / "stream" / "ck"), {"x": x, "y": y, "z": z, "s": np.array([b"s"], dtype=object)})
+    assert_tf_reads(
+        str(tmp_path / "stream" / "ck"),
+        {"x": x, "y": y, "z": z, "s": np.array([b"s"], dtype=object)},
+    )
 
 
 @pytest.mark.parametrize("n", [5, 11], ids=["short", "long"])
@@ -402,7 +474,9 @@ def test_stream_rejects_strings(tmp_path):
 
 def test_deterministic(tmp_path):
     rng = np.random.default_rng(7)
-    values = dict(random_tensors(rng), **{f"many/{i}": np.full(i % 5, i, np.int16) for i in range(300)})
+    values = dict(
+        random_tensors(rng), **{f"many/{i}": np.full(i % 5, i, np.int16) for i in range(300)}
+    )
 
     def write(d: Path):
         d.mkdir()

@@ -17,8 +17,9 @@ tf = pytest.importorskip("tensorflow")
 
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import transform_helpers as th  # noqa: E402
-import tfckpt  # noqa: E402
 from cli_helpers import assert_cli_error, run_text  # noqa: E402
+
+import tfckpt  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +29,23 @@ def src(tmp_path_factory, tf_checkpoints):
         (root / d).mkdir()
     prefix, values = th.write_tf1_float32(root / "tf1")
     merge = th.write_tf1_merge_sources(root / "merge")
-    ovf = th.save_v2(root / "ovf" / "ovf", {
-        "w": np.array([1.0, 70000.0, -1e6, 0.5], dtype=np.float32),
-        "ok": np.array([1.5, 2.5], dtype=np.float64)})
+    ovf = th.save_v2(
+        root / "ovf" / "ovf",
+        {
+            "w": np.array([1.0, 70000.0, -1e6, 0.5], dtype=np.float32),
+            "ok": np.array([1.5, 2.5], dtype=np.float64),
+        },
+    )
     keras = tf_checkpoints("keras_manager")
-    return SimpleNamespace(root=root, tf1=prefix, values=values, merge=merge, ovf=ovf,
-                           keras=keras, roots=[root, Path(keras.path)])
+    return SimpleNamespace(
+        root=root,
+        tf1=prefix,
+        values=values,
+        merge=merge,
+        ovf=ovf,
+        keras=keras,
+        roots=[root, Path(keras.path)],
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -72,22 +84,53 @@ def test_rename_with_map_and_map_file(src, tmp_path):
     map_file = tmp_path / "renames.json"
     map_file.write_text(json.dumps({"global_step": "train/step", "conv/biases": "c1/b"}))
     out = tmp_path / "out" / "renamed"
-    ok(run_text("rename", src.tf1, out, "--map", r"(conv|dense)/(\w+)=\1_layer/\2",
-               "--map", "dense=never", "--map-file", map_file))
-    expected = {"train/step": "global_step", "c1/b": "conv/biases",  # exact names win
-                "conv_layer/weights": "conv/weights", "dense_layer/kernel": "dense/kernel",
-                "dense_layer/bias": "dense/bias"}
+    ok(
+        run_text(
+            "rename",
+            src.tf1,
+            out,
+            "--map",
+            r"(conv|dense)/(\w+)=\1_layer/\2",
+            "--map",
+            "dense=never",
+            "--map-file",
+            map_file,
+        )
+    )
+    expected = {
+        "train/step": "global_step",
+        "c1/b": "conv/biases",  # exact names win
+        "conv_layer/weights": "conv/weights",
+        "dense_layer/kernel": "dense/kernel",
+        "dense_layer/bias": "dense/bias",
+    }
     assert names(out) == sorted(expected)
-    restored = th.tf1_restore(out, {new: (tf.as_dtype(src.values[old].dtype),
-                                          src.values[old].shape) for new, old in expected.items()})
+    restored = th.tf1_restore(
+        out,
+        {
+            new: (tf.as_dtype(src.values[old].dtype), src.values[old].shape)
+            for new, old in expected.items()
+        },
+    )
     for new, old in expected.items():
         assert restored[new].tobytes() == src.values[old].tobytes(), new
 
 
 def test_select(src, tmp_path):
     out = tmp_path / "sel"
-    ok(run_text("select", src.tf1, out, "--include", "^conv/", "--include", "step",
-               "--exclude", "biases$"))
+    ok(
+        run_text(
+            "select",
+            src.tf1,
+            out,
+            "--include",
+            "^conv/",
+            "--include",
+            "step",
+            "--exclude",
+            "biases$",
+        )
+    )
     assert names(out) == ["conv/weights", "global_step"]
     kept = {k: src.values[k] for k in ("conv/weights", "global_step")}
     restored = th.tf1_restore(out, th.specs_of(kept))
@@ -116,30 +159,88 @@ def test_merge(src, tmp_path):
 def test_every_command_takes_every_option(src, tmp_path):
     """Options are not tied to their namesake command."""
     out = tmp_path / "a" / "m"
-    ok(run_text("rename", src.tf1, out, "--map", "conv/=c/", "--dtype", "bfloat16",
-               "--from", "float32,float64", "--exclude", "^dense/", "--max-shard-bytes", "100"))
+    ok(
+        run_text(
+            "rename",
+            src.tf1,
+            out,
+            "--map",
+            "conv/=c/",
+            "--dtype",
+            "bfloat16",
+            "--from",
+            "float32,float64",
+            "--exclude",
+            "^dense/",
+            "--max-shard-bytes",
+            "100",
+        )
+    )
     assert names(out) == ["c/biases", "c/weights", "global_step"]
-    assert th.tf_dtypes(out) == {"c/biases": "bfloat16", "c/weights": "bfloat16",
-                                 "global_step": "int64"}
+    assert th.tf_dtypes(out) == {
+        "c/biases": "bfloat16",
+        "c/weights": "bfloat16",
+        "global_step": "int64",
+    }
     with tfckpt.open(out) as c:
         assert c.header.num_shards == 3  # 16 + 288 + 8 bytes, cut at 100
     w = th.tf_reader_values(out)["c/weights"]
     assert w.tobytes() == tf.cast(src.values["conv/weights"], tf.bfloat16).numpy().tobytes()
 
     out = tmp_path / "b" / "m"
-    ok(run_text("select", src.tf1, out, "--include", "bias", "--map", "dense/=d/", "--dtype",
-               "float64", "--overwrite"))
+    ok(
+        run_text(
+            "select",
+            src.tf1,
+            out,
+            "--include",
+            "bias",
+            "--map",
+            "dense/=d/",
+            "--dtype",
+            "float64",
+            "--overwrite",
+        )
+    )
     assert th.tf_dtypes(out) == {"conv/biases": "float64", "d/bias": "float64"}
 
     pa, pb = src.merge["a"][0], src.merge["b"][0]
     out = tmp_path / "c" / "m"
-    ok(run_text("merge", pa, pb, "-o", out, "--dtype", "float32", "--from", "float64",
-               "--include", "kernel", "--map", "(enc|dec)/=\\1oder/"))
+    ok(
+        run_text(
+            "merge",
+            pa,
+            pb,
+            "-o",
+            out,
+            "--dtype",
+            "float32",
+            "--from",
+            "float64",
+            "--include",
+            "kernel",
+            "--map",
+            "(enc|dec)/=\\1oder/",
+        )
+    )
     assert th.tf_dtypes(out) == {"encoder/kernel": "float32", "decoder/kernel": "float32"}
 
     out = tmp_path / "d" / "m"
-    ok(run_text("convert", src.tf1, out, "--dtype", "float16", "--include", "^dense",
-               "--map", "dense/=head/", "--max-shard-bytes", "1M"))
+    ok(
+        run_text(
+            "convert",
+            src.tf1,
+            out,
+            "--dtype",
+            "float16",
+            "--include",
+            "^dense",
+            "--map",
+            "dense/=head/",
+            "--max-shard-bytes",
+            "1M",
+        )
+    )
     assert th.tf_dtypes(out) == {"head/kernel": "float16", "head/bias": "float16"}
 
 
@@ -147,8 +248,19 @@ def test_tf_backend_writes_the_same_bytes(src, tmp_path):
     """``--backend tf`` (tf.cast in the CLI process) writes what the default numpy backend
     writes, on values without float32-range subnormals (see test_transform_tf for those)."""
     ok(run_text("convert", src.tf1, tmp_path / "np", "--dtype", "float16"))
-    ok(run_text("convert", src.tf1, tmp_path / "tf", "--dtype", "float16", "--backend", "tf",
-               "--tf-threshold", "1"))
+    ok(
+        run_text(
+            "convert",
+            src.tf1,
+            tmp_path / "tf",
+            "--dtype",
+            "float16",
+            "--backend",
+            "tf",
+            "--tf-threshold",
+            "1",
+        )
+    )
     for a, b in zip(th.checkpoint_files(tmp_path / "np"), th.checkpoint_files(tmp_path / "tf")):
         assert a.name[:2] == "np" and b.name[:2] == "tf" and a.name[2:] == b.name[2:]
         assert a.read_bytes() == b.read_bytes(), a.name
@@ -189,11 +301,26 @@ def test_dry_run_prints_plan_and_writes_nothing(command, src, tmp_path):
     proc = ok(run_text(*DRY_RUNS[command](src, dst), "--dry-run", "--json"))
     assert th.listing(tmp_path) == []
     data = json.loads(proc.stdout)
-    assert set(data) == {"dst", "sources", "tensors", "dropped", "object_graph", "bytes_in",
-                         "bytes_out"}
+    assert set(data) == {
+        "dst",
+        "sources",
+        "tensors",
+        "dropped",
+        "object_graph",
+        "bytes_in",
+        "bytes_out",
+    }
     for t in data["tensors"]:
-        assert set(t) == {"source", "name", "new_name", "dtype", "new_dtype", "shape",
-                          "bytes_in", "bytes_out"}
+        assert set(t) == {
+            "source",
+            "name",
+            "new_name",
+            "dtype",
+            "new_dtype",
+            "shape",
+            "bytes_in",
+            "bytes_out",
+        }
     for d in data["dropped"]:
         assert set(d) == {"source", "name", "reason"}
     assert data["dst"] == str(dst) and data["object_graph"] is False
@@ -205,8 +332,21 @@ def test_dry_run_prints_plan_and_writes_nothing(command, src, tmp_path):
 
 
 def test_dry_run_json_describes_the_cast(src, tmp_path):
-    data = json.loads(ok(run_text("convert", src.tf1, tmp_path / "o", "--dtype", "float16",
-                                 "--dry-run", "--json", "--exclude", "bias")).stdout)
+    data = json.loads(
+        ok(
+            run_text(
+                "convert",
+                src.tf1,
+                tmp_path / "o",
+                "--dtype",
+                "float16",
+                "--dry-run",
+                "--json",
+                "--exclude",
+                "bias",
+            )
+        ).stdout
+    )
     by_name = {t["name"]: t for t in data["tensors"]}
     assert sorted(by_name) == ["conv/weights", "dense/kernel", "global_step"]
     assert by_name["conv/weights"]["new_dtype"] == "float16"
@@ -218,11 +358,26 @@ def test_dry_run_json_describes_the_cast(src, tmp_path):
 
 
 def test_json_summary(src, tmp_path):
-    proc = ok(run_text("convert", src.ovf, tmp_path / "o", "--dtype", "float16", "--overflow",
-                      "clip", "--json"))
+    proc = ok(
+        run_text(
+            "convert", src.ovf, tmp_path / "o", "--dtype", "float16", "--overflow", "clip", "--json"
+        )
+    )
     data = json.loads(proc.stdout)
-    assert set(data) == {"dst", "kept", "dropped", "renamed", "cast", "bytes_in", "bytes_out",
-                         "seconds", "overflow", "to_zero", "subnormal", "warnings"}
+    assert set(data) == {
+        "dst",
+        "kept",
+        "dropped",
+        "renamed",
+        "cast",
+        "bytes_in",
+        "bytes_out",
+        "seconds",
+        "overflow",
+        "to_zero",
+        "subnormal",
+        "warnings",
+    }
     assert data["dst"] == str(tmp_path / "o")
     assert (data["kept"], data["dropped"], data["renamed"], data["cast"]) == (2, 0, 0, 2)
     assert (data["bytes_in"], data["bytes_out"]) == (16 + 16, 8 + 4)
@@ -238,45 +393,67 @@ def test_json_summary(src, tmp_path):
 
 def test_error_destination_is_source(src, tmp_path):
     tf1_dir = Path(src.tf1).parent
-    assert_cli_error(run_text("convert", src.tf1, src.tf1, "--dtype", "float16"),
-                     "destination is a source")
+    assert_cli_error(
+        run_text("convert", src.tf1, src.tf1, "--dtype", "float16"), "destination is a source"
+    )
     # A directory destination takes the source's name: the source's own directory is refused.
-    assert_cli_error(run_text("select", src.tf1, f"{tf1_dir}/", "--exclude", "x"),
-                     "destination is a source")
-    assert_cli_error(run_text("merge", src.merge["a"][0], src.tf1, "-o", src.tf1),
-                     "destination is a source")
+    assert_cli_error(
+        run_text("select", src.tf1, f"{tf1_dir}/", "--exclude", "x"), "destination is a source"
+    )
+    assert_cli_error(
+        run_text("merge", src.merge["a"][0], src.tf1, "-o", src.tf1), "destination is a source"
+    )
 
 
 def test_error_existing_destination(src, tmp_path):
     out = tmp_path / "out"
     ok(run_text("convert", src.tf1, out, "--dtype", "float16"))
     before = th.digests(tmp_path)
-    assert_cli_error(run_text("convert", src.tf1, out, "--dtype", "bfloat16"), "already exists",
-                     "overwrite")
+    assert_cli_error(
+        run_text("convert", src.tf1, out, "--dtype", "bfloat16"), "already exists", "overwrite"
+    )
     assert th.digests(tmp_path) == before
     ok(run_text("convert", src.tf1, out, "--dtype", "bfloat16", "--overwrite"))
     assert set(th.tf_dtypes(out).values()) == {"bfloat16", "int64"}
 
 
 ERRORS = {
-    "bad_include_regex": (lambda s: ["select", s.tf1, "{dst}", "--include", "conv/("],
-                          ["regular expression"]),
-    "bad_map_regex": (lambda s: ["rename", s.tf1, "{dst}", "--map", "(dense=x"],
-                      ["bad rename pattern", "(dense"]),
-    "map_without_equals": (lambda s: ["rename", s.tf1, "{dst}", "--map", "dense/head/"],
-                           ["--map takes OLD=NEW", "dense/head/"]),
-    "merge_clash": (lambda s: ["merge", s.merge["a"][0], s.merge["c"][0], "-o", "{dst}"],
-                    ["enc/kernel", "prefer"]),
-    "overflow": (lambda s: ["convert", s.ovf, "{dst}", "--dtype", "float16"],
-                 ["w (2 values)", "nothing written"]),
-    "missing_source": (lambda s: ["convert", str(s.root / "nope" / "model"), "{dst}",
-                                  "--dtype", "float16"], ["nope"]),
-    "drop_object_tf1": (lambda s: ["select", s.tf1, "{dst}", "--drop-object", "optimizer"],
-                        ["TF2"]),
-    "drop_object_unknown": (lambda s: ["select", s.keras.prefix, "{dst}", "--drop-object",
-                                       "no_such_object"], ["no_such_object"]),
-    "bad_map_file": (lambda s: ["rename", s.tf1, "{dst}", "--map-file", str(s.root / "no.json")],
-                     ["rename map"]),
+    "bad_include_regex": (
+        lambda s: ["select", s.tf1, "{dst}", "--include", "conv/("],
+        ["regular expression"],
+    ),
+    "bad_map_regex": (
+        lambda s: ["rename", s.tf1, "{dst}", "--map", "(dense=x"],
+        ["bad rename pattern", "(dense"],
+    ),
+    "map_without_equals": (
+        lambda s: ["rename", s.tf1, "{dst}", "--map", "dense/head/"],
+        ["--map takes OLD=NEW", "dense/head/"],
+    ),
+    "merge_clash": (
+        lambda s: ["merge", s.merge["a"][0], s.merge["c"][0], "-o", "{dst}"],
+        ["enc/kernel", "prefer"],
+    ),
+    "overflow": (
+        lambda s: ["convert", s.ovf, "{dst}", "--dtype", "float16"],
+        ["w (2 values)", "nothing written"],
+    ),
+    "missing_source": (
+        lambda s: ["convert", str(s.root / "nope" / "model"), "{dst}", "--dtype", "float16"],
+        ["nope"],
+    ),
+    "drop_object_tf1": (
+        lambda s: ["select", s.tf1, "{dst}", "--drop-object", "optimizer"],
+        ["TF2"],
+    ),
+    "drop_object_unknown": (
+        lambda s: ["select", s.keras.prefix, "{dst}", "--drop-object", "no_such_object"],
+        ["no_such_object"],
+    ),
+    "bad_map_file": (
+        lambda s: ["rename", s.tf1, "{dst}", "--map-file", str(s.root / "no.json")],
+        ["rename map"],
+    ),
 }
 
 
@@ -303,8 +480,17 @@ def keras_base():
 def test_tf2_rename_rekeys_object_graph(src, keras_base, tmp_path):
     case = src.keras
     out = tmp_path / "net"
-    ok(run_text("rename", case.prefix, out, "--map", "model/=net/", "--map",
-               "optimizer/_trainable_variables/=weights/"))
+    ok(
+        run_text(
+            "rename",
+            case.prefix,
+            out,
+            "--map",
+            "model/=net/",
+            "--map",
+            "optimizer/_trainable_variables/=weights/",
+        )
+    )
     keys = names(out)
     orig = names(case.prefix)
     assert len(keys) == len(orig)
@@ -330,12 +516,22 @@ def test_tf2_rename_rekeys_object_graph(src, keras_base, tmp_path):
 def test_tf2_drop_object_and_convert(src, keras_base, tmp_path):
     case = src.keras
     out = tmp_path / "slim"
-    proc = ok(run_text("select", case.prefix, out, "--drop-object", "optimizer", "--dtype",
-                      "float16", "--json"))
+    proc = ok(
+        run_text(
+            "select", case.prefix, out, "--drop-object", "optimizer", "--dtype", "float16", "--json"
+        )
+    )
     data = json.loads(proc.stdout)
     assert data["kept"] == 9 and data["dropped"] == 14 and data["cast"] == 8
-    assert not any(k.startswith(th_state) for k in names(out) for th_state in
-                   ("optimizer/_iterations", "optimizer/_learning_rate", "optimizer/_variables"))
+    assert not any(
+        k.startswith(th_state)
+        for k in names(out)
+        for th_state in (
+            "optimizer/_iterations",
+            "optimizer/_learning_rate",
+            "optimizer/_variables",
+        )
+    )
     model = th.keras_like(keras_base, "float16")
     tf.train.Checkpoint(model=model).restore(str(out)).assert_consumed()
     for w, want in zip(model.weights, case.extra["weights"]):

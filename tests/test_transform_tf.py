@@ -17,6 +17,7 @@ tf = pytest.importorskip("tensorflow")
 
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import transform_helpers as th  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
 from tfckpt.cast import CastCounts  # noqa: E402
@@ -52,8 +53,9 @@ def test_tf1_convert_float16_restores_with_plain_saver(tf1_float32, tmp_path):
     assert summary.dst == str(out_dir / "model.ckpt-1234")  # the source's name, in the directory
     assert (summary.kept, summary.cast, summary.renamed, summary.dropped) == (5, 4, 0, 0)
     assert tf.train.latest_checkpoint(str(out_dir)) == summary.dst  # state file written
-    assert th.tf_dtypes(summary.dst) == {k: "int64" if k == "global_step" else "float16"
-                                         for k in values}
+    assert th.tf_dtypes(summary.dst) == {
+        k: "int64" if k == "global_step" else "float16" for k in values
+    }
     bias_counts = summary.cast_counts["dense/bias"]
     assert (bias_counts.overflow, bias_counts.to_zero, bias_counts.subnormal) == (0, 0, 1)
 
@@ -115,8 +117,11 @@ def test_keras_convert_restores_into_half_model(dtype, tf_checkpoints, keras_bas
     assert [w.dtype for w in model.weights] == [dtype] * len(trained)
     tf.train.Checkpoint(model=model).restore(summary.dst).assert_existing_objects_matched()
     for w, orig in zip(model.weights, trained):
-        want = orig.astype(np.float16) if dtype == "float16" else \
-            tf.cast(tf.constant(orig), tf.bfloat16).numpy()
+        want = (
+            orig.astype(np.float16)
+            if dtype == "float16"
+            else tf.cast(tf.constant(orig), tf.bfloat16).numpy()
+        )
         assert w.numpy().dtype == want.dtype and w.numpy().tobytes() == want.tobytes(), w.path
 
     # The half model really is half: TF refuses the float32 original.
@@ -132,8 +137,10 @@ def simple_conv(tmp_module):
     return th.write_tf1_simple_conv(mkdir(tmp_module, "simple_conv"))
 
 
-COMPLEX = {"complex-conv1/weights": "simple-conv1/weights",
-           "complex-conv1/biases": "simple-conv1/biases"}
+COMPLEX = {
+    "complex-conv1/weights": "simple-conv1/weights",
+    "complex-conv1/biases": "simple-conv1/biases",
+}
 
 
 @pytest.mark.parametrize("how", ["transform", "select_then_rename", "rename_exact"])
@@ -142,17 +149,22 @@ def test_tf1_select_and_rename(how, simple_conv, tmp_path):
     out = str(tmp_path / "new" / "model.ckpt")
     include = [r"^simple-conv1/(weights|biases)$"]
     if how == "transform":
-        summary = tfckpt.transform(prefix, out, include=include,
-                                   rename={"simple-conv1/": "complex-conv1/"})
+        summary = tfckpt.transform(
+            prefix, out, include=include, rename={"simple-conv1/": "complex-conv1/"}
+        )
         assert (summary.kept, summary.renamed, summary.dropped) == (2, 2, len(values) - 2)
     elif how == "select_then_rename":
         mid = str(tmp_path / "mid" / "model.ckpt")
         tfckpt.select(prefix, mid, include=include)
         tfckpt.rename(mid, out, [(r"simple-conv(\d)/", r"complex-conv\1/")])
     else:
-        tfckpt.transform(prefix, out, include=include,
-                         rename_exact={old: new for new, old in COMPLEX.items()},
-                         rename={"simple-conv1/": "wrong/"})  # exact names are tried first
+        tfckpt.transform(
+            prefix,
+            out,
+            include=include,
+            rename_exact={old: new for new, old in COMPLEX.items()},
+            rename={"simple-conv1/": "wrong/"},
+        )  # exact names are tried first
 
     # The output holds those two tensors and nothing else.
     assert [n for n, _ in tf.train.list_variables(out)] == sorted(COMPLEX)
@@ -231,7 +243,8 @@ PREFER_TF2_BUG = (
     "have a child of the same name: tf.train.Checkpoint(a=..., x=...).save() merged with "
     "tf.train.Checkpoint(a=..., y=...).save() and prefer='last' raises CheckpointError 'both "
     "<src1> and <src2> have a root object named 'a'' (ObjectGraph.merge) instead of taking "
-    "'a' from the preferred source; without prefer it asks for prefer.")
+    "'a' from the preferred source; without prefer it asks for prefer."
+)
 
 
 @pytest.mark.parametrize("prefer", ["first", "last"])
@@ -239,9 +252,11 @@ def test_tf2_merge_clash_prefer(prefer, tmp_path):
     one = {"a": np.array([1.0, 2.0], np.float32), "x": np.array(3, np.int64)}
     two = {"a": np.array([5.0, 6.0], np.float32), "y": np.array(4, np.int64)}
     p1 = tf.train.Checkpoint(**{k: tf.Variable(v) for k, v in one.items()}).save(
-        str(tmp_path / "one" / "ckpt"))
+        str(tmp_path / "one" / "ckpt")
+    )
     p2 = tf.train.Checkpoint(**{k: tf.Variable(v) for k, v in two.items()}).save(
-        str(tmp_path / "two" / "ckpt"))
+        str(tmp_path / "two" / "ckpt")
+    )
     with pytest.raises(CheckpointError, match="prefer"):
         tfckpt.merge([p1, p2], tmp_path / "refused")
     summary = tfckpt.merge([p1, p2], tmp_path / "merged" / "ckpt", prefer=prefer)
@@ -259,8 +274,10 @@ def test_merge_tf2_sharded_with_tf2_and_cast(tf2_pair, tf2_sharded, tmp_path):
     summary = tfckpt.merge([pa, prefix], tmp_path / "m" / "ckpt", cast="bfloat16")
     with tfckpt.open(summary.dst) as out, tfckpt.open(prefix) as sharded:
         assert out.header.num_shards == 1 + sharded.header.num_shards
-    variables = {k: tf.Variable(tf.zeros(v.shape, tf.bfloat16 if v.dtype.kind == "f" else v.dtype))
-                 for k, v in {**values, "a": va}.items()}
+    variables = {
+        k: tf.Variable(tf.zeros(v.shape, tf.bfloat16 if v.dtype.kind == "f" else v.dtype))
+        for k, v in {**values, "a": va}.items()
+    }
     tf.train.Checkpoint(**variables).restore(summary.dst).assert_consumed()
     for k, v in {**values, "a": va}.items():
         want = tf.cast(v, tf.bfloat16).numpy() if v.dtype.kind == "f" else v
@@ -278,8 +295,9 @@ def test_drop_optimizer_keeps_every_model_weight(tf_checkpoints, keras_base, tmp
     orig_keys = {n for n, _ in tf.train.list_variables(case.prefix)}
     state = {k for k in orig_keys if k.startswith(OPTIMIZER_STATE)}
     # Iterations, learning rate, a momentum and a velocity per trainable weight.
-    assert len(state) == 2 + 2 * len([k for k in orig_keys
-                                      if k.startswith("optimizer/_trainable_variables/")])
+    assert len(state) == 2 + 2 * len(
+        [k for k in orig_keys if k.startswith("optimizer/_trainable_variables/")]
+    )
     summary = tfckpt.select(case.prefix, f"{tmp_path}/", drop_objects=["optimizer"])
 
     keys = {n for n, _ in tf.train.list_variables(summary.dst)}
@@ -291,8 +309,9 @@ def test_drop_optimizer_keeps_every_model_weight(tf_checkpoints, keras_base, tmp
     assert not any(c.local_name == "optimizer" for n in graph.nodes for c in n.children)
 
     model = th.keras_like(keras_base, "float32")
-    assert any(w.numpy().tobytes() != t.tobytes()
-               for w, t in zip(model.weights, case.extra["weights"]))
+    assert any(
+        w.numpy().tobytes() != t.tobytes() for w, t in zip(model.weights, case.extra["weights"])
+    )
     status = tf.train.Checkpoint(model=model).restore(summary.dst)
     status.assert_existing_objects_matched()
     status.assert_consumed()  # nothing of the optimizer is left over
@@ -300,8 +319,9 @@ def test_drop_optimizer_keeps_every_model_weight(tf_checkpoints, keras_base, tmp
         assert w.numpy().tobytes() == want.tobytes(), w.path
     # The original is not consumable by a bare model (its optimizer objects are unmatched).
     with pytest.raises(AssertionError):
-        tf.train.Checkpoint(model=th.keras_like(keras_base, "float32")) \
-            .restore(case.prefix).assert_consumed()
+        tf.train.Checkpoint(model=th.keras_like(keras_base, "float32")).restore(
+            case.prefix
+        ).assert_consumed()
 
 
 def test_exclude_by_key_prefix_would_lose_model_weights(tf_checkpoints, keras_base, tmp_path):
@@ -313,8 +333,11 @@ def test_exclude_by_key_prefix_would_lose_model_weights(tf_checkpoints, keras_ba
     model = th.keras_like(keras_base, "float32")
     init = [w.numpy() for w in model.weights]
     tf.train.Checkpoint(model=model).restore(summary.dst).expect_partial()
-    restored = [w.path for w, t in zip(model.weights, case.extra["weights"])
-                if w.numpy().tobytes() == t.tobytes()]
+    restored = [
+        w.path
+        for w, t in zip(model.weights, case.extra["weights"])
+        if w.numpy().tobytes() == t.tobytes()
+    ]
     assert restored == ["bn/moving_mean", "bn/moving_variance"], restored
     unrestored = [w for w, i in zip(model.weights, init) if w.numpy().tobytes() == i.tobytes()]
     assert len(unrestored) == 6  # kernels, biases, gamma, beta: still their initial values
@@ -363,7 +386,8 @@ HALF_SLICES_BUG = (
     "but TensorFlow cannot restore sliced float16 tensors (RestoreV2 -> BundleReader::"
     "GetSliceValue: 'Dtype half not supported'), so tf.train.Checkpoint.restore of the output "
     "fails. (TF2.21 cannot restore its own sliced float16 saves either.) The output must store "
-    "float16 tensors unsliced for TF to read it.")
+    "float16 tensors unsliced for TF to read it."
+)
 
 
 @pytest.mark.parametrize("max_shard_bytes", [None, 700], ids=["keep_layout", "reshard"])
@@ -376,10 +400,13 @@ def test_sharded_tf2_convert(dtype, max_shard_bytes, tf2_sharded, tmp_path):
         src_sliced = {k for k in src.keys() if src.info(k).slices}
     assert src_shards >= 3 and src_sliced == {key[n] for n in th.SHARDED_SHAPES}  # as TF wrote
 
-    summary = tfckpt.convert(prefix, tmp_path / "out" / "ckpt", dtype,
-                             max_shard_bytes=max_shard_bytes)
-    want = {n: tf.cast(tf.constant(v), dtype).numpy() if v.dtype.kind == "f" else v
-            for n, v in values.items()}
+    summary = tfckpt.convert(
+        prefix, tmp_path / "out" / "ckpt", dtype, max_shard_bytes=max_shard_bytes
+    )
+    want = {
+        n: tf.cast(tf.constant(v), dtype).numpy() if v.dtype.kind == "f" else v
+        for n, v in values.items()
+    }
     with tfckpt.open(summary.dst) as out:
         if dtype == "float16":
             # TensorFlow cannot reassemble float16 slices, so TF2 tensors are written whole.
@@ -401,7 +428,7 @@ def test_sharded_tf2_convert(dtype, max_shard_bytes, tf2_sharded, tmp_path):
             # (float16 tensors are whole here, see above).
             per_shard = {}
             for k in out.keys():
-                for part in (out.slice_info(k) or [out.info(k)]):
+                for part in out.slice_info(k) or [out.info(k)]:
                     per_shard.setdefault(part.shard, []).append(part.nbytes)
             for i, f in enumerate(out.data_files):
                 assert os.path.getsize(f) <= max_shard_bytes or len(per_shard[i]) == 1, f
@@ -409,8 +436,10 @@ def test_sharded_tf2_convert(dtype, max_shard_bytes, tf2_sharded, tmp_path):
             assert out.info(key[n]).dtype == tf.as_dtype(w.dtype).name
             assert out[key[n]].tobytes() == w.tobytes(), n
 
-    variables = {n: tf.Variable(tf.zeros(v.shape, dtype=tf.as_dtype(w.dtype)))
-                 for (n, v), w in zip(values.items(), want.values())}
+    variables = {
+        n: tf.Variable(tf.zeros(v.shape, dtype=tf.as_dtype(w.dtype)))
+        for (n, v), w in zip(values.items(), want.values())
+    }
     tf.train.Checkpoint(**variables).restore(summary.dst).assert_consumed()
     for n, v in variables.items():
         assert v.numpy().tobytes() == want[n].tobytes(), n
@@ -420,27 +449,43 @@ def test_tf1_partitioned_rename_and_cast(tf_checkpoints, tmp_path):
     """TF1 partitioned variables: slices renamed and cast, restored into partitioned variables."""
     case = tf_checkpoints("tf1_partitioned")
     reader = tf.train.load_checkpoint(case.prefix)
-    summary = tfckpt.transform(case.prefix, tmp_path / "part", cast="bfloat16",
-                               rename={"emb/": "embedding/"})
+    summary = tfckpt.transform(
+        case.prefix, tmp_path / "part", cast="bfloat16", rename={"emb/": "embedding/"}
+    )
     with tfckpt.open(summary.dst) as out, tfckpt.open(case.prefix) as src:
         assert out.info("embedding/table").slices == src.info("emb/table").slices
         assert out.info("wide").slices == src.info("wide").slices
     zeros = tf.compat.v1.zeros_initializer()
     with tf.Graph().as_default():
         parts = tf.compat.v1.fixed_size_partitioner
-        emb = tf.compat.v1.get_variable("embedding/table", shape=[10, 4], dtype=tf.bfloat16,
-                                        initializer=zeros, partitioner=parts(3))
-        vec = tf.compat.v1.get_variable("vec", shape=[12], dtype=tf.bfloat16, initializer=zeros,
-                                        partitioner=parts(3))
-        wide = tf.compat.v1.get_variable("wide", shape=[5, 7], dtype=tf.int64, initializer=zeros,
-                                         partitioner=parts(2, axis=1))
+        emb = tf.compat.v1.get_variable(
+            "embedding/table",
+            shape=[10, 4],
+            dtype=tf.bfloat16,
+            initializer=zeros,
+            partitioner=parts(3),
+        )
+        vec = tf.compat.v1.get_variable(
+            "vec", shape=[12], dtype=tf.bfloat16, initializer=zeros, partitioner=parts(3)
+        )
+        wide = tf.compat.v1.get_variable(
+            "wide", shape=[5, 7], dtype=tf.int64, initializer=zeros, partitioner=parts(2, axis=1)
+        )
         plain = tf.compat.v1.get_variable("plain", shape=[6], dtype=tf.int32, initializer=zeros)
         with tf.compat.v1.Session() as sess:
             tf.compat.v1.train.Saver().restore(sess, summary.dst)
-            got = sess.run({"emb": tf.concat(list(emb), 0), "vec": tf.concat(list(vec), 0),
-                            "wide": tf.concat(list(wide), 1), "plain": plain})
-    assert got["emb"].tobytes() == tf.cast(reader.get_tensor("emb/table"), tf.bfloat16) \
-        .numpy().tobytes()
+            got = sess.run(
+                {
+                    "emb": tf.concat(list(emb), 0),
+                    "vec": tf.concat(list(vec), 0),
+                    "wide": tf.concat(list(wide), 1),
+                    "plain": plain,
+                }
+            )
+    assert (
+        got["emb"].tobytes()
+        == tf.cast(reader.get_tensor("emb/table"), tf.bfloat16).numpy().tobytes()
+    )
     assert got["vec"].tobytes() == tf.cast(reader.get_tensor("vec"), tf.bfloat16).numpy().tobytes()
     assert got["wide"].tobytes() == reader.get_tensor("wide").tobytes()
     assert got["plain"].tobytes() == reader.get_tensor("plain").tobytes()
@@ -458,8 +503,9 @@ def test_sliced_float16_made_readable_by_widening(tf_checkpoints, tmp_path):
         assert set(out.info("half").slices) == set(tfckpt.open(case.prefix).info("half").slices)
     for name in ["half", "cube", "grid", "emb", tfc.WEIRD_NAME]:
         src = full[name]
-        want = src.astype(np.float32) if src.dtype != np.float64 else \
-            tf.cast(src, tf.float32).numpy()
+        want = (
+            src.astype(np.float32) if src.dtype != np.float64 else tf.cast(src, tf.float32).numpy()
+        )
         assert dtypes[name] == tf.float32, name
         got = reader.get_tensor(name)
         assert not th.float_mismatches(got, want, src), (name, th.float_mismatches(got, want, src))
@@ -492,8 +538,9 @@ def converted(cast_case, tmp_module):
 
     def get(target):
         if target not in done:
-            summary = tfckpt.convert(prefix, tmp_module / f"cast_{target}" / "edges", target,
-                                     overflow="inf")
+            summary = tfckpt.convert(
+                prefix, tmp_module / f"cast_{target}" / "edges", target, overflow="inf"
+            )
             done[target] = th.tf_reader_values(summary.dst), summary
         return done[target]
 
@@ -519,16 +566,19 @@ def test_cast_matches_tf_cast(source, target, cast_case, converted):
 # TF's CPU kernels run with flush-to-zero / denormals-are-zero: a float32 subnormal becomes
 # ±0 when converted to float64, and a float64 (or float64 -> float32 -> bfloat16) result in
 # float32's subnormal range becomes ±0. tfckpt keeps these values exactly.
-FTZ_BUG = ("BUG (differs from tf.cast): tf.cast on CPU flushes float32-range subnormals to "
-           "±0 ({pair}); tfckpt keeps the exact subnormal value, e.g. {example}")
+FTZ_BUG = (
+    "BUG (differs from tf.cast): tf.cast on CPU flushes float32-range subnormals to "
+    "±0 ({pair}); tfckpt keeps the exact subnormal value, e.g. {example}"
+)
 FTZ_EXAMPLES = {
     ("float32", "float64"): "float32 1e-40 -> float64 9.99994610111476e-41, TF gives 0.0",
     ("bfloat16", "float64"): "bfloat16 9.18355e-41 -> float64 9.183549615799121e-41, TF 0.0",
     ("float64", "float32"): "float64 1e-40 -> float32 1e-40 (subnormal), TF gives 0.0",
     ("float64", "bfloat16"): "float64 1e-40 -> bfloat16 9.18355e-41, TF gives 0",
 }
-SUB_PAIRS = [pytest.param(s, t, id=f"{s}-{t}")
-             for s, t in PAIRS if s != t and s != "float16"]  # float16 has no such values
+SUB_PAIRS = [
+    pytest.param(s, t, id=f"{s}-{t}") for s, t in PAIRS if s != t and s != "float16"
+]  # float16 has no such values
 
 
 @pytest.mark.parametrize("source,target", SUB_PAIRS)
@@ -542,8 +592,9 @@ def test_cast_float32_subnormals_match_tf_cast(source, target, cast_case, conver
         tgt = tf.as_dtype(target).as_numpy_dtype
         narrow = source == "float64" and np.dtype(tgt).itemsize < 4
         want = (src.astype(np.float32) if narrow else src).astype(tgt)
-        assert not np.array_equal(want, tf.cast(tf.constant(src), target).numpy()), \
+        assert not np.array_equal(want, tf.cast(tf.constant(src), target).numpy()), (
             "TensorFlow no longer flushes these: compare with tf.cast again"
+        )
     else:
         want = tf.cast(tf.constant(src), target).numpy()
     bad = th.float_mismatches(got, want, src)
@@ -552,19 +603,30 @@ def test_cast_float32_subnormals_match_tf_cast(source, target, cast_case, conver
 
 @pytest.mark.parametrize("part", ["edges", "f32_subnormals"])
 @pytest.mark.parametrize("target", th.FLOATS)
-def test_tf_backend_gives_the_numpy_backends_bits(target, part, cast_case, converted, tmp_module,
-                                                  request):
+def test_tf_backend_gives_the_numpy_backends_bits(
+    target, part, cast_case, converted, tmp_module, request
+):
     """``backend='tf'`` (tf.cast for every tensor here) must write what the numpy backend
     writes, counts included ("The bits are the same either way", transform.execute)."""
     prefix, originals = cast_case
     out = tmp_module / f"tf_backend_{target}_{part}" / "edges"
     names = [k for k in originals if k.endswith("/" + part)]
-    summary = tfckpt.transform(prefix, out, cast=target, overflow="inf", backend="tf",
-                               tf_threshold=0, include=[f"^{n}$" for n in names])
+    summary = tfckpt.transform(
+        prefix,
+        out,
+        cast=target,
+        overflow="inf",
+        backend="tf",
+        tf_threshold=0,
+        include=[f"^{n}$" for n in names],
+    )
     via_tf = th.tf_reader_values(summary.dst)
     via_numpy, numpy_summary = converted(target)
-    differ = {n: f"{via_tf[n].size - int(np.sum(th.bits(via_tf[n]) == th.bits(via_numpy[n])))} "
-                 f"elements" for n in names if via_tf[n].tobytes() != via_numpy[n].tobytes()}
+    differ = {
+        n: f"{via_tf[n].size - int(np.sum(th.bits(via_tf[n]) == th.bits(via_numpy[n])))} elements"
+        for n in names
+        if via_tf[n].tobytes() != via_numpy[n].tobytes()
+    }
     assert not differ, differ
     for n in summary.cast_counts:
         assert summary.cast_counts[n] == numpy_summary.cast_counts[n], n
@@ -595,7 +657,9 @@ def test_cast_large_tensor_matches_tf_cast(target, chunk_bytes, tmp_path):
         expect = CastCounts(
             overflow=int(np.sum(np.isfinite(value) & ~np.isfinite(w))),
             to_zero=int(np.sum((w == 0) & (value != 0))),
-            subnormal=int(np.sum((np.abs(w) < tiny) & (w != 0))), elements=n)
+            subnormal=int(np.sum((np.abs(w) < tiny) & (w != 0))),
+            elements=n,
+        )
     assert summary.cast_counts["x"] == expect
 
 
@@ -612,7 +676,8 @@ NEAR_MAX_BUG = (
     "ulp/2 already round to inf: e.g. float32 [1.0, 65520.0] -> float16 with the default "
     "overflow='error' writes [1, inf] without error, overflow='clip' writes inf instead of "
     "65504, and cast_counts report overflow=0 (same for float64 65520 -> float16, float32 "
-    "3.3961775e38 -> bfloat16, float64 3.4028235677973366e38 -> float32).")
+    "3.3961775e38 -> bfloat16, float64 3.4028235677973366e38 -> float32)."
+)
 
 
 @pytest.fixture(scope="module")
@@ -649,13 +714,25 @@ def test_overflow_just_beyond_max(source, target, near_max_case, tmp_path):
     assert th.listing(out) == []
 
 
-PLANTED_F32 = [70000.0, -70000.0, 65520.0, 1e5,          # overflow float16: 4
-               65504.0, 65519.99, 1.0, -0.0,              # fine
-               2.0 ** -25, 1e-9,                          # become zero: 2
-               3 * 2.0 ** -25, 6e-5,                      # become subnormal: 2
-               np.nan, np.inf, -np.inf]                   # not counted
-PLANTED_F64 = [1e300, -1e6, 0.5, 65504.0]                 # overflow: 2
-PLANTED_BF16 = [1e10, 0.5, -3e38]                         # overflow: 2
+PLANTED_F32 = [
+    70000.0,
+    -70000.0,
+    65520.0,
+    1e5,  # overflow float16: 4
+    65504.0,
+    65519.99,
+    1.0,
+    -0.0,  # fine
+    2.0**-25,
+    1e-9,  # become zero: 2
+    3 * 2.0**-25,
+    6e-5,  # become subnormal: 2
+    np.nan,
+    np.inf,
+    -np.inf,
+]  # not counted
+PLANTED_F64 = [1e300, -1e6, 0.5, 65504.0]  # overflow: 2
+PLANTED_BF16 = [1e10, 0.5, -3e38]  # overflow: 2
 
 
 @pytest.fixture(scope="module")
@@ -665,8 +742,8 @@ def overflow_case(tmp_module):
         "b": np.array(PLANTED_F64, dtype=np.float64),
         "c": np.array([1.0, 2.5, -3.0], dtype=np.float32),
         "d": np.array(PLANTED_BF16, dtype=ml_dtypes.bfloat16),
-        "h": np.array([65504.0, -1.0, 2.0 ** -24], dtype=np.float16),
-        "i": np.array([2 ** 31 - 1, -5, 0], dtype=np.int32),
+        "h": np.array([65504.0, -1.0, 2.0**-24], dtype=np.float16),
+        "i": np.array([2**31 - 1, -5, 0], dtype=np.int32),
         "flag": np.array([True, False]),
         "s": np.array([b"text", b"\xff\x00"], dtype=object),
         "step": np.array(7, dtype=np.int64),
@@ -724,18 +801,30 @@ def test_overflow_clip_and_inf(policy, overflow_case, tmp_path):
 
 def test_cast_from_limits_source_dtypes(overflow_case, tmp_path):
     prefix, src = overflow_case
-    summary = tfckpt.convert(prefix, tmp_path / "out", "float16", cast_from=["float64"],
-                             overflow="clip")
+    summary = tfckpt.convert(
+        prefix, tmp_path / "out", "float16", cast_from=["float64"], overflow="clip"
+    )
     assert summary.cast == 1 and set(summary.cast_counts) == {"b"}
-    assert th.tf_dtypes(summary.dst) == {"a": "float32", "b": "float16", "c": "float32",
-                                         "d": "bfloat16", "h": "float16", "i": "int32",
-                                         "flag": "bool", "s": "string", "step": "int64"}
+    assert th.tf_dtypes(summary.dst) == {
+        "a": "float32",
+        "b": "float16",
+        "c": "float32",
+        "d": "bfloat16",
+        "h": "float16",
+        "i": "int32",
+        "flag": "bool",
+        "s": "string",
+        "step": "int64",
+    }
     got = th.tf_reader_values(summary.dst)
     for name, s in src.items():
         if name != "b":
             assert got[name].dtype == s.dtype, name
-            assert (got[name].tolist() == s.tolist()) if s.dtype == object else \
-                got[name].tobytes() == s.tobytes(), name
+            assert (
+                (got[name].tolist() == s.tolist())
+                if s.dtype == object
+                else got[name].tobytes() == s.tobytes()
+            ), name
 
 
 def test_output_next_to_source_keeps_its_state_file(tf_checkpoints, tmp_path):
@@ -764,10 +853,15 @@ def test_overwrite(tf1_float32, tmp_path):
     assert th.digests(out.parent) == before
     tfckpt.convert(prefix, out, "bfloat16", overwrite=True)
     assert sorted(p.name for p in out.parent.iterdir()) == [
-        "checkpoint", "model.data-00000-of-00001", "model.index"]  # no stale shards
+        "checkpoint",
+        "model.data-00000-of-00001",
+        "model.index",
+    ]  # no stale shards
     restored = th.tf1_restore(out, th.specs_of(values, tf.bfloat16))
-    assert restored["dense/kernel"].tobytes() == \
-        tf.cast(values["dense/kernel"], tf.bfloat16).numpy().tobytes()
+    assert (
+        restored["dense/kernel"].tobytes()
+        == tf.cast(values["dense/kernel"], tf.bfloat16).numpy().tobytes()
+    )
 
 
 # ---------------------------------------------------------------- 8. bounded memory
@@ -803,8 +897,23 @@ def test_convert_1gib_tensor_in_bounded_memory(tmp_path):
     out = tmp_path / "fp16"
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", PEAK_RSS, sys.executable, "-m", "tfckpt", "convert", str(src),
-             f"{out}/", "--dtype", "float16"], capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-c",
+                PEAK_RSS,
+                sys.executable,
+                "-m",
+                "tfckpt",
+                "convert",
+                str(src),
+                f"{out}/",
+                "--dtype",
+                "float16",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         peak_kib, rc = map(int, proc.stdout.split())
         assert rc == 0, proc.stderr
@@ -816,15 +925,25 @@ def test_convert_1gib_tensor_in_bounded_memory(tmp_path):
             assert c.info("huge").dtype == "float16" and c.info("huge").shape == (HUGE_ELEMENTS,)
             assert c.info("huge").nbytes == HUGE_ELEMENTS * 2
         # TensorFlow restores the whole tensor (checking its CRC); spot-check elements.
-        huge, step = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=["huge", "global_step"],
-                                          shape_and_slices=["", ""],
-                                          dtypes=[tf.float16, tf.int64])
+        huge, step = tf.raw_ops.RestoreV2(
+            prefix=prefix,
+            tensor_names=["huge", "global_step"],
+            shape_and_slices=["", ""],
+            dtypes=[tf.float16, tf.int64],
+        )
         assert int(step) == 5
         rng = np.random.default_rng(17)
-        idx = np.concatenate([rng.integers(0, HUGE_ELEMENTS, 3000),
-                              np.arange(0, HUGE_ELEMENTS, HUGE_STEP // 2),
-                              np.arange(0, HUGE_ELEMENTS, HUGE_STEP // 2) - 1,
-                              [HUGE_ELEMENTS - 1]]) % HUGE_ELEMENTS
+        idx = (
+            np.concatenate(
+                [
+                    rng.integers(0, HUGE_ELEMENTS, 3000),
+                    np.arange(0, HUGE_ELEMENTS, HUGE_STEP // 2),
+                    np.arange(0, HUGE_ELEMENTS, HUGE_STEP // 2) - 1,
+                    [HUGE_ELEMENTS - 1],
+                ]
+            )
+            % HUGE_ELEMENTS
+        )
         got = tf.gather(huge, idx).numpy()
         want = huge_values(idx).astype(np.float16)
         assert got.tobytes() == want.tobytes()

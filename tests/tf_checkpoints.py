@@ -39,8 +39,12 @@ def data_files(prefix: str | os.PathLike) -> list[Path]:
 def _save_v2(prefix: str, tensors: dict) -> None:
     """One SaveV2 op writing whole (unsliced) tensors."""
     names = list(tensors)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tensors[n] for n in names])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tensors[n] for n in names],
+    )
 
 
 # ---------------------------------------------------------------- values with sharp edges
@@ -50,14 +54,28 @@ def special_floats(np_dtype) -> np.ndarray:
     """NaN (both signs, with a payload where the type has room), ±inf, ±0, subnormals, extremes."""
     dt = np.dtype(np_dtype)
     fi = ml_dtypes.finfo(dt)
-    vals = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, fi.max, fi.min, fi.tiny, fi.smallest_subnormal,
-            -fi.smallest_subnormal, fi.eps]
+    vals = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        np.inf,
+        -np.inf,
+        fi.max,
+        fi.min,
+        fi.tiny,
+        fi.smallest_subnormal,
+        -fi.smallest_subnormal,
+        fi.eps,
+    ]
     arr = np.array([float(x) for x in vals]).astype(dt)  # inf becomes NaN in the float8 *fn types
     if dt.itemsize == 1:
         return np.concatenate([arr, np.array([np.nan, -np.nan]).astype(dt)])
     bits = np.dtype(f"u{dt.itemsize}").type
     nan = np.array([np.nan], dtype=dt).view(bits)[0]
-    nans = np.array([nan, nan | bits(1), nan | (bits(1) << bits(8 * dt.itemsize - 1))])  # quiet, payload, -NaN
+    nans = np.array(
+        [nan, nan | bits(1), nan | (bits(1) << bits(8 * dt.itemsize - 1))]
+    )  # quiet, payload, -NaN
     return np.concatenate([arr, nans.view(dt)])
 
 
@@ -65,7 +83,9 @@ def random_floats(np_dtype, shape, rng) -> np.ndarray:
     """Random bit patterns (so every class of value appears) with the special values up front."""
     dt = np.dtype(np_dtype)
     n = int(np.prod(shape))
-    bits = rng.integers(0, 2 ** (8 * dt.itemsize), size=n, dtype=np.uint64 if dt.itemsize == 8 else np.int64)
+    bits = rng.integers(
+        0, 2 ** (8 * dt.itemsize), size=n, dtype=np.uint64 if dt.itemsize == 8 else np.int64
+    )
     arr = bits.astype(f"u{dt.itemsize}").view(dt)
     sp = special_floats(dt)
     arr[: min(n, sp.size)] = sp[: min(n, sp.size)]
@@ -90,8 +110,19 @@ def random_complex(np_dtype, shape, rng) -> np.ndarray:
     return out
 
 
-STRINGS_1D = [b"", b"a", b"\x00\xff\xfe not utf-8 \x80\x81", "h\u00e9llo w\u00f6rld".encode(), b"\x00" * 7,
-              bytes(range(256)), b"x" * 70_000, b"b" * 127, b"c" * 128, b"d" * 16_383, b"e" * 16_384]
+STRINGS_1D = [
+    b"",
+    b"a",
+    b"\x00\xff\xfe not utf-8 \x80\x81",
+    "h\u00e9llo w\u00f6rld".encode(),
+    b"\x00" * 7,
+    bytes(range(256)),
+    b"x" * 70_000,
+    b"b" * 127,
+    b"c" * 128,
+    b"d" * 16_383,
+    b"e" * 16_384,
+]
 
 
 def numpy_values(rng=None) -> dict[str, np.ndarray]:
@@ -128,15 +159,28 @@ def numpy_values(rng=None) -> dict[str, np.ndarray]:
     v["zero_size_float32"] = np.zeros((0,), dtype=np.float32)
     v["zero_size_int64_3x0"] = np.zeros((3, 0), dtype=np.int64)
     v["zero_size_bfloat16_0x2x0"] = np.zeros((0, 2, 0), dtype=ml_dtypes.bfloat16)
-    for name in ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2fnuz"]:
+    for name in [
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e4m3b11fnuz",
+        "float8_e5m2fnuz",
+    ]:
         v[name] = random_floats(getattr(ml_dtypes, name), (4, 5), rng)
-    v["float4_e2m1fn"] = rng.integers(0, 16, size=(7,), dtype=np.uint8).view(ml_dtypes.float4_e2m1fn)
+    v["float4_e2m1fn"] = rng.integers(0, 16, size=(7,), dtype=np.uint8).view(
+        ml_dtypes.float4_e2m1fn
+    )
     v["int4"] = np.arange(-8, 8).astype(ml_dtypes.int4).reshape(4, 4)
     v["uint4"] = np.arange(0, 16).astype(ml_dtypes.uint4)
     v["int2"] = np.array([-2, -1, 0, 1, 1, 0], dtype=ml_dtypes.int2)
     v["uint2"] = np.array([0, 1, 2, 3, 3], dtype=ml_dtypes.uint2)
-    for q, base in [("qint8", np.int8), ("quint8", np.uint8), ("qint16", np.int16), ("quint16", np.uint16),
-                    ("qint32", np.int32)]:
+    for q, base in [
+        ("qint8", np.int8),
+        ("quint8", np.uint8),
+        ("qint16", np.int16),
+        ("quint16", np.uint16),
+        ("qint32", np.int32),
+    ]:
         v[q] = random_ints(base, (3, 4), rng).view(tf.as_dtype(q).as_numpy_dtype)
     return v
 
@@ -161,12 +205,20 @@ def write_tf1_saver(d: Path) -> TFCheckpoint:
     with tf.Graph().as_default():
         with tf.compat.v1.variable_scope("encoder"):
             with tf.compat.v1.variable_scope("layer_0"):
-                tf.compat.v1.get_variable("kernel", initializer=random_floats(np.float32, (8, 16), rng))
-                tf.compat.v1.get_variable("bias", initializer=rng.standard_normal(16).astype(np.float32))
+                tf.compat.v1.get_variable(
+                    "kernel", initializer=random_floats(np.float32, (8, 16), rng)
+                )
+                tf.compat.v1.get_variable(
+                    "bias", initializer=rng.standard_normal(16).astype(np.float32)
+                )
             with tf.compat.v1.variable_scope("layer_1/attention"):
-                tf.compat.v1.get_variable("w", initializer=rng.standard_normal((16, 4)).astype(np.float64))
+                tf.compat.v1.get_variable(
+                    "w", initializer=rng.standard_normal((16, 4)).astype(np.float64)
+                )
         with tf.compat.v1.variable_scope("embedding"):
-            tf.compat.v1.get_variable("table", initializer=rng.standard_normal((50, 3)).astype(np.float16))
+            tf.compat.v1.get_variable(
+                "table", initializer=rng.standard_normal((50, 3)).astype(np.float16)
+            )
         tf.compat.v1.get_variable("global_step", initializer=np.int64(1234), trainable=False)
         tf.compat.v1.get_variable("vocab_flags", initializer=rng.integers(0, 2, 10).astype(bool))
         saver = tf.compat.v1.train.Saver()
@@ -183,10 +235,14 @@ def write_tf1_sharded(d: Path) -> TFCheckpoint:
     prefix = str(d / "sharded.ckpt")
     with tf.Graph().as_default():
         with tf.device("/cpu:0"):
-            tf.compat.v1.get_variable("dev0/w", initializer=rng.standard_normal((20, 10)).astype(np.float32))
+            tf.compat.v1.get_variable(
+                "dev0/w", initializer=rng.standard_normal((20, 10)).astype(np.float32)
+            )
             tf.compat.v1.get_variable("dev0/step", initializer=np.int32(7))
         with tf.device("/cpu:1"):
-            tf.compat.v1.get_variable("dev1/w", initializer=rng.standard_normal((30,)).astype(np.float64))
+            tf.compat.v1.get_variable(
+                "dev1/w", initializer=rng.standard_normal((30,)).astype(np.float64)
+            )
             tf.compat.v1.get_variable("dev1/ids", initializer=np.arange(100, dtype=np.int64))
         saver = tf.compat.v1.train.Saver(sharded=True)
         config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
@@ -195,7 +251,10 @@ def write_tf1_sharded(d: Path) -> TFCheckpoint:
             out = saver.save(sess, prefix, write_meta_graph=False)
     assert out == prefix
     files = data_files(prefix)
-    assert [f.name for f in files] == ["sharded.ckpt.data-00000-of-00002", "sharded.ckpt.data-00001-of-00002"], files
+    assert [f.name for f in files] == [
+        "sharded.ckpt.data-00000-of-00002",
+        "sharded.ckpt.data-00001-of-00002",
+    ], files
     return TFCheckpoint("tf1_sharded", prefix, prefix)
 
 
@@ -205,21 +264,33 @@ def write_tf1_partitioned(d: Path) -> TFCheckpoint:
     with tf.Graph().as_default():
         # Partitioned variables need a full shape and an initializer that works per part.
         normal = tf.compat.v1.random_normal_initializer(seed=3)
-        tf.compat.v1.get_variable("vec", shape=[12], initializer=normal,
-                                  partitioner=tf.compat.v1.fixed_size_partitioner(3))
+        tf.compat.v1.get_variable(
+            "vec",
+            shape=[12],
+            initializer=normal,
+            partitioner=tf.compat.v1.fixed_size_partitioner(3),
+        )
         tf.compat.v1.get_variable(  # 10 rows in 3 parts: 4, 3, 3
-            "emb/table", shape=[10, 4], initializer=normal, partitioner=tf.compat.v1.fixed_size_partitioner(3))
+            "emb/table",
+            shape=[10, 4],
+            initializer=normal,
+            partitioner=tf.compat.v1.fixed_size_partitioner(3),
+        )
         tf.compat.v1.get_variable(  # axis 1: 7 columns in 2 parts: 4, 3
-            "wide", shape=[5, 7], dtype=tf.int64,
+            "wide",
+            shape=[5, 7],
+            dtype=tf.int64,
             initializer=tf.compat.v1.random_uniform_initializer(-1000, 1000, seed=4),
-            partitioner=tf.compat.v1.fixed_size_partitioner(2, axis=1))
+            partitioner=tf.compat.v1.fixed_size_partitioner(2, axis=1),
+        )
         tf.compat.v1.get_variable("plain", initializer=np.arange(6, dtype=np.int32))
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             saver.save(sess, prefix, write_meta_graph=False)
-    return TFCheckpoint("tf1_partitioned", prefix, prefix,
-                        {"partitioned": ["emb/table", "vec", "wide"]})
+    return TFCheckpoint(
+        "tf1_partitioned", prefix, prefix, {"partitioned": ["emb/table", "vec", "wide"]}
+    )
 
 
 WEIRD_NAME = "we\x00ird\x01name/\u00e9"
@@ -250,7 +321,7 @@ def write_savev2_slices(d: Path) -> TFCheckpoint:
     add("cols", "6 8 -:0,3", cols[:, 0:3])
     add("cols", "6 8 -:3,5", cols[:, 3:8])
     for r0, c0 in [(0, 0), (0, 3), (2, 0), (2, 3)]:
-        add("grid", f"4 6 {r0},2:{c0},3", grid[r0:r0 + 2, c0:c0 + 3])
+        add("grid", f"4 6 {r0},2:{c0},3", grid[r0 : r0 + 2, c0 : c0 + 3])
     add("cube", "3 4 5 -:0,1:-", cube[:, 0:1])
     add("cube", "3 4 5 -:1,3:-", cube[:, 1:4])
     add("half", "5 3 0,2:-", half[0:2])
@@ -265,11 +336,24 @@ def write_savev2_slices(d: Path) -> TFCheckpoint:
     add("plain_b", "", np.array([b"x", b"yy"], dtype=object))
     add("plain_scalar", "", np.int64(42))
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=vals)
-    return TFCheckpoint("savev2_slices", prefix, prefix,
-                        {"partitioned": ["cols", "cube", "emb", "grid", "half", "strs", WEIRD_NAME],
-                         "full": {"emb": emb, "cols": cols, "grid": grid, "cube": cube, "half": half, "strs": strs,
-                                  WEIRD_NAME: weird},
-                         "tf_cannot_read": {"half": half, "strs": strs}})
+    return TFCheckpoint(
+        "savev2_slices",
+        prefix,
+        prefix,
+        {
+            "partitioned": ["cols", "cube", "emb", "grid", "half", "strs", WEIRD_NAME],
+            "full": {
+                "emb": emb,
+                "cols": cols,
+                "grid": grid,
+                "cube": cube,
+                "half": half,
+                "strs": strs,
+                WEIRD_NAME: weird,
+            },
+            "tf_cannot_read": {"half": half, "strs": strs},
+        },
+    )
 
 
 def write_all_dtypes(d: Path) -> TFCheckpoint:
@@ -291,9 +375,15 @@ def write_many_tensors(d: Path) -> TFCheckpoint:
     prefix = str(d / "many")
     names = many_tensor_names()
     dtypes = [np.int32, np.float32, np.int8, np.float64]
-    tensors = [tf.constant(np.full((i % 3, 2), i % 101, dtype=dtypes[i % 4])) for i in range(len(names))]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
-    assert os.path.getsize(prefix + ".index") > 3 * 256 * 1024  # so the index has several data blocks
+    tensors = [
+        tf.constant(np.full((i % 3, 2), i % 101, dtype=dtypes[i % 4])) for i in range(len(names))
+    ]
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
+    assert (
+        os.path.getsize(prefix + ".index") > 3 * 256 * 1024
+    )  # so the index has several data blocks
     return TFCheckpoint("many_tensors", prefix, prefix)
 
 
@@ -301,13 +391,15 @@ def make_keras_model():
     import keras
 
     keras.utils.set_random_seed(7)
-    model = keras.Sequential([
-        keras.Input((6, 6, 2)),
-        keras.layers.Conv2D(3, 3, name="conv"),
-        keras.layers.BatchNormalization(name="bn"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(4, name="dense"),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.Conv2D(3, 3, name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4, name="dense"),
+        ]
+    )
     optimizer = keras.optimizers.Adam(1e-2)
     model.compile(optimizer=optimizer, loss="mse")
     return model, optimizer
@@ -330,8 +422,12 @@ def write_keras_manager(d: Path) -> TFCheckpoint:
     assert 'model_checkpoint_path: "ckpt-2"' in state, state  # relative paths
     weights = [v.numpy() for v in model.weights]
     opt_vars = [v.numpy() for v in optimizer.variables]
-    return TFCheckpoint("keras_manager", str(d), latest,
-                        {"first": first, "weights": weights, "optimizer_variables": opt_vars})
+    return TFCheckpoint(
+        "keras_manager",
+        str(d),
+        latest,
+        {"first": first, "weights": weights, "optimizer_variables": opt_vars},
+    )
 
 
 def write_max_shard_policy(d: Path) -> TFCheckpoint:
@@ -346,11 +442,16 @@ def write_max_shard_policy(d: Path) -> TFCheckpoint:
     }
     ckpt = tf.train.Checkpoint(**variables)
     policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=1000)
-    prefix = ckpt.write(str(d / "policy"),
-                        options=tf.train.CheckpointOptions(experimental_sharding_callback=policy))
+    prefix = ckpt.write(
+        str(d / "policy"), options=tf.train.CheckpointOptions(experimental_sharding_callback=policy)
+    )
     assert len(data_files(prefix)) >= 3, data_files(prefix)
-    return TFCheckpoint("max_shard_policy", prefix, prefix,
-                        {"partitioned": ["big/.ATTRIBUTES/VARIABLE_VALUE", "matrix/.ATTRIBUTES/VARIABLE_VALUE"]})
+    return TFCheckpoint(
+        "max_shard_policy",
+        prefix,
+        prefix,
+        {"partitioned": ["big/.ATTRIBUTES/VARIABLE_VALUE", "matrix/.ATTRIBUTES/VARIABLE_VALUE"]},
+    )
 
 
 class _Module(tf.Module):
@@ -359,7 +460,10 @@ class _Module(tf.Module):
         rng = np.random.default_rng(8)
         self.w = tf.Variable(rng.standard_normal((2, 3)).astype(np.float32))
         self.b = tf.Variable(np.array([1, 2, 3], dtype=np.int64))
-        self.tables = {"names": tf.Variable([b"alpha", b"", b"\xff\xfe"]), "scale": tf.Variable(0.5)}
+        self.tables = {
+            "names": tf.Variable([b"alpha", b"", b"\xff\xfe"]),
+            "scale": tf.Variable(0.5),
+        }
 
     @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
     def __call__(self, x):
@@ -397,11 +501,14 @@ def write_corruptible(d: Path) -> TFCheckpoint:
     """A few numeric tensors only (no strings), so any flipped data byte lands in tensor values."""
     rng = np.random.default_rng(9)
     prefix = str(d / "numbers")
-    _save_v2(prefix, {
-        "a": tf.constant(rng.standard_normal(100).astype(np.float32)),
-        "b": tf.constant(rng.integers(0, 1000, (30, 10), dtype=np.int64)),
-        "c": tf.constant(rng.standard_normal(50).astype(np.float64)),
-    })
+    _save_v2(
+        prefix,
+        {
+            "a": tf.constant(rng.standard_normal(100).astype(np.float32)),
+            "b": tf.constant(rng.integers(0, 1000, (30, 10), dtype=np.int64)),
+            "c": tf.constant(rng.standard_normal(50).astype(np.float64)),
+        },
+    )
     return TFCheckpoint("corruptible", prefix, prefix)
 
 
@@ -458,7 +565,7 @@ def mismatch(got, want: np.ndarray, want_dtype: np.dtype) -> str | None:
         return f"dtype {got.dtype!r}, expected {want_dtype!r}"
     if got.shape != want.shape:
         return f"shape {got.shape}, expected {want.shape}"
-    if want_dtype == object:
+    if want_dtype is object or want_dtype == np.dtype(object):
         g, w = got.ravel().tolist(), want.ravel().tolist()
         bad_types = [type(x).__name__ for x in g if type(x) is not bytes]
         if bad_types:
@@ -471,8 +578,10 @@ def mismatch(got, want: np.ndarray, want_dtype: np.dtype) -> str | None:
     if gb != wb:
         i = next(i for i, (a, b) in enumerate(zip(gb, wb)) if a != b)
         elem = i // want_dtype.itemsize
-        return (f"bytes differ first at byte {i} (flat element {elem}: "
-                f"{got.ravel()[elem]!r}, expected {want.ravel()[elem]!r})")
+        return (
+            f"bytes differ first at byte {i} (flat element {elem}: "
+            f"{got.ravel()[elem]!r}, expected {want.ravel()[elem]!r})"
+        )
     return None
 
 

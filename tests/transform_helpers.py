@@ -17,10 +17,14 @@ import numpy as np
 import tensorflow as tf
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
-NP_FLOAT = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-            "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+NP_FLOAT = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
 BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-F32_TINY = 2.0 ** -126  # float32's smallest normal: TF's CPU kernels flush anything below it
+F32_TINY = 2.0**-126  # float32's smallest normal: TF's CPU kernels flush anything below it
 
 
 # ---------------------------------------------------------------- files
@@ -70,8 +74,13 @@ def float_mismatches(got: np.ndarray, want: np.ndarray, source: np.ndarray) -> l
     Non-NaN elements must be bit-identical. NaN payloads are not compared (TensorFlow itself
     is inconsistent about them), but a NaN must stay NaN with the source's sign bit.
     """
-    assert got.dtype == want.dtype and got.shape == want.shape == source.shape, \
-        (got.dtype, want.dtype, got.shape, want.shape, source.shape)
+    assert got.dtype == want.dtype and got.shape == want.shape == source.shape, (
+        got.dtype,
+        want.dtype,
+        got.shape,
+        want.shape,
+        source.shape,
+    )
     g, w, s = got.reshape(-1), want.reshape(-1), source.reshape(-1)
     out = []
     gn, wn, sn = isnan(g), isnan(w), isnan(s)
@@ -79,8 +88,10 @@ def float_mismatches(got: np.ndarray, want: np.ndarray, source: np.ndarray) -> l
         out.append(f"[{i}] {s[i]!r} -> {g[i]!r}, TF gives {w[i]!r}")
     both = ~gn & ~wn
     for i in np.nonzero(both & (bits(g) != bits(w)))[0][:10]:
-        out.append(f"[{i}] {s[i]!r} -> {g[i]!r} (0x{int(bits(g)[i]):x}), TF gives {w[i]!r} "
-                   f"(0x{int(bits(w)[i]):x})")
+        out.append(
+            f"[{i}] {s[i]!r} -> {g[i]!r} (0x{int(bits(g)[i]):x}), TF gives {w[i]!r} "
+            f"(0x{int(bits(w)[i]):x})"
+        )
     for i in np.nonzero(gn & sn & (signbit(g) != signbit(s)))[0][:10]:
         out.append(f"[{i}] NaN 0x{int(bits(s)[i]):x} -> 0x{int(bits(g)[i]):x}: sign bit changed")
     return out
@@ -99,13 +110,16 @@ def tf_reader_values(prefix) -> dict[str, np.ndarray]:
 
 
 def tf_dtypes(prefix) -> dict[str, str]:
-    return {k: v.name for k, v in tf.train.load_checkpoint(str(prefix))
-            .get_variable_to_dtype_map().items()}
+    return {
+        k: v.name
+        for k, v in tf.train.load_checkpoint(str(prefix)).get_variable_to_dtype_map().items()
+    }
 
 
 def tf_object_graph(prefix):
     """The TrackableObjectGraph, parsed by TensorFlow's own proto class."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
+
     raw = tf.train.load_checkpoint(str(prefix)).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
     return trackable_object_graph_pb2.TrackableObjectGraph.FromString(raw)
 
@@ -131,9 +145,12 @@ def tf1_restore(prefix, specs: dict[str, tuple]) -> dict[str, np.ndarray]:
     restore them with a plain ``Saver()`` (which fails if the checkpoint lacks any of them, or
     holds one with another dtype or shape) and return their values."""
     with tf.Graph().as_default():
-        variables = {name: tf.compat.v1.get_variable(
-            name, shape=shape, dtype=dtype, initializer=tf.compat.v1.zeros_initializer())
-            for name, (dtype, shape) in specs.items()}
+        variables = {
+            name: tf.compat.v1.get_variable(
+                name, shape=shape, dtype=dtype, initializer=tf.compat.v1.zeros_initializer()
+            )
+            for name, (dtype, shape) in specs.items()
+        }
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as sess:
             saver.restore(sess, str(prefix))
@@ -151,7 +168,7 @@ def write_tf1_float32(d: Path) -> tuple[str, dict[str, np.ndarray]]:
         "global_step": np.array(1234, dtype=np.int64),
     }
     # Ties, a value that rounds to float16's max, a subnormal and a -0.0 in the bias.
-    values["dense/bias"][:5] = [1 + 2 ** -11, 1 + 3 * 2 ** -11, 65519.0, 3 * 2 ** -25, -0.0]
+    values["dense/bias"][:5] = [1 + 2**-11, 1 + 3 * 2**-11, 65519.0, 3 * 2**-25, -0.0]
     prefix = tf1_save(d / "model.ckpt-1234", values, trainable=[k for k in values if "/" in k])
     return prefix, values
 
@@ -179,13 +196,19 @@ def write_tf1_merge_sources(d: Path) -> dict[str, tuple[str, dict[str, np.ndarra
     """Three TF1 checkpoints: A and B share no names; C shares ``enc/kernel`` with A."""
     rng = np.random.default_rng(13)
     sets = {
-        "a": {"enc/kernel": rng.standard_normal((4, 3)).astype(np.float32),
-              "enc/bias": rng.standard_normal(3).astype(np.float32),
-              "global_step": np.array(100, dtype=np.int64)},
-        "b": {"dec/kernel": rng.standard_normal((3, 5)).astype(np.float64),
-              "dec/bias": rng.standard_normal(5).astype(np.float16)},
-        "c": {"enc/kernel": rng.standard_normal((4, 3)).astype(np.float32),
-              "head/w": np.arange(6, dtype=np.int32).reshape(2, 3)},
+        "a": {
+            "enc/kernel": rng.standard_normal((4, 3)).astype(np.float32),
+            "enc/bias": rng.standard_normal(3).astype(np.float32),
+            "global_step": np.array(100, dtype=np.int64),
+        },
+        "b": {
+            "dec/kernel": rng.standard_normal((3, 5)).astype(np.float64),
+            "dec/bias": rng.standard_normal(5).astype(np.float16),
+        },
+        "c": {
+            "enc/kernel": rng.standard_normal((4, 3)).astype(np.float32),
+            "head/w": np.arange(6, dtype=np.int32).reshape(2, 3),
+        },
     }
     out = {}
     for name, values in sets.items():
@@ -233,8 +256,9 @@ def write_tf2_sharded(d: Path) -> tuple[str, dict[str, np.ndarray]]:
     }
     ckpt = tf.train.Checkpoint(**{k: tf.Variable(v) for k, v in values.items()})
     policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=1000)
-    prefix = ckpt.save(str(d / "ckpt"),
-                       options=tf.train.CheckpointOptions(experimental_sharding_callback=policy))
+    prefix = ckpt.save(
+        str(d / "ckpt"), options=tf.train.CheckpointOptions(experimental_sharding_callback=policy)
+    )
     return prefix, values
 
 
@@ -274,22 +298,80 @@ def cast_edge_values(source: str, rng, *, f32_subnormals: bool) -> np.ndarray:
     dt = NP_FLOAT[source]
     ub = BITS[dt.itemsize]
     if f32_subnormals:
-        fine = np.array([2.0 ** -127, -(2.0 ** -127), 2.0 ** -133, 2.0 ** -149, -(2.0 ** -149),
-                         1e-40, -1e-40, 2.0 ** -126 * (1 - 2 ** -20), 2.0 ** -150,
-                         3 * 2.0 ** -151, 2.0 ** -140 + 2.0 ** -160, 1e-300, -1e-310])
+        fine = np.array(
+            [
+                2.0**-127,
+                -(2.0**-127),
+                2.0**-133,
+                2.0**-149,
+                -(2.0**-149),
+                1e-40,
+                -1e-40,
+                2.0**-126 * (1 - 2**-20),
+                2.0**-150,
+                3 * 2.0**-151,
+                2.0**-140 + 2.0**-160,
+                1e-300,
+                -1e-310,
+            ]
+        )
         extra = rng.uniform(-F32_TINY, F32_TINY, 400)
         vals = np.concatenate([fine, extra]).astype(dt)
         return vals[(vals.astype(np.float64) != 0)]
-    vals = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 0.5, 1 / 3, -2 / 3, np.pi, 1e-3,
-            65504.0, -65504.0, 65519.0, 65519.996, 65520.0, -65520.0, 65536.0, 70000.0, -1e5,
-            3.3895313892515355e38, 3.3961775292304e38, 3.4028234663852886e38, -3.4e38, 1e39,
-            -1e300, 1e300, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25, 2.0 ** -14, 2.0 ** -15,
-            6.1e-5, 2.0 ** -126, -(2.0 ** -126), 2.0 ** -125,
-            1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8,
-            1 + 2.0 ** -24, 1 + 3 * 2.0 ** -24, 2049.0, 2051.0, 257.0, 259.0,
-            # float64 values just off a narrow tie: rounding once would go the other way.
-            1 + 2.0 ** -11 + 2.0 ** -40, 1 + 2.0 ** -11 - 2.0 ** -40,
-            1 + 2.0 ** -8 + 2.0 ** -40, -(1 + 2.0 ** -8 + 2.0 ** -45), 2049.0 + 2.0 ** -30]
+    vals = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        np.inf,
+        -np.inf,
+        0.5,
+        1 / 3,
+        -2 / 3,
+        np.pi,
+        1e-3,
+        65504.0,
+        -65504.0,
+        65519.0,
+        65519.996,
+        65520.0,
+        -65520.0,
+        65536.0,
+        70000.0,
+        -1e5,
+        3.3895313892515355e38,
+        3.3961775292304e38,
+        3.4028234663852886e38,
+        -3.4e38,
+        1e39,
+        -1e300,
+        1e300,
+        2.0**-24,
+        2.0**-25,
+        3 * 2.0**-25,
+        2.0**-14,
+        2.0**-15,
+        6.1e-5,
+        2.0**-126,
+        -(2.0**-126),
+        2.0**-125,
+        1 + 2.0**-11,
+        1 + 3 * 2.0**-11,
+        1 + 2.0**-8,
+        1 + 3 * 2.0**-8,
+        1 + 2.0**-24,
+        1 + 3 * 2.0**-24,
+        2049.0,
+        2051.0,
+        257.0,
+        259.0,
+        # float64 values just off a narrow tie: rounding once would go the other way.
+        1 + 2.0**-11 + 2.0**-40,
+        1 + 2.0**-11 - 2.0**-40,
+        1 + 2.0**-8 + 2.0**-40,
+        -(1 + 2.0**-8 + 2.0**-45),
+        2049.0 + 2.0**-30,
+    ]
     parts = [np.array(vals)]
     for target in FLOATS:
         mids = _midpoints(target, 200, rng)
@@ -302,13 +384,17 @@ def cast_edge_values(source: str, rng, *, f32_subnormals: bool) -> np.ndarray:
     if dt.itemsize >= 4:
         ext = ext[np.abs(ext.astype(np.float64)) >= F32_TINY]
     else:
-        ext = np.concatenate([ext, np.array([fi.smallest_subnormal, -fi.smallest_subnormal],
-                                            dtype=dt)])
+        ext = np.concatenate(
+            [ext, np.array([fi.smallest_subnormal, -fi.smallest_subnormal], dtype=dt)]
+        )
     nan = int(bits(np.array([np.nan], dtype=dt))[0])
     inf = int(bits(np.array([np.inf], dtype=dt))[0])
     top = 1 << (8 * dt.itemsize - 1)
-    nans = np.array([nan, nan | 1, nan | top, nan | top | 5, inf | 1, inf | top | 3],
-                    dtype=np.uint64).astype(ub).view(dt)  # quiet, payloads, -NaN, signalling
+    nans = (
+        np.array([nan, nan | 1, nan | top, nan | top | 5, inf | 1, inf | top | 3], dtype=np.uint64)
+        .astype(ub)
+        .view(dt)
+    )  # quiet, payloads, -NaN, signalling
     rand = rng.integers(0, 1 << min(63, 8 * dt.itemsize), 3000, dtype=np.uint64)
     if dt.itemsize == 8:
         rand |= rng.integers(0, 2, 3000, dtype=np.uint64) << np.uint64(63)
@@ -324,6 +410,10 @@ def cast_edge_values(source: str, rng, *, f32_subnormals: bool) -> np.ndarray:
 def save_v2(prefix, tensors: dict[str, np.ndarray]) -> str:
     """Whole tensors written by TensorFlow's SaveV2 op."""
     names = list(tensors)
-    tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(tensors[n]) for n in names])
+    tf.raw_ops.SaveV2(
+        prefix=str(prefix),
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(tensors[n]) for n in names],
+    )
     return str(prefix)

@@ -20,12 +20,12 @@ from .errors import (
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
-from .options import Options
 from .format import Header, TensorInfo, Version
-from .reader import Checkpoint
-from .writer import BundleWriter, save
+from .options import Options
 from .paths import latest_checkpoint
 from .planner import Plan, plan
+from .reader import Checkpoint
+from .writer import BundleWriter, save
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,7 @@ def restore(target, path, **options):
     >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
     """
     from .tf import restore as _restore
+
     return _restore(target, path, **options)
 
 
@@ -47,6 +48,7 @@ def verify_with_tf(path, *, reference=None) -> dict:
     See :func:`tfckpt.tf.verify_with_tf`. Imports TensorFlow.
     """
     from .tf import verify_with_tf as _verify
+
     return _verify(path, reference=reference)
 
 
@@ -68,10 +70,29 @@ def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa
 
 
 __all__ = [
-    "open", "save", "restore", "verify_with_tf", "transform", "convert", "rename", "select",
-    "merge", "plan", "Plan", "Summary", "Checkpoint", "BundleWriter", "TensorInfo", "Header",
-    "Version", "latest_checkpoint", "CheckpointError", "CheckpointNotFoundError",
-    "CorruptCheckpointError", "UnsupportedCheckpointError", "CheckpointWriteError",
+    "open",
+    "save",
+    "restore",
+    "verify_with_tf",
+    "transform",
+    "convert",
+    "rename",
+    "select",
+    "merge",
+    "plan",
+    "Plan",
+    "Summary",
+    "Checkpoint",
+    "BundleWriter",
+    "TensorInfo",
+    "Header",
+    "Version",
+    "latest_checkpoint",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "UnsupportedCheckpointError",
+    "CheckpointWriteError",
     "TensorNotFoundError",
     "execute",
     "Options",

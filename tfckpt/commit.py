@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from google.protobuf.text_format import MessageToString
 
@@ -53,7 +53,7 @@ def remove_stale_temporaries(prefix: str) -> None:
     for name in names:
         if not name.startswith(start):
             continue
-        pid = name[len(start):].split("-", 1)[0]
+        pid = name[len(start) :].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid() or _process_alive(int(pid)):
             continue
         try:
@@ -72,8 +72,13 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def write_index(path: str, entries: Mapping[bytes, BundleEntryProto], num_shards: int,
-                endianness: str, durable: bool) -> None:
+def write_index(
+    path: str,
+    entries: Mapping[bytes, BundleEntryProto],
+    num_shards: int,
+    endianness: str,
+    durable: bool,
+) -> None:
     """Write the index table (a new file): the header, then every entry in key order."""
     # Built whole in memory first (an index is small): then an interrupted run has
     # nothing to store, and an object store gets it in one request or not at all.
@@ -119,10 +124,13 @@ def check_partitions(entries: Mapping[bytes, BundleEntryProto]) -> None:
     """``ValueError`` when a partitioned tensor's slices overlap."""
     for key, entry in entries.items():
         if entry.slices:
-            check_slice_cover(tuple(slice_from_proto(x) for x in entry.slices),
-                              entry_shape(entry), lambda what: ValueError(
-                                  f"partitioned tensor {orderedcode.decode_name(key)!r}: "
-                                  f"{what}"))
+            check_slice_cover(
+                tuple(slice_from_proto(x) for x in entry.slices),
+                entry_shape(entry),
+                lambda what, key=key: ValueError(
+                    f"partitioned tensor {orderedcode.decode_name(key)!r}: {what}"
+                ),
+            )
 
 
 def data_files(prefix: str) -> list[str]:
@@ -204,9 +212,16 @@ def _add_empty_shards(shard_paths: list[str], count: int, base: str, durable: bo
         raise CheckpointWriteError(f"cannot create data file: {e.strerror}", path=base) from None
 
 
-def commit(prefix: str, shard_paths: Sequence[str], entries: Mapping[bytes, BundleEntryProto],
-           *, base: str, endianness: str = "little", durable: bool = True,
-           overwrite: bool = True) -> str:
+def commit(
+    prefix: str,
+    shard_paths: Sequence[str],
+    entries: Mapping[bytes, BundleEntryProto],
+    *,
+    base: str,
+    endianness: str = "little",
+    durable: bool = True,
+    overwrite: bool = True,
+) -> str:
     """Make closed temporary data files one checkpoint at ``prefix``, the index last.
 
     ``base`` names this run's other temporaries (the index, extra empty shards).
@@ -238,8 +253,18 @@ def commit(prefix: str, shard_paths: Sequence[str], entries: Mapping[bytes, Bund
     try:
         _add_empty_shards(shard_paths, num_shards, base, durable)
         if store.atomic_rename:
-            _place(store, prefix, shard_paths, finals, index_tmp, entries, endianness,
-                   durable, overwrite, placed)
+            _place(
+                store,
+                prefix,
+                shard_paths,
+                finals,
+                index_tmp,
+                entries,
+                endianness,
+                durable,
+                overwrite,
+                placed,
+            )
         else:
             try:
                 for path, final in zip(shard_paths, finals):
@@ -247,11 +272,15 @@ def commit(prefix: str, shard_paths: Sequence[str], entries: Mapping[bytes, Bund
                     placed.append(final)
                 write_index(index, entries, num_shards, endianness, durable)
             except OSError as e:
-                raise CheckpointWriteError(f"write failed: {e.strerror or e}",
-                                           path=prefix) from None
+                raise CheckpointWriteError(
+                    f"write failed: {e.strerror or e}", path=prefix
+                ) from None
     except BaseException:
-        discard(placed + shard_paths[max(given, len(placed)):] +
-                ([index_tmp] if store.atomic_rename else []))
+        discard(
+            placed
+            + shard_paths[max(given, len(placed)) :]
+            + ([index_tmp] if store.atomic_rename else [])
+        )
         raise
     if durable:
         store.fsync_dir(store.dirname(prefix) or ".")
@@ -259,8 +288,18 @@ def commit(prefix: str, shard_paths: Sequence[str], entries: Mapping[bytes, Bund
     return prefix
 
 
-def _place(store, prefix: str, shard_paths: list[str], finals: list[str], index_tmp: str,
-           entries, endianness: str, durable: bool, overwrite: bool, placed: list[str]) -> None:
+def _place(
+    store,
+    prefix: str,
+    shard_paths: list[str],
+    finals: list[str],
+    index_tmp: str,
+    entries,
+    endianness: str,
+    durable: bool,
+    overwrite: bool,
+    placed: list[str],
+) -> None:
     """Write the index beside the data, then rename them all into place, the index last."""
     index = paths.index_filename(prefix)
     try:
@@ -276,17 +315,25 @@ def _place(store, prefix: str, shard_paths: list[str], finals: list[str], index_
                 store.rename_noreplace(path, final)
             placed.append(final)
     except FileExistsError as e:  # a name taken meanwhile was never replaced
-        raise CheckpointWriteError("another run wrote a checkpoint here meanwhile "
-                                   "(pass overwrite to replace it)",
-                                   path=e.filename or index) from None
+        raise CheckpointWriteError(
+            "another run wrote a checkpoint here meanwhile (pass overwrite to replace it)",
+            path=e.filename or index,
+        ) from None
     except OSError as e:
-        raise CheckpointWriteError(f"cannot move the checkpoint into place: {e.strerror}",
-                                   path=prefix) from None
+        raise CheckpointWriteError(
+            f"cannot move the checkpoint into place: {e.strerror}", path=prefix
+        ) from None
 
 
-def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
-                  endianness: str = "little", durable: bool = True,
-                  overwrite: bool = True) -> str:
+def commit_shards(
+    prefix: str,
+    shard_paths: Sequence[str],
+    entries: dict,
+    *,
+    endianness: str = "little",
+    durable: bool = True,
+    overwrite: bool = True,
+) -> str:
     """Make shards written separately one checkpoint at ``prefix``: the index goes last.
 
     Locally, ``shard_paths`` are temporary files renamed into place before the index
@@ -310,8 +357,15 @@ def commit_shards(prefix: str, shard_paths: Sequence[str], entries: dict, *,
     # Extra (empty) shards go beside the ones written.
     base = shard_paths[0].rsplit(".data-", 1)[0] if shard_paths else temporary_base(prefix)
     try:
-        return commit(prefix, shard_paths, entries, base=base, endianness=endianness,
-                      durable=durable, overwrite=overwrite)
+        return commit(
+            prefix,
+            shard_paths,
+            entries,
+            base=base,
+            endianness=endianness,
+            durable=durable,
+            overwrite=overwrite,
+        )
     except BaseException:
         discard(shard_paths)
         raise

@@ -57,8 +57,10 @@ def emit(*parts, err: bool = False) -> None:
     A part is text, or ``(text, SGR code)`` to colour it on a terminal.
     """
     stream = sys.stderr if err else sys.stdout
-    print("".join(color(show(p[0]), p[1]) if isinstance(p, tuple) else show(p)
-                  for p in parts), file=stream)
+    print(
+        "".join(color(show(p[0]), p[1]) if isinstance(p, tuple) else show(p) for p in parts),
+        file=stream,
+    )
 
 
 def width() -> int | None:
@@ -79,7 +81,7 @@ def shorten(text: str, width: int) -> str:
         return text
     keep = max(width - 1, 2)
     head = keep // 2
-    return text[:head] + "…" + text[len(text) - (keep - head):]
+    return text[:head] + "…" + text[len(text) - (keep - head) :]
 
 
 def table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> None:
@@ -91,11 +93,12 @@ def table(rows: list[list[str]], right: set[int], squeeze: int = 0) -> None:
         others = sum(widths) - widths[squeeze] + 2 * (len(widths) - 1)
         room = max(limit - others, 12)
         if widths[squeeze] > room:
-            rows = [r[:squeeze] + [shorten(r[squeeze], room)] + r[squeeze + 1:] for r in rows]
+            rows = [r[:squeeze] + [shorten(r[squeeze], room)] + r[squeeze + 1 :] for r in rows]
             widths[squeeze] = room
     for k, r in enumerate(rows):
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ]
         line = "  ".join(cells).rstrip()
         emit((line, "1") if k == 0 else line)
 

@@ -9,29 +9,48 @@ tensors through in bounded chunks and commits the output atomically.
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .commit import (commit_shards, data_files, free_shard_count, merge_entries,
-                     remove_stale_temporaries, temporary_base, write_state_file)
-from .reader import Checkpoint
-from .writer import ShardWriter
-from .cast import Caster, CastCounts
-from .storage import storage_for
-from .table import encode_varint
-from .errors import CastOverflowError, CheckpointError, CheckpointWriteError, UnsupportedCheckpointError
+from .cast import CastCounts, Caster
+from .commit import (
+    commit_shards,
+    data_files,
+    free_shard_count,
+    merge_entries,
+    remove_stale_temporaries,
+    temporary_base,
+    write_state_file,
+)
+from .errors import (
+    CastOverflowError,
+    CheckpointError,
+    CheckpointWriteError,
+    UnsupportedCheckpointError,
+)
 from .objectgraph import OBJECT_GRAPH_KEY
 from .options import BACKENDS, EXECUTION, Options, RenameRules
-from .pipeline import CAST_RING, READ_RING, BufferRing, WriteBehind, cancel, cancelled, prefetch, \
-    uncancel
+from .pipeline import (
+    CAST_RING,
+    READ_RING,
+    BufferRing,
+    WriteBehind,
+    cancel,
+    cancelled,
+    prefetch,
+    uncancel,
+)
 from .planner import Plan, PlannedTensor, Source, plan
+from .reader import Checkpoint
+from .storage import storage_for
+from .table import encode_varint
+from .writer import ShardWriter
 
 
 @dataclass
@@ -52,8 +71,20 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("dst", "kept", "dropped", "renamed", "cast",
-                                           "bytes_in", "bytes_out", "seconds", "warnings")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "dst",
+                "kept",
+                "dropped",
+                "renamed",
+                "cast",
+                "bytes_in",
+                "bytes_out",
+                "seconds",
+                "warnings",
+            )
+        }
         d["overflow"] = {n: c.overflow for n, c in self.cast_counts.items() if c.overflow}
         d["to_zero"] = {n: c.to_zero for n, c in self.cast_counts.items() if c.to_zero}
         d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
@@ -67,13 +98,19 @@ def _tf_converter(backend: str):
     if backend == "numpy":
         return None
     from .tf import cast as tf_cast
+
     if backend == "auto" and not tf_cast.sees_gpu():
         return None
     return tf_cast.converter()
 
 
-def execute(p: Plan, options: Options | None = None, *,
-            progress: Callable[[int], None] | None = None, **changes) -> Summary:
+def execute(
+    p: Plan,
+    options: Options | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
     """Write the planned checkpoint: one task per output shard, then the index.
 
     Each task reads the byte ranges its tensors need from the sources, streams
@@ -107,18 +144,25 @@ def execute(p: Plan, options: Options | None = None, *,
     try:
         made_dirs = store.makedirs(store.dirname(p.dst))  # innermost first
     except OSError as e:
-        raise CheckpointWriteError(f"cannot create directory: {e.strerror or e}",
-                                   path=p.dst) from None
+        raise CheckpointWriteError(
+            f"cannot create directory: {e.strerror or e}", path=p.dst
+        ) from None
     try:
         results = _run_tasks(tasks, options.executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
         overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
         if options.overflow == "error" and overflowed:
             raise CastOverflowError(overflowed, p.dst)
-        entries = merge_entries([{k: BundleEntryProto.FromString(v)
-                                  for k, v in r.entries.items()} for r in results])
-        commit_shards(p.dst, [t.path for t in tasks], entries, durable=options.durable,
-                      overwrite=bool(p.options.overwrite))
+        entries = merge_entries(
+            [{k: BundleEntryProto.FromString(v) for k, v in r.entries.items()} for r in results]
+        )
+        commit_shards(
+            p.dst,
+            [t.path for t in tasks],
+            entries,
+            durable=options.durable,
+            overwrite=bool(p.options.overwrite),
+        )
     except BaseException:
         for t in tasks:
             try:
@@ -133,13 +177,19 @@ def execute(p: Plan, options: Options | None = None, *,
     except (OSError, CheckpointError) as e:
         # The checkpoint is committed: only the pointer to it is missing.
         detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        warnings.append(f"the checkpoint is complete, but the state file was not written: "
-                        f"{detail}")
-    return Summary(p.dst, kept=len(p.tensors), dropped=len(p.dropped),
-                   renamed=sum(t.renamed for t in p.tensors),
-                   cast=sum(t.cast for t in p.tensors), bytes_in=p.bytes_in,
-                   bytes_out=p.bytes_out, seconds=time.perf_counter() - start,
-                   cast_counts=counts, warnings=_restore_warnings(p) + warnings)
+        warnings.append(f"the checkpoint is complete, but the state file was not written: {detail}")
+    return Summary(
+        p.dst,
+        kept=len(p.tensors),
+        dropped=len(p.dropped),
+        renamed=sum(t.renamed for t in p.tensors),
+        cast=sum(t.cast for t in p.tensors),
+        bytes_in=p.bytes_in,
+        bytes_out=p.bytes_out,
+        seconds=time.perf_counter() - start,
+        cast_counts=counts,
+        warnings=_restore_warnings(p) + warnings,
+    )
 
 
 @dataclass
@@ -152,11 +202,11 @@ class TaskItem:
     dtype: str
     new_dtype: str
     shape: tuple
-    partitioned: bool          # the source tensor is partitioned
-    extents: tuple | None      # which slice (None: the whole tensor)
+    partitioned: bool  # the source tensor is partitioned
+    extents: tuple | None  # which slice (None: the whole tensor)
     bytes_in: int
     bytes_out: int
-    tf_cast: bool = False      # cast with tf.cast (a big tensor, tf backend)
+    tf_cast: bool = False  # cast with tf.cast (a big tensor, tf backend)
 
 
 @dataclass
@@ -164,7 +214,7 @@ class ShardTask:
     """Everything one worker needs to write one output shard (picklable)."""
 
     shard_id: int
-    path: str                  # a temporary file locally; the final object remotely
+    path: str  # a temporary file locally; the final object remotely
     sources: list[str]
     items: list[TaskItem]
     object_graph: bytes | None
@@ -181,7 +231,7 @@ class ShardTask:
 @dataclass
 class ShardResult:
     shard_id: int
-    entries: dict[bytes, bytes]            # key -> serialized BundleEntryProto
+    entries: dict[bytes, bytes]  # key -> serialized BundleEntryProto
     counts: dict[str, tuple[int, int, int, int]]
     bytes_in: int
 
@@ -222,23 +272,48 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
             for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
                 out = sl.nbytes if not t.cast else sl.size * target.itemsize
                 k = place(out, src.shard_base + sl.shard if follow else None)
-                shards[k].append(TaskItem(t.source, t.name, t.new_name, t.info.dtype,
-                                          t.new_dtype, t.info.shape, True, sl.extents,
-                                          sl.nbytes, out, big))
+                shards[k].append(
+                    TaskItem(
+                        t.source,
+                        t.name,
+                        t.new_name,
+                        t.info.dtype,
+                        t.new_dtype,
+                        t.info.shape,
+                        True,
+                        sl.extents,
+                        sl.nbytes,
+                        out,
+                        big,
+                    )
+                )
             continue
         # A partitioned tensor written whole goes where its first slice was.
         first = min(x.shard for x in parts) if parts else t.info.shard
         k = place(t.bytes_out, src.shard_base + first if follow else None)
-        shards[k].append(TaskItem(t.source, t.name, t.new_name, t.info.dtype, t.new_dtype,
-                                  t.info.shape, bool(parts), None, t.info.nbytes, t.bytes_out,
-                                  big))
+        shards[k].append(
+            TaskItem(
+                t.source,
+                t.name,
+                t.new_name,
+                t.info.dtype,
+                t.new_dtype,
+                t.info.shape,
+                bool(parts),
+                None,
+                t.info.nbytes,
+                t.bytes_out,
+                big,
+            )
+        )
     graph_shard = None
     if p.object_graph is not None:
         size = len(p.object_graph) + len(encode_varint(len(p.object_graph))) + 4
         if follow:
             first_tf2 = next(s for s in p.sources if s.graph is not None)
-            graph_shard = place(size, first_tf2.shard_base +
-                                (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0))
+            graph_shard = place(
+                size, first_tf2.shard_base + (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
+            )
         else:
             graph_shard = place(size, None)
     if not shards:
@@ -256,10 +331,20 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
         count = free_shard_count(data_files(p.dst), len(items_of))
         items_of += [[] for _ in range(count - len(items_of))]
         out_paths = [paths.data_filename(p.dst, k, count) for k in range(count)]
-    return [ShardTask(k, out_paths[k], [s.ckpt.prefix for s in p.sources], items,
-                      p.object_graph if k == graph_shard else None, options.overflow,
-                      options.chunk_bytes, options.backend, options.durable)
-            for k, items in enumerate(items_of)]
+    return [
+        ShardTask(
+            k,
+            out_paths[k],
+            [s.ckpt.prefix for s in p.sources],
+            items,
+            p.object_graph if k == graph_shard else None,
+            options.overflow,
+            options.chunk_bytes,
+            options.backend,
+            options.durable,
+        )
+        for k, items in enumerate(items_of)
+    ]
 
 
 def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
@@ -295,8 +380,7 @@ def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     return results
 
 
-def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None
-                   ) -> ShardResult:
+def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardResult:
     """Write one shard: its tensors, read from the sources and cast, in plan order.
 
     What an executor runs; ``progress`` is called with source bytes done.
@@ -314,22 +398,29 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
 
     w = ShardWriter.create(task.path, durable=task.durable)
     try:
-        tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) \
-            else None
+        tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
         for item in task.items:
             if item.source not in ckpts:
                 ckpts[item.source] = Checkpoint(task.sources[item.source], mmap=False)
             caster = None
             if item.dtype != item.new_dtype:
-                caster = Caster(_dt.lookup(item.dtype), _dt.lookup(item.new_dtype),
-                                task.overflow, convert=tf_convert if item.tf_cast else None,
-                                buffers=BufferRing(CAST_RING))
+                caster = Caster(
+                    _dt.lookup(item.dtype),
+                    _dt.lookup(item.new_dtype),
+                    task.overflow,
+                    convert=tf_convert if item.tf_cast else None,
+                    buffers=BufferRing(CAST_RING),
+                )
             _copy(ckpts[item.source], w, item, caster, tick, task.chunk_bytes)
             if caster is not None:
                 c = caster.counts
                 old = counts.get(item.new_name, (0, 0, 0, 0))
-                counts[item.new_name] = (old[0] + c.overflow, old[1] + c.to_zero,
-                                         old[2] + c.subnormal, old[3] + c.elements)
+                counts[item.new_name] = (
+                    old[0] + c.overflow,
+                    old[1] + c.to_zero,
+                    old[2] + c.subnormal,
+                    old[3] + c.elements,
+                )
         if task.object_graph is not None:
             w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
         entries = w.finish()
@@ -339,14 +430,30 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
     finally:
         for ckpt in ckpts.values():
             ckpt.close()
-    return ShardResult(task.shard_id, {k: v.SerializeToString() for k, v in entries.items()},
-                       counts, task.bytes_in)
+    return ShardResult(
+        task.shard_id, {k: v.SerializeToString() for k, v in entries.items()}, counts, task.bytes_in
+    )
 
 
 # Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list).
-TF_SLICE_COPYABLE = frozenset({"float32", "float64", "int32", "uint8", "int16", "int8",
-                               "complex64", "complex128", "int64", "bool", "qint32", "quint8",
-                               "qint8", "bfloat16"})
+TF_SLICE_COPYABLE = frozenset(
+    {
+        "float32",
+        "float64",
+        "int32",
+        "uint8",
+        "int16",
+        "int8",
+        "complex64",
+        "complex128",
+        "int64",
+        "bool",
+        "qint32",
+        "quint8",
+        "qint8",
+        "bfloat16",
+    }
+)
 
 
 def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
@@ -369,20 +476,29 @@ def _restore_warnings(p: Plan) -> list[str]:
     variables are), but cannot read the tensor whole or repartition it. A whole
     tensor would be worse: no slice of it could be restored.
     """
-    sliced = [t for t in p.tensors if t.info.slices and t.cast
-              and t.new_dtype not in TF_SLICE_COPYABLE and _keep_sliced(p.sources[t.source], t)]
+    sliced = [
+        t
+        for t in p.tensors
+        if t.info.slices
+        and t.cast
+        and t.new_dtype not in TF_SLICE_COPYABLE
+        and _keep_sliced(p.sources[t.source], t)
+    ]
     if not sliced:
         return []
     names = ", ".join(t.new_name for t in sliced[:5]) + (", ..." if len(sliced) > 5 else "")
     dtypes = "/".join(sorted({t.new_dtype for t in sliced}))
-    return [f"{len(sliced)} partitioned tensor(s) stay partitioned in {dtypes} ({names}): "
-            f"TensorFlow restores {dtypes} slices only into variables partitioned exactly "
-            "as in the source; it cannot assemble them, so reading them whole or into other "
-            "partitions fails"]
+    return [
+        f"{len(sliced)} partitioned tensor(s) stay partitioned in {dtypes} ({names}): "
+        f"TensorFlow restores {dtypes} slices only into variables partitioned exactly "
+        "as in the source; it cannot assemble them, so reading them whole or into other "
+        "partitions fails"
+    ]
 
 
-def _copy(ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress,
-          chunk_bytes: int) -> None:
+def _copy(
+    ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress, chunk_bytes: int
+) -> None:
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
     read_bytes = max(chunk_bytes // 8, 1 << 16)
@@ -394,8 +510,11 @@ def _copy(ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress,
             return
         # Lengths, then element bytes, in bounded pieces; the writer frames them anew
         # (in its own byte order), which gives the bytes TensorFlow writes.
-        stream = w.stream_slice(t.new_name, dtype.name, t.shape, extents) if extents else \
-            w.stream(t.new_name, dtype.name, t.shape)
+        stream = (
+            w.stream_slice(t.new_name, dtype.name, t.shape, extents)
+            if extents
+            else w.stream(t.new_name, dtype.name, t.shape)
+        )
         with stream:
             for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
                 if kind == "lengths":
@@ -409,12 +528,24 @@ def _copy(ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress,
         if ckpt.header.endianness != w.endianness:
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
-                "be rewritten", path=ckpt.prefix, tensor=t.name)
+                "be rewritten",
+                path=ckpt.prefix,
+                tensor=t.name,
+            )
         data = ckpt.read_bytes(t.name, extents)
-        shape = t.shape if not extents else \
-            tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
-        w.add_raw(t.new_name, dtype.name, shape, data, extents=extents,
-                  full_shape=t.shape if extents else None)
+        shape = (
+            t.shape
+            if not extents
+            else tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
+        )
+        w.add_raw(
+            t.new_name,
+            dtype.name,
+            shape,
+            data,
+            extents=extents,
+            full_shape=t.shape if extents else None,
+        )
         if progress:
             progress(len(data))
         return
@@ -424,8 +555,9 @@ def _copy(ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress,
         stream = w.stream(t.new_name, t.new_dtype, t.shape)
     # Read ahead, cast here (itself split over the cores), write behind: see pipeline.
     with stream, WriteBehind(stream) as writer:
-        chunks = ckpt.iter_chunks(t.name, read_bytes, extents=extents,
-                                  buffers=BufferRing(READ_RING))
+        chunks = ckpt.iter_chunks(
+            t.name, read_bytes, extents=extents, buffers=BufferRing(READ_RING)
+        )
         for chunk in prefetch(chunks):
             writer.write(caster(chunk) if caster is not None else chunk)
             if progress:
@@ -447,8 +579,14 @@ def _write_state_file(p: Plan) -> None:
     write_state_file(directory, store.basename(p.dst))
 
 
-def transform(sources, dst, options: Options | None = None, *,
-              progress: Callable[[int], None] | None = None, **changes) -> Summary:
+def transform(
+    sources,
+    dst,
+    options: Options | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
     """Select, rename and cast the tensors of one or more checkpoints into a new one.
 
     :func:`~tfckpt.plan`, then :func:`execute`. ``options`` is an

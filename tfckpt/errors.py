@@ -56,5 +56,8 @@ class CastOverflowError(CheckpointError):
     def __init__(self, counts: dict[str, int], dst: str):
         self.counts = counts
         listed = ", ".join(f"{n} ({c} values)" for n, c in sorted(counts.items()))
-        super().__init__(f"values beyond the target dtype's range in {len(counts)} tensor(s), "
-                         f"nothing written (use overflow='clip' or 'inf'): {listed}", path=dst)
+        super().__init__(
+            f"values beyond the target dtype's range in {len(counts)} tensor(s), "
+            f"nothing written (use overflow='clip' or 'inf'): {listed}",
+            path=dst,
+        )

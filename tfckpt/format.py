@@ -10,8 +10,8 @@ Nothing here touches a file.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -29,10 +29,11 @@ _MIN_PRODUCER = 0
 MAX_RANK = 254
 MAX_SHARDS = 1 << 20  # a header claiming more shards than this is not a real checkpoint
 MAX_ELEMENTS = (1 << 63) - 1
-NATIVE = "little" if np.little_endian else "big"
+NATIVE = _dt.NATIVE_ENDIANNESS  # the byte order of this machine's arrays
 
 Extent = tuple[int, "int | None"]
 Slice = tuple[Extent, ...]
+
 
 @dataclass(frozen=True)
 class Version:
@@ -98,13 +99,16 @@ def slice_shape(full_shape: Sequence[int], extents: Slice) -> tuple[int, ...]:
 
 
 def slice_index(extents: Slice) -> tuple[slice, ...]:
-    return tuple(slice(None) if length is None else slice(start, start + length)
-                 for start, length in extents)
+    return tuple(
+        slice(None) if length is None else slice(start, start + length) for start, length in extents
+    )
 
 
 def is_full_slice(full_shape: Sequence[int], extents: Slice) -> bool:
-    return all(length is None or (start == 0 and length == d)
-               for d, (start, length) in zip(full_shape, extents))
+    return all(
+        length is None or (start == 0 and length == d)
+        for d, (start, length) in zip(full_shape, extents)
+    )
 
 
 # --- header ----------------------------------------------------------------
@@ -126,28 +130,41 @@ def decode_header(raw: bytes | None, path: str) -> Header:
     try:
         h = BundleHeaderProto.FromString(raw)
     except DecodeError:
-        raise CorruptCheckpointError("header entry is not a BundleHeaderProto",
-                                     path=path) from None
+        raise CorruptCheckpointError("header entry is not a BundleHeaderProto", path=path) from None
     v = h.version
-    if v.producer < _MIN_PRODUCER or v.min_consumer > FORMAT_VERSION \
-            or FORMAT_VERSION in v.bad_consumers:
+    if (
+        v.producer < _MIN_PRODUCER
+        or v.min_consumer > FORMAT_VERSION
+        or FORMAT_VERSION in v.bad_consumers
+    ):
         raise UnsupportedCheckpointError(
             f"bundle format version producer={v.producer} min_consumer={v.min_consumer} "
             f"bad_consumers={list(v.bad_consumers)} cannot be read by a version "
-            f"{FORMAT_VERSION} reader", path=path)
+            f"{FORMAT_VERSION} reader",
+            path=path,
+        )
     if h.endianness not in (0, 1):
         raise CorruptCheckpointError(f"unknown endianness {h.endianness} in header", path=path)
     if not 1 <= h.num_shards <= MAX_SHARDS:
         raise CorruptCheckpointError(f"header declares {h.num_shards} data shards", path=path)
-    return Header(h.num_shards, "big" if h.endianness == 1 else "little",
-                  Version(v.producer, v.min_consumer, tuple(v.bad_consumers)))
+    return Header(
+        h.num_shards,
+        "big" if h.endianness == 1 else "little",
+        Version(v.producer, v.min_consumer, tuple(v.bad_consumers)),
+    )
 
 
 # --- entries ---------------------------------------------------------------
 
 
-def entry_proto(dtype: _dt.DType, shape: Sequence[int], shard_id: int = 0, offset: int = 0,
-                size: int = 0, crc: int | None = None) -> BundleEntryProto:
+def entry_proto(
+    dtype: _dt.DType,
+    shape: Sequence[int],
+    shard_id: int = 0,
+    offset: int = 0,
+    size: int = 0,
+    crc: int | None = None,
+) -> BundleEntryProto:
     """The index entry of a tensor (``crc`` unmasked; None for a partitioned tensor's own)."""
     e = BundleEntryProto()
     e.dtype = dtype.enum
@@ -195,40 +212,53 @@ def entry_shape(proto: BundleEntryProto) -> tuple[int, ...]:
     return shape
 
 
-def check_entry_location(proto: BundleEntryProto, dtype: _dt.DType, shape: tuple[int, ...],
-                         num_shards: int) -> None:
+def check_entry_location(
+    proto: BundleEntryProto, dtype: _dt.DType, shape: tuple[int, ...], num_shards: int
+) -> None:
     """``ValueError`` unless a whole tensor's entry points at bytes that can hold it."""
     if proto.shard_id < 0 or proto.shard_id >= num_shards:
-        raise ValueError(f"shard id {proto.shard_id} outside the {num_shards} shards of the "
-                         "checkpoint")
+        raise ValueError(
+            f"shard id {proto.shard_id} outside the {num_shards} shards of the checkpoint"
+        )
     if proto.offset < 0 or proto.size < 0:
         raise ValueError(f"negative offset {proto.offset} or size {proto.size}")
     if dtype.itemsize is not None and proto.size != num_elements(shape) * dtype.itemsize:
         raise ValueError(
             f"entry size {proto.size} bytes does not match shape {list(shape)} of "
-            f"{dtype.name} ({num_elements(shape) * dtype.itemsize} bytes)")
+            f"{dtype.name} ({num_elements(shape) * dtype.itemsize} bytes)"
+        )
 
 
 def extents_fit(extents: Slice, shape: Sequence[int]) -> bool:
     """Whether extents of the tensor's rank lie inside ``shape`` (a whole axis starts at 0)."""
-    return all(start >= 0 and (length is None and start == 0 or length is not None
-                               and length >= 0 and start + length <= dim)
-               for (start, length), dim in zip(extents, shape))
+    return all(
+        start >= 0
+        and (
+            length is None
+            and start == 0
+            or length is not None
+            and length >= 0
+            and start + length <= dim
+        )
+        for (start, length), dim in zip(extents, shape)
+    )
 
 
 # --- slices ----------------------------------------------------------------
 
 
 def format_slice(extents: Slice) -> str:
-    return ",".join("-" if length is None else f"{start}:{start + length}"
-                    for start, length in extents)
-
+    return ",".join(
+        "-" if length is None else f"{start}:{start + length}" for start, length in extents
+    )
 
 
 def _slice_bounds(slices: Sequence[Slice], shape: tuple[int, ...]):
     starts = np.array([[s for s, _ in ext] for ext in slices], dtype=np.int64)
-    ends = np.array([[d if n is None else s + n for (s, n), d in zip(ext, shape)]
-                     for ext in slices], dtype=np.int64)
+    ends = np.array(
+        [[d if n is None else s + n for (s, n), d in zip(ext, shape)] for ext in slices],
+        dtype=np.int64,
+    )
     return starts.reshape(len(slices), len(shape)), ends.reshape(len(slices), len(shape))
 
 
@@ -244,11 +274,10 @@ def check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error) ->
         return
     starts, ends = _slice_bounds(slices, shape)
     for i in range(len(slices) - 1):
-        overlap = np.all((starts[i] < ends[i + 1:]) & (starts[i + 1:] < ends[i]), axis=1)
+        overlap = np.all((starts[i] < ends[i + 1 :]) & (starts[i + 1 :] < ends[i]), axis=1)
         if overlap.any():
             j = i + 1 + int(np.argmax(overlap))
-            raise error(f"slices {format_slice(slices[i])} and {format_slice(slices[j])} "
-                        "overlap")
+            raise error(f"slices {format_slice(slices[i])} and {format_slice(slices[j])} overlap")
 
 
 _MAX_COVER_CELLS = 1 << 16  # grid cells examined to name the parts slices leave out
@@ -267,26 +296,36 @@ def coverage(slices: Sequence[Slice], shape: tuple[int, ...]) -> tuple[int, list
     if not shape:
         return (total if slices else 0), []
     starts, ends = _slice_bounds(slices, shape)
-    volumes = sum(num_elements([b - a for a, b in zip(s, e)])
-                  for s, e in zip(starts.tolist(), ends.tolist()))
+    volumes = sum(
+        num_elements([b - a for a, b in zip(s, e)]) for s, e in zip(starts.tolist(), ends.tolist())
+    )
     if volumes == total:
         return total, []
-    cuts = [np.unique(np.concatenate([[0, d], starts[:, a], ends[:, a]]))
-            for a, d in enumerate(shape)]
+    cuts = [
+        np.unique(np.concatenate([[0, d], starts[:, a], ends[:, a]])) for a, d in enumerate(shape)
+    ]
     if math.prod(len(c) - 1 for c in cuts) > _MAX_COVER_CELLS:
         return min(volumes, total), []
     stored = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
     for s, e in zip(starts, ends):
-        stored[tuple(slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
-                     for c, a, b in zip(cuts, s, e))] = True
+        stored[
+            tuple(
+                slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
+                for c, a, b in zip(cuts, s, e)
+            )
+        ] = True
     holes = []
-    for cell in np.argwhere(~stored)[:MAX_HOLES + 1]:
-        holes.append(tuple((0, None) if c[i] == 0 and c[i + 1] == d else
-                           (int(c[i]), int(c[i + 1] - c[i]))
-                           for c, i, d in zip(cuts, cell.tolist(), shape)))
+    for cell in np.argwhere(~stored)[: MAX_HOLES + 1]:
+        holes.append(
+            tuple(
+                (0, None) if c[i] == 0 and c[i + 1] == d else (int(c[i]), int(c[i + 1] - c[i]))
+                for c, i, d in zip(cuts, cell.tolist(), shape)
+            )
+        )
     widths = [np.diff(c).tolist() for c in cuts]
-    covered = sum(math.prod(w[i] for w, i in zip(widths, cell))
-                  for cell in np.argwhere(stored).tolist())
+    covered = sum(
+        math.prod(w[i] for w, i in zip(widths, cell)) for cell in np.argwhere(stored).tolist()
+    )
     return covered, holes
 
 
@@ -366,7 +405,7 @@ class StringFraming:
             crc = crc32c(length.to_bytes(4 if length <= 0xFFFFFFFF else 8, endian), crc)
         if pos + 4 > size:
             raise ValueError("truncated before the length checksum")
-        raw_check = buf[pos:pos + 4]
+        raw_check = buf[pos : pos + 4]
         self.lengths_crc = crc
         self.stored_lengths_crc = unmask_crc(int.from_bytes(raw_check, endian))
         pos += 4
@@ -404,12 +443,13 @@ class VariantFraming:
         for i in range(count):
             length, pos = decode_varint(buf, pos, size)
             if pos + length + 4 > size:
-                raise ValueError(f"element {i} of {length} bytes runs past the {size} bytes "
-                                 "of the entry")
-            crc = crc32c(view[pos:pos + length], crc32c(length.to_bytes(8, endian), crc))
+                raise ValueError(
+                    f"element {i} of {length} bytes runs past the {size} bytes of the entry"
+                )
+            crc = crc32c(view[pos : pos + length], crc32c(length.to_bytes(8, endian), crc))
             self.elements.append((pos, length))
             pos += length
-            raw_check = view[pos:pos + 4]
+            raw_check = view[pos : pos + 4]
             stored = unmask_crc(int.from_bytes(raw_check, endian))
             if stored != crc and self.bad_element is None:
                 self.bad_element = (i, stored, crc)
@@ -475,8 +515,9 @@ def encode_varints(values: np.ndarray) -> np.ndarray:
 def lengths_crc(lengths: np.ndarray, endian: str, crc: int) -> int:
     """Carry a string tensor's CRC32C over its lengths: each as uint32 (uint64 when larger)."""
     if not len(lengths) or int(lengths.max()) <= 0xFFFFFFFF:
-        return crc32c(lengths.astype(np.dtype("u4").newbyteorder(
-            "<" if endian == "little" else ">")), crc)
+        return crc32c(
+            lengths.astype(np.dtype("u4").newbyteorder("<" if endian == "little" else ">")), crc
+        )
     for length in lengths.tolist():
         crc = crc32c(length.to_bytes(4 if length <= 0xFFFFFFFF else 8, endian), crc)
     return crc

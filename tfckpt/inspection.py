@@ -13,11 +13,11 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import paths
-from .format import format_slice
-from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from .cast import Caster
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
+from .format import format_slice
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
 
 
 def scope_of(name: str) -> str:
@@ -48,18 +48,20 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     scopes: dict[str, list[int]] = {}
     for name in _match(ckpt.keys(), filter):
         info = ckpt.info(name)
-        tensors.append({
-            "name": name,
-            "dtype": info.dtype,
-            "shape": list(info.shape),
-            "bytes": info.nbytes,
-            "shard": info.shard,
-            "offset": info.offset,
-            "crc32c": info.crc32c,
-            "slices": [[list(e) for e in s] for s in info.slices],
-            "elements": info.size,
-            "stored_elements": info.stored_elements,
-        })
+        tensors.append(
+            {
+                "name": name,
+                "dtype": info.dtype,
+                "shape": list(info.shape),
+                "bytes": info.nbytes,
+                "shard": info.shard,
+                "offset": info.offset,
+                "crc32c": info.crc32c,
+                "slices": [[list(e) for e in s] for s in info.slices],
+                "elements": info.size,
+                "stored_elements": info.stored_elements,
+            }
+        )
         acc = scopes.setdefault(scope_of(name), [0, 0])
         acc[0] += info.nbytes
         acc[1] += 1
@@ -68,13 +70,18 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
         "prefix": ckpt.prefix,
         "num_shards": h.num_shards,
         "endianness": h.endianness,
-        "version": {"producer": h.version.producer, "min_consumer": h.version.min_consumer,
-                    "bad_consumers": list(h.version.bad_consumers)},
+        "version": {
+            "producer": h.version.producer,
+            "min_consumer": h.version.min_consumer,
+            "bad_consumers": list(h.version.bad_consumers),
+        },
         "tensor_count": len(tensors),
         "total_bytes": sum(t["bytes"] for t in tensors),
         "tensors": tensors,
-        "scopes": [{"scope": s, "bytes": b, "tensors": n}
-                   for s, (b, n) in sorted(scopes.items(), key=lambda kv: (-kv[1][0], kv[0]))],
+        "scopes": [
+            {"scope": s, "bytes": b, "tensors": n}
+            for s, (b, n) in sorted(scopes.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        ],
     }
 
 
@@ -90,11 +97,11 @@ def _stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK
     # slice_info checks that slices do not overlap (overlaps are corrupt)
     stored = [part.extents for part in ckpt.slice_info(name) if part.extents is not None]
     order = sorted(stored, key=lambda ext: [(s, -1 if n is None else n) for s, n in ext])
-    return (chunk for extents in order
-            for chunk in ckpt.iter_chunks(name, chunk_bytes, extents))
+    return (chunk for extents in order for chunk in ckpt.iter_chunks(name, chunk_bytes, extents))
 
 
 # --- object graph ------------------------------------------------------------
+
 
 def object_graph(ckpt: Checkpoint) -> dict:
     """The TF2 object graph as data: one record per node, reachable ones with their path.
@@ -111,36 +118,54 @@ def object_graph(ckpt: Checkpoint) -> dict:
     if OBJECT_GRAPH_KEY not in ckpt:
         raise UnsupportedCheckpointError(
             f"no {OBJECT_GRAPH_KEY}: a name-based (TF1) checkpoint has no object graph",
-            path=ckpt.prefix)
+            path=ckpt.prefix,
+        )
     graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
     node_paths = graph.paths()
     nodes = []
     for i, node in enumerate(graph.nodes):
         attrs = []
         for a in node.attributes:
-            rec = {"name": a.name, "checkpoint_key": a.checkpoint_key, "dtype": None,
-                   "shape": None, "tensors": []}
+            rec = {
+                "name": a.name,
+                "checkpoint_key": a.checkpoint_key,
+                "dtype": None,
+                "shape": None,
+                "tensors": [],
+            }
             for t in attribute_tensors(a.checkpoint_key, ckpt):
                 info = ckpt.info(t) if t in ckpt else None
-                rec["tensors"].append({"name": t, "dtype": None if info is None else info.dtype,
-                                       "shape": None if info is None else list(info.shape)})
+                rec["tensors"].append(
+                    {
+                        "name": t,
+                        "dtype": None if info is None else info.dtype,
+                        "shape": None if info is None else list(info.shape),
+                    }
+                )
             if rec["tensors"][0]["name"] == a.checkpoint_key:
                 rec["dtype"], rec["shape"] = rec["tensors"][0]["dtype"], rec["tensors"][0]["shape"]
             attrs.append(rec)
-        nodes.append({
-            "id": i,
-            "path": node_paths.get(i),
-            "children": [{"name": c.local_name, "node_id": c.node_id} for c in node.children],
-            "attributes": attrs,
-            "slot_variables": [{"slot_name": s.slot_name,
-                                "original_variable_node_id": s.original_variable_node_id,
-                                "slot_variable_node_id": s.slot_variable_node_id}
-                               for s in node.slot_variables],
-        })
+        nodes.append(
+            {
+                "id": i,
+                "path": node_paths.get(i),
+                "children": [{"name": c.local_name, "node_id": c.node_id} for c in node.children],
+                "attributes": attrs,
+                "slot_variables": [
+                    {
+                        "slot_name": s.slot_name,
+                        "original_variable_node_id": s.original_variable_node_id,
+                        "slot_variable_node_id": s.slot_variable_node_id,
+                    }
+                    for s in node.slot_variables
+                ],
+            }
+        )
     return {"prefix": ckpt.prefix, "nodes": nodes}
 
 
 # --- diff --------------------------------------------------------------------
+
 
 def _paired_chunks(a: Iterator[np.ndarray], b: Iterator[np.ndarray]):
     """Re-cut two streams of 1-D chunks of equal total length into aligned pairs."""
@@ -167,9 +192,16 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64)
 
 
-def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None = None, *,
-                   atol: float = 0.0, rtol: float = 0.0,
-                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+def compare_values(
+    a: Checkpoint,
+    b: Checkpoint,
+    name_a: str,
+    name_b: str | None = None,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict:
     """Element-wise comparison of two tensors of one shape, streamed, in the wider dtype.
 
     Returns ``{"elements", "differing", "max_abs", "max_rel"}``; NaNs in the same
@@ -184,9 +216,13 @@ def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None
         raise UnsupportedCheckpointError(
             f"{name_a!r} stores {ia.stored_elements} of {ia.size} elements in {a.prefix}, "
             f"{ib.stored_elements} in {b.prefix}, in other slices: the values cannot be "
-            "compared", path=a.prefix, tensor=name_a)
-    pairs = _paired_chunks(_stored_chunks(a, name_a, chunk_bytes),
-                           _stored_chunks(b, name_b, chunk_bytes))
+            "compared",
+            path=a.prefix,
+            tensor=name_a,
+        )
+    pairs = _paired_chunks(
+        _stored_chunks(a, name_a, chunk_bytes), _stored_chunks(b, name_b, chunk_bytes)
+    )
     strings = "string" in (ia.dtype, ib.dtype)
     for ca, cb in pairs:
         elements += len(ca)
@@ -206,7 +242,7 @@ def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None
             else:
                 diff = np.abs(wa - wb)
                 both_nan = np.isnan(wa) & np.isnan(wb)
-                same_inf = (wa == wb)
+                same_inf = wa == wb
                 diff = np.where(both_nan | same_inf, 0.0, diff)
                 bad = ~(both_nan | same_inf)
                 bad &= ~(diff <= atol + rtol * np.abs(wb))
@@ -217,18 +253,30 @@ def compare_values(a: Checkpoint, b: Checkpoint, name_a: str, name_b: str | None
                 elif finite.size:
                     max_abs = max(max_abs, float(finite.max()))
                 denom = np.abs(wb).astype(np.float64)
-                rel = np.divide(diff.astype(np.float64), denom, out=np.zeros(diff.shape),
-                                where=denom > 0)
+                rel = np.divide(
+                    diff.astype(np.float64), denom, out=np.zeros(diff.shape), where=denom > 0
+                )
                 if rel.size:
                     max_rel = max(max_rel, float(np.nanmax(rel)))
         differing += int(np.count_nonzero(bad))
-    return {"elements": elements, "differing": differing,
-            "max_abs": None if strings else max_abs, "max_rel": None if strings else max_rel}
+    return {
+        "elements": elements,
+        "differing": differing,
+        "max_abs": None if strings else max_abs,
+        "max_rel": None if strings else max_rel,
+    }
 
 
-def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
-         values: bool = True, filter: str | None = None,
-         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+def diff(
+    a: Checkpoint,
+    b: Checkpoint,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    values: bool = True,
+    filter: str | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict:
     """What differs between two checkpoints: names, dtypes and shapes, then values.
 
     ``{"a", "b", "only_in_a", "only_in_b", "changed": [{"name", "dtype_a",
@@ -247,8 +295,15 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
         ia, ib = a.info(name), b.info(name)
         stored_differently = (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices)
         if ia.dtype != ib.dtype or ia.shape != ib.shape or stored_differently:
-            changed.append({"name": name, "dtype_a": ia.dtype, "dtype_b": ib.dtype,
-                            "shape_a": list(ia.shape), "shape_b": list(ib.shape)})
+            changed.append(
+                {
+                    "name": name,
+                    "dtype_a": ia.dtype,
+                    "dtype_b": ib.dtype,
+                    "shape_a": list(ia.shape),
+                    "shape_b": list(ib.shape),
+                }
+            )
             if stored_differently:
                 changed[-1].update(stored_a=ia.stored_elements, stored_b=ib.stored_elements)
                 continue
@@ -263,9 +318,15 @@ def diff(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
         if result["differing"]:
             value_diffs.append({"name": name, **result})
     only_a, only_b = sorted(names_a - names_b), sorted(names_b - names_a)
-    return {"a": a.prefix, "b": b.prefix, "only_in_a": only_a, "only_in_b": only_b,
-            "changed": changed, "values": value_diffs,
-            "same": not (only_a or only_b or changed or value_diffs)}
+    return {
+        "a": a.prefix,
+        "b": b.prefix,
+        "only_in_a": only_a,
+        "only_in_b": only_b,
+        "changed": changed,
+        "values": value_diffs,
+        "same": not (only_a or only_b or changed or value_diffs),
+    }
 
 
 def _compare_variants(a: Checkpoint, b: Checkpoint, name: str, info) -> dict:
@@ -290,8 +351,9 @@ def _comparable(dtype_a: str, dtype_b: str) -> bool:
 CAST_CHECK_TARGETS = ("float16", "bfloat16")
 
 
-def stats(ckpt: Checkpoint, *, filter: str | None = None,
-          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+def stats(
+    ckpt: Checkpoint, *, filter: str | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> dict:
     """Per-tensor statistics, streamed in bounded chunks.
 
     For each numeric tensor: ``min``, ``max`` (over non-NaN values), ``mean``,
@@ -304,16 +366,18 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
     for name in _match(ckpt.keys(), filter):
         info = ckpt.info(name)
         dt = _dt.lookup(info.dtype)
-        rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape),
-               "elements": info.size}
+        rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape), "elements": info.size}
         if info.partial:
             rec["stored_elements"] = info.stored_elements
         if dt.numpy is None or dt.kind == "string":
             out.append(rec)
             continue
         acc = _Moments()
-        casters = {t: Caster(dt, _dt.lookup(t), "inf") for t in CAST_CHECK_TARGETS
-                   if dt.is_floating and dt.name != t}
+        casters = {
+            t: Caster(dt, _dt.lookup(t), "inf")
+            for t in CAST_CHECK_TARGETS
+            if dt.is_floating and dt.name != t
+        }
         for chunk in _stored_chunks(ckpt, name, chunk_bytes):
             if chunk.dtype.fields:
                 chunk = chunk.view(chunk.dtype[0])
@@ -323,8 +387,14 @@ def stats(ckpt: Checkpoint, *, filter: str | None = None,
                 c(chunk)
         rec.update(acc.result())
         if casters:
-            rec["cast"] = {t: {"overflow": c.counts.overflow, "to_zero": c.counts.to_zero,
-                               "subnormal": c.counts.subnormal} for t, c in casters.items()}
+            rec["cast"] = {
+                t: {
+                    "overflow": c.counts.overflow,
+                    "to_zero": c.counts.to_zero,
+                    "subnormal": c.counts.subnormal,
+                }
+                for t, c in casters.items()
+            }
         out.append(rec)
     return {"prefix": ckpt.prefix, "tensors": out}
 
@@ -374,14 +444,20 @@ class _Moments:
     def result(self) -> dict:
         def py(v):
             return None if v is None else (v.item() if hasattr(v, "item") else v)
-        return {"min": py(self.min), "max": py(self.max),
-                "mean": self.mean if self.n else None,
-                "std": (self.m2 / self.n) ** 0.5 if self.n else None,
-                "nan": self.nan, "inf": self.inf,
-                "zeros": self.zeros / self.count if self.count else 0.0}
+
+        return {
+            "min": py(self.min),
+            "max": py(self.max),
+            "mean": self.mean if self.n else None,
+            "std": (self.m2 / self.n) ** 0.5 if self.n else None,
+            "nan": self.nan,
+            "inf": self.inf,
+            "zeros": self.zeros / self.count if self.count else 0.0,
+        }
 
 
 # --- verify ------------------------------------------------------------------
+
 
 def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     """A full integrity check: ``{"prefix", "tensors", "bytes", "problems", "warnings"}``.
@@ -401,8 +477,14 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     except CheckpointNotFoundError:
         raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:
-        return {"prefix": str(path), "tensors": 0, "bytes": 0, "problems": [str(e)],
-                "warnings": [], "partial": []}
+        return {
+            "prefix": str(path),
+            "tensors": 0,
+            "bytes": 0,
+            "problems": [str(e)],
+            "warnings": [],
+            "partial": [],
+        }
     with ckpt:
         shard_problems, warnings = _check_shard_files(ckpt)
         problems += shard_problems
@@ -429,18 +511,28 @@ def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
             try:
                 graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
                 for missing in graph.missing_keys(set(ckpt.keys())):
-                    problems.append(f"{ckpt.prefix}: the object graph names {missing!r}, which "
-                                    "the checkpoint lacks")
+                    problems.append(
+                        f"{ckpt.prefix}: the object graph names {missing!r}, which "
+                        "the checkpoint lacks"
+                    )
             except CheckpointError as e:
                 problems.append(str(e))
-        return {"prefix": ckpt.prefix, "tensors": checked, "bytes": nbytes,
-                "problems": problems, "warnings": warnings, "partial": partial}
+        return {
+            "prefix": ckpt.prefix,
+            "tensors": checked,
+            "bytes": nbytes,
+            "problems": problems,
+            "warnings": warnings,
+            "partial": partial,
+        }
 
 
 def _partial_note(ckpt: Checkpoint, info) -> str:
-    return (f"{ckpt.prefix}: tensor {info.name!r}: pre-sliced, {info.stored_elements} of "
-            f"{info.size} elements stored in {len(info.slices)} slice(s) "
-            f"({' '.join(format_slice(s) for s in info.slices)})")
+    return (
+        f"{ckpt.prefix}: tensor {info.name!r}: pre-sliced, {info.stored_elements} of "
+        f"{info.size} elements stored in {len(info.slices)} slice(s) "
+        f"({' '.join(format_slice(s) for s in info.slices)})"
+    )
 
 
 def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
@@ -459,8 +551,10 @@ def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
         if not parsed or parsed[0] != base:
             continue
         if parsed[2] != n:
-            warnings.append(f"{store.join(directory, name)}: data file of a {parsed[2]}-shard "
-                            f"checkpoint, but the header says {n}; it is not part of this one")
+            warnings.append(
+                f"{store.join(directory, name)}: data file of a {parsed[2]}-shard "
+                f"checkpoint, but the header says {n}; it is not part of this one"
+            )
         elif parsed[1] < n:
             present.add(parsed[1])
             path = store.join(directory, name)

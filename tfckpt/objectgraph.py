@@ -59,8 +59,9 @@ def attribute_tensors(key: str, present: Container[str]) -> tuple[str, ...]:
     return (key,)
 
 
-def renamed_key(key: str, tensors: Iterable[str], new_names: Mapping[str, str],
-                path: str | None = None) -> str:
+def renamed_key(
+    key: str, tensors: Iterable[str], new_names: Mapping[str, str], path: str | None = None
+) -> str:
     """The checkpoint key an attribute gets when its tensors are renamed.
 
     Each tensor ``key + suffix`` must become ``new_key + suffix`` for one
@@ -68,17 +69,19 @@ def renamed_key(key: str, tensors: Iterable[str], new_names: Mapping[str, str],
     """
     stems: set[str | None] = set()
     for t in tensors:
-        suffix, new = t[len(key):], new_names[t]
+        suffix, new = t[len(key) :], new_names[t]
         if not new.endswith(suffix):
             stems.add(None)
         else:
-            stems.add(new[:len(new) - len(suffix)] if suffix else new)
+            stems.add(new[: len(new) - len(suffix)] if suffix else new)
     stem = stems.pop() if len(stems) == 1 else None
     if stem is None:
         listed = ", ".join(f"{t!r} -> {new_names[t]!r}" for t in tensors)
-        raise CheckpointError(f"the tensors of the attribute {key!r} are stored as its key "
-                              f"plus a suffix and must be renamed alike, not {listed}",
-                              path=path)
+        raise CheckpointError(
+            f"the tensors of the attribute {key!r} are stored as its key "
+            f"plus a suffix and must be renamed alike, not {listed}",
+            path=path,
+        )
     return stem
 
 
@@ -106,11 +109,13 @@ class ObjectGraph:
         try:
             proto = TrackableObjectGraph.FromString(data)
         except DecodeError:
-            raise CorruptCheckpointError("the object graph is not a TrackableObjectGraph",
-                                         path=path, tensor=OBJECT_GRAPH_KEY) from None
+            raise CorruptCheckpointError(
+                "the object graph is not a TrackableObjectGraph", path=path, tensor=OBJECT_GRAPH_KEY
+            ) from None
         if not proto.nodes:
-            raise CorruptCheckpointError("the object graph has no root node", path=path,
-                                         tensor=OBJECT_GRAPH_KEY)
+            raise CorruptCheckpointError(
+                "the object graph has no root node", path=path, tensor=OBJECT_GRAPH_KEY
+            )
         return cls(proto, path)
 
     def serialize(self) -> bytes:
@@ -129,27 +134,35 @@ class ObjectGraph:
             if elements > MAX_ELEMENTS:
                 raise UnsupportedCheckpointError(
                     f"the object graph has more than {MAX_ELEMENTS} elements (nodes, edges, "
-                    "attributes, slot variables), more than tfckpt accepts", path=self.path,
-                    tensor=OBJECT_GRAPH_KEY)
+                    "attributes, slot variables), more than tfckpt accepts",
+                    path=self.path,
+                    tensor=OBJECT_GRAPH_KEY,
+                )
             for child in children:
                 if not 0 <= child.node_id < n:
                     raise CorruptCheckpointError(
                         f"node {i} has child {child.local_name!r} with node id {child.node_id}, "
-                        f"but there are {n} nodes", path=self.path, tensor=OBJECT_GRAPH_KEY)
+                        f"but there are {n} nodes",
+                        path=self.path,
+                        tensor=OBJECT_GRAPH_KEY,
+                    )
             for slot in slots:
                 for ref in (slot.original_variable_node_id, slot.slot_variable_node_id):
                     if not 0 <= ref < n:
                         raise CorruptCheckpointError(
                             f"node {i} has slot variable {slot.slot_name!r} referring to node "
-                            f"{ref}, but there are {n} nodes", path=self.path,
-                            tensor=OBJECT_GRAPH_KEY)
+                            f"{ref}, but there are {n} nodes",
+                            path=self.path,
+                            tensor=OBJECT_GRAPH_KEY,
+                        )
 
     # -- reading
 
     def checkpoint_keys(self) -> dict[str, int]:
         """Every attribute's checkpoint key and the node it belongs to."""
-        return {a.checkpoint_key: i for i, node in enumerate(self.proto.nodes)
-                for a in node.attributes}
+        return {
+            a.checkpoint_key: i for i, node in enumerate(self.proto.nodes) for a in node.attributes
+        }
 
     def attribute_tensors(self, present: Container[str]) -> dict[str, tuple[str, ...]]:
         """Every attribute's checkpoint key and the tensor names TensorFlow reads for it."""
@@ -158,8 +171,14 @@ class ObjectGraph:
     def missing_keys(self, keys: Iterable[str]) -> list[str]:
         """Tensors the graph's attributes need that are not among ``keys``."""
         present = keys if isinstance(keys, (set, frozenset, dict)) else set(keys)
-        return sorted({t for names in self.attribute_tensors(present).values()
-                       for t in names if t not in present})
+        return sorted(
+            {
+                t
+                for names in self.attribute_tensors(present).values()
+                for t in names
+                if t not in present
+            }
+        )
 
     def _tree(self) -> tuple[list[int], dict[int, tuple]]:
         """Breadth-first order of the reachable nodes and how each was first reached.
@@ -193,11 +212,14 @@ class ObjectGraph:
                 if slot.slot_variable_node_id in via:
                     continue
                 if slot.original_variable_node_id in via:
-                    reach(slot.slot_variable_node_id,
-                          (slot.original_variable_node_id, i, slot.slot_name))
+                    reach(
+                        slot.slot_variable_node_id,
+                        (slot.original_variable_node_id, i, slot.slot_name),
+                    )
                 else:
                     waiting.setdefault(slot.original_variable_node_id, []).append(
-                        (slot.slot_variable_node_id, i, slot.slot_name))
+                        (slot.slot_variable_node_id, i, slot.slot_name)
+                    )
         return order, via
 
     def reachable(self) -> list[int]:
@@ -214,7 +236,7 @@ class ObjectGraph:
         order, via = self._tree()
 
         def cut(path: str) -> str:
-            return path if len(path) <= limit else "…" + path[len(path) - limit + 1:]
+            return path if len(path) <= limit else "…" + path[len(path) - limit + 1 :]
 
         found = {0: ""}
         for i in order[1:]:
@@ -225,8 +247,10 @@ class ObjectGraph:
                 found[i] = cut(f"{found[parent]}/{name}" if parent else name)
             else:
                 original, optimizer, slot_name = step
-                found[i] = cut(f"{found[original]}/.OPTIMIZER_SLOT/"
-                               f"{found[optimizer]}/{escape_local_name(slot_name)}")
+                found[i] = cut(
+                    f"{found[original]}/.OPTIMIZER_SLOT/"
+                    f"{found[optimizer]}/{escape_local_name(slot_name)}"
+                )
         return found
 
     # -- rewriting
@@ -242,7 +266,9 @@ class ObjectGraph:
                     except ValueError:  # proto strings are UTF-8: no name of other bytes
                         raise CheckpointError(
                             f"cannot rename {attr.checkpoint_key!r} to {new!r}: keys of a TF2 "
-                            "object graph must be UTF-8 text", path=self.path) from None
+                            "object graph must be UTF-8 text",
+                            path=self.path,
+                        ) from None
 
     def drop_keys(self, keys: Iterable[str]) -> None:
         """Remove the attributes whose checkpoint key is in ``keys``."""
@@ -275,8 +301,9 @@ class ObjectGraph:
                         del node.children[:]
                         node.children.extend(kept)
                 if not hits:
-                    raise CheckpointError(f"no object named {parts[0]!r} in the object graph",
-                                          path=self.path)
+                    raise CheckpointError(
+                        f"no object named {parts[0]!r} in the object graph", path=self.path
+                    )
                 continue
             current = 0
             for depth, name in enumerate(parts):
@@ -284,8 +311,9 @@ class ObjectGraph:
                 match = [k for k, c in enumerate(children) if c.local_name == name]
                 if not match:
                     raise CheckpointError(
-                        f"no object at {'/'.join(parts[:depth + 1])!r} in the object graph",
-                        path=self.path)
+                        f"no object at {'/'.join(parts[: depth + 1])!r} in the object graph",
+                        path=self.path,
+                    )
                 if depth == len(parts) - 1:
                     del children[match[0]]
                 else:
@@ -296,8 +324,12 @@ class ObjectGraph:
         """Remove unreachable nodes and renumber; returns the removed attributes' keys."""
         nodes = self.proto.nodes
         reachable = set(self.reachable())
-        removed_keys = {a.checkpoint_key for i, node in enumerate(nodes) if i not in reachable
-                        for a in node.attributes}
+        removed_keys = {
+            a.checkpoint_key
+            for i, node in enumerate(nodes)
+            if i not in reachable
+            for a in node.attributes
+        }
         order = sorted(reachable)
         new_id = {old: new for new, old in enumerate(order)}
         kept = []
@@ -306,8 +338,11 @@ class ObjectGraph:
             node.CopyFrom(nodes[old])
             for child in node.children:
                 child.node_id = new_id[child.node_id]
-            slots = [s for s in node.slot_variables
-                     if s.original_variable_node_id in new_id and s.slot_variable_node_id in new_id]
+            slots = [
+                s
+                for s in node.slot_variables
+                if s.original_variable_node_id in new_id and s.slot_variable_node_id in new_id
+            ]
             del node.slot_variables[:]
             for s in slots:
                 s.original_variable_node_id = new_id[s.original_variable_node_id]
@@ -357,15 +392,20 @@ class ObjectGraph:
                 if child.local_name in owner:
                     raise CheckpointError(
                         f"both {owner[child.local_name]} and {name} have a root object named "
-                        f"{child.local_name!r}", path=name)
+                        f"{child.local_name!r}",
+                        path=name,
+                    )
                 owner[child.local_name] = name
                 ref = root.children.add()
                 ref.CopyFrom(child)
                 ref.node_id = remap(child.node_id)
             for attr in src_root.attributes:
                 if attr.name in root_attrs:
-                    raise CheckpointError(f"both {root_attrs[attr.name]} and {name} have a root "
-                                          f"attribute {attr.name!r}", path=name)
+                    raise CheckpointError(
+                        f"both {root_attrs[attr.name]} and {name} have a root "
+                        f"attribute {attr.name!r}",
+                        path=name,
+                    )
                 root_attrs[attr.name] = name
                 root.attributes.add().CopyFrom(attr)
             for slot in src_root.slot_variables:

@@ -10,20 +10,21 @@ one, or both; the command line builds one from its flags.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence, get_args
+from typing import Any, Literal, get_args
 
 from .cast import OVERFLOW_POLICIES, OverflowPolicy
 from .errors import CheckpointError
 
 Backend = Literal["numpy", "tf", "auto"]  # who rounds: numpy, tf.cast, tf.cast with a GPU
-Prefer = Literal["first", "last"]         # which source wins a name present in several
+Prefer = Literal["first", "last"]  # which source wins a name present in several
 BACKENDS: tuple[str, ...] = get_args(Backend)
 PREFER: tuple[str | None, ...] = (None,) + get_args(Prefer)
 
 RenameRules = Sequence[tuple[str, str]] | Mapping[str, str]
 
-MEMORY_BUDGET = 64 << 20         # tensor bytes in flight per shard task
+MEMORY_BUDGET = 64 << 20  # tensor bytes in flight per shard task
 DEFAULT_TF_THRESHOLD = 64 << 20  # the smallest tensor the tf backend casts
 
 PLAN, EXECUTION = "plan", "execution"
@@ -100,8 +101,7 @@ class Options:
             raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
 
     @classmethod
-    def of(cls, options: "Options | None" = None, stage: str | None = None,
-           **changes) -> "Options":
+    def of(cls, options: Options | None = None, stage: str | None = None, **changes) -> Options:
         """``options`` (or the defaults) with ``changes``; with ``stage``, only its fields.
 
         >>> Options.of(None, cast="float16").cast
@@ -109,8 +109,9 @@ class Options:
         """
         base = cls() if options is None else options
         if stage is not None:
-            other = sorted(set(changes) & set(cls.fields(PLAN if stage == EXECUTION
-                                                        else EXECUTION)))
+            other = sorted(
+                set(changes) & set(cls.fields(PLAN if stage == EXECUTION else EXECUTION))
+            )
             if other:
                 raise TypeError(f"{', '.join(other)}: not {stage} option(s)")
         return dataclasses.replace(base, **changes) if changes else base

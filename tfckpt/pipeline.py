@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
-PREFETCH_DEPTH = 1      # chunks read and queued ahead of the consumer
+PREFETCH_DEPTH = 1  # chunks read and queued ahead of the consumer
 WRITE_BEHIND_DEPTH = 1  # chunks queued for the writing thread
 
 
@@ -123,7 +123,7 @@ class WriteBehind:
             except queue.Full:
                 continue
 
-    def __enter__(self) -> "WriteBehind":
+    def __enter__(self) -> WriteBehind:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from . import dtypes as _dt
 from . import paths
-from .format import TensorInfo
-from .reader import Checkpoint
 from .cast import CAST_TARGETS, should_cast
-from .storage import normalize, storage_for
 from .errors import CheckpointError
+from .format import TensorInfo
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 from .options import Options, RenameRules
+from .reader import Checkpoint
+from .storage import normalize, storage_for
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -78,18 +78,24 @@ class Plan:
         return {
             "dst": self.dst,
             "sources": [s.label for s in self.sources],
-            "tensors": [{"source": self.sources[t.source].label, "name": t.name,
-                         "new_name": t.new_name, "dtype": t.info.dtype,
-                         "new_dtype": t.new_dtype, "shape": list(t.info.shape),
-                         "bytes_in": t.info.nbytes, "bytes_out": t.bytes_out}
-                        for t in self.tensors],
+            "tensors": [
+                {
+                    "source": self.sources[t.source].label,
+                    "name": t.name,
+                    "new_name": t.new_name,
+                    "dtype": t.info.dtype,
+                    "new_dtype": t.new_dtype,
+                    "shape": list(t.info.shape),
+                    "bytes_in": t.info.nbytes,
+                    "bytes_out": t.bytes_out,
+                }
+                for t in self.tensors
+            ],
             "dropped": [{"source": s, "name": n, "reason": r} for s, n, r in self.dropped],
             "object_graph": self.object_graph is not None,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
         }
-
-
 
 
 def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
@@ -112,10 +118,11 @@ def _new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern,
         m = rx.match(name)
         if m:
             try:
-                return m.expand(repl) + name[m.end():]
+                return m.expand(repl) + name[m.end() :]
             except (re.error, IndexError) as e:
-                raise CheckpointError(f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}") \
-                    from None
+                raise CheckpointError(
+                    f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}"
+                ) from None
     return name
 
 
@@ -135,21 +142,25 @@ def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
     dst = normalize(dst)
     store = storage_for(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
-        dst = store.join(store.dir_path(dst),
-                         sources[0].ckpt.storage.basename(sources[0].ckpt.prefix))
+        dst = store.join(
+            store.dir_path(dst), sources[0].ckpt.storage.basename(sources[0].ckpt.prefix)
+        )
     real = store.realpath(dst)
     for s in sources:
         if s.ckpt.storage.realpath(s.ckpt.prefix) == real:
-            raise CheckpointError("the destination is a source checkpoint; write elsewhere "
-                                  "(sources are never modified)", path=dst)
-        if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == \
-                store.realpath(store.dirname(dst)) and \
-                s.ckpt.storage.basename(s.ckpt.prefix) == store.basename(dst):
-            raise CheckpointError("the destination would overwrite a source's data files",
-                                  path=dst)
+            raise CheckpointError(
+                "the destination is a source checkpoint; write elsewhere "
+                "(sources are never modified)",
+                path=dst,
+            )
+        if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == store.realpath(
+            store.dirname(dst)
+        ) and s.ckpt.storage.basename(s.ckpt.prefix) == store.basename(dst):
+            raise CheckpointError("the destination would overwrite a source's data files", path=dst)
     if store.isfile(paths.index_filename(dst)) and not overwrite:
-        raise CheckpointError("the destination already exists (use overwrite)",
-                              path=paths.index_filename(dst))
+        raise CheckpointError(
+            "the destination already exists (use overwrite)", path=paths.index_filename(dst)
+        )
     return dst
 
 
@@ -162,8 +173,9 @@ def open_sources(sources) -> list[Source]:
         graph = None
         if OBJECT_GRAPH_KEY in ckpt:
             graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
-        out.append(Source(os.fspath(src) if not isinstance(src, Checkpoint) else src.prefix,
-                          ckpt, graph))
+        out.append(
+            Source(os.fspath(src) if not isinstance(src, Checkpoint) else src.prefix, ckpt, graph)
+        )
     if not out:
         raise CheckpointError("no source checkpoint given")
     return out
@@ -223,8 +235,10 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
     per_source: list[list[tuple[str, str]]] = []  # (old, new) per kept tensor
     drop_specs = list(options.drop_objects)
     if drop_specs and not any(s.graph for s in srcs):
-        raise CheckpointError("--drop-object needs a TF2 object-based checkpoint (one with "
-                              f"{OBJECT_GRAPH_KEY})", path=srcs[0].ckpt.prefix)
+        raise CheckpointError(
+            f"--drop-object needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
+            path=srcs[0].ckpt.prefix,
+        )
     matched_specs: set[str] = set()
     winner = _root_object_owners(srcs, prefer)
     for i, s in enumerate(srcs):
@@ -232,7 +246,7 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
         present = set(names)
         gone: set[str] = set()
 
-        def tensors_of(keys: Iterable[str]) -> set[str]:
+        def tensors_of(keys: Iterable[str], present: set[str] = present) -> set[str]:
             return {t for k in keys for t in attribute_tensors(k, present)}
 
         if s.graph is not None:
@@ -243,19 +257,26 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
                     continue  # this source lacks the object; another may have it
                 matched_specs.add(spec)
                 gone |= removed
-                dropped += [(s.label, n, f"object {spec!r} dropped") for n in sorted(removed)
-                            if n in s.ckpt]
+                dropped += [
+                    (s.label, n, f"object {spec!r} dropped") for n in sorted(removed) if n in s.ckpt
+                ]
             for child in s.graph.root_children():
                 owner = winner.get(child, i)
                 if owner != i:
                     removed = tensors_of(s.graph.drop_root_child(child))
                     gone |= removed
-                    dropped += [(s.label, n, f"root object {child!r} taken from "
-                                 f"{srcs[owner].label}") for n in sorted(removed) if n in s.ckpt]
+                    dropped += [
+                        (s.label, n, f"root object {child!r} taken from {srcs[owner].label}")
+                        for n in sorted(removed)
+                        if n in s.ckpt
+                    ]
             missing = s.graph.missing_keys(present)
             if missing:
-                raise CheckpointError(f"the object graph names tensors the checkpoint lacks: "
-                                      f"{', '.join(missing[:5])}", path=s.ckpt.prefix)
+                raise CheckpointError(
+                    f"the object graph names tensors the checkpoint lacks: "
+                    f"{', '.join(missing[:5])}",
+                    path=s.ckpt.prefix,
+                )
         kept = []
         for n in names:
             if n in gone:
@@ -300,15 +321,17 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
             if new == OBJECT_GRAPH_KEY:
                 raise CheckpointError(f"{old!r} cannot be renamed to {OBJECT_GRAPH_KEY}")
             if new in local:
-                raise CheckpointError(f"{local[new]!r} and {old!r} would both be named {new!r}",
-                                      path=srcs[i].label)
+                raise CheckpointError(
+                    f"{local[new]!r} and {old!r} would both be named {new!r}", path=srcs[i].label
+                )
             local[new] = old
             if new in chosen:
                 j, other = chosen[new]
                 if prefer is None:
                     raise CheckpointError(
                         f"{new!r} comes from both {srcs[j].label} ({other!r}) and "
-                        f"{srcs[i].label} ({old!r}); choose with prefer='first' or 'last'")
+                        f"{srcs[i].label} ({old!r}); choose with prefer='first' or 'last'"
+                    )
                 if prefer == "first":
                     dropped.append((srcs[i].label, old, f"{new!r} taken from {srcs[j].label}"))
                     continue
@@ -322,10 +345,14 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
             mine = {new for _, new in per_source[i]}
             lost = {new for new in mine if chosen[new][0] != i}
             if lost:
-                g.drop_keys({k for k, ts in g.attribute_tensors(mine).items()
-                             if lost.intersection(ts)})
-        merged = graphs[0][1] if len(graphs) == 1 else ObjectGraph.merge(
-            [g for _, g in graphs], [srcs[i].label for i, _ in graphs])
+                g.drop_keys(
+                    {k for k, ts in g.attribute_tensors(mine).items() if lost.intersection(ts)}
+                )
+        merged = (
+            graphs[0][1]
+            if len(graphs) == 1
+            else ObjectGraph.merge([g for _, g in graphs], [srcs[i].label for i, _ in graphs])
+        )
         graph_bytes = merged.serialize()
 
     if options.max_shard_bytes is None:
@@ -339,19 +366,25 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
         info = srcs[i].ckpt.info(old)
         dtype = _dt.lookup(info.dtype)
         new_dtype = target if should_cast(dtype, target, from_set) else dtype
-        out_bytes = info.nbytes if new_dtype is dtype else \
-            info.stored_elements * new_dtype.itemsize
+        out_bytes = info.nbytes if new_dtype is dtype else info.stored_elements * new_dtype.itemsize
         tensors.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for t in tensors:
         needed.setdefault(t.source, set()).update(
-            [t.info.shard] if not t.info.slices else
-            (x.shard for x in srcs[t.source].ckpt.slice_info(t.name)))
+            [t.info.shard]
+            if not t.info.slices
+            else (x.shard for x in srcs[t.source].ckpt.slice_info(t.name))
+        )
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.
-    tensors.sort(key=lambda t: (t.source, t.info.shard if t.info.shard is not None else -1,
-                                t.info.offset or 0, t.new_name))
+    tensors.sort(
+        key=lambda t: (
+            t.source,
+            t.info.shard if t.info.shard is not None else -1,
+            t.info.offset or 0,
+            t.new_name,
+        )
+    )
     return Plan(srcs, dst, tensors, dropped, graph_bytes, options)
-

@@ -11,35 +11,70 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import dtypes as _dt
 from . import orderedcode, paths
-from .errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError,
-                     TensorNotFoundError, UnsupportedCheckpointError)
-from .format import (HEADER_KEY, MAX_HOLES, NATIVE, VARIANT, Slice, StringFraming,
-                     TensorInfo, VariantFraming, check_entry_location, check_slice_cover,
-                     coverage, decode_header, decode_varints, describe_holes, entry_shape,
-                     extents_fit, format_slice, is_full_slice, lengths_crc, num_elements,
-                     parse_entry, parse_slice_key, slice_from_proto, slice_index, slice_shape)
+from ._proto.tensor_bundle_pb2 import BundleEntryProto
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    UnsupportedCheckpointError,
+)
+from .format import (
+    HEADER_KEY,
+    MAX_HOLES,
+    NATIVE,
+    VARIANT,
+    Slice,
+    StringFraming,
+    TensorInfo,
+    VariantFraming,
+    check_entry_location,
+    check_slice_cover,
+    coverage,
+    decode_header,
+    decode_varints,
+    describe_holes,
+    entry_shape,
+    extents_fit,
+    format_slice,
+    is_full_slice,
+    lengths_crc,
+    num_elements,
+    parse_entry,
+    parse_slice_key,
+    slice_from_proto,
+    slice_index,
+    slice_shape,
+)
 from .storage import storage_for
 from .table import TableReader, crc32c, unmask_crc
-from ._proto.tensor_bundle_pb2 import BundleEntryProto
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 _decode_name = orderedcode.decode_name
 _encode_name = orderedcode.encode_name
+
 
 class _Entry:
     """A parsed index entry plus what tfckpt derived and checked from it."""
 
     __slots__ = ("key", "name", "proto", "dtype", "shape", "slices")
 
-    def __init__(self, key: bytes, name: str, proto: BundleEntryProto, dtype: _dt.DType,
-                 shape: tuple[int, ...], slices: tuple[Slice, ...]):
+    def __init__(
+        self,
+        key: bytes,
+        name: str,
+        proto: BundleEntryProto,
+        dtype: _dt.DType,
+        shape: tuple[int, ...],
+        slices: tuple[Slice, ...],
+    ):
         self.key = key
         self.name = name
         self.proto = proto
@@ -50,7 +85,6 @@ class _Entry:
 
 _decode_name = orderedcode.decode_name
 _encode_name = orderedcode.encode_name
-
 
 
 class Checkpoint(collections.abc.Mapping):
@@ -81,16 +115,16 @@ class Checkpoint(collections.abc.Mapping):
         try:
             data = self.storage.read_bytes(self.index_path)
         except OSError as e:
-            raise CheckpointNotFoundError(f"cannot read index: {e.strerror or e}",
-                                          path=self.index_path) from None
+            raise CheckpointNotFoundError(
+                f"cannot read index: {e.strerror or e}", path=self.index_path
+            ) from None
         table = TableReader(data, self.index_path)
         self._raw: dict[bytes, bytes] = dict(table.entries)
         if len(self._raw) != len(table.entries):
             raise CorruptCheckpointError("duplicate keys in index", path=self.index_path)
         self.header = decode_header(self._raw.get(HEADER_KEY), self.index_path)
         self._slice_keys = self._listed_slice_keys()
-        self._names = [_decode_name(k) for k, _ in table.entries
-                       if k and k not in self._slice_keys]
+        self._names = [_decode_name(k) for k, _ in table.entries if k and k not in self._slice_keys]
 
     # -- header and entries
 
@@ -131,8 +165,9 @@ class Checkpoint(collections.abc.Mapping):
         name = name if name is not None else _decode_name(key)
         raw = self._raw.get(key)
         if raw is None or key == HEADER_KEY:
-            raise TensorNotFoundError("no such tensor in the checkpoint", path=self.prefix,
-                                      tensor=name)
+            raise TensorNotFoundError(
+                "no such tensor in the checkpoint", path=self.prefix, tensor=name
+            )
         try:
             proto = parse_entry(raw)
         except DecodeError:
@@ -163,24 +198,30 @@ class Checkpoint(collections.abc.Mapping):
             raise TypeError(f"tensor names are str, not {type(name).__name__}")
         key = _encode_name(name)
         if key in self._slice_keys or key == HEADER_KEY:
-            raise TensorNotFoundError("no such tensor in the checkpoint", path=self.prefix,
-                                      tensor=name)
+            raise TensorNotFoundError(
+                "no such tensor in the checkpoint", path=self.prefix, tensor=name
+            )
         return self._entry(key, name)
 
     def _slice_entry(self, full: _Entry, extents: Slice) -> _Entry:
         key = orderedcode.encode_slice_key(full.name, extents)
         if key not in self._raw:
-            raise self._corrupt(f"slice {format_slice(extents)} is listed but has no "
-                                "entry of its own", full.name)
+            raise self._corrupt(
+                f"slice {format_slice(extents)} is listed but has no entry of its own", full.name
+            )
         entry = self._entry(key, f"{full.name}[{format_slice(extents)}]")
         if entry.slices:
             raise self._corrupt("a slice entry has slices of its own", entry.name)
         if entry.dtype is not full.dtype:
-            raise self._corrupt(f"slice has dtype {entry.dtype.name}, tensor has "
-                                f"{full.dtype.name}", entry.name)
+            raise self._corrupt(
+                f"slice has dtype {entry.dtype.name}, tensor has {full.dtype.name}", entry.name
+            )
         if entry.shape != slice_shape(full.shape, extents):
-            raise self._corrupt(f"slice shape {list(entry.shape)} does not match its extents "
-                                f"{format_slice(extents)}", entry.name)
+            raise self._corrupt(
+                f"slice shape {list(entry.shape)} does not match its extents "
+                f"{format_slice(extents)}",
+                entry.name,
+            )
         return entry
 
     # -- mapping interface
@@ -204,7 +245,7 @@ class Checkpoint(collections.abc.Mapping):
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -235,12 +276,28 @@ class Checkpoint(collections.abc.Mapping):
         p = entry.proto
         if entry.slices:
             nbytes = sum(self._slice_entry(entry, s).proto.size for s in entry.slices)
-            return TensorInfo(entry.name, entry.dtype.name, entry.shape, nbytes, None, None,
-                              None, entry.slices,
-                              stored_elements=coverage(entry.slices, entry.shape)[0])
-        return TensorInfo(entry.name, entry.dtype.name, entry.shape, p.size, p.shard_id,
-                          p.offset, unmask_crc(p.crc32c), (),
-                          stored_elements=num_elements(entry.shape))
+            return TensorInfo(
+                entry.name,
+                entry.dtype.name,
+                entry.shape,
+                nbytes,
+                None,
+                None,
+                None,
+                entry.slices,
+                stored_elements=coverage(entry.slices, entry.shape)[0],
+            )
+        return TensorInfo(
+            entry.name,
+            entry.dtype.name,
+            entry.shape,
+            p.size,
+            p.shard_id,
+            p.offset,
+            unmask_crc(p.crc32c),
+            (),
+            stored_elements=num_elements(entry.shape),
+        )
 
     def slice_info(self, name: str) -> list[TensorInfo]:
         """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty).
@@ -250,8 +307,10 @@ class Checkpoint(collections.abc.Mapping):
         """
         entry = self._full_entry(name)
         self._check_disjoint(entry)
-        return [dataclasses.replace(self._info(self._slice_entry(entry, s)), extents=s)
-                for s in entry.slices]
+        return [
+            dataclasses.replace(self._info(self._slice_entry(entry, s)), extents=s)
+            for s in entry.slices
+        ]
 
     def orphan_slice_keys(self) -> list[bytes]:
         """Slice entries that no partitioned tensor lists (left by a broken writer).
@@ -311,8 +370,9 @@ class Checkpoint(collections.abc.Mapping):
             try:
                 reader = self.storage.open_reader(path)
             except OSError as e:
-                raise CheckpointNotFoundError(f"cannot open data shard: {e.strerror or e}",
-                                              path=path, tensor=tensor) from None
+                raise CheckpointNotFoundError(
+                    f"cannot open data shard: {e.strerror or e}", path=path, tensor=tensor
+                ) from None
             except CheckpointError as e:
                 raise type(e)(e.detail, path=path, tensor=tensor) from None
             self._readers[shard_id] = reader
@@ -327,8 +387,10 @@ class Checkpoint(collections.abc.Mapping):
         if end > reader.size:
             raise self._corrupt(
                 f"bytes [{entry.proto.offset}, {end}) lie past the end of the shard "
-                f"({reader.size} bytes); the file is truncated", entry.name,
-                self._shard_path(entry))
+                f"({reader.size} bytes); the file is truncated",
+                entry.name,
+                self._shard_path(entry),
+            )
         return reader
 
     def _pread_into(self, reader, buf: memoryview, offset: int, entry: _Entry) -> None:
@@ -338,9 +400,11 @@ class Checkpoint(collections.abc.Mapping):
             try:
                 n = reader.readinto(buf[done:], offset + done)
             except OSError as e:
-                raise CorruptCheckpointError(f"read failed: {e.strerror or e}",
-                                             path=self._shard_path(entry),
-                                             tensor=entry.name) from None
+                raise CorruptCheckpointError(
+                    f"read failed: {e.strerror or e}",
+                    path=self._shard_path(entry),
+                    tensor=entry.name,
+                ) from None
             if n == 0:
                 raise self._corrupt("unexpected end of file", entry.name, self._shard_path(entry))
             done += n
@@ -365,9 +429,13 @@ class Checkpoint(collections.abc.Mapping):
     def _check_crc(self, entry: _Entry, actual: int) -> None:
         stored = unmask_crc(entry.proto.crc32c)
         if stored != actual:
-            raise self._corrupt(f"checksum mismatch: stored {stored:#010x}, computed "
-                                f"{actual:#010x} over {entry.proto.size} bytes at offset "
-                                f"{entry.proto.offset}", entry.name, self._shard_path(entry))
+            raise self._corrupt(
+                f"checksum mismatch: stored {stored:#010x}, computed "
+                f"{actual:#010x} over {entry.proto.size} bytes at offset "
+                f"{entry.proto.offset}",
+                entry.name,
+                self._shard_path(entry),
+            )
 
     # -- values
 
@@ -385,8 +453,10 @@ class Checkpoint(collections.abc.Mapping):
             entry = self._slice_entry(entry, tuple(extents))
         elif entry.slices:
             raise UnsupportedCheckpointError(
-                "partitioned tensor has no bytes of its own; read its slices", path=self.prefix,
-                tensor=name)
+                "partitioned tensor has no bytes of its own; read its slices",
+                path=self.prefix,
+                tensor=name,
+            )
         data = self._read_entry_bytes(entry).tobytes()
         if entry.dtype is _dt.STRING:
             self._check_string_bytes(entry, data)
@@ -398,14 +468,15 @@ class Checkpoint(collections.abc.Mapping):
         """The serialized ``VariantTensorDataProto`` of each element of a variant tensor."""
         entry = self._full_entry(name)
         if entry.dtype is not VARIANT:
-            raise UnsupportedCheckpointError(f"a {entry.dtype.name} tensor, not a variant",
-                                             path=self.prefix, tensor=name)
+            raise UnsupportedCheckpointError(
+                f"a {entry.dtype.name} tensor, not a variant", path=self.prefix, tensor=name
+            )
         data = self.read_bytes(name, extents)
         shape = entry.shape if extents is None else slice_shape(entry.shape, tuple(extents))
         framing = VariantFraming(data, num_elements(shape), self.header.endianness)
         if not framing.elements:  # no bytes at all: default (empty) elements
             return [b""] * num_elements(shape)
-        return [data[pos:pos + n] for pos, n in framing.elements]
+        return [data[pos : pos + n] for pos, n in framing.elements]
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         """The value of one stored slice of a partitioned tensor."""
@@ -418,7 +489,9 @@ class Checkpoint(collections.abc.Mapping):
         if dtype.numpy is None:
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors have no numpy form; use read_bytes()",
-                path=self.prefix, tensor=entry.name)
+                path=self.prefix,
+                tensor=entry.name,
+            )
         buf = self._read_entry_bytes(entry, view=True)
         return self._to_array(buf, dtype, entry.shape)
 
@@ -442,11 +515,11 @@ class Checkpoint(collections.abc.Mapping):
         out = np.empty(n, dtype=object)
         pos = framing.data_offset
         for i, length in enumerate(framing.lengths):
-            out[i] = buf[pos:pos + length]
+            out[i] = buf[pos : pos + length]
             pos += length
         return out.reshape(entry.shape)
 
-    def _check_string_bytes(self, entry: _Entry, buf: bytes) -> "StringFraming":
+    def _check_string_bytes(self, entry: _Entry, buf: bytes) -> StringFraming:
         """Parse a string tensor's framing, checking its checksums when verifying."""
         n = num_elements(entry.shape)
         shard = self._shard_path(entry)
@@ -458,14 +531,18 @@ class Checkpoint(collections.abc.Mapping):
             if framing.stored_lengths_crc != framing.lengths_crc:
                 raise self._corrupt(
                     f"string length checksum mismatch: stored {framing.stored_lengths_crc:#010x}"
-                    f", computed {framing.lengths_crc:#010x}", entry.name, shard)
+                    f", computed {framing.lengths_crc:#010x}",
+                    entry.name,
+                    shard,
+                )
             self._check_crc(entry, framing.crc)
         return framing
 
     def _check_disjoint(self, entry: _Entry) -> None:
         if entry.slices:
-            check_slice_cover(entry.slices, entry.shape,
-                               lambda what: self._corrupt(what, entry.name))
+            check_slice_cover(
+                entry.slices, entry.shape, lambda what: self._corrupt(what, entry.name)
+            )
 
     def _check_whole(self, entry: _Entry) -> None:
         """Before the whole of a partitioned tensor is read: its slices tile it exactly."""
@@ -478,9 +555,12 @@ class Checkpoint(collections.abc.Mapping):
                 f"{' '.join(format_slice(s) for s in entry.slices[:MAX_HOLES])}"
                 f"{' ...' if len(entry.slices) > MAX_HOLES else ''}); "
                 f"{describe_holes(holes, total - stored)}: read the stored slices with "
-                "read_slice()", path=self.prefix, tensor=entry.name)
+                "read_slice()",
+                path=self.prefix,
+                tensor=entry.name,
+            )
 
-    def _check_variant_bytes(self, entry: _Entry, buf: bytes) -> "VariantFraming":
+    def _check_variant_bytes(self, entry: _Entry, buf: bytes) -> VariantFraming:
         """Parse a variant tensor's framing, checking its checksums when verifying."""
         shard = self._shard_path(entry)
         try:
@@ -490,14 +570,18 @@ class Checkpoint(collections.abc.Mapping):
         if self.verify:
             if framing.bad_element is not None:
                 i, stored, computed = framing.bad_element
-                raise self._corrupt(f"checksum mismatch after variant element {i}: stored "
-                                    f"{stored:#010x}, computed {computed:#010x}", entry.name,
-                                    shard)
+                raise self._corrupt(
+                    f"checksum mismatch after variant element {i}: stored "
+                    f"{stored:#010x}, computed {computed:#010x}",
+                    entry.name,
+                    shard,
+                )
             self._check_crc(entry, framing.crc)
         return framing
 
-    def iter_string_parts(self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                          extents: Slice | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
+    def iter_string_parts(
+        self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extents: Slice | None = None
+    ) -> Iterator[tuple[str, np.ndarray, int]]:
         """Stream a string tensor (or one stored slice of it) as the format lays it out.
 
         Yields ``("lengths", uint64 array, n)`` until every element's length has
@@ -514,14 +598,17 @@ class Checkpoint(collections.abc.Mapping):
             entry = self._slice_entry(entry, tuple(extents))
         elif entry.slices:
             raise UnsupportedCheckpointError(
-                "partitioned tensor has no bytes of its own; read its slices", path=self.prefix,
-                tensor=name)
+                "partitioned tensor has no bytes of its own; read its slices",
+                path=self.prefix,
+                tensor=name,
+            )
         if entry.dtype is not _dt.STRING:
             raise TypeError(f"{name!r} is a {entry.dtype.name} tensor, not a string tensor")
         return self._iter_string_parts(entry, chunk_bytes)
 
-    def _iter_string_parts(self, entry: _Entry, chunk_bytes: int
-                           ) -> Iterator[tuple[str, np.ndarray, int]]:
+    def _iter_string_parts(
+        self, entry: _Entry, chunk_bytes: int
+    ) -> Iterator[tuple[str, np.ndarray, int]]:
         n, size = num_elements(entry.shape), entry.proto.size
         if size == 0:
             if n:
@@ -574,12 +661,16 @@ class Checkpoint(collections.abc.Mapping):
             raise malformed("truncated before the length checksum")
         check, pending = pending[:4], pending[4:]
         if len(pending) + end - pos != total:
-            raise malformed(f"lengths add up to {total} bytes but {len(pending) + end - pos} "
-                            "follow")
+            raise malformed(
+                f"lengths add up to {total} bytes but {len(pending) + end - pos} follow"
+            )
         stored = unmask_crc(int.from_bytes(check.tobytes(), endian))
         if self.verify and stored != crc:
-            raise self._corrupt(f"string length checksum mismatch: stored {stored:#010x}, "
-                                f"computed {crc:#010x}", entry.name, shard)
+            raise self._corrupt(
+                f"string length checksum mismatch: stored {stored:#010x}, computed {crc:#010x}",
+                entry.name,
+                shard,
+            )
         crc = crc32c(check, crc)
         while len(pending) or pos < end:
             if len(pending):
@@ -605,24 +696,24 @@ class Checkpoint(collections.abc.Mapping):
             if bounds is None:
                 bounds = np.zeros(num_elements(entry.shape) + 1, dtype=np.int64)
             if kind == "lengths":  # element i is data bytes [bounds[i], bounds[i + 1])
-                ends = bounds[known + 1:known + 1 + len(part)]
+                ends = bounds[known + 1 : known + 1 + len(part)]
                 np.cumsum(part, out=ends)
                 ends += bounds[known]
                 known += len(part)
                 continue
             data, start, done = part.tobytes(), done, done + len(part)
             last = int(np.searchsorted(bounds, done, side="right")) - 1  # elements ending here
-            for a, b in zip(bounds[k:last].tolist(), bounds[k + 1:last + 1].tolist()):
+            for a, b in zip(bounds[k:last].tolist(), bounds[k + 1 : last + 1].tolist()):
                 if a < start:
-                    carry.append(data[:b - start])
+                    carry.append(data[: b - start])
                     out.append(b"".join(carry))
                     carry.clear()
                 else:
-                    out.append(data[a - start:b - start])
+                    out.append(data[a - start : b - start])
                 held += b - a
             k = max(k, last)
             if k < len(bounds) - 1:
-                carry.append(data[max(int(bounds[k]) - start, 0):])
+                carry.append(data[max(int(bounds[k]) - start, 0) :])
             if held >= chunk_bytes:
                 yield _object_array(out)
                 out, held = [], 0
@@ -642,18 +733,24 @@ class Checkpoint(collections.abc.Mapping):
             out = np.empty(entry.shape, dtype=object)
         elif entry.dtype.numpy is None:
             raise UnsupportedCheckpointError(
-                f"{entry.dtype.name} tensors have no numpy form", path=self.prefix,
-                tensor=entry.name)
+                f"{entry.dtype.name} tensors have no numpy form",
+                path=self.prefix,
+                tensor=entry.name,
+            )
         else:
             out = np.empty(entry.shape, dtype=entry.dtype.numpy)
         for extents, part in zip(entry.slices, parts):
             out[slice_index(extents)] = self._decode(part)
         return out
 
-    def iter_chunks(self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                    extents: Slice | None = None, *,
-                    buffers: Callable[[int], np.ndarray] | None = None
-                    ) -> Iterator[np.ndarray]:
+    def iter_chunks(
+        self,
+        name: str,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        extents: Slice | None = None,
+        *,
+        buffers: Callable[[int], np.ndarray] | None = None,
+    ) -> Iterator[np.ndarray]:
         """Yield tensor ``name`` as 1-D arrays of consecutive elements in row-major order.
 
         At most about ``chunk_bytes`` (or one row of the tensor, if larger) are
@@ -674,8 +771,9 @@ class Checkpoint(collections.abc.Mapping):
         """
         entry = self._full_entry(name)
         if extents is not None:
-            yield from self._iter_entry(self._slice_entry(entry, tuple(extents)), chunk_bytes,
-                                        buffers)
+            yield from self._iter_entry(
+                self._slice_entry(entry, tuple(extents)), chunk_bytes, buffers
+            )
         elif not entry.slices:
             yield from self._iter_entry(entry, chunk_bytes, buffers)
         elif entry.dtype.numpy is None or entry.dtype is _dt.STRING or not entry.shape:
@@ -684,8 +782,7 @@ class Checkpoint(collections.abc.Mapping):
             # Partitioned by rows only: the slices, in row order, are the tensor.
             self._check_whole(entry)
             for ext in sorted(entry.slices, key=lambda ext: ext[0][0]):
-                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes,
-                                            buffers)
+                yield from self._iter_entry(self._slice_entry(entry, ext), chunk_bytes, buffers)
         else:
             yield from self._iter_bands(entry, chunk_bytes)
 
@@ -719,8 +816,9 @@ class Checkpoint(collections.abc.Mapping):
                         continue
                     part_row = num_elements(part.shape[1:]) * dtype.itemsize
                     buf = np.empty((r1 - r0) * part_row, dtype=np.uint8)
-                    self._pread_into(reader, memoryview(buf), part.proto.offset + (r0 - s0) * part_row,
-                                     part)
+                    self._pread_into(
+                        reader, memoryview(buf), part.proto.offset + (r0 - s0) * part_row, part
+                    )
                     if self.verify:
                         crc[0] = crc32c(buf, crc[0])
                         if r1 == s1:
@@ -729,9 +827,9 @@ class Checkpoint(collections.abc.Mapping):
                     out[index] = self._to_array(buf, dtype, (r1 - r0,) + part.shape[1:])
                 yield out.reshape(-1)
 
-    def _iter_entry(self, entry: _Entry, chunk_bytes: int,
-                    buffers: Callable[[int], np.ndarray] | None = None
-                    ) -> Iterator[np.ndarray]:
+    def _iter_entry(
+        self, entry: _Entry, chunk_bytes: int, buffers: Callable[[int], np.ndarray] | None = None
+    ) -> Iterator[np.ndarray]:
         dtype = entry.dtype
         if dtype is _dt.STRING:
             yield from self._iter_string_elements(entry, chunk_bytes)
@@ -757,11 +855,7 @@ class Checkpoint(collections.abc.Mapping):
             self._check_crc(entry, crc)
 
 
-NATIVE = "little" if np.little_endian else "big"
-
-
 def _object_array(items: list) -> np.ndarray:
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
-

@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT = 30.0
 def normalize(path) -> str:
     """A path as tfckpt keeps it: ``file://`` URLs become plain local paths."""
     text = os.fspath(path)
-    return text[len("file://"):] if text.startswith("file://") else text
+    return text[len("file://") :] if text.startswith("file://") else text
 
 
 def is_url(path) -> bool:
@@ -42,7 +42,7 @@ def is_url(path) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def storage_for(path) -> "Storage":
+def storage_for(path) -> Storage:
     """The storage that holds ``path``."""
     if is_url(path):
         return RemoteStorage.for_url(os.fspath(path))
@@ -188,7 +188,7 @@ class Storage:
         """A directory's path spelled as :meth:`join` expects it."""
         return path
 
-    def open_reader(self, path: str) -> "LocalReader":
+    def open_reader(self, path: str) -> LocalReader:
         return LocalReader(path)
 
     def remove(self, path: str) -> None:
@@ -198,9 +198,13 @@ class Storage:
         return os.path.realpath(path)
 
 
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
-               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"))
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def open_regular(path: str) -> int:
@@ -245,6 +249,7 @@ class LocalReader:
         which kills the process, so the file's current size is checked first.
         """
         import numpy as np
+
         if os.fstat(self._fd).st_size < offset + n:
             return None
         if self._map is None:
@@ -268,6 +273,7 @@ def _load_sync_file_range():
     try:
         import ctypes
         import ctypes.util
+
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         fn = libc.sync_file_range
         fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -294,20 +300,21 @@ class RemoteStorage(Storage):
         self.protocol = protocol
 
     @classmethod
-    def for_url(cls, url: str) -> "RemoteStorage":
+    def for_url(cls, url: str) -> RemoteStorage:
         try:
             import fsspec
         except ImportError:
-            raise CheckpointError("URLs need fsspec: pip install 'tfckpt[remote]' (and the "
-                                  "file system's package, e.g. s3fs or gcsfs)", path=url) \
-                from None
+            raise CheckpointError(
+                "URLs need fsspec: pip install 'tfckpt[remote]' (and the "
+                "file system's package, e.g. s3fs or gcsfs)",
+                path=url,
+            ) from None
         protocol = url.split("://", 1)[0]
         retries, options = remote_options(protocol)
         try:
             fs, _ = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError, TypeError) as e:
-            raise CheckpointError(f"cannot open this URL's file system: {e}", path=url) \
-                from None
+            raise CheckpointError(f"cannot open this URL's file system: {e}", path=url) from None
         if retries is not None and hasattr(fs, "retries"):
             fs.retries = retries  # s3fs's own loop around botocore's retries
         _quiet_abandoned_requests(getattr(fs, "loop", None))
@@ -356,22 +363,30 @@ class RemoteStorage(Storage):
     def listdir(self, path: str) -> list[str]:
         key = self._strip(path)
         self.fs.invalidate_cache(key)  # another process may have written here since
-        return [posixpath.basename(p.rstrip("/"))
-                for p in self.call("listing", path, self.fs.ls, key, detail=False)]
+        return [
+            posixpath.basename(p.rstrip("/"))
+            for p in self.call("listing", path, self.fs.ls, key, detail=False)
+        ]
 
     def read_bytes(self, path: str) -> bytes:
         return self.call("reading", path, self.fs.cat_file, self._strip(path))
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """One request that stores the whole object, or nothing (never a part of it)."""
-        self.call("writing", path, self.fs.pipe_file, self._strip(path), bytes(data),
-                  error=CheckpointWriteError)
+        self.call(
+            "writing",
+            path,
+            self.fs.pipe_file,
+            self._strip(path),
+            bytes(data),
+            error=CheckpointWriteError,
+        )
 
     def write_new(self, path: str, data, *, durable: bool = False) -> None:
         """One request that stores the whole object (object stores have no exclusive create)."""
         self.write_bytes(path, data)
 
-    def open_writer(self, path: str, *, exclusive: bool = True) -> "RemoteWriter":
+    def open_writer(self, path: str, *, exclusive: bool = True) -> RemoteWriter:
         return RemoteWriter(self, path)
 
     def fsync(self, file) -> None:
@@ -401,17 +416,22 @@ class RemoteStorage(Storage):
     def dir_path(self, path: str) -> str:
         return path.rstrip("/")
 
-    def open_reader(self, path: str) -> "RemoteReader":
+    def open_reader(self, path: str) -> RemoteReader:
         return RemoteReader(self, path)
 
     def remove(self, path: str) -> None:
-        self.call("deleting", path, self.fs.rm_file, self._strip(path),
-                  error=CheckpointWriteError)
+        self.call("deleting", path, self.fs.rm_file, self._strip(path), error=CheckpointWriteError)
 
     def replace(self, src: str, dst: str) -> None:
         """Copy, then delete: an object store's rename is not atomic."""
-        self.call(f"moving to {dst}", src, self.fs.mv, self._strip(src), self._strip(dst),
-                  error=CheckpointWriteError)
+        self.call(
+            f"moving to {dst}",
+            src,
+            self.fs.mv,
+            self._strip(src),
+            self._strip(dst),
+            error=CheckpointWriteError,
+        )
 
     def realpath(self, path: str) -> str:
         """One spelling per object (``memory:///a`` and ``memory://a`` are the same)."""
@@ -436,11 +456,17 @@ def remote_options(protocol: str) -> tuple[int | None, dict]:
         if retries < 0 or not timeout > 0:
             raise ValueError
     except ValueError:
-        raise CheckpointError(f"{RETRIES_ENV} must be a whole number >= 0 and {TIMEOUT_ENV} "
-                              "a positive number of seconds") from None
-    return 1, {"config_kwargs": {"retries": {"total_max_attempts": retries + 1,
-                                             "mode": "standard"},
-                                 "connect_timeout": timeout, "read_timeout": timeout}}
+        raise CheckpointError(
+            f"{RETRIES_ENV} must be a whole number >= 0 and {TIMEOUT_ENV} "
+            "a positive number of seconds"
+        ) from None
+    return 1, {
+        "config_kwargs": {
+            "retries": {"total_max_attempts": retries + 1, "mode": "standard"},
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+        }
+    }
 
 
 def _quiet_abandoned_requests(loop) -> None:
@@ -450,8 +476,9 @@ def _quiet_abandoned_requests(loop) -> None:
         return
 
     def handler(loop, context):
-        if isinstance(context.get("exception"), OSError) and \
-                "never retrieved" in context.get("message", ""):
+        if isinstance(context.get("exception"), OSError) and "never retrieved" in context.get(
+            "message", ""
+        ):
             return
         loop.default_exception_handler(context)
 
@@ -474,20 +501,20 @@ class RemoteWriter:
     def __init__(self, store: RemoteStorage, path: str):
         self.path = path
         self._store = store
-        self._file = store.call("opening", path, store.fs.open, store._strip(path), "wb",
-                                error=CheckpointWriteError)
+        self._file = store.call(
+            "opening", path, store.fs.open, store._strip(path), "wb", error=CheckpointWriteError
+        )
 
     def write(self, data) -> int:
-        return self._store.call("writing", self.path, self._file.write, data,
-                                error=CheckpointWriteError)
+        return self._store.call(
+            "writing", self.path, self._file.write, data, error=CheckpointWriteError
+        )
 
     def flush(self) -> None:
-        self._store.call("writing", self.path, self._file.flush,
-                         error=CheckpointWriteError)
+        self._store.call("writing", self.path, self._file.flush, error=CheckpointWriteError)
 
     def close(self) -> None:
-        self._store.call("writing", self.path, self._file.close,
-                         error=CheckpointWriteError)
+        self._store.call("writing", self.path, self._file.close, error=CheckpointWriteError)
 
     def discard(self) -> None:
         try:
@@ -511,12 +538,19 @@ class RemoteReader:
         n = min(len(buf), max(self.size - offset, 0))
         if n == 0:
             return 0
-        data = self._store.call(f"reading bytes [{offset}, {offset + n})", self.path,
-                                self._store.fs.cat_file, self._key, start=offset,
-                                end=offset + n)
+        data = self._store.call(
+            f"reading bytes [{offset}, {offset + n})",
+            self.path,
+            self._store.fs.cat_file,
+            self._key,
+            start=offset,
+            end=offset + n,
+        )
         if len(data) != n:  # e.g. a server that ignores Range and sends the whole object
-            raise CheckpointError(f"reading bytes [{offset}, {offset + n}) returned "
-                                  f"{len(data)} bytes instead of {n}", path=self.path)
+            raise CheckpointError(
+                f"reading bytes [{offset}, {offset + n}) returned {len(data)} bytes instead of {n}",
+                path=self.path,
+            )
         buf[:n] = data
         return n
 

@@ -9,7 +9,7 @@ spreads tensors over several shards and commits them (:mod:`tfckpt.commit`);
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -18,10 +18,27 @@ from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
 from .commit import commit, discard, remove_stale_temporaries, temporary_base
 from .errors import CheckpointError, CheckpointWriteError
-from .format import (NATIVE, VARIANT, Extent, Slice, StringFraming, VariantFraming, add_slice,
-                     as_string_array, encode_strings, encode_varints, entry_proto, extents_fit,
-                     format_slice, is_full_slice, lengths_crc, num_elements, shape_tuple,
-                     slice_shape, string_tensor_nbytes)
+from .format import (
+    NATIVE,
+    VARIANT,
+    Extent,
+    Slice,
+    StringFraming,
+    VariantFraming,
+    add_slice,
+    as_string_array,
+    encode_strings,
+    encode_varints,
+    entry_proto,
+    extents_fit,
+    format_slice,
+    is_full_slice,
+    lengths_crc,
+    num_elements,
+    shape_tuple,
+    slice_shape,
+    string_tensor_nbytes,
+)
 from .orderedcode import encode_name, encode_slice_key
 from .storage import normalize, storage_for
 from .table import crc32c, mask_crc
@@ -52,8 +69,7 @@ class IndexEntries:
         if key in self.entries:
             raise ValueError(f"duplicate tensor name {name!r}")
 
-    def slice_key(self, name: str, dt: _dt.DType, full_shape, extents: Slice,
-                  shape) -> bytes:
+    def slice_key(self, name: str, dt: _dt.DType, full_shape, extents: Slice, shape) -> bytes:
         """The key of a new slice, refused when it does not fit its tensor."""
         full_shape = shape_tuple(full_shape)
         if len(extents) != len(full_shape):
@@ -61,15 +77,19 @@ class IndexEntries:
         if not extents_fit(extents, full_shape):
             raise ValueError(f"slice {format_slice(extents)} lies outside {list(full_shape)}")
         if tuple(shape) != slice_shape(full_shape, extents):
-            raise ValueError(f"slice {format_slice(extents)} has shape "
-                             f"{list(slice_shape(full_shape, extents))}, not {list(shape)}")
+            raise ValueError(
+                f"slice {format_slice(extents)} has shape "
+                f"{list(slice_shape(full_shape, extents))}, not {list(shape)}"
+            )
         full_key = encode_name(name)
         if full_key in self.entries and full_key not in self.slices_of:
             raise ValueError(f"duplicate tensor name {name!r}")
         known = self.slices_of.get(full_key)
         if known is not None and known != (dt, full_shape):
-            raise ValueError(f"slices of {name!r} disagree: {known[0].name} {list(known[1])} vs "
-                             f"{dt.name} {list(full_shape)}")
+            raise ValueError(
+                f"slices of {name!r} disagree: {known[0].name} {list(known[1])} vs "
+                f"{dt.name} {list(full_shape)}"
+            )
         return encode_slice_key(name, extents)
 
     def register_slice(self, name: str, dt: _dt.DType, full_shape, extents: Slice) -> None:
@@ -113,7 +133,7 @@ class _Adder:
     index: IndexEntries
     endianness: str
 
-    def _target(self, nbytes: int, shard: int | None) -> "ShardWriter":
+    def _target(self, nbytes: int, shard: int | None) -> ShardWriter:
         raise NotImplementedError
 
     def add(self, name: str, value, dtype=None, *, shard: int | None = None) -> None:
@@ -126,8 +146,17 @@ class _Adder:
         arr = _as_array(value, dt)
         self._target(_nbytes(arr, dt), shard)._add(key, dt, arr)
 
-    def add_raw(self, name: str, dtype, shape, data, *, extents: Slice | None = None,
-                full_shape=None, shard: int | None = None) -> None:
+    def add_raw(
+        self,
+        name: str,
+        dtype,
+        shape,
+        data,
+        *,
+        extents: Slice | None = None,
+        full_shape=None,
+        shard: int | None = None,
+    ) -> None:
         """Add a tensor (or a slice, with ``extents`` and ``full_shape``) from its on-disk bytes.
 
         The bytes are written as they are and must already be in this writer's
@@ -150,8 +179,9 @@ class _Adder:
         elif dt is VARIANT:
             framing = VariantFraming(data.tobytes(), num_elements(shape), self.endianness)
             if framing.bad_element is not None:
-                raise ValueError(f"variant element {framing.bad_element[0]} of {name!r} has a "
-                                 "wrong checksum")
+                raise ValueError(
+                    f"variant element {framing.bad_element[0]} of {name!r} has a wrong checksum"
+                )
             crc = framing.crc
         else:
             crc = crc32c(data)
@@ -159,8 +189,16 @@ class _Adder:
         if extents is not None:
             self.index.register_slice(name, dt, full_shape, extents)
 
-    def add_slice(self, name: str, full_shape, extents: Sequence[Extent], value,
-                  dtype=None, *, shard: int | None = None) -> None:
+    def add_slice(
+        self,
+        name: str,
+        full_shape,
+        extents: Sequence[Extent],
+        value,
+        dtype=None,
+        *,
+        shard: int | None = None,
+    ) -> None:
         """Add one slice of a partitioned tensor.
 
         ``extents`` has one ``(start, length)`` per axis; a length of None takes
@@ -175,8 +213,10 @@ class _Adder:
         shape = slice_shape(full_shape, extents)
         arr = _as_array(value, dt)
         if arr.shape != shape:
-            raise ValueError(f"slice {format_slice(extents)} of {list(full_shape)} has shape "
-                             f"{list(shape)}, value has {list(arr.shape)}")
+            raise ValueError(
+                f"slice {format_slice(extents)} of {list(full_shape)} has shape "
+                f"{list(shape)}, value has {list(arr.shape)}"
+            )
         key = self.index.slice_key(name, dt, full_shape, extents, shape)
         self.index.check_open(key, name)
         if dt is not _dt.STRING and dt.numpy is None:
@@ -184,7 +224,7 @@ class _Adder:
         self._target(_nbytes(arr, dt), shard)._add(key, dt, arr)
         self.index.register_slice(name, dt, full_shape, extents)
 
-    def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> "_TensorStream":
+    def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> _TensorStream:
         """Add a tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``.
 
         A ``string`` tensor is streamed as its format lays it out instead: every
@@ -199,8 +239,9 @@ class _Adder:
         shape = shape_tuple(shape)
         return self._target(_stream_bytes(dt, shape), shard)._stream(key, dt, shape)
 
-    def stream_slice(self, name: str, dtype, full_shape, extents: Sequence[Extent], *,
-                     shard: int | None = None) -> "_TensorStream":
+    def stream_slice(
+        self, name: str, dtype, full_shape, extents: Sequence[Extent], *, shard: int | None = None
+    ) -> _TensorStream:
         """Like :meth:`stream`, for one slice of a partitioned tensor."""
         dt = _dt.lookup(dtype)
         full_shape = shape_tuple(full_shape)
@@ -211,7 +252,8 @@ class _Adder:
         if dt.numpy is None and dt is not _dt.STRING:
             raise ValueError(f"{dt.name} tensors cannot be streamed")
         return self._target(_stream_bytes(dt, shape), shard)._stream(
-            key, dt, shape, lambda: self.index.register_slice(name, dt, full_shape, extents))
+            key, dt, shape, lambda: self.index.register_slice(name, dt, full_shape, extents)
+        )
 
 
 def _nbytes(arr: np.ndarray, dt: _dt.DType) -> int:
@@ -234,9 +276,17 @@ class ShardWriter(_Adder):
     may run twice (a cluster recomputing a result lost with its worker).
     """
 
-    def __init__(self, path: str, *, endianness: str = "little", durable: bool = True,
-                 exclusive: bool = False, shard_id: int = 0, index: IndexEntries | None = None,
-                 on_abort: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        path: str,
+        *,
+        endianness: str = "little",
+        durable: bool = True,
+        exclusive: bool = False,
+        shard_id: int = 0,
+        index: IndexEntries | None = None,
+        on_abort: Callable[[], None] | None = None,
+    ):
         if endianness not in ("little", "big"):
             raise ValueError("endianness must be 'little' or 'big'")
         self.path = path
@@ -251,8 +301,7 @@ class ShardWriter(_Adder):
         self._file = self._store.open_writer(path, exclusive=exclusive)
 
     @classmethod
-    def create(cls, path: str, *, endianness: str = "little",
-               durable: bool = True) -> "ShardWriter":
+    def create(cls, path: str, *, endianness: str = "little", durable: bool = True) -> ShardWriter:
         """A writer of one data shard at ``path`` on its own, its directory made if missing.
 
         Used by tasks that each write one shard of a checkpoint; :meth:`finish`
@@ -263,8 +312,9 @@ class ShardWriter(_Adder):
             store.makedirs(store.dirname(path))
             return cls(path, endianness=endianness, durable=durable)
         except OSError as e:
-            raise CheckpointWriteError(f"cannot create data file: {e.strerror or e}",
-                                       path=path) from None
+            raise CheckpointWriteError(
+                f"cannot create data file: {e.strerror or e}", path=path
+            ) from None
 
     # -- the data file
 
@@ -272,10 +322,13 @@ class ShardWriter(_Adder):
         try:
             self._file.write(data)
             self.size += len(memoryview(data).cast("B"))
-            if self.durable and self.size - self._flushed >= _WRITEBACK_STEP:
-                # Let the disk work while we compute: the final fsync has little left.
-                if self._store.writeback(self._file, self._flushed, self.size - self._flushed):
-                    self._flushed = self.size
+            # Let the disk work while we compute: the final fsync has little left.
+            if (
+                self.durable
+                and self.size - self._flushed >= _WRITEBACK_STEP
+                and self._store.writeback(self._file, self._flushed, self.size - self._flushed)
+            ):
+                self._flushed = self.size
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.path) from None
 
@@ -310,8 +363,7 @@ class ShardWriter(_Adder):
             self.close()
         except OSError as e:
             self.abort()
-            raise CheckpointWriteError(f"write failed: {e.strerror or e}",
-                                       path=self.path) from None
+            raise CheckpointWriteError(f"write failed: {e.strerror or e}", path=self.path) from None
         self.index.done = True
         return self.index.entries
 
@@ -325,17 +377,19 @@ class ShardWriter(_Adder):
 
     # -- what the adding methods (:class:`_Adder`) write with
 
-    def _target(self, nbytes: int, shard: int | None) -> "ShardWriter":
+    def _target(self, nbytes: int, shard: int | None) -> ShardWriter:
         if shard not in (None, self.shard_id):
             raise ValueError(f"this writer writes shard {self.shard_id} only, not {shard}")
         return self
 
-    def _record(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int,
-                size: int, crc: int) -> None:
+    def _record(
+        self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int, size: int, crc: int
+    ) -> None:
         self.index.entries[key] = entry_proto(dtype, shape, self.shard_id, offset, size, crc)
 
-    def _add_bytes(self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], data,
-                   crc: int) -> None:
+    def _add_bytes(
+        self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], data, crc: int
+    ) -> None:
         offset = self.size
         self._write(data)
         self._record(key, dtype, shape, offset, len(data), crc)
@@ -348,8 +402,13 @@ class ShardWriter(_Adder):
         with self._stream(key, dt, arr.shape) as s:
             s.write(arr)
 
-    def _stream(self, key: bytes, dt: _dt.DType, shape: tuple[int, ...],
-                on_close: Callable[[], None] | None = None) -> "_TensorStream":
+    def _stream(
+        self,
+        key: bytes,
+        dt: _dt.DType,
+        shape: tuple[int, ...],
+        on_close: Callable[[], None] | None = None,
+    ) -> _TensorStream:
         self.index.streaming = True
         if dt is _dt.STRING:  # its size is known only at the end
             return _StringStream(self, key, shape, on_close)
@@ -359,8 +418,15 @@ class ShardWriter(_Adder):
 class _TensorStream:
     """Receives one fixed-size tensor's elements in row-major order."""
 
-    def __init__(self, writer: ShardWriter, key: bytes, dtype: _dt.DType,
-                 shape: tuple[int, ...], size: int, on_close: Callable[[], None] | None):
+    def __init__(
+        self,
+        writer: ShardWriter,
+        key: bytes,
+        dtype: _dt.DType,
+        shape: tuple[int, ...],
+        size: int,
+        on_close: Callable[[], None] | None,
+    ):
         self._w = writer
         self._key = key
         self.dtype = dtype
@@ -380,8 +446,10 @@ class _TensorStream:
         if self._swap:
             data = data.view(np.dtype(f"u{self.dtype.swap_unit}")).byteswap().view(np.uint8)
         if self._written + data.nbytes > self._size:
-            raise ValueError(f"more than the {self._size} bytes of shape {list(self.shape)} "
-                             f"{self.dtype.name} written")
+            raise ValueError(
+                f"more than the {self._size} bytes of shape {list(self.shape)} "
+                f"{self.dtype.name} written"
+            )
         self._w._write(data)
         self._crc = crc32c(data, self._crc)
         self._written += data.nbytes
@@ -389,8 +457,7 @@ class _TensorStream:
     def close(self) -> None:
         self._w.index.streaming = False
         if self._written != self._size:
-            raise ValueError(f"{self._written} bytes written to a tensor of "
-                             f"{self._size} bytes")
+            raise ValueError(f"{self._written} bytes written to a tensor of {self._size} bytes")
         self._end(self._size)
 
     def _end(self, size: int) -> None:
@@ -398,7 +465,7 @@ class _TensorStream:
         if self._on_close is not None:
             self._on_close()
 
-    def __enter__(self) -> "_TensorStream":
+    def __enter__(self) -> _TensorStream:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -415,18 +482,26 @@ class _StringStream(_TensorStream):
     Writes the framing and computes the checksums exactly as :func:`encode_strings`.
     """
 
-    def __init__(self, writer: ShardWriter, key: bytes, shape: tuple[int, ...],
-                 on_close: Callable[[], None] | None):
+    def __init__(
+        self,
+        writer: ShardWriter,
+        key: bytes,
+        shape: tuple[int, ...],
+        on_close: Callable[[], None] | None,
+    ):
         super().__init__(writer, key, _dt.STRING, shape, 0, on_close)
         self._count = num_elements(shape)
-        self._lengths = 0   # lengths received
+        self._lengths = 0  # lengths received
         self._expected = 0  # element bytes they add up to
         self._framed = False  # the lengths' checksum is written
 
     def write_lengths(self, lengths) -> None:
         arr = np.asarray(lengths)
-        if arr.ndim != 1 or arr.dtype.kind not in "ui" or (arr.dtype.kind == "i" and len(arr)
-                                                           and int(arr.min()) < 0):
+        if (
+            arr.ndim != 1
+            or arr.dtype.kind not in "ui"
+            or (arr.dtype.kind == "i" and len(arr) and int(arr.min()) < 0)
+        ):
             raise ValueError("lengths must be a 1-D array of non-negative integers")
         if self._framed or self._lengths + len(arr) > self._count:
             raise ValueError(f"more than the {self._count} lengths of shape {list(self.shape)}")
@@ -464,8 +539,10 @@ class _StringStream(_TensorStream):
         if not self._framed and self._lengths == self._count:
             self._end_lengths()
         if self._lengths != self._count or self._written != self._expected:
-            raise ValueError(f"{self._lengths} of {self._count} lengths and {self._written} of "
-                             f"{self._expected} element bytes written")
+            raise ValueError(
+                f"{self._lengths} of {self._count} lengths and {self._written} of "
+                f"{self._expected} element bytes written"
+            )
         self._end(self._w.size - self._offset)
 
 
@@ -492,8 +569,15 @@ class BundleWriter(_Adder):
     ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
     """
 
-    def __init__(self, prefix, *, max_shard_bytes: int | None = None, overwrite: bool = False,
-                 endianness: str = "little", durable: bool = True):
+    def __init__(
+        self,
+        prefix,
+        *,
+        max_shard_bytes: int | None = None,
+        overwrite: bool = False,
+        endianness: str = "little",
+        durable: bool = True,
+    ):
         if max_shard_bytes is not None and max_shard_bytes <= 0:
             raise ValueError("max_shard_bytes must be positive")
         if endianness not in ("little", "big"):
@@ -512,24 +596,33 @@ class BundleWriter(_Adder):
         remove_stale_temporaries(self.prefix)
         index = paths.index_filename(self.prefix)
         if self._store.isfile(index) and not overwrite:
-            raise CheckpointWriteError("a checkpoint already exists here (pass overwrite=True "
-                                       "to replace it)", path=index)
+            raise CheckpointWriteError(
+                "a checkpoint already exists here (pass overwrite=True to replace it)", path=index
+            )
         try:
             self._created_dirs = self._store.makedirs(self._store.dirname(self.prefix))
             self._shard(0)
         except OSError as e:
             self.abort()
-            raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
-                                       path=self._tmp_base) from None
+            raise CheckpointWriteError(
+                f"cannot create data file: {e.strerror}", path=self._tmp_base
+            ) from None
 
     # -- shards
 
     def _shard(self, shard_id: int) -> ShardWriter:
         while len(self._shards) <= shard_id:
-            self._shards.append(ShardWriter(
-                f"{self._tmp_base}.data-{len(self._shards)}", endianness=self.endianness,
-                durable=self.durable, exclusive=True, shard_id=len(self._shards),
-                index=self.index, on_abort=self.abort))
+            self._shards.append(
+                ShardWriter(
+                    f"{self._tmp_base}.data-{len(self._shards)}",
+                    endianness=self.endianness,
+                    durable=self.durable,
+                    exclusive=True,
+                    shard_id=len(self._shards),
+                    index=self.index,
+                    on_abort=self.abort,
+                )
+            )
         return self._shards[shard_id]
 
     def _target(self, nbytes: int, shard: int | None) -> ShardWriter:
@@ -540,11 +633,15 @@ class BundleWriter(_Adder):
             try:
                 return self._shard(shard)
             except OSError as e:
-                raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
-                                           path=self._tmp_base) from None
+                raise CheckpointWriteError(
+                    f"cannot create data file: {e.strerror}", path=self._tmp_base
+                ) from None
         current = self._shards[self._current]
-        if self.max_shard_bytes is not None and current.size > 0 \
-                and current.size + nbytes > self.max_shard_bytes:
+        if (
+            self.max_shard_bytes is not None
+            and current.size > 0
+            and current.size + nbytes > self.max_shard_bytes
+        ):
             self._current = len(self._shards)
             return self._target(nbytes, self._current)
         return current
@@ -555,12 +652,13 @@ class BundleWriter(_Adder):
             if count > 0:
                 self._shard(count - 1)
         except OSError as e:
-            raise CheckpointWriteError(f"cannot create data file: {e.strerror}",
-                                       path=self._tmp_base) from None
+            raise CheckpointWriteError(
+                f"cannot create data file: {e.strerror}", path=self._tmp_base
+            ) from None
 
     # -- commit
 
-    def __enter__(self) -> "BundleWriter":
+    def __enter__(self) -> BundleWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -589,11 +687,18 @@ class BundleWriter(_Adder):
                 for shard in self._shards:
                     shard.close()
             except OSError as e:
-                raise CheckpointWriteError(f"write failed: {e.strerror or e}",
-                                           path=self.prefix) from None
-            commit(self.prefix, [s.path for s in self._shards], self.index.entries,
-                   base=self._tmp_base, endianness=self.endianness, durable=self.durable,
-                   overwrite=self.overwrite)
+                raise CheckpointWriteError(
+                    f"write failed: {e.strerror or e}", path=self.prefix
+                ) from None
+            commit(
+                self.prefix,
+                [s.path for s in self._shards],
+                self.index.entries,
+                base=self._tmp_base,
+                endianness=self.endianness,
+                durable=self.durable,
+                overwrite=self.overwrite,
+            )
         except BaseException:
             self.abort()
             raise
@@ -601,8 +706,15 @@ class BundleWriter(_Adder):
         return self.prefix
 
 
-def save(tensors: Mapping[str, object], prefix, *, max_shard_bytes: int | None = None,
-         overwrite: bool = False, endianness: str = "little", durable: bool = True) -> str:
+def save(
+    tensors: Mapping[str, object],
+    prefix,
+    *,
+    max_shard_bytes: int | None = None,
+    overwrite: bool = False,
+    endianness: str = "little",
+    durable: bool = True,
+) -> str:
     """Write ``{name: array}`` as a checkpoint that TensorFlow reads bit-for-bit.
 
     Arrays of numeric dtypes keep their dtype; object arrays of ``bytes`` (or
@@ -612,8 +724,13 @@ def save(tensors: Mapping[str, object], prefix, *, max_shard_bytes: int | None =
     >>> tfckpt.save({"w": np.zeros((2, 3), np.float16)}, "out/model")
     'out/model'
     """
-    with BundleWriter(prefix, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
-                      endianness=endianness, durable=durable) as w:
+    with BundleWriter(
+        prefix,
+        max_shard_bytes=max_shard_bytes,
+        overwrite=overwrite,
+        endianness=endianness,
+        durable=durable,
+    ) as w:
         for name in sorted(tensors, key=encode_name):
             w.add(name, tensors[name])
     return w.prefix

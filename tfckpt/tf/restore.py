@@ -17,9 +17,9 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..cast import Caster, OverflowPolicy
-from ..reader import Checkpoint
 from ..errors import CheckpointError
 from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
+from ..reader import Checkpoint
 from ._tf import tensorflow
 
 
@@ -27,7 +27,7 @@ from ._tf import tensorflow
 class Restored:
     checkpoint_name: str
     variable: str
-    dtype: str      # in the checkpoint
+    dtype: str  # in the checkpoint
     new_dtype: str  # of the variable
 
     @property
@@ -45,13 +45,23 @@ class RestoreReport:
     unused: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"restored": [vars(r) for r in self.restored], "missing": self.missing,
-                "unused": self.unused}
+        return {
+            "restored": [vars(r) for r in self.restored],
+            "missing": self.missing,
+            "unused": self.unused,
+        }
 
 
-def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | None = None,
-            allow_missing: bool = False, overflow: OverflowPolicy = "error",
-            reshape: bool = False) -> RestoreReport:
+def restore(
+    target,
+    path,
+    *,
+    session=None,
+    assignment_map: Mapping[str, str] | None = None,
+    allow_missing: bool = False,
+    overflow: OverflowPolicy = "error",
+    reshape: bool = False,
+) -> RestoreReport:
     """Restore ``path`` into ``target``, casting every value to its variable's dtype.
 
     - TF1 graph mode: ``target`` is a list of variables (matched by op name;
@@ -84,19 +94,25 @@ def restore(target, path, *, session=None, assignment_map: Mapping[str, str] | N
             pairs, report = _match_by_name(tf, target, ckpt, assignment_map, reshape)
         else:
             if assignment_map:
-                raise CheckpointError("assignment_map applies to name-based targets (a list "
-                                      "or dict of variables), not to object-based ones")
+                raise CheckpointError(
+                    "assignment_map applies to name-based targets (a list "
+                    "or dict of variables), not to object-based ones"
+                )
             pairs, report = _match_objects(tf, target, ckpt)
         if report.missing and not allow_missing:
             raise CheckpointError(
                 f"no value for {len(report.missing)} variable(s): "
                 f"{', '.join(report.missing[:10])} (pass allow_missing=True to skip them)",
-                path=ckpt.prefix)
-        values = [(var, _converted(ckpt, name, var_name, var, value_fn, overflow, reshape))
-                  for name, var_name, var, value_fn in pairs]
-        report.restored = [Restored(name, var_name, ckpt.info(name).dtype,
-                                    _var_dtype(tf, var).name)
-                           for name, var_name, var, _ in pairs]
+                path=ckpt.prefix,
+            )
+        values = [
+            (var, _converted(ckpt, name, var_name, var, value_fn, overflow, reshape))
+            for name, var_name, var, value_fn in pairs
+        ]
+        report.restored = [
+            Restored(name, var_name, ckpt.info(name).dtype, _var_dtype(tf, var).name)
+            for name, var_name, var, _ in pairs
+        ]
     _assign_all(tf, values, session)
     return report
 
@@ -110,8 +126,15 @@ def _var_shape(var) -> tuple:
     return tuple(int(d) for d in var.shape)
 
 
-def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn,
-               overflow: OverflowPolicy, reshape: bool = False):
+def _converted(
+    ckpt: Checkpoint,
+    name: str,
+    var_name: str,
+    var,
+    value_fn,
+    overflow: OverflowPolicy,
+    reshape: bool = False,
+):
     tf = tensorflow()
     value = _fitted(ckpt, name, var_name, value_fn(), _var_shape(var), reshape)
     want = _dt.lookup(_var_dtype(tf, var).name)
@@ -122,30 +145,40 @@ def _converted(ckpt: Checkpoint, name: str, var_name: str, var, value_fn,
         caster = Caster(have, want, overflow)
         out = caster(value.reshape(-1)).reshape(value.shape)
         if caster.counts.overflow and overflow == "error":
-            raise CheckpointError(f"{caster.counts.overflow} values beyond the range of "
-                                  f"{want.name} (use overflow='clip' or 'inf')",
-                                  path=ckpt.prefix, tensor=name)
+            raise CheckpointError(
+                f"{caster.counts.overflow} values beyond the range of "
+                f"{want.name} (use overflow='clip' or 'inf')",
+                path=ckpt.prefix,
+                tensor=name,
+            )
         return out
     if have.kind in ("int", "uint", "bool") and want.kind in ("int", "uint", "bool"):
         out = value.astype(want.numpy)
         if not np.array_equal(out.astype(value.dtype), value):
             raise CheckpointError(f"values do not fit {want.name}", path=ckpt.prefix, tensor=name)
         return out
-    raise CheckpointError(f"cannot restore {have.name} into {want.name} variable {var_name!r}",
-                          path=ckpt.prefix, tensor=name)
+    raise CheckpointError(
+        f"cannot restore {have.name} into {want.name} variable {var_name!r}",
+        path=ckpt.prefix,
+        tensor=name,
+    )
 
 
-def _fitted(ckpt: Checkpoint, name: str, var_name: str, value: np.ndarray, shape: tuple,
-            reshape: bool) -> np.ndarray:
+def _fitted(
+    ckpt: Checkpoint, name: str, var_name: str, value: np.ndarray, shape: tuple, reshape: bool
+) -> np.ndarray:
     """``value`` in ``shape``: as it is, or reshaped when ``reshape`` allows (same size)."""
     if value.shape == shape:
         return value
     if reshape and value.size == math.prod(shape):
         return value.reshape(shape)
     hint = " (pass reshape=True to reshape it)" if value.size == math.prod(shape) else ""
-    raise CheckpointError(f"shape {list(value.shape)} in the checkpoint, "
-                          f"{list(shape)} in variable {var_name!r}{hint}",
-                          path=ckpt.prefix, tensor=name)
+    raise CheckpointError(
+        f"shape {list(value.shape)} in the checkpoint, "
+        f"{list(shape)} in variable {var_name!r}{hint}",
+        path=ckpt.prefix,
+        tensor=name,
+    )
 
 
 def _assign_all(tf, values, session) -> None:
@@ -171,6 +204,7 @@ def _in_graph(tf, var) -> bool:
 
 
 # --- name-based ----------------------------------------------------------------
+
 
 def _var_name(var) -> str:
     info = getattr(var, "_save_slice_info", None)
@@ -203,7 +237,7 @@ def _map_name(var_name: str, assignment_map: Mapping[str, str] | None) -> str | 
             return ckpt_name
     for ckpt_scope, scope in assignment_map.items():
         if scope.endswith("/") and (var_name.startswith(scope) or scope == "/"):
-            rest = var_name if scope == "/" else var_name[len(scope):]
+            rest = var_name if scope == "/" else var_name[len(scope) :]
             return rest if ckpt_scope == "/" else ckpt_scope + rest
     return None
 
@@ -215,20 +249,25 @@ def _check_assignment_map(assignment_map: Mapping[str, str], names: set, ckpt: C
         if var_name.endswith("/"):
             continue
         if var_name not in names:
-            raise CheckpointError(f"assignment_map maps {ckpt_name!r} to {var_name!r}, which "
-                                  "is none of the variables given", path=ckpt.prefix,
-                                  tensor=ckpt_name)
+            raise CheckpointError(
+                f"assignment_map maps {ckpt_name!r} to {var_name!r}, which "
+                "is none of the variables given",
+                path=ckpt.prefix,
+                tensor=ckpt_name,
+            )
         if ckpt_name not in ckpt:
-            raise CheckpointError(f"assignment_map maps {ckpt_name!r} to variable "
-                                  f"{var_name!r}, but the checkpoint has no such tensor",
-                                  path=ckpt.prefix, tensor=ckpt_name)
+            raise CheckpointError(
+                f"assignment_map maps {ckpt_name!r} to variable "
+                f"{var_name!r}, but the checkpoint has no such tensor",
+                path=ckpt.prefix,
+                tensor=ckpt_name,
+            )
 
 
 def _object_graph_names(ckpt: Checkpoint) -> dict[str, str]:
     """Variable full names -> checkpoint keys, as a TF2 checkpoint's object graph records them."""
     graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
-    return {attr.full_name: attr.checkpoint_key
-            for node in graph.nodes for attr in node.attributes}
+    return {attr.full_name: attr.checkpoint_key for node in graph.nodes for attr in node.attributes}
 
 
 def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool = False):
@@ -244,8 +283,11 @@ def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool =
             mapped = _map_name(_var_name(part), assignment_map)
             if mapped is not None:
                 items.append((mapped, part))
-    if assignment_map is None and OBJECT_GRAPH_KEY in ckpt and \
-            any(name not in ckpt for name, _ in items):
+    if (
+        assignment_map is None
+        and OBJECT_GRAPH_KEY in ckpt
+        and any(name not in ckpt for name, _ in items)
+    ):
         # Names from a TF1 graph against a TF2 checkpoint: Saver.restore then maps
         # every name through the object graph's full names.
         keys = _object_graph_names(ckpt)
@@ -269,9 +311,16 @@ def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool =
         info = getattr(var, "_save_slice_info", None)
         if info is not None and list(info.var_shape) != list(info.full_shape):
             index = tuple(slice(o, o + n) for o, n in zip(info.var_offset, info.var_shape))
-            pairs.append((ckpt_name, label, var,
-                          lambda n=ckpt_name, ix=index, lb=info.full_name,
-                          s=tuple(info.full_shape): full_value(n, lb, s)[ix]))
+            pairs.append(
+                (
+                    ckpt_name,
+                    label,
+                    var,
+                    lambda n=ckpt_name, ix=index, lb=info.full_name, s=tuple(info.full_shape): (
+                        full_value(n, lb, s)[ix]
+                    ),
+                )
+            )
         else:
             pairs.append((ckpt_name, label, var, lambda n=ckpt_name: ckpt[n]))
     report.unused = [n for n in ckpt.keys() if n not in used and n != OBJECT_GRAPH_KEY]
@@ -280,15 +329,18 @@ def _match_by_name(tf, target, ckpt: Checkpoint, assignment_map, reshape: bool =
 
 # --- object-based --------------------------------------------------------------
 
+
 def _is_variable(obj) -> bool:
     return hasattr(obj, "assign") and hasattr(obj, "dtype") and hasattr(obj, "shape")
 
 
 def _match_objects(tf, target, ckpt: Checkpoint):
     if OBJECT_GRAPH_KEY not in ckpt:
-        raise CheckpointError("an object-based restore needs a TF2 checkpoint (one with an "
-                              "object graph); pass a list of variables for a name-based one",
-                              path=ckpt.prefix)
+        raise CheckpointError(
+            "an object-based restore needs a TF2 checkpoint (one with an "
+            "object graph); pass a list of variables for a name-based one",
+            path=ckpt.prefix,
+        )
     graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
     # A tf.train.Checkpoint's own view knows its root: itself, or the object given
     # as tf.train.Checkpoint(root), with the keyword children attached to it.
@@ -309,13 +361,17 @@ def _match_objects(tf, target, ckpt: Checkpoint):
         for attr in node.attributes:
             if attr.name == "VARIABLE_VALUE" and _is_variable(obj) and id(obj) not in assigned:
                 if attr.checkpoint_key not in ckpt:
-                    raise CheckpointError(f"the object graph names {attr.checkpoint_key!r}, "
-                                          "which the checkpoint lacks", path=ckpt.prefix)
+                    raise CheckpointError(
+                        f"the object graph names {attr.checkpoint_key!r}, "
+                        "which the checkpoint lacks",
+                        path=ckpt.prefix,
+                    )
                 assigned.add(id(obj))
                 used.add(attr.checkpoint_key)
                 label = getattr(obj, "path", None) or getattr(obj, "name", attr.checkpoint_key)
-                pairs.append((attr.checkpoint_key, label, obj,
-                              lambda k=attr.checkpoint_key: ckpt[k]))
+                pairs.append(
+                    (attr.checkpoint_key, label, obj, lambda k=attr.checkpoint_key: ckpt[k])
+                )
         if not node.children:
             continue
         try:

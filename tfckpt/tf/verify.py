@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
-from ..reader import Checkpoint
 from ..cast import Caster
+from ..reader import Checkpoint
 from ._tf import tensorflow
 
 
@@ -26,8 +26,9 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 _F32_TINY = float(np.finfo(np.float32).tiny)
 
 
-def _cast_compare(ours: np.ndarray, theirs: np.ndarray, reference: np.ndarray,
-                  source: str, target: str) -> tuple[bool, int, int]:
+def _cast_compare(
+    ours: np.ndarray, theirs: np.ndarray, reference: np.ndarray, source: str, target: str
+) -> tuple[bool, int, int]:
     """tfckpt's cast against ``tf.cast``'s: (equal apart from the documented
     differences, subnormal results TensorFlow flushes to zero, NaNs of other bits).
 
@@ -55,25 +56,26 @@ def _cast_compare(ours: np.ndarray, theirs: np.ndarray, reference: np.ndarray,
     with np.errstate(invalid="ignore"):
         magnitude = np.abs(ref.astype(np.float64))
     flushed = (wide_tf == 0) & (magnitude < _F32_TINY) & (magnitude > 0)
-    return bool((nan | flushed).all()), int(np.count_nonzero(flushed)), \
-        int(np.count_nonzero(nan))
+    return bool((nan | flushed).all()), int(np.count_nonzero(flushed)), int(np.count_nonzero(nan))
 
 
 def _tf_slice(tf, prefix: str, name: str, info, extents) -> np.ndarray:
     """TensorFlow's RestoreV2 of one stored slice, asked for as its partitioned variable asks."""
     full = " ".join(str(d) for d in info.shape)
     spec = ":".join("-" if n is None else f"{s},{n}" for s, n in extents)
-    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
-                                shape_and_slices=[f"{full} {spec}"],
-                                dtypes=[tf.as_dtype(info.dtype)])[0].numpy()
+    return tf.raw_ops.RestoreV2(
+        prefix=prefix,
+        tensor_names=[name],
+        shape_and_slices=[f"{full} {spec}"],
+        dtypes=[tf.as_dtype(info.dtype)],
+    )[0].numpy()
 
 
 def _tf_value(tf, reader, prefix: str, name: str, info, ckpt: Checkpoint) -> np.ndarray:
     """TensorFlow's reading of a tensor; partitioned ones slice by slice with RestoreV2,
     since TensorFlow's reader cannot assemble every dtype (float16, strings, ...)."""
     if not info.slices:
-        return np.asarray(reader.get_tensor(name),
-                          dtype=object if info.dtype == "string" else None)
+        return np.asarray(reader.get_tensor(name), dtype=object if info.dtype == "string" else None)
     dtype = _dt.lookup(info.dtype).numpy
     out = np.empty(info.shape, dtype=object if dtype is None else dtype)
     for extents in info.slices:
@@ -105,42 +107,59 @@ def verify_with_tf(path, *, reference=None) -> dict:
             tf_names = sorted(reader.get_variable_to_shape_map())
         except (tf.errors.OpError, ValueError) as e:  # TensorFlow's reader refused it
             refused = f"{ckpt.prefix}: TensorFlow cannot open it: {str(e).splitlines()[0][:200]}"
-            return {"prefix": ckpt.prefix, "tensors": len(ckpt), "cast_checked": 0,
-                    "cast_differences": [], "mismatches": [refused]}
+            return {
+                "prefix": ckpt.prefix,
+                "tensors": len(ckpt),
+                "cast_checked": 0,
+                "cast_differences": [],
+                "mismatches": [refused],
+            }
         if tf_names != ckpt.keys():
             only_tf = sorted(set(tf_names) - set(ckpt.keys()))
             only_us = sorted(set(ckpt.keys()) - set(tf_names))
-            mismatches.append(f"{ckpt.prefix}: names differ: only TensorFlow lists "
-                              f"{only_tf[:5]}, only tfckpt lists {only_us[:5]}")
+            mismatches.append(
+                f"{ckpt.prefix}: names differ: only TensorFlow lists "
+                f"{only_tf[:5]}, only tfckpt lists {only_us[:5]}"
+            )
         dtypes = reader.get_variable_to_dtype_map()
         for name in ckpt.keys():
             if name not in dtypes:
                 continue
             info = ckpt.info(name)
             if dtypes[name].name != info.dtype:
-                mismatches.append(f"{ckpt.prefix}: {name}: TensorFlow says {dtypes[name].name}, "
-                                  f"tfckpt says {info.dtype}")
+                mismatches.append(
+                    f"{ckpt.prefix}: {name}: TensorFlow says {dtypes[name].name}, "
+                    f"tfckpt says {info.dtype}"
+                )
                 continue
             if info.dtype in ("variant", "resource"):
                 continue
             if info.partial:  # pre-sliced: only its slices exist, for TensorFlow too
                 try:
-                    same = all(_same_bits(ckpt.read_slice(name, e),
-                                          _tf_slice(tf, ckpt.prefix, name, info, e))
-                               for e in info.slices)
+                    same = all(
+                        _same_bits(
+                            ckpt.read_slice(name, e), _tf_slice(tf, ckpt.prefix, name, info, e)
+                        )
+                        for e in info.slices
+                    )
                 except Exception as e:
-                    mismatches.append(f"{ckpt.prefix}: {name}: TensorFlow cannot read a stored "
-                                      f"slice: {str(e).splitlines()[0][:200]}")
+                    mismatches.append(
+                        f"{ckpt.prefix}: {name}: TensorFlow cannot read a stored "
+                        f"slice: {str(e).splitlines()[0][:200]}"
+                    )
                     continue
                 if not same:
-                    mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's "
-                                      "reader")
+                    mismatches.append(
+                        f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader"
+                    )
                 continue
             try:
                 theirs = _tf_value(tf, reader, ckpt.prefix, name, info, ckpt)
             except Exception as e:  # TensorFlow's own reader refused it
-                mismatches.append(f"{ckpt.prefix}: {name}: TensorFlow cannot read it: "
-                                  f"{str(e).splitlines()[0][:200]}")
+                mismatches.append(
+                    f"{ckpt.prefix}: {name}: TensorFlow cannot read it: "
+                    f"{str(e).splitlines()[0][:200]}"
+                )
                 continue
             if not _same_bits(ckpt[name], theirs):
                 mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader")
@@ -153,23 +172,44 @@ def verify_with_tf(path, *, reference=None) -> dict:
                     if old.dtype == new.dtype or old.shape != new.shape:
                         continue
                     # A pre-sliced tensor exists only as its slices, for TensorFlow too.
-                    pairs = ([(lambda e=e, n=name: ckpt.read_slice(n, e),
-                               lambda e=e, n=name: ref.read_slice(n, e)) for e in new.slices]
-                             if new.partial else [(lambda n=name: ckpt[n], lambda n=name: ref[n])])
+                    pairs = (
+                        [
+                            (
+                                lambda e=e, n=name: ckpt.read_slice(n, e),
+                                lambda e=e, n=name: ref.read_slice(n, e),
+                            )
+                            for e in new.slices
+                        ]
+                        if new.partial
+                        else [(lambda n=name: ckpt[n], lambda n=name: ref[n])]
+                    )
                     cast_checked += 1
                     equal, flushed, nans = True, 0, 0
                     for ours, source in pairs:
                         src = source()
                         expected = tf.cast(tf.constant(src), new.dtype).numpy()
-                        ok, f, n = _cast_compare(ours(), np.asarray(expected), src,
-                                                 old.dtype, new.dtype)
+                        ok, f, n = _cast_compare(
+                            ours(), np.asarray(expected), src, old.dtype, new.dtype
+                        )
                         equal, flushed, nans = equal and ok, flushed + f, nans + n
                     if not equal:
-                        mismatches.append(f"{ckpt.prefix}: {name}: differs from tf.cast of the "
-                                          f"reference ({old.dtype} -> {new.dtype})")
+                        mismatches.append(
+                            f"{ckpt.prefix}: {name}: differs from tf.cast of the "
+                            f"reference ({old.dtype} -> {new.dtype})"
+                        )
                     elif flushed or nans:
-                        differences.append({"tensor": name, "cast": f"{old.dtype} -> {new.dtype}",
-                                            "subnormals_tf_flushes": flushed,
-                                            "nans_other_bits": nans})
-        return {"prefix": ckpt.prefix, "tensors": len(ckpt), "cast_checked": cast_checked,
-                "cast_differences": differences, "mismatches": mismatches}
+                        differences.append(
+                            {
+                                "tensor": name,
+                                "cast": f"{old.dtype} -> {new.dtype}",
+                                "subnormals_tf_flushes": flushed,
+                                "nans_other_bits": nans,
+                            }
+                        )
+        return {
+            "prefix": ckpt.prefix,
+            "tensors": len(ckpt),
+            "cast_checked": cast_checked,
+            "cast_differences": differences,
+            "mismatches": mismatches,
+        }
