@@ -95,7 +95,7 @@ class Caster:
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
         if self.buffers is not None:
-            out = self.buffers(n * self.target.itemsize).view(self.target.numpy)
+            out = self.buffers(n * self.target.fixed_itemsize).view(self.target.array_dtype)
         else:
             out = np.empty(n, dtype=self._target_np)
         flat = chunk.reshape(-1)

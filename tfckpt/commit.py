@@ -22,6 +22,7 @@ from google.protobuf.text_format import MessageToString
 from . import orderedcode, paths
 from ._proto.checkpoint_state_pb2 import CheckpointState
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
+from .dtypes import Endianness
 from .errors import CheckpointError, CheckpointWriteError
 from .format import HEADER_KEY, check_slice_cover, encode_header, entry_shape, slice_from_proto
 from .storage import storage_for
@@ -76,7 +77,7 @@ def write_index(
     path: str,
     entries: Mapping[bytes, BundleEntryProto],
     num_shards: int,
-    endianness: str,
+    endianness: Endianness,
     durable: bool,
 ) -> None:
     """Write the index table (a new file): the header, then every entry in key order."""
@@ -158,7 +159,8 @@ def free_shard_count(existing: Sequence[str], count: int) -> int:
     before the new index replaces its own; the extra shards stay empty (TensorFlow
     reads such checkpoints as any other).
     """
-    taken = {paths.parse_data_filename(f)[2] for f in existing}
+    parsed = (paths.parse_data_filename(f) for f in existing)
+    taken = {p[2] for p in parsed if p is not None}
     while count in taken:
         count += 1
     return count
@@ -218,7 +220,7 @@ def commit(
     entries: Mapping[bytes, BundleEntryProto],
     *,
     base: str,
-    endianness: str = "little",
+    endianness: Endianness = "little",
     durable: bool = True,
     overwrite: bool = True,
 ) -> str:
@@ -295,7 +297,7 @@ def _place(
     finals: list[str],
     index_tmp: str,
     entries,
-    endianness: str,
+    endianness: Endianness,
     durable: bool,
     overwrite: bool,
     placed: list[str],
@@ -330,7 +332,7 @@ def commit_shards(
     shard_paths: Sequence[str],
     entries: dict,
     *,
-    endianness: str = "little",
+    endianness: Endianness = "little",
     durable: bool = True,
     overwrite: bool = True,
 ) -> str:

@@ -54,6 +54,20 @@ class DType:
         return np.dtype(self.spec)
 
     @property
+    def fixed_itemsize(self) -> int:
+        """``itemsize`` where the code has established a fixed-size dtype."""
+        if self.itemsize is None:
+            raise TypeError(f"{self.name} elements have no fixed size")
+        return self.itemsize
+
+    @property
+    def array_dtype(self) -> np.dtype:
+        """``numpy`` where the code has established that there is one."""
+        if self.numpy is None:
+            raise TypeError(f"{self.name} tensors have no numpy form")
+        return self.numpy
+
+    @property
     def is_floating(self) -> bool:
         return self.kind == "float"
 

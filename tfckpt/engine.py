@@ -18,7 +18,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .cast import CastCounts, Caster
+from .cast import CastCounts, Caster, OverflowPolicy
 from .commit import (
     commit_shards,
     data_files,
@@ -50,7 +50,7 @@ from .planner import Plan, PlannedTensor, Source, plan
 from .reader import Checkpoint
 from .storage import storage_for
 from .table import encode_varint
-from .writer import ShardWriter
+from .writer import ShardWriter, StringStream
 
 
 @dataclass
@@ -218,7 +218,7 @@ class ShardTask:
     sources: list[str]
     items: list[TaskItem]
     object_graph: bytes | None
-    overflow: str
+    overflow: OverflowPolicy
     chunk_bytes: int
     backend: str
     durable: bool
@@ -257,6 +257,7 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     def place(item_bytes: int, shard: int | None) -> int:
         if shard is None:
             shard = max(len(shards) - 1, 0)
+            assert limit is not None  # no shard given: packing by size
             if shards and sizes[shard] and sizes[shard] + item_bytes > limit:
                 shard += 1
         shards.setdefault(shard, [])
@@ -270,8 +271,8 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
         parts = src.ckpt.slice_info(t.name) if t.info.slices else []
         if parts and _keep_sliced(src, t):
             for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
-                out = sl.nbytes if not t.cast else sl.size * target.itemsize
-                k = place(out, src.shard_base + sl.shard if follow else None)
+                out = sl.nbytes if not t.cast else sl.size * target.fixed_itemsize
+                k = place(out, src.shard_base + (sl.shard or 0) if follow else None)
                 shards[k].append(
                     TaskItem(
                         t.source,
@@ -289,7 +290,7 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
                 )
             continue
         # A partitioned tensor written whole goes where its first slice was.
-        first = min(x.shard for x in parts) if parts else t.info.shard
+        first = min(x.shard or 0 for x in parts) if parts else (t.info.shard or 0)
         k = place(t.bytes_out, src.shard_base + first if follow else None)
         shards[k].append(
             TaskItem(
@@ -515,6 +516,7 @@ def _copy(
             if extents
             else w.stream(t.new_name, dtype.name, t.shape)
         )
+        assert isinstance(stream, StringStream)
         with stream:
             for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
                 if kind == "lengths":

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from . import dtypes as _dt
 from . import orderedcode
 from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
+from .dtypes import Endianness
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError
 from .table import crc32c, decode_varint, encode_varint, mask_crc, unmask_crc
 
@@ -49,7 +50,7 @@ class Header:
     """The bundle header: shard count, byte order of the data, format version."""
 
     num_shards: int
-    endianness: str  # 'little' or 'big'
+    endianness: Endianness
     version: Version
 
 
@@ -114,11 +115,11 @@ def is_full_slice(full_shape: Sequence[int], extents: Slice) -> bool:
 # --- header ----------------------------------------------------------------
 
 
-def encode_header(num_shards: int, endianness: str) -> bytes:
+def encode_header(num_shards: int, endianness: Endianness) -> bytes:
     """The header entry's value: shard count, byte order, and the version written."""
     header = BundleHeaderProto()
     header.num_shards = num_shards
-    header.endianness = 1 if endianness == "big" else 0
+    header.endianness = BundleHeaderProto.BIG if endianness == "big" else BundleHeaderProto.LITTLE
     header.version.producer = FORMAT_VERSION
     return header.SerializeToString()
 
@@ -167,7 +168,7 @@ def entry_proto(
 ) -> BundleEntryProto:
     """The index entry of a tensor (``crc`` unmasked; None for a partitioned tensor's own)."""
     e = BundleEntryProto()
-    e.dtype = dtype.enum
+    e.dtype = dtype.enum  # type: ignore[assignment]  # a DataType number, from dtypes
     e.shape.SetInParent()
     for d in shape:
         e.shape.dim.add().size = d
@@ -314,7 +315,7 @@ def coverage(slices: Sequence[Slice], shape: tuple[int, ...]) -> tuple[int, list
                 for c, a, b in zip(cuts, s, e)
             )
         ] = True
-    holes = []
+    holes: list[Slice] = []
     for cell in np.argwhere(~stored)[: MAX_HOLES + 1]:
         holes.append(
             tuple(
@@ -363,7 +364,7 @@ def as_string_array(value) -> np.ndarray:
     return arr
 
 
-def encode_strings(values: np.ndarray, endian: str) -> tuple[bytes, int]:
+def encode_strings(values: np.ndarray, endian: Endianness) -> tuple[bytes, int]:
     """The on-disk bytes of a string tensor and their (unmasked) CRC32C."""
     flat = values.reshape(-1)
     lengths = bytearray()
@@ -392,7 +393,7 @@ class StringFraming:
     bytes, then the element bytes. ``ValueError`` when the bytes are malformed.
     """
 
-    def __init__(self, buf: bytes, count: int, endian: str):
+    def __init__(self, buf: bytes, count: int, endian: Endianness):
         size = len(buf)
         if count > size:  # every element takes at least one length byte
             raise ValueError(f"{count} strings cannot fit in {size} bytes")
@@ -429,7 +430,7 @@ class VariantFraming:
     ``ValueError`` when the bytes are malformed.
     """
 
-    def __init__(self, buf: bytes, count: int, endian: str):
+    def __init__(self, buf: bytes, count: int, endian: Endianness):
         size = len(buf)
         self.elements: list[tuple[int, int]] = []
         self.bad_element: tuple[int, int, int] | None = None
@@ -512,7 +513,7 @@ def encode_varints(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def lengths_crc(lengths: np.ndarray, endian: str, crc: int) -> int:
+def lengths_crc(lengths: np.ndarray, endian: Endianness, crc: int) -> int:
     """Carry a string tensor's CRC32C over its lengths: each as uint32 (uint64 when larger)."""
     if not len(lengths) or int(lengths.max()) <= 0xFFFFFFFF:
         return crc32c(

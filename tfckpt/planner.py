@@ -361,30 +361,28 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
             s.shard_base = base
             base += s.ckpt.header.num_shards
 
-    tensors = []
+    planned: list[PlannedTensor] = []
     for new, (i, old) in chosen.items():
         info = srcs[i].ckpt.info(old)
         dtype = _dt.lookup(info.dtype)
-        new_dtype = target if should_cast(dtype, target, from_set) else dtype
-        out_bytes = info.nbytes if new_dtype is dtype else info.stored_elements * new_dtype.itemsize
-        tensors.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
+        new_dtype = target if target is not None and should_cast(dtype, target, from_set) else dtype
+        stored = info.size if info.stored_elements is None else info.stored_elements
+        out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
+        planned.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
-    for t in tensors:
-        needed.setdefault(t.source, set()).update(
-            [t.info.shard]
-            if not t.info.slices
-            else (x.shard for x in srcs[t.source].ckpt.slice_info(t.name))
-        )
+    for pt in planned:
+        infos = srcs[pt.source].ckpt.slice_info(pt.name) if pt.info.slices else [pt.info]
+        needed.setdefault(pt.source, set()).update(x.shard or 0 for x in infos)
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.
-    tensors.sort(
-        key=lambda t: (
-            t.source,
-            t.info.shard if t.info.shard is not None else -1,
-            t.info.offset or 0,
-            t.new_name,
+    planned.sort(
+        key=lambda pt: (
+            pt.source,
+            pt.info.shard if pt.info.shard is not None else -1,
+            pt.info.offset or 0,
+            pt.new_name,
         )
     )
-    return Plan(srcs, dst, tensors, dropped, graph_bytes, options)
+    return Plan(srcs, dst, planned, dropped, graph_bytes, options)

@@ -53,7 +53,7 @@ from .format import (
     slice_index,
     slice_shape,
 )
-from .storage import storage_for
+from .storage import Reader, storage_for
 from .table import TableReader, crc32c, unmask_crc
 
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -110,7 +110,7 @@ class Checkpoint(collections.abc.Mapping):
         self.mmap = mmap
         self.index_path = paths.index_filename(self.prefix)
         self.storage = storage_for(self.prefix)
-        self._readers: dict[int, object] = {}
+        self._readers: dict[int, Reader] = {}
         self._parsed: dict[bytes, _Entry] = {}
         try:
             data = self.storage.read_bytes(self.index_path)
@@ -226,7 +226,7 @@ class Checkpoint(collections.abc.Mapping):
 
     # -- mapping interface
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[str]:  # type: ignore[override]  # a list, as TensorFlow lists
         """Full tensor names, sorted as ``tf.train.list_variables`` lists them."""
         return list(self._names)
 
@@ -421,7 +421,7 @@ class Checkpoint(collections.abc.Mapping):
             buf = reader.view(entry.proto.offset, entry.proto.size)
         if buf is None:
             buf = np.empty(entry.proto.size, dtype=np.uint8)
-            self._pread_into(reader, memoryview(buf), entry.proto.offset, entry)
+            self._pread_into(reader, buf.data, entry.proto.offset, entry)
         if self.verify and entry.dtype is not _dt.STRING and entry.dtype is not VARIANT:
             self._check_crc(entry, crc32c(buf))
         return buf
@@ -500,7 +500,7 @@ class Checkpoint(collections.abc.Mapping):
             if not buf.flags.writeable:
                 buf = buf.copy()
             buf.view(np.dtype(f"u{dtype.swap_unit}")).byteswap(inplace=True)
-        return buf.view(dtype.numpy).reshape(shape)
+        return buf.view(dtype.array_dtype).reshape(shape)
 
     def _decode_strings(self, entry: _Entry) -> np.ndarray:
         n = num_elements(entry.shape)
@@ -622,7 +622,7 @@ class Checkpoint(collections.abc.Mapping):
 
         def read(pos: int, count: int) -> np.ndarray:
             buf = np.empty(count, dtype=np.uint8)
-            self._pread_into(reader, memoryview(buf), pos, entry)
+            self._pread_into(reader, buf.data, pos, entry)
             return buf
 
         def malformed(what) -> CorruptCheckpointError:
@@ -804,7 +804,7 @@ class Checkpoint(collections.abc.Mapping):
             parts.append((extents, part, reader, rows, [0]))
             if self.verify and part.proto.size == 0:
                 self._check_crc(part, 0)
-        row_bytes = num_elements(shape[1:]) * dtype.itemsize
+        row_bytes = num_elements(shape[1:]) * dtype.fixed_itemsize
         rows_per_band = max(1, chunk_bytes // max(row_bytes, 1))
         cuts = sorted({0, shape[0]} | {r for p in parts for r in p[3]})
         for lo, hi in zip(cuts, cuts[1:]):
@@ -814,10 +814,10 @@ class Checkpoint(collections.abc.Mapping):
                 for extents, part, reader, (s0, s1), crc in parts:
                     if not (s0 <= r0 and r1 <= s1):
                         continue
-                    part_row = num_elements(part.shape[1:]) * dtype.itemsize
+                    part_row = num_elements(part.shape[1:]) * dtype.fixed_itemsize
                     buf = np.empty((r1 - r0) * part_row, dtype=np.uint8)
                     self._pread_into(
-                        reader, memoryview(buf), part.proto.offset + (r0 - s0) * part_row, part
+                        reader, buf.data, part.proto.offset + (r0 - s0) * part_row, part
                     )
                     if self.verify:
                         crc[0] = crc32c(buf, crc[0])
@@ -838,14 +838,14 @@ class Checkpoint(collections.abc.Mapping):
             yield self._decode(entry).reshape(-1)
             return
         reader = self._check_extent(entry)
-        itemsize = dtype.itemsize
+        itemsize = dtype.fixed_itemsize
         step = max(1, chunk_bytes // itemsize) * itemsize
         offset, remaining = entry.proto.offset, entry.proto.size
         crc = 0
         while remaining:
             n = min(step, remaining)
             buf = np.empty(n, dtype=np.uint8) if buffers is None else buffers(n)
-            self._pread_into(reader, memoryview(buf), offset, entry)
+            self._pread_into(reader, buf.data, offset, entry)
             if self.verify:
                 crc = crc32c(buf, crc)
             offset += n

@@ -22,6 +22,7 @@ import mmap
 import os
 import posixpath
 import stat
+from typing import Protocol
 
 from .errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
 
@@ -188,7 +189,7 @@ class Storage:
         """A directory's path spelled as :meth:`join` expects it."""
         return path
 
-    def open_reader(self, path: str) -> LocalReader:
+    def open_reader(self, path: str) -> Reader:
         return LocalReader(path)
 
     def remove(self, path: str) -> None:
@@ -226,6 +227,17 @@ def open_regular(path: str) -> int:
     return fd
 
 
+class Reader(Protocol):
+    """Positioned reads of one data file or object, as the reader uses them."""
+
+    path: str
+    size: int
+
+    def readinto(self, buf: memoryview, offset: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class LocalReader:
     """Positioned reads from one local file (thread-safe: no shared file position).
 
@@ -236,7 +248,7 @@ class LocalReader:
         self.path = path
         self._fd = open_regular(path)
         self.size = os.fstat(self._fd).st_size
-        self._map = None
+        self._map: mmap.mmap | None = None
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         return os.preadv(self._fd, [buf], offset)
@@ -416,7 +428,7 @@ class RemoteStorage(Storage):
     def dir_path(self, path: str) -> str:
         return path.rstrip("/")
 
-    def open_reader(self, path: str) -> RemoteReader:
+    def open_reader(self, path: str) -> Reader:
         return RemoteReader(self, path)
 
     def remove(self, path: str) -> None:

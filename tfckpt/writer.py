@@ -17,6 +17,7 @@ from . import dtypes as _dt
 from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
 from .commit import commit, discard, remove_stale_temporaries, temporary_base
+from .dtypes import Endianness
 from .errors import CheckpointError, CheckpointWriteError
 from .format import (
     NATIVE,
@@ -131,7 +132,7 @@ class _Adder:
     """
 
     index: IndexEntries
-    endianness: str
+    endianness: Endianness
 
     def _target(self, nbytes: int, shard: int | None) -> ShardWriter:
         raise NotImplementedError
@@ -258,11 +259,11 @@ class _Adder:
 
 def _nbytes(arr: np.ndarray, dt: _dt.DType) -> int:
     """The bytes a tensor takes in a data file."""
-    return string_tensor_nbytes(arr) if dt is _dt.STRING else arr.size * dt.itemsize
+    return string_tensor_nbytes(arr) if dt is _dt.STRING else arr.size * dt.fixed_itemsize
 
 
 def _stream_bytes(dt: _dt.DType, shape: tuple[int, ...]) -> int:
-    return 0 if dt is _dt.STRING else num_elements(shape) * dt.itemsize  # strings: unknown
+    return 0 if dt is _dt.STRING else num_elements(shape) * dt.fixed_itemsize  # strings: unknown
 
 
 class ShardWriter(_Adder):
@@ -280,7 +281,7 @@ class ShardWriter(_Adder):
         self,
         path: str,
         *,
-        endianness: str = "little",
+        endianness: Endianness = "little",
         durable: bool = True,
         exclusive: bool = False,
         shard_id: int = 0,
@@ -301,7 +302,9 @@ class ShardWriter(_Adder):
         self._file = self._store.open_writer(path, exclusive=exclusive)
 
     @classmethod
-    def create(cls, path: str, *, endianness: str = "little", durable: bool = True) -> ShardWriter:
+    def create(
+        cls, path: str, *, endianness: Endianness = "little", durable: bool = True
+    ) -> ShardWriter:
         """A writer of one data shard at ``path`` on its own, its directory made if missing.
 
         Used by tasks that each write one shard of a checkpoint; :meth:`finish`
@@ -411,8 +414,10 @@ class ShardWriter(_Adder):
     ) -> _TensorStream:
         self.index.streaming = True
         if dt is _dt.STRING:  # its size is known only at the end
-            return _StringStream(self, key, shape, on_close)
-        return _TensorStream(self, key, dt, shape, num_elements(shape) * dt.itemsize, on_close)
+            return StringStream(self, key, shape, on_close)
+        return _TensorStream(
+            self, key, dt, shape, num_elements(shape) * dt.fixed_itemsize, on_close
+        )
 
 
 class _TensorStream:
@@ -476,7 +481,7 @@ class _TensorStream:
             self._w.abort()
 
 
-class _StringStream(_TensorStream):
+class StringStream(_TensorStream):
     """Receives one string tensor: every element's length, then the elements' bytes.
 
     Writes the framing and computes the checksums exactly as :func:`encode_strings`.
@@ -575,7 +580,7 @@ class BundleWriter(_Adder):
         *,
         max_shard_bytes: int | None = None,
         overwrite: bool = False,
-        endianness: str = "little",
+        endianness: Endianness = "little",
         durable: bool = True,
     ):
         if max_shard_bytes is not None and max_shard_bytes <= 0:
@@ -712,7 +717,7 @@ def save(
     *,
     max_shard_bytes: int | None = None,
     overwrite: bool = False,
-    endianness: str = "little",
+    endianness: Endianness = "little",
     durable: bool = True,
 ) -> str:
     """Write ``{name: array}`` as a checkpoint that TensorFlow reads bit-for-bit.
