@@ -46,6 +46,10 @@ def verify_with_tf(path, *, reference=None) -> dict:
     """Compare every tensor with TensorFlow's own reader (and casts with ``tf.cast``).
 
     See :func:`tfckpt.tf.verify_with_tf`. Imports TensorFlow.
+
+    >>> result = tfckpt.verify_with_tf("fp16/model.ckpt", reference="train/model.ckpt-7")
+    >>> result["mismatches"]
+    []
     """
     from .tf import verify_with_tf as _verify
 

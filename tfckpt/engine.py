@@ -267,46 +267,33 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     for t in p.tensors:
         src = p.sources[t.source]
         target = _dt.lookup(t.new_dtype)
-        big = t.cast and t.info.nbytes >= options.tf_threshold
         parts = src.ckpt.slice_info(t.name) if t.info.slices else []
-        if parts and _keep_sliced(src, t):
-            for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
-                out = sl.nbytes if not t.cast else sl.size * target.fixed_itemsize
-                k = place(out, src.shard_base + (sl.shard or 0) if follow else None)
-                shards[k].append(
-                    TaskItem(
-                        t.source,
-                        t.name,
-                        t.new_name,
-                        t.info.dtype,
-                        t.new_dtype,
-                        t.info.shape,
-                        True,
-                        sl.extents,
-                        sl.nbytes,
-                        out,
-                        big,
-                    )
-                )
-            continue
-        # A partitioned tensor written whole goes where its first slice was.
-        first = min(x.shard or 0 for x in parts) if parts else (t.info.shard or 0)
-        k = place(t.bytes_out, src.shard_base + first if follow else None)
-        shards[k].append(
-            TaskItem(
+
+        def item(extents, bytes_in: int, bytes_out: int, t=t, parts=parts) -> TaskItem:
+            return TaskItem(
                 t.source,
                 t.name,
                 t.new_name,
                 t.info.dtype,
                 t.new_dtype,
                 t.info.shape,
-                bool(parts),
-                None,
-                t.info.nbytes,
-                t.bytes_out,
-                big,
+                partitioned=bool(parts),
+                extents=extents,
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+                tf_cast=t.cast and t.info.nbytes >= options.tf_threshold,
             )
-        )
+
+        if parts and _keep_sliced(src, t):
+            for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
+                out = sl.nbytes if not t.cast else sl.size * target.fixed_itemsize
+                k = place(out, src.shard_base + (sl.shard or 0) if follow else None)
+                shards[k].append(item(sl.extents, sl.nbytes, out))
+            continue
+        # A partitioned tensor written whole goes where its first slice was.
+        first = min(x.shard or 0 for x in parts) if parts else (t.info.shard or 0)
+        k = place(t.bytes_out, src.shard_base + first if follow else None)
+        shards[k].append(item(None, t.info.nbytes, t.bytes_out))
     graph_shard = None
     if p.object_graph is not None:
         size = len(p.object_graph) + len(encode_varint(len(p.object_graph))) + 4

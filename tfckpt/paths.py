@@ -48,6 +48,9 @@ def latest_checkpoint(directory: str) -> str | None:
     checkpoint it names has no ``.index``. A state file that names no checkpoint or
     cannot be parsed is a :class:`CorruptCheckpointError` (TensorFlow raises for the
     first and logs and returns None for the second).
+
+    >>> tfckpt.latest_checkpoint("train")
+    'train/model.ckpt-7'
     """
     prefix = _state_file_latest(directory)
     if prefix is None or not storage_for(directory).isfile(index_filename(prefix)):

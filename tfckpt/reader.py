@@ -99,6 +99,9 @@ class Checkpoint(collections.abc.Mapping):
 
     ``get``, ``items`` and ``values`` come with the mapping (each value read on
     demand); two checkpoints are equal only when they are the same object.
+
+    >>> with Checkpoint("train/model.ckpt-7") as ckpt:
+    ...     sizes = {name: info.nbytes for name in ckpt for info in [ckpt.info(name)]}
     """
 
     __eq__ = object.__eq__  # not the mapping's: comparing would read every tensor
@@ -446,17 +449,22 @@ class Checkpoint(collections.abc.Mapping):
             return self._assemble(entry)
         return self._decode(entry)
 
-    def read_bytes(self, name: str, extents: Slice | None = None) -> bytes:
-        """The on-disk bytes of tensor ``name`` (or of one of its slices), checksum verified."""
+    def _stored_entry(self, name: str, extents: Slice | None) -> _Entry:
+        """The entry holding bytes: the tensor's own, or with ``extents`` one of its slices."""
         entry = self._full_entry(name)
         if extents is not None:
-            entry = self._slice_entry(entry, tuple(extents))
-        elif entry.slices:
+            return self._slice_entry(entry, tuple(extents))
+        if entry.slices:
             raise UnsupportedCheckpointError(
                 "partitioned tensor has no bytes of its own; read its slices",
                 path=self.prefix,
                 tensor=name,
             )
+        return entry
+
+    def read_bytes(self, name: str, extents: Slice | None = None) -> bytes:
+        """The on-disk bytes of tensor ``name`` (or of one of its slices), checksum verified."""
+        entry = self._stored_entry(name, extents)
         data = self._read_entry_bytes(entry).tobytes()
         if entry.dtype is _dt.STRING:
             self._check_string_bytes(entry, data)
@@ -593,15 +601,7 @@ class Checkpoint(collections.abc.Mapping):
         once the bytes it covers are read. ``BundleWriter.stream`` of a ``string``
         tensor takes the pieces back.
         """
-        entry = self._full_entry(name)
-        if extents is not None:
-            entry = self._slice_entry(entry, tuple(extents))
-        elif entry.slices:
-            raise UnsupportedCheckpointError(
-                "partitioned tensor has no bytes of its own; read its slices",
-                path=self.prefix,
-                tensor=name,
-            )
+        entry = self._stored_entry(name, extents)
         if entry.dtype is not _dt.STRING:
             raise TypeError(f"{name!r} is a {entry.dtype.name} tensor, not a string tensor")
         return self._iter_string_parts(entry, chunk_bytes)
