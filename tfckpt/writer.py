@@ -5,6 +5,10 @@
 chunk by chunk streams, string tensors as lengths then bytes). :class:`BundleWriter`
 spreads tensors over several shards and commits them (:mod:`tfckpt.commit`);
 :func:`save` writes a dict. Byte layouts come from :mod:`tfckpt.format`.
+
+It runs past 600 lines because every way of adding a tensor (whole, raw, slices,
+streams, strings) shares one piece of bookkeeping — the index entries, the checks
+on names and slices, one stream at a time — which belongs with them in one place.
 """
 
 from __future__ import annotations

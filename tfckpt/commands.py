@@ -1,0 +1,512 @@
+"""The commands behind the command line: each reads its arguments, calls the library
+and prints what it returns, through :mod:`tfckpt.display` (or as JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import inspection as _inspect
+from .display import emit, fmt, human_bytes, print_json, shape_text, table, width
+from .engine import Summary, execute
+from .errors import CheckpointError
+from .options import Options
+from .orderedcode import encode_name
+from .planner import Plan, plan
+from .reader import Checkpoint
+
+
+def _print_dump(data: dict) -> None:
+    v = data["version"]
+    emit(f"prefix      {data['prefix']}")
+    emit(f"shards      {data['num_shards']}")
+    emit(
+        f"format      bundle v2, producer {v['producer']}, min consumer {v['min_consumer']}, "
+        f"{data['endianness']}-endian"
+    )
+    emit(f"tensors     {data['tensor_count']}")
+    emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
+    if not data["tensors"]:
+        return
+    emit()
+    rows = [["NAME", "DTYPE", "SHAPE", "SIZE", "SHARD"]]
+    for t in data["tensors"]:
+        shard = f"{len(t['slices'])} slices" if t["slices"] else str(t["shard"])
+        if t["stored_elements"] < t["elements"]:  # pre-sliced: only part is stored
+            shard += f", {100 * t['stored_elements'] / t['elements']:.3g}% stored"
+        rows.append([t["name"], t["dtype"], shape_text(t["shape"]), human_bytes(t["bytes"]), shard])
+    table(rows, right={3})
+    emit()
+    total = data["total_bytes"] or 1
+    rows = [["SCOPE", "SIZE", "SHARE", "TENSORS"]]
+    for s in data["scopes"]:
+        rows.append(
+            [
+                s["scope"],
+                human_bytes(s["bytes"]),
+                f"{100 * s['bytes'] / total:.1f}%",
+                str(s["tensors"]),
+            ]
+        )
+    table(rows, right={1, 2, 3})
+
+
+def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[str]:
+    """The tensors ``dump --tensor`` asks for: exact names, else regex matches; each once."""
+    names = []
+    for p in patterns:
+        if p in ckpt:
+            names.append(p)
+            continue
+        matched = [n for n in ckpt.keys() if re.search(p, n)]
+        if not matched:
+            raise CheckpointError(f"no tensor matches {p!r}", path=ckpt.prefix)
+        names.extend(matched)
+    return list(dict.fromkeys(names))
+
+
+def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
+    threshold = sys.maxsize if full else 1000
+    for name in _value_names(ckpt, patterns):
+        info = ckpt.info(name)
+        value = ckpt[name]
+        emit(f"{name} ({info.dtype} {shape_text(info.shape)})")
+        # --full prints each float in its shortest form that reads back exactly.
+        if value.dtype == object and not full:
+            value = np.vectorize(
+                lambda b: b if len(b) <= 64 else b[:48] + b"...(%d bytes)" % len(b), otypes=[object]
+            )(value)
+        text = (
+            np.array2string(
+                value,
+                threshold=threshold,
+                max_line_width=width() or 100,
+                floatmode="unique" if full else "maxprec",
+            )
+            if value.ndim
+            else repr(value.item())
+        )
+        for line in text.split("\n"):
+            emit(line)
+
+
+def _json_values(value: np.ndarray, dtype: str) -> dict:
+    """A tensor's values as exact JSON: ``{"values": nested lists or a scalar}``.
+
+    Floats of every width as the float64 that holds them exactly (non-finite ones become
+    strings in :func:`print_json`); complex numbers as ``[real, imag]``; quantized types as
+    their integers; strings as text when every element is UTF-8 (``"encoding": "utf-8"``),
+    else every element as base64 (``"encoding": "base64"``).
+    """
+    kind = _dt.lookup(dtype).kind
+    extra = {}
+    if kind == "string":
+        items = value.reshape(-1).tolist()
+        try:
+            items = [b.decode("utf-8") for b in items]
+            extra["encoding"] = "utf-8"
+        except UnicodeDecodeError:
+            items = [base64.b64encode(b).decode("ascii") for b in items]
+            extra["encoding"] = "base64"
+        value = np.array(items, dtype=object).reshape(value.shape)
+    elif kind == "quantized":
+        assert value.dtype.names is not None  # one-field structs (see dtypes.py)
+        value = value[value.dtype.names[0]]
+    elif kind == "float":
+        value = value.astype(np.float64)
+    elif kind == "complex":
+        value = np.stack([value.real, value.imag], axis=-1).astype(np.float64)
+    elif kind in ("int", "uint"):  # also int4/uint4/int2/uint2, which have no Python form
+        value = value.astype(np.int64 if kind == "int" else np.uint64)
+    return {"values": value.tolist(), **extra}
+
+
+def _dump_values_json(ckpt: Checkpoint, patterns: list[str]) -> None:
+    tensors = []
+    for name in _value_names(ckpt, patterns):
+        info = ckpt.info(name)
+        tensors.append(
+            {
+                "name": name,
+                "dtype": info.dtype,
+                "shape": list(info.shape),
+                **_json_values(ckpt[name], info.dtype),
+            }
+        )
+    print_json({"prefix": ckpt.prefix, "tensors": tensors})
+
+
+TREE_INDENT_LEVELS = 32  # deeper nodes keep this indentation and show their depth
+
+
+def _print_object_graph(data: dict) -> None:
+    """The graph as a tree from the root, each node shown once (later paths point back).
+
+    Walked with an explicit stack and printed by local names, with the
+    indentation capped, so the output stays linear in the graph's size however
+    deep it is.
+    """
+    nodes = data["nodes"]
+    shown: set[int] = set()
+
+    def walk(start: int, label: str, depth: int) -> None:
+        stack = [(start, label, depth)]
+        while stack:
+            node_id, label, depth = stack.pop()
+            indent = "  " * min(depth, TREE_INDENT_LEVELS)
+            if depth > TREE_INDENT_LEVELS:
+                label = f"(depth {depth}) {label}"
+            node = nodes[node_id]
+            if node_id in shown:
+                emit(f"{indent}{label} -> {node['path'] or '(root)'}")
+                continue
+            shown.add(node_id)
+            emit(f"{indent}{label}", (f"  #{node_id}", "2"))
+            for a in node["attributes"]:
+                tensors = a["tensors"]
+                if len(tensors) == 1 and tensors[0]["name"] == a["checkpoint_key"]:
+                    t = tensors[0]
+                    kind = f"{t['dtype']} {shape_text(t['shape'])}" if t["dtype"] else "MISSING"
+                    emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {kind}")
+                    continue
+                emit(f"{indent}  [{a['name']}] {a['checkpoint_key']}  {len(tensors)} tensors")
+                for t in tensors:
+                    kind = f"{t['dtype']} {shape_text(t['shape'])}" if t["dtype"] else "MISSING"
+                    emit(f"{indent}    {t['name']}  {kind}")
+            for s in node["slot_variables"]:
+                original = nodes[s["original_variable_node_id"]]["path"]
+                emit(
+                    f"{indent}  slot {s['slot_name']!r} of {original}: "
+                    f"#{s['slot_variable_node_id']}"
+                )
+            for c in reversed(node["children"]):
+                stack.append((c["node_id"], c["name"], depth + 1))
+
+    emit(f"object graph of {data['prefix']}: {len(nodes)} nodes")
+    walk(0, "(root)", 0)
+    for s_node in nodes:
+        for s in s_node["slot_variables"]:
+            if s["slot_variable_node_id"] not in shown:
+                walk(s["slot_variable_node_id"], f"slot {s['slot_name']!r}", 1)
+
+
+def cmd_dump(args) -> int:
+    with Checkpoint(args.path) as ckpt:
+        if args.tensor:
+            if args.json:
+                _dump_values_json(ckpt, args.tensor)
+            else:
+                _print_values(ckpt, args.tensor, args.full)
+            return 0
+        if args.object_graph:
+            data = _inspect.object_graph(ckpt)
+            if args.json:
+                print_json(data)
+            else:
+                _print_object_graph(data)
+            return 0
+        data = _inspect.dump(ckpt, filter=args.filter)
+    if args.json:
+        print_json(data)
+    else:
+        _print_dump(data)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    with Checkpoint(args.a) as a, Checkpoint(args.b) as b:
+        data = _inspect.diff(
+            a, b, atol=args.atol, rtol=args.rtol, values=not args.names_only, filter=args.filter
+        )
+    if args.json:
+        print_json(data)
+    else:
+        for name in data["only_in_a"]:
+            emit((f"- {name}", "31"), "  (only in A)")
+        for name in data["only_in_b"]:
+            emit((f"+ {name}", "32"), "  (only in B)")
+        for c in data["changed"]:
+            stored = (
+                f"  (stored elements {c['stored_a']} -> {c['stored_b']})" if "stored_a" in c else ""
+            )
+            emit(
+                f"~ {c['name']}  {c['dtype_a']} {shape_text(c['shape_a'])} -> "
+                f"{c['dtype_b']} {shape_text(c['shape_b'])}{stored}"
+            )
+        if data["values"]:
+            rows = [["NAME", "DIFFERING", "ELEMENTS", "MAX ABS", "MAX REL"]]
+            for v in data["values"]:
+                rows.append(
+                    [
+                        v["name"],
+                        str(v["differing"]),
+                        str(v["elements"]),
+                        fmt(v["max_abs"]),
+                        fmt(v["max_rel"]),
+                    ]
+                )
+            table(rows, right={1, 2, 3, 4})
+        emit(
+            "same"
+            if data["same"]
+            else f"different: {len(data['only_in_a'])} only in A, {len(data['only_in_b'])} only in "
+            f"B, {len(data['changed'])} changed dtype/shape, {len(data['values'])} with "
+            "different values"
+        )
+    return 0 if data["same"] else 1
+
+
+def cmd_stats(args) -> int:
+    with Checkpoint(args.path) as ckpt:
+        data = _inspect.stats(ckpt, filter=args.filter)
+    if args.json:
+        print_json(data)
+        return 0
+    # NaN and inf columns only when some tensor has them: the table fits 80 columns.
+    special = any(t.get("nan") or t.get("inf") for t in data["tensors"])
+    rows = [
+        ["NAME", "DTYPE", "MIN", "MAX", "MEAN", "STD"]
+        + (["NAN", "INF"] if special else [])
+        + ["ZEROS"]
+    ]
+    risky = []
+    for t in data["tensors"]:
+        rows.append(
+            [
+                t["name"],
+                t["dtype"],
+                fmt(t.get("min"), 4),
+                fmt(t.get("max"), 4),
+                fmt(t.get("mean"), 4),
+                fmt(t.get("std"), 4),
+            ]
+            + ([fmt(t.get("nan")), fmt(t.get("inf"))] if special else [])
+            + [f"{100 * t['zeros']:.1f}%" if "zeros" in t else "-"]
+        )
+        for target, c in t.get("cast", {}).items():
+            if c["overflow"] or c["to_zero"] or c["subnormal"]:
+                risky.append(
+                    [t["name"], target, str(c["overflow"]), str(c["to_zero"]), str(c["subnormal"])]
+                )
+    table(rows, right=set(range(2, len(rows[0]))))
+    emit()
+    if risky:
+        emit("if cast:")
+        table([["NAME", "TO", "OVERFLOW", "TO ZERO", "SUBNORMAL"]] + risky, right={2, 3, 4})
+    else:
+        emit(
+            "every floating-point tensor casts to float16 and bfloat16 without overflow, "
+            "flush to zero or subnormals"
+        )
+    return 0
+
+
+def cmd_verify(args) -> int:
+    data = _inspect.verify(args.path)
+    if args.tf and not data["problems"]:
+        from .tf import verify_with_tf
+
+        tf_report = verify_with_tf(args.path, reference=args.reference)
+        data["tf"] = tf_report
+        data["problems"] += tf_report["mismatches"]
+    if args.json:
+        print_json(data)
+        return 1 if data["problems"] else 0
+    for w in data["warnings"]:
+        emit(w, err=True)
+    for note in data["partial"]:
+        emit(f"note: {note}")
+    if data["problems"]:
+        for p in data["problems"]:
+            emit(p, err=True)
+    else:
+        extra = ""
+        if "tf" in data:
+            extra = "; TensorFlow's reader agrees bit-for-bit" + (
+                f", {data['tf']['cast_checked']} casts equal tf.cast" if args.reference else ""
+            )
+        emit(
+            f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
+            f"every checksum, shard, slice and object-graph key checked{extra}"
+        )
+    for d in data.get("tf", {}).get("cast_differences", []):
+        # Documented differences from tf.cast: information, not problems.
+        parts = []
+        if d["subnormals_tf_flushes"]:
+            parts.append(
+                f"{d['subnormals_tf_flushes']} subnormal results tf.cast flushes "
+                "to zero (kept here, as IEEE 754 rounds)"
+            )
+        if d["nans_other_bits"]:
+            parts.append(f"{d['nans_other_bits']} NaNs of another sign or payload than tf.cast's")
+        emit(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
+    return 1 if data["problems"] else 0
+
+
+def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    rules = []
+    for item in args.map or []:
+        if "=" not in item:
+            raise CheckpointError(f"--map takes OLD=NEW, not {item!r}")
+        old, new = item.split("=", 1)
+        rules.append((old, new))
+    exact: dict[str, str] = {}
+    if args.map_file:
+        try:
+            with open(args.map_file, encoding="utf-8") as f:
+                exact = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read the rename map: {e}", path=args.map_file) from None
+        if not isinstance(exact, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in exact.items()
+        ):
+            raise CheckpointError(
+                "the rename map must be a JSON object of names", path=args.map_file
+            )
+        for new in exact.values():
+            try:
+                encode_name(new)
+            except UnicodeEncodeError:  # only \udc80-\udcff stand for bytes (see --json)
+                raise CheckpointError(
+                    f"{new!r} in the rename map is not a tensor name: it holds a lone surrogate",
+                    path=args.map_file,
+                ) from None
+    return rules, exact
+
+
+def _print_plan(p: Plan) -> None:
+    rows = [["SOURCE", "NAME", "NEW NAME", "DTYPE", "SHAPE", "BYTES IN", "BYTES OUT"]]
+    for t in p.tensors:
+        dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
+        rows.append(
+            [
+                p.sources[t.source].label,
+                t.name,
+                t.new_name if t.renamed else "=",
+                dtype,
+                shape_text(t.info.shape),
+                human_bytes(t.info.nbytes),
+                human_bytes(t.bytes_out),
+            ]
+        )
+    table(rows, right={5, 6})
+    for src, name, why in p.dropped:
+        emit(f"drop  {src}  {name}  ({why})")
+    emit()
+    emit(
+        f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
+        f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
+        + (", object graph rewritten" if p.object_graph is not None else "")
+    )
+
+
+def _print_summary(sm: Summary) -> None:
+    emit(
+        f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
+        f"{sm.cast} cast; {human_bytes(sm.bytes_in)} in, {human_bytes(sm.bytes_out)} out, "
+        f"{sm.seconds:.2f} s",
+        err=True,
+    )
+    for label, attr in (
+        ("clipped or overflowed", "overflow"),
+        ("became zero", "to_zero"),
+        ("became subnormal", "subnormal"),
+    ):
+        hit = {n: getattr(c, attr) for n, c in sm.cast_counts.items() if getattr(c, attr)}
+        if hit:
+            total = sum(hit.values())
+            emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
+    for warning in sm.warnings:
+        emit(f"tfckpt: warning: {warning}", err=True)
+
+
+def _progress(total: int):
+    """A progress bar on stderr when it is a terminal."""
+    if not sys.stderr.isatty() or total == 0:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False
+    )
+    return bar.update, bar.close
+
+
+def _executor(spec: str | None):
+    """The executor an --executor SPEC names, and how to shut it down."""
+    if spec is None:
+        return None, lambda: None
+    kind, _, arg = spec.partition(":")
+    if kind in ("threads", "processes"):
+        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+        try:
+            workers = int(arg) if arg else None
+        except ValueError:
+            raise CheckpointError(f"--executor {spec}: the worker count must be a number") from None
+        pool = (ThreadPoolExecutor if kind == "threads" else ProcessPoolExecutor)(workers)
+        return pool, pool.shutdown
+    if kind == "dask":
+        try:
+            from dask.distributed import Client
+        except ImportError:
+            raise CheckpointError(
+                "--executor dask:// needs Dask: pip install 'tfckpt[dask]'"
+            ) from None
+        try:
+            client = Client(
+                spec[len("dask://") :] if spec.startswith("dask://") else arg, timeout=30
+            )
+        except OSError as e:
+            raise CheckpointError(f"cannot reach the Dask scheduler {spec}: {e}") from None
+        return client, client.close
+    raise CheckpointError(
+        f"unknown --executor {spec!r}: use threads:N, processes:N or dask://HOST:PORT"
+    )
+
+
+def cmd_transform(args) -> int:
+    sources = args.sources if args.command == "merge" else [args.src]
+    dst = args.output if args.command == "merge" else args.dst
+    rules, exact = _rename_rules(args)
+    options = Options(
+        include=args.include,
+        exclude=args.exclude,
+        drop_objects=args.drop_object or (),
+        rename=rules,
+        rename_exact=exact,
+        cast=args.dtype,
+        cast_from=args.cast_from.split(",") if args.cast_from else None,
+        prefer=args.prefer,
+        max_shard_bytes=args.max_shard_bytes,
+        overwrite=args.overwrite,
+        overflow=args.overflow,
+        chunk_bytes=args.chunk_bytes,
+        backend=args.backend,
+        tf_threshold=args.tf_threshold,
+        durable=args.durable,
+    )
+    p = plan(sources, dst, options)
+    if args.dry_run:
+        if args.json:
+            print_json(p.to_dict())
+        else:
+            _print_plan(p)
+        return 0
+    update, close = _progress(p.bytes_in)
+    executor, shutdown = _executor(args.executor)
+    try:
+        summary = execute(p, progress=update, executor=executor)
+    finally:
+        close()
+        shutdown()
+    if args.json:
+        print_json(summary.to_dict())
+    _print_summary(summary)
+    return 0
