@@ -107,6 +107,25 @@ class Checkpoint(collections.abc.Mapping):
     __eq__ = object.__eq__  # not the mapping's: comparing would read every tensor
     __hash__ = object.__hash__
 
+    format = "bundle v2"
+
+    def __new__(cls, path=None, *, verify: bool = True, mmap: bool = True):
+        # A path that designates no bundle may designate a V1 checkpoint, read by the
+        # subclass of tfckpt.v1 through this same API.
+        if cls is Checkpoint:
+            try:
+                paths.resolve_prefix(path)
+            except CheckpointNotFoundError as e:
+                from . import v1
+
+                if v1.resolve_files(path) is not None:
+                    return super().__new__(v1.V1Checkpoint)
+                why = v1.not_a_checkpoint(path)
+                if why is not None:
+                    raise UnsupportedCheckpointError(why, path=e.path) from None
+                raise
+        return super().__new__(cls)
+
     def __init__(self, path, *, verify: bool = True, mmap: bool = True):
         self.prefix = paths.resolve_prefix(path)
         self.verify = verify
