@@ -269,6 +269,8 @@ class V1Checkpoint(Checkpoint):
             self._tables.append(raw)
             v = self._read_meta(i, f, raw.get(b""))
             version = version or v
+        for t in self._tensors.values():  # files list slices in save order: row-major here
+            t.slices.sort(key=lambda ext: [start for start, _ in ext])
         self.header = Header(len(self.files), "little", version or Version(0, 0))
         self._names = sorted(self._tensors)
         self._slice_keys = set()
