@@ -279,6 +279,9 @@ def tf_v1_file(tmp_path_factory):
 def test_damaged_tf_v1_files(tf_v1_file, tmp_path):
     rng = random.Random(99)
     original = open(tf_v1_file, "rb").read()
+    assert check_case(tf_v1_file, "undamaged") == "ok"
+    with tfckpt.open(tf_v1_file) as ckpt:
+        assert ckpt["p"].tolist() == [[1.0, 1.0]] * 6 and ckpt["s"].tolist() == [b"", b"ab"]
     seen = {"ok": 0, "error": 0}
     for case in range(DAMAGE_CASES):
         data = bytearray(original)
