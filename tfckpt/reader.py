@@ -108,13 +108,15 @@ class Checkpoint(collections.abc.Mapping):
     __hash__ = object.__hash__
 
     format = "bundle v2"
+    _resolved: str | None = None
 
     def __new__(cls, path=None, *, verify: bool = True, mmap: bool = True):
         # A path that designates no bundle may designate a V1 checkpoint, read by the
         # subclass of tfckpt.v1 through this same API.
+        prefix = None
         if cls is Checkpoint:
             try:
-                paths.resolve_prefix(path)
+                prefix = paths.resolve_prefix(path)
             except CheckpointNotFoundError as e:
                 from . import v1
 
@@ -124,10 +126,13 @@ class Checkpoint(collections.abc.Mapping):
                 if why is not None:
                     raise UnsupportedCheckpointError(why, path=e.path) from None
                 raise
-        return super().__new__(cls)
+        obj = super().__new__(cls)
+        obj._resolved = prefix  # resolved once: on object stores each look is a request
+        return obj
 
     def __init__(self, path, *, verify: bool = True, mmap: bool = True):
-        self.prefix = paths.resolve_prefix(path)
+        resolved, self._resolved = self._resolved, None
+        self.prefix = resolved or paths.resolve_prefix(path)
         self.verify = verify
         self.mmap = mmap
         self.index_path = paths.index_filename(self.prefix)
