@@ -316,3 +316,32 @@ def test_not_checkpoints(v1, tmp_path):
         assert_cli_error(in_process("dump", path), fragment)
         with pytest.raises(tfckpt.UnsupportedCheckpointError, match=fragment):
             tfckpt.open(path)
+
+
+def test_verify_meta_against_stored_slices(v1, tmp_path):
+    """A slice the meta lists but no entry stores, and an entry no meta lists."""
+    from tfckpt import orderedcode
+    from tfckpt.table import TableBuilder, TableReader
+
+    saved = v1["dtypes"][0]
+    entries = dict(TableReader(open(saved, "rb").read()).entries)
+    missing = orderedcode.encode_slice_key("part/emb", ((4, 3), (0, 4)))
+    del entries[missing]
+    entries[orderedcode.encode_slice_key("ghost", ())] = entries[
+        orderedcode.encode_slice_key("f32", ((0, None), (0, None)))
+    ]
+    damaged = tmp_path / "model.ckpt"
+    with open(damaged, "wb") as f:
+        builder = TableBuilder(f)
+        for key in sorted(entries):
+            builder.add(key, entries[key])
+        builder.finish()
+    rc, out, err = in_process("verify", damaged)
+    assert rc == 1, (out, err)
+    out = out + err
+    assert "'part/emb'" in out and "4:7,0:4" in out and "not stored" in out, out
+    assert "belongs to no tensor" in out and "ghost" in out, out
+    with tfckpt.open(damaged) as ckpt:
+        assert_same(ckpt["f32"], v1["dtypes"][1]["f32"], "f32")
+        with pytest.raises(tfckpt.CorruptCheckpointError, match="not stored"):
+            ckpt["part/emb"]
