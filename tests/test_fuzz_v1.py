@@ -42,6 +42,7 @@ DTYPES = {  # name: (enum, numpy dtype, TensorProto field)
 }
 LIES = [
     "huge-dim",
+    "huge-slices",
     "negative-dim",
     "overlap",
     "outside",
@@ -156,6 +157,13 @@ def _lie(rng: random.Random, lie: str, meta, entries: dict[bytes, bytes]) -> Non
             m.shape.dim.add()
             m.slice[0].extent.add()
         m.shape.dim[0].size = 1 << 40 if lie == "huge-dim" else -1
+    elif lie == "huge-slices":  # slices that cover a huge tensor, entries far too small
+        del m.shape.dim[:]
+        m.shape.dim.add().size = 1 << 40
+        del m.slice[:]
+        for half in [(0, 1 << 39), (1 << 39, 1 << 39)]:
+            _set_slice(m.slice.add(), [half])
+            entries[orderedcode.encode_slice_key(m.name, [half])] = entries[key]
     elif lie == "overlap":
         _set_slice(m.slice.add(), [(0, 1) for _ in m.shape.dim] or [])
         if not m.shape.dim:

@@ -427,20 +427,27 @@ class V1Checkpoint(Checkpoint):
 
         check_slice_cover(t.slices, t.shape, error)
 
-    def _slice_values(self, t: _Tensor, extents: Slice) -> np.ndarray:
-        """The values of one stored slice, shaped as the slice."""
+    def _raw_slice(self, t: _Tensor, extents: Slice) -> bytes:
+        """The stored entry of one slice; refused before anything is allocated for the
+        slice unless it can hold the slice's values (each takes a byte at least)."""
         f = self.files[t.where[extents]]
         raw = self._tables[t.where[extents]].get(self._key(t, extents))
-        shape = slice_shape(t.shape, extents)
-        n = num_elements(shape)
+        n = num_elements(slice_shape(t.shape, extents))
         if raw is None:
             raise CorruptCheckpointError(
                 f"slice {format_slice(extents)} is listed but not stored", path=f, tensor=t.name
             )
-        if n > len(raw):  # every value takes at least one byte: refuse before allocating
+        if n > len(raw):
             raise CorruptCheckpointError(
                 f"{n} values cannot fit in the slice's {len(raw)} bytes", path=f, tensor=t.name
             )
+        return raw
+
+    def _slice_values(self, t: _Tensor, extents: Slice) -> np.ndarray:
+        """The values of one stored slice, shaped as the slice."""
+        f = self.files[t.where[extents]]
+        raw = self._raw_slice(t, extents)
+        shape = slice_shape(t.shape, extents)
         try:
             msg = SavedTensorSlices.FromString(raw)
         except DecodeError as e:
@@ -473,6 +480,8 @@ class V1Checkpoint(Checkpoint):
                 path=self.prefix,
                 tensor=name,
             )
+        for s in t.slices:
+            self._raw_slice(t, s)
         out = np.empty(t.shape, dtype=object if t.dtype is _dt.STRING else t.dtype.numpy)
         for s in t.slices:
             out[slice_index(s)] = self._slice_values(t, s)
