@@ -5,8 +5,9 @@ A V1 checkpoint is one or more table files (the table of :mod:`tfckpt.table`). I
 the empty key holds the meta: every tensor's name, shape, dtype and the slices that file
 stores; every other key is the slice key of (name, slice) whose value holds that slice's
 values as typed repeated fields. A tensor may be stored in several slices, spread over
-several files (a sharded save writes ``PREFIX-00000-of-00002`` ...). Values are parsed
-one slice at a time; each file's table is held in memory as the table reader reads it.
+several files (a sharded save writes ``PREFIX-00000-of-00002`` ...). Opening walks
+every block once (checksums, key order) and keeps only where each key is; a value is
+read back with its block and parsed one slice at a time.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from .format import (
     slice_shape,
 )
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
-from .storage import Storage, normalize, storage_for
-from .table import FOOTER_SIZE, MAGIC, TableReader
+from .storage import Reader, Storage, normalize, storage_for
+from .table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
 
 FORMAT_NAME = "V1 (tensor slices)"
 _SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<shard>\d{5}|\?{5})-of-(?P<num>\d{5})$")
@@ -225,6 +226,31 @@ def _head(store: Storage, path: str) -> bytes:
         reader.close()
 
 
+class _FileBytes:
+    """A file's bytes as the table reader indexes them, read on demand with positioned
+    reads: only the blocks looked at are ever in memory."""
+
+    def __init__(self, reader: Reader):
+        self._reader = reader
+        self._size = reader.size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            return self[index : index + 1][0]
+        start, stop, _ = index.indices(self._size)
+        buf = bytearray(max(stop - start, 0))
+        view, pos = memoryview(buf), 0
+        while pos < len(buf):
+            n = self._reader.readinto(view[pos:], start + pos)
+            if n <= 0:
+                break  # the file shrank: the block's checksum reports it
+            pos += n
+        return bytes(buf[:pos])
+
+
 @dataclasses.dataclass
 class _Tensor:
     name: str
@@ -254,20 +280,33 @@ class V1Checkpoint(Checkpoint):
         self.index_path = self.files[0]
         self.storage = storage_for(self.files[0])
         self._readers = {}
-        self._tables: list[dict[bytes, bytes]] = []
+        self._tables: list[TableReader] = []
+        self._blocks: list[list[BlockHandle]] = []
+        # Per file, each key's data block and value size: values stay in the file.
+        self._where: list[dict[bytes, tuple[int, int]]] = []
         self._tensors: dict[str, _Tensor] = {}
+        self._last_block: tuple[tuple[int, int] | None, dict[bytes, bytes]] = (None, {})
         version: Version | None = None
         for i, f in enumerate(self.files):
             try:
-                data = self.storage.read_bytes(f)
+                reader = self.storage.open_reader(f)
             except OSError as e:
                 raise CheckpointNotFoundError(f"cannot read: {e.strerror or e}", path=f) from None
-            table = TableReader(data, f)
-            raw = dict(table.entries)
-            if len(raw) != len(table.entries):
-                raise CorruptCheckpointError("duplicate keys in table", path=f)
-            self._tables.append(raw)
-            v = self._read_meta(i, f, raw.get(b""))
+            self._readers[i] = reader
+            table = TableReader(_FileBytes(reader), f, lazy=True)  # type: ignore[arg-type]
+            blocks: list[BlockHandle] = []
+            where: dict[bytes, tuple[int, int]] = {}
+            meta = None
+            for handle, entries in table.iter_blocks():
+                for key, value in entries:
+                    where[key] = (len(blocks), len(value))
+                    if key == b"":
+                        meta = value
+                blocks.append(handle)
+            self._tables.append(table)
+            self._blocks.append(blocks)
+            self._where.append(where)
+            v = self._read_meta(i, f, meta)
             version = version or v
         for t in self._tensors.values():  # files list slices in save order: row-major here
             t.slices.sort(key=lambda ext: [start for start, _ in ext])
@@ -330,7 +369,9 @@ class V1Checkpoint(Checkpoint):
         return isinstance(name, str) and name in self._tensors
 
     def close(self) -> None:
-        pass
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.close()
 
     # -- metadata
 
@@ -348,7 +389,7 @@ class V1Checkpoint(Checkpoint):
     def _nbytes(self, t: _Tensor, extents: Slice) -> int:
         n = num_elements(slice_shape(t.shape, extents))
         if t.dtype is _dt.STRING:
-            return len(self._tables[t.where[extents]].get(self._key(t, extents), b""))
+            return self._where[t.where[extents]].get(self._key(t, extents), (0, 0))[1]
         if t.dtype.numpy is None:
             return 0
         return n * t.dtype.fixed_itemsize
@@ -406,7 +447,7 @@ class V1Checkpoint(Checkpoint):
     def orphan_slice_keys(self) -> list[bytes]:
         """Slice entries that no meta lists."""
         listed = {self._key(t, s) for t in self._tensors.values() for s in t.slices}
-        return [k for table in self._tables for k in table if k and k not in listed]
+        return [k for where in self._where for k in where if k and k not in listed]
 
     @property
     def data_files(self) -> list[str]:
@@ -427,26 +468,44 @@ class V1Checkpoint(Checkpoint):
 
         check_slice_cover(t.slices, t.shape, error)
 
-    def _raw_slice(self, t: _Tensor, extents: Slice) -> bytes:
-        """The stored entry of one slice; refused before anything is allocated for the
-        slice unless it can hold the slice's values (each takes a byte at least)."""
-        f = self.files[t.where[extents]]
-        raw = self._tables[t.where[extents]].get(self._key(t, extents))
+    def _raw_slice(self, t: _Tensor, extents: Slice) -> tuple[int, int]:
+        """Where one slice's entry is (block, value size); refused before anything is
+        allocated for the slice unless it can hold its values (each takes a byte at least)."""
+        i = t.where[extents]
+        f, key = self.files[i], self._key(t, extents)
+        found = self._where[i].get(key)
         n = num_elements(slice_shape(t.shape, extents))
-        if raw is None:
+        if found is None:
             raise CorruptCheckpointError(
                 f"slice {format_slice(extents)} is listed but not stored", path=f, tensor=t.name
             )
-        if n > len(raw):
+        if n > found[1]:
             raise CorruptCheckpointError(
-                f"{n} values cannot fit in the slice's {len(raw)} bytes", path=f, tensor=t.name
+                f"{n} values cannot fit in the slice's {found[1]} bytes", path=f, tensor=t.name
             )
-        return raw
+        return found
+
+    def _read_raw(self, t: _Tensor, extents: Slice) -> bytes:
+        i = t.where[extents]
+        block, _ = self._raw_slice(t, extents)
+        key = self._key(t, extents)
+        cached = self._last_block  # one block kept (its neighbours come next); a local
+        if cached[0] != (i, block):  # copy, so that threads reading at once never mix two
+            entries = self._tables[i].block_entries(self._blocks[i][block])
+            cached = self._last_block = ((i, block), dict(entries))
+        value = cached[1].get(key)
+        if value is not None:
+            return value
+        raise CorruptCheckpointError(  # the file changed since it was opened
+            f"slice {format_slice(extents)} is no longer in its block",
+            path=self.files[i],
+            tensor=t.name,
+        )
 
     def _slice_values(self, t: _Tensor, extents: Slice) -> np.ndarray:
         """The values of one stored slice, shaped as the slice."""
         f = self.files[t.where[extents]]
-        raw = self._raw_slice(t, extents)
+        raw = self._read_raw(t, extents)
         shape = slice_shape(t.shape, extents)
         try:
             msg = SavedTensorSlices.FromString(raw)
