@@ -345,3 +345,24 @@ def test_verify_meta_against_stored_slices(v1, tmp_path):
         assert_same(ckpt["f32"], v1["dtypes"][1]["f32"], "f32")
         with pytest.raises(tfckpt.CorruptCheckpointError, match="not stored"):
             ckpt["part/emb"]
+
+
+def test_v1_on_object_storage(v1, tmp_path):
+    """A sharded V1 save in an fsspec store: read with range reads, converted to V2."""
+    fsspec = pytest.importorskip("fsspec")
+    saved, want = v1["sharded"]
+    fs = fsspec.filesystem("memory")
+    for f in sorted(os.listdir(os.path.dirname(saved))):
+        if f != "checkpoint":
+            fs.pipe(f"/v1-remote/{f}", open(os.path.join(os.path.dirname(saved), f), "rb").read())
+    try:
+        with tfckpt.open("memory://v1-remote/model.ckpt-5-?????-of-00002") as ckpt:
+            assert ckpt.prefix == "memory://v1-remote/model.ckpt-5"
+            for key, value in want.items():
+                assert_same(ckpt[key], value, key)
+        tfckpt.select("memory://v1-remote/model.ckpt-5", str(tmp_path / "m"))
+    finally:
+        fs.rm("/v1-remote", recursive=True)
+    reader = tf.train.load_checkpoint(str(tmp_path / "m"))
+    for key, value in want.items():
+        assert_same(_array(reader.get_tensor(key)), value, key)
