@@ -61,11 +61,13 @@ def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa
 
     ``path`` may be a prefix (``train/model.ckpt-7``), its ``.index`` file, a
     directory with a ``checkpoint`` state file (its latest checkpoint is taken),
-    or a SavedModel directory. With ``verify`` (the default) every tensor's
-    CRC32C is checked when it is read; index block checksums are always checked.
-    With ``mmap`` (the default), ``ckpt[name]`` of a local checkpoint views the
-    mapped file (zero-copy); such an array dies with SIGBUS if the file is
-    truncated later. ``mmap=False`` reads into memory of its own.
+    or a SavedModel directory; or a V1 (tensor-slice) checkpoint in any form
+    TensorFlow accepts, read through the same API (see :mod:`tfckpt.v1`). With
+    ``verify`` (the default) every tensor's CRC32C is checked when it is read;
+    index block checksums are always checked. With ``mmap`` (the default),
+    ``ckpt[name]`` of a local checkpoint views the mapped file (zero-copy); such
+    an array dies with SIGBUS if the file is truncated later. ``mmap=False``
+    reads into memory of its own.
 
     >>> ckpt = tfckpt.open("train")
     >>> ckpt.keys()[:2], ckpt.info("dense/kernel").dtype

@@ -279,11 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
         "convert",
         "cast floating-point tensors to another dtype",
         "Write a copy of SRC with floating-point tensors cast, e.g. float32 -> float16. "
+        "Without --dtype, a plain copy: the way to turn a V1 checkpoint into a V2 one. "
         "Accepts every transform option.",
     )
     p.add_argument("src")
     p.add_argument("dst", help="output prefix, or a directory (the source's name is kept)")
-    _add_transform_options(p, dtype_required=True)
+    _add_transform_options(p)
 
     p = _sub(
         sub,

@@ -27,8 +27,8 @@ def _print_dump(data: dict) -> None:
     emit(f"prefix      {data['prefix']}")
     emit(f"shards      {data['num_shards']}")
     emit(
-        f"format      bundle v2, producer {v['producer']}, min consumer {v['min_consumer']}, "
-        f"{data['endianness']}-endian"
+        f"format      {data.get('format', 'bundle v2')}, producer {v['producer']}, "
+        f"min consumer {v['min_consumer']}, {data['endianness']}-endian"
     )
     emit(f"tensors     {data['tensor_count']}")
     emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")

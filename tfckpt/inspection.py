@@ -66,8 +66,10 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
         acc[0] += info.nbytes
         acc[1] += 1
     h = ckpt.header
+    v1 = {"format": ckpt.format} if ckpt.format != Checkpoint.format else {}
     return {
         "prefix": ckpt.prefix,
+        **v1,
         "num_shards": h.num_shards,
         "endianness": h.endianness,
         "version": {
@@ -541,6 +543,8 @@ def _check_shard_files(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
     Missing shards are problems; data files of the same prefix with another shard
     count (left by an earlier checkpoint) are only warnings: nothing reads them.
     """
+    if ckpt.format != Checkpoint.format:
+        return [], []  # a V1 checkpoint's files were all read when it was opened
     store = ckpt.storage
     directory = store.dirname(ckpt.prefix) or "."
     base = store.basename(ckpt.prefix)

@@ -107,8 +107,32 @@ class Checkpoint(collections.abc.Mapping):
     __eq__ = object.__eq__  # not the mapping's: comparing would read every tensor
     __hash__ = object.__hash__
 
+    format = "bundle v2"
+    _resolved: str | None = None
+
+    def __new__(cls, path=None, *, verify: bool = True, mmap: bool = True):
+        # A path that designates no bundle may designate a V1 checkpoint, read by the
+        # subclass of tfckpt.v1 through this same API.
+        prefix = None
+        if cls is Checkpoint:
+            try:
+                prefix = paths.resolve_prefix(path)
+            except CheckpointNotFoundError as e:
+                from . import v1
+
+                if v1.resolve_files(path) is not None:
+                    return super().__new__(v1.V1Checkpoint)
+                why = v1.not_a_checkpoint(path)
+                if why is not None:
+                    raise UnsupportedCheckpointError(why, path=e.path) from None
+                raise
+        obj = super().__new__(cls)
+        obj._resolved = prefix  # resolved once: on object stores each look is a request
+        return obj
+
     def __init__(self, path, *, verify: bool = True, mmap: bool = True):
-        self.prefix = paths.resolve_prefix(path)
+        resolved, self._resolved = self._resolved, None
+        self.prefix = resolved or paths.resolve_prefix(path)
         self.verify = verify
         self.mmap = mmap
         self.index_path = paths.index_filename(self.prefix)

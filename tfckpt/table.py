@@ -262,10 +262,11 @@ class TableReader:
     ``path`` only names the file in error messages.
     """
 
-    def __init__(self, data: bytes, path: str = "<table>"):
+    def __init__(self, data: bytes, path: str = "<table>", *, lazy: bool = False):
         self.path = path
         self._data = data
-        self.entries: list[tuple[bytes, bytes]] = self._read_all()
+        # lazy: no entries held; walk them with iter_blocks, fetch with block_entries.
+        self.entries: list[tuple[bytes, bytes]] = [] if lazy else self._read_all()
 
     def _corrupt(self, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"corrupt index table: {what}", path=self.path)
@@ -286,7 +287,7 @@ class TableReader:
             )
         contents = data[handle.offset : handle.offset + handle.size]
         ctype = data[handle.offset + handle.size]
-        (stored,) = _U32.unpack_from(data, handle.offset + handle.size + 1)
+        (stored,) = _U32.unpack(data[handle.offset + handle.size + 1 : end])
         actual = crc32c(
             data[handle.offset + handle.size : handle.offset + handle.size + 1], crc32c(contents)
         )
@@ -308,6 +309,17 @@ class TableReader:
         )
 
     def _read_all(self) -> list[tuple[bytes, bytes]]:
+        return [entry for _, block in self.iter_blocks() for entry in block]
+
+    def block_entries(self, handle: BlockHandle) -> list[tuple[bytes, bytes]]:
+        """The entries of one data block that :meth:`iter_blocks` yielded, read again."""
+        try:
+            return list(parse_block(self._read_block(handle, "data block")))
+        except ValueError as e:
+            raise self._corrupt(str(e)) from None
+
+    def iter_blocks(self) -> Iterator[tuple[BlockHandle, list[tuple[bytes, bytes]]]]:
+        """Each data block's handle and entries, in file order, every check applied."""
         data = self._data
         if len(data) < FOOTER_SIZE:
             raise self._corrupt(f"file is {len(data)} bytes, shorter than the 48-byte footer")
@@ -316,7 +328,6 @@ class TableReader:
         except ValueError as e:
             raise self._corrupt(f"footer: {e}") from None
         index = self._read_block(footer.index, "index block")
-        entries: list[tuple[bytes, bytes]] = []
         last_key = None
         # Work and memory stay linear in the file's size: every data block is read
         # once (they follow one another, as written), and prefix-shared keys may
@@ -336,6 +347,7 @@ class TableReader:
                     )
                 block_end = handle.offset + handle.size + BLOCK_TRAILER_SIZE
                 block = self._read_block(handle, "data block")
+                entries: list[tuple[bytes, bytes]] = []
                 for key, value in parse_block(block):
                     budget -= len(key)
                     if budget < 0:
@@ -348,9 +360,9 @@ class TableReader:
                         raise self._corrupt(f"key {key!r} lies beyond its index entry {sep!r}")
                     entries.append((key, value))
                     last_key = key
+                yield handle, entries
         except ValueError as e:
             raise self._corrupt(str(e)) from None
-        return entries
 
 
 # --- writing ---------------------------------------------------------------

@@ -1,0 +1,666 @@
+"""The tensor-slice checkpoint format (TensorFlow's ``SaverDef.V1``), read through the
+:class:`~tfckpt.reader.Checkpoint` API.
+
+A V1 checkpoint is one or more table files (the table of :mod:`tfckpt.table`). In each,
+the empty key holds the meta: every tensor's name, shape, dtype and the slices that file
+stores; every other key is the slice key of (name, slice) whose value holds that slice's
+values as typed repeated fields. A tensor may be stored in several slices, spread over
+several files (a sharded save writes ``PREFIX-00000-of-00002`` ...). Opening walks
+every block once (checksums, key order) and keeps only where each key is; a value is
+read back with its block and parsed one slice at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from collections.abc import Callable, Iterator
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from . import dtypes as _dt
+from . import orderedcode, paths
+from ._proto.saved_tensor_slice_pb2 import SavedTensorSlices, TensorProto
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    UnsupportedCheckpointError,
+)
+from .format import (
+    Header,
+    Slice,
+    TensorInfo,
+    Version,
+    check_slice_cover,
+    coverage,
+    encode_strings,
+    extents_fit,
+    format_slice,
+    is_full_slice,
+    num_elements,
+    slice_from_proto,
+    slice_index,
+    slice_shape,
+)
+from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from .storage import Reader, Storage, normalize, storage_for
+from .table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
+
+FORMAT_NAME = "V1 (tensor slices)"
+_SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<shard>\d{5}|\?{5})-of-(?P<num>\d{5})$")
+_MAGIC_BYTES = MAGIC.to_bytes(8, "little")
+
+# The repeated field of TensorProto that holds each dtype's values, and the numpy type
+# of that field's elements (converted to the tensor's dtype after the count is checked).
+_FIELDS: dict[str, tuple[str, np.dtype]] = {
+    "float32": ("float_val", np.dtype(np.float32)),
+    "float64": ("double_val", np.dtype(np.float64)),
+    "int32": ("int_val", np.dtype(np.int32)),
+    "uint8": ("int_val", np.dtype(np.int32)),
+    "int16": ("int_val", np.dtype(np.int32)),
+    "int8": ("int_val", np.dtype(np.int32)),
+    "uint16": ("int_val", np.dtype(np.int32)),
+    "qint8": ("int_val", np.dtype(np.int32)),
+    "quint8": ("int_val", np.dtype(np.int32)),
+    "qint16": ("int_val", np.dtype(np.int32)),
+    "quint16": ("int_val", np.dtype(np.int32)),
+    "qint32": ("int_val", np.dtype(np.int32)),
+    "int64": ("int64_val", np.dtype(np.int64)),
+    "bool": ("bool_val", np.dtype(np.bool_)),
+    "float16": ("half_val", np.dtype(np.int32)),  # the float16's bits
+    "bfloat16": ("half_val", np.dtype(np.int32)),
+    "complex64": ("scomplex_val", np.dtype(np.float32)),  # real, imaginary, ...
+    "complex128": ("dcomplex_val", np.dtype(np.float64)),
+    "uint32": ("uint32_val", np.dtype(np.uint32)),
+    "uint64": ("uint64_val", np.dtype(np.uint64)),
+}
+
+
+def is_table_file(store: Storage, path: str) -> bool:
+    """Whether ``path`` is a regular file ending in the table footer's magic number."""
+    try:
+        if not store.isfile(path):
+            return False
+        reader = store.open_reader(path)
+    except (OSError, CheckpointError):
+        return False
+    try:
+        size = getattr(reader, "size", None)
+        if size is None:
+            return store.read_bytes(path)[-8:] == _MAGIC_BYTES
+        if size < FOOTER_SIZE:
+            return False
+        buf = bytearray(8)
+        return reader.readinto(memoryview(buf), size - 8) == 8 and bytes(buf) == _MAGIC_BYTES
+    except OSError:
+        return False
+    finally:
+        reader.close()
+
+
+def _shard_siblings(store: Storage, path: str) -> list[str] | None:
+    """All shards of the sharded save ``path`` is one shard of; None if it names no shard."""
+    m = _SHARD_RE.match(store.basename(path))
+    if not m:
+        return None
+    return _glob(
+        store, store.join(store.dirname(path) or ".", f"{m['prefix']}-?????-of-{m['num']}")
+    )
+
+
+def _glob(store: Storage, pattern: str) -> list[str]:
+    directory = store.dirname(pattern) or "."
+    try:
+        names = store.listdir(directory)
+    except (OSError, CheckpointNotFoundError):
+        return []
+    base = store.basename(pattern)
+    return [store.join(directory, n) for n in sorted(names) if fnmatch.fnmatchcase(n, base)]
+
+
+def resolve_files(path) -> tuple[str, list[str]] | None:
+    """(what to call the checkpoint, its files) when ``path`` designates a V1 checkpoint.
+
+    ``path`` may be a V1 file, one shard of a sharded save, the pattern TensorFlow
+    names a sharded save by (``model.ckpt-5-?????-of-00002``), the prefix of a sharded
+    save, or a directory whose state file names one of those or that holds one V1
+    checkpoint (and no state file). None when it designates none.
+    """
+    p = normalize(path)
+    store = storage_for(p)
+    if store.isdir(p):
+        return _resolve_directory(store, store.dir_path(p))
+    return _resolve_file(store, p)
+
+
+def _resolve_file(store: Storage, p: str) -> tuple[str, list[str]] | None:
+    if any(c in store.basename(p) for c in "?*["):
+        files = [f for f in _glob(store, p) if is_table_file(store, f)]
+        m = _SHARD_RE.match(p)
+        return (m["prefix"] if m else p, files) if files else None
+    if is_table_file(store, p):
+        siblings = _shard_siblings(store, p)
+        if siblings and len(siblings) > 1:
+            m = _SHARD_RE.match(p)
+            assert m is not None
+            return m["prefix"], siblings
+        return p, [p]
+    shards = [f for f in _glob(store, f"{p}-?????-of-?????") if is_table_file(store, f)]
+    counts = {_SHARD_RE.match(f)["num"] for f in shards}  # type: ignore[index]
+    if len(counts) == 1:
+        return p, shards
+    return None
+
+
+def _resolve_directory(store: Storage, directory: str) -> tuple[str, list[str]] | None:
+    latest = paths._state_file_latest(directory)
+    if latest is not None:
+        return _resolve_file(store, latest)
+    try:
+        names = sorted(store.listdir(directory))
+    except OSError:
+        return None
+    found: dict[str, list[str]] = {}
+    for name in names:
+        full = store.join(directory, name)
+        if name.endswith(".index") or not is_table_file(store, full):
+            continue
+        m = _SHARD_RE.match(name)
+        label = store.join(directory, m["prefix"]) if m else full
+        found.setdefault(label, []).append(full)
+    if len(found) == 1:
+        return next(iter(found.items()))
+    if len(found) > 1:
+        listed = ", ".join(store.basename(k) for k in list(found)[:5])
+        raise CheckpointNotFoundError(
+            f"{len(found)} V1 checkpoints in directory and no state file naming one: "
+            f"{listed}; name one of them",
+            path=directory,
+        )
+    return None
+
+
+def not_a_checkpoint(path) -> str | None:
+    """Why ``path``, a file that is no checkpoint, is not one; None when no kind is known."""
+    p = normalize(path)
+    store = storage_for(p)
+    if not store.isfile(p):
+        return None
+    try:
+        head = _head(store, p)
+    except (OSError, CheckpointError):
+        return None
+    lower = p.lower()
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"\x89HDF\r\n\x1a\n") or lower.endswith(".h5"):
+        return "a Keras HDF5 file, not a TensorFlow checkpoint; load it with Keras"
+    if head.startswith(b"PK\x03\x04") and lower.endswith(".keras"):
+        return "a Keras .keras archive, not a TensorFlow checkpoint; load it with Keras"
+    if head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar" or head.startswith(b"PK\x03\x04"):
+        return "an archive (tar/gzip/zip); extract it first and open what it holds"
+    if lower.endswith(".meta"):
+        return (
+            "a MetaGraphDef (.meta) graph file: it holds no variable values; "
+            "open the checkpoint beside it"
+        )
+    if lower.endswith(".pb") or lower.endswith(".pbtxt"):
+        return (
+            "a SavedModel graph (.pb): open the SavedModel directory "
+            "(its variables/ hold the values)"
+        )
+    return None
+
+
+def _head(store: Storage, path: str) -> bytes:
+    reader = store.open_reader(path)
+    try:
+        buf = bytearray(512)
+        n = reader.readinto(memoryview(buf), 0)
+        return bytes(buf[:n])
+    finally:
+        reader.close()
+
+
+class _FileBytes:
+    """A file's bytes as the table reader indexes them, read on demand with positioned
+    reads: only the blocks looked at are ever in memory."""
+
+    def __init__(self, reader: Reader):
+        self._reader = reader
+        self._size = reader.size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            return self[index : index + 1][0]
+        start, stop, _ = index.indices(self._size)
+        buf = bytearray(max(stop - start, 0))
+        view, pos = memoryview(buf), 0
+        while pos < len(buf):
+            n = self._reader.readinto(view[pos:], start + pos)
+            if n <= 0:
+                break  # the file shrank: the block's checksum reports it
+            pos += n
+        return bytes(buf[:pos])
+
+
+@dataclasses.dataclass
+class _Tensor:
+    name: str
+    dtype: _dt.DType
+    shape: tuple[int, ...]
+    slices: list[Slice]  # in the order the meta lists them
+    where: dict[Slice, int]  # slice -> file index
+
+
+class V1Checkpoint(Checkpoint):
+    """A V1 (tensor-slice) checkpoint, read through the same API as a bundle.
+
+    Created by ``Checkpoint(path)`` / :func:`tfckpt.open` when ``path`` designates a
+    V1 checkpoint. ``header.num_shards`` is its number of files; a slice's ``shard`` is
+    the file that stores it. ``nbytes`` is what a tensor takes in a bundle.
+    """
+
+    format = FORMAT_NAME
+
+    def __init__(self, path, *, verify: bool = True, mmap: bool = True):
+        resolved = resolve_files(path)
+        if resolved is None:
+            raise CheckpointNotFoundError("no V1 checkpoint found", path=normalize(path))
+        self.prefix, self.files = resolved
+        self.verify = verify
+        self.mmap = mmap
+        self.index_path = self.files[0]
+        self.storage = storage_for(self.files[0])
+        self._readers = {}
+        self._tables: list[TableReader] = []
+        self._blocks: list[list[BlockHandle]] = []
+        # Per file, each key's data block and value size: values stay in the file.
+        self._where: list[dict[bytes, tuple[int, int]]] = []
+        self._tensors: dict[str, _Tensor] = {}
+        self._last_block: tuple[tuple[int, int] | None, dict[bytes, bytes]] = (None, {})
+        version: Version | None = None
+        for i, f in enumerate(self.files):
+            try:
+                reader = self.storage.open_reader(f)
+            except OSError as e:
+                raise CheckpointNotFoundError(f"cannot read: {e.strerror or e}", path=f) from None
+            self._readers[i] = reader
+            table = TableReader(_FileBytes(reader), f, lazy=True)  # type: ignore[arg-type]
+            blocks: list[BlockHandle] = []
+            where: dict[bytes, tuple[int, int]] = {}
+            meta = None
+            for handle, entries in table.iter_blocks():
+                for key, value in entries:
+                    where[key] = (len(blocks), len(value))
+                    if key == b"":
+                        meta = value
+                blocks.append(handle)
+            self._tables.append(table)
+            self._blocks.append(blocks)
+            self._where.append(where)
+            v = self._read_meta(i, f, meta)
+            version = version or v
+        for t in self._tensors.values():  # files list slices in save order: row-major here
+            t.slices.sort(key=lambda ext: [start for start, _ in ext])
+        self.header = Header(len(self.files), "little", version or Version(0, 0))
+        self._names = sorted(self._tensors)
+        self._slice_keys = set()
+        self._parsed = {}
+
+    def _read_meta(self, index: int, f: str, raw: bytes | None) -> Version:
+        if raw is None:
+            raise CorruptCheckpointError("no meta entry (empty key): not a V1 checkpoint", path=f)
+        try:
+            msg = SavedTensorSlices.FromString(raw)
+        except DecodeError as e:
+            raise CorruptCheckpointError(f"unreadable meta entry: {e}", path=f) from None
+        if not msg.HasField("meta"):
+            raise CorruptCheckpointError("the empty key holds no meta: not a V1 checkpoint", path=f)
+        for m in msg.meta.tensor:
+            name = m.name
+            try:
+                dtype = _dt.lookup(int(m.type))
+            except (KeyError, ValueError, TypeError):
+                raise UnsupportedCheckpointError(
+                    f"unknown dtype {m.type}", path=f, tensor=name
+                ) from None
+            if m.shape.unknown_rank or any(d.size < 0 for d in m.shape.dim):
+                raise CorruptCheckpointError("shape has unknown dimensions", path=f, tensor=name)
+            shape = tuple(d.size for d in m.shape.dim)
+            t = self._tensors.get(name)
+            if t is None:
+                t = self._tensors[name] = _Tensor(name, dtype, shape, [], {})
+            elif t.dtype is not dtype or t.shape != shape:
+                raise CorruptCheckpointError(
+                    f"files disagree on the tensor: {t.dtype.name}{list(t.shape)} and "
+                    f"{dtype.name}{list(shape)}",
+                    path=f,
+                    tensor=name,
+                )
+            for sp in m.slice:
+                s = slice_from_proto(sp) or tuple((0, None) for _ in shape)
+                if len(s) != len(shape) or not extents_fit(s, shape):
+                    raise CorruptCheckpointError(
+                        f"slice {format_slice(s)} does not fit shape {list(shape)}",
+                        path=f,
+                        tensor=name,
+                    )
+                if s in t.where:
+                    raise CorruptCheckpointError(
+                        f"slice {format_slice(s)} is stored twice", path=f, tensor=name
+                    )
+                t.where[s] = index
+                t.slices.append(s)
+        v = msg.meta.versions
+        return Version(v.producer, v.min_consumer, tuple(v.bad_consumers))
+
+    def __repr__(self) -> str:
+        return f"<tfckpt.Checkpoint {self.prefix!r} (V1): {len(self)} tensors>"
+
+    def __contains__(self, name) -> bool:
+        return isinstance(name, str) and name in self._tensors
+
+    def close(self) -> None:
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.close()
+
+    # -- metadata
+
+    def _tensor(self, name: str) -> _Tensor:
+        t = self._tensors.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise TensorNotFoundError(
+                f"no tensor {name!r} in checkpoint", path=self.prefix, tensor=name
+            )
+        return t
+
+    def _partitioned(self, t: _Tensor) -> bool:
+        return not (len(t.slices) == 1 and is_full_slice(t.shape, t.slices[0]))
+
+    def _nbytes(self, t: _Tensor, extents: Slice) -> int:
+        n = num_elements(slice_shape(t.shape, extents))
+        if t.dtype is _dt.STRING:
+            return self._where[t.where[extents]].get(self._key(t, extents), (0, 0))[1]
+        if t.dtype.numpy is None:
+            return 0
+        return n * t.dtype.fixed_itemsize
+
+    def info(self, name: str) -> TensorInfo:
+        t = self._tensor(name)
+        if not self._partitioned(t):
+            s = t.slices[0]
+            return TensorInfo(
+                name,
+                t.dtype.name,
+                t.shape,
+                self._nbytes(t, s),
+                t.where[s],
+                None,
+                None,
+                (),
+                stored_elements=num_elements(t.shape),
+            )
+        slices = tuple(t.slices)
+        stored = coverage(slices, t.shape)[0] if slices else 0
+        return TensorInfo(
+            name,
+            t.dtype.name,
+            t.shape,
+            sum(self._nbytes(t, s) for s in slices),
+            None,
+            None,
+            None,
+            slices,
+            stored_elements=stored,
+        )
+
+    def slice_info(self, name: str) -> list[TensorInfo]:
+        t = self._tensor(name)
+        if not self._partitioned(t):
+            return []
+        self._check_disjoint_v1(t)
+        return [
+            TensorInfo(
+                name,
+                t.dtype.name,
+                slice_shape(t.shape, s),
+                self._nbytes(t, s),
+                t.where[s],
+                None,
+                None,
+                (),
+                extents=s,
+                stored_elements=num_elements(slice_shape(t.shape, s)),
+            )
+            for s in t.slices
+        ]
+
+    def orphan_slice_keys(self) -> list[bytes]:
+        """Slice entries that no meta lists."""
+        listed = {self._key(t, s) for t in self._tensors.values() for s in t.slices}
+        return [k for where in self._where for k in where if k and k not in listed]
+
+    @property
+    def data_files(self) -> list[str]:
+        return list(self.files)
+
+    def check_shard_files(self, shard_ids) -> None:
+        pass  # every file was read when opening
+
+    # -- values
+
+    @staticmethod
+    def _key(t: _Tensor, extents: Slice) -> bytes:
+        return orderedcode.encode_slice_key(t.name, extents)
+
+    def _check_disjoint_v1(self, t: _Tensor) -> None:
+        def error(what: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(what, path=self.prefix, tensor=t.name)
+
+        check_slice_cover(t.slices, t.shape, error)
+
+    def _raw_slice(self, t: _Tensor, extents: Slice) -> tuple[int, int]:
+        """Where one slice's entry is (block, value size); refused before anything is
+        allocated for the slice unless it can hold its values (each takes a byte at least)."""
+        i = t.where[extents]
+        f, key = self.files[i], self._key(t, extents)
+        found = self._where[i].get(key)
+        n = num_elements(slice_shape(t.shape, extents))
+        if found is None:
+            raise CorruptCheckpointError(
+                f"slice {format_slice(extents)} is listed but not stored", path=f, tensor=t.name
+            )
+        if n > found[1]:
+            raise CorruptCheckpointError(
+                f"{n} values cannot fit in the slice's {found[1]} bytes", path=f, tensor=t.name
+            )
+        return found
+
+    def _read_raw(self, t: _Tensor, extents: Slice) -> bytes:
+        i = t.where[extents]
+        block, _ = self._raw_slice(t, extents)
+        key = self._key(t, extents)
+        cached = self._last_block  # one block kept (its neighbours come next); a local
+        if cached[0] != (i, block):  # copy, so that threads reading at once never mix two
+            entries = self._tables[i].block_entries(self._blocks[i][block])
+            cached = self._last_block = ((i, block), dict(entries))
+        value = cached[1].get(key)
+        if value is not None:
+            return value
+        raise CorruptCheckpointError(  # the file changed since it was opened
+            f"slice {format_slice(extents)} is no longer in its block",
+            path=self.files[i],
+            tensor=t.name,
+        )
+
+    def _slice_values(self, t: _Tensor, extents: Slice) -> np.ndarray:
+        """The values of one stored slice, shaped as the slice."""
+        f = self.files[t.where[extents]]
+        raw = self._read_raw(t, extents)
+        shape = slice_shape(t.shape, extents)
+        try:
+            msg = SavedTensorSlices.FromString(raw)
+        except DecodeError as e:
+            raise CorruptCheckpointError(
+                f"unreadable slice entry: {e}", path=f, tensor=t.name
+            ) from None
+        saved = msg.data
+        if saved.name != t.name or slice_from_proto(saved.slice) not in (extents, ()):
+            raise CorruptCheckpointError(
+                f"the entry of slice {format_slice(extents)} holds another slice or tensor",
+                path=f,
+                tensor=t.name,
+            )
+        try:
+            return decode_tensor_proto(saved.data, t.dtype, shape)
+        except ValueError as e:
+            raise CorruptCheckpointError(
+                f"slice {format_slice(extents)}: {e}", path=f, tensor=t.name
+            ) from None
+
+    def read(self, name: str) -> np.ndarray:
+        t = self._tensor(name)
+        if not self._partitioned(t):
+            return self._slice_values(t, t.slices[0])
+        self._check_disjoint_v1(t)
+        stored = coverage(t.slices, t.shape)[0] if t.slices else 0
+        if stored != num_elements(t.shape):
+            raise UnsupportedCheckpointError(
+                f"only {stored} of {num_elements(t.shape)} elements are stored; read its slices",
+                path=self.prefix,
+                tensor=name,
+            )
+        for s in t.slices:
+            self._raw_slice(t, s)
+        out = np.empty(t.shape, dtype=object if t.dtype is _dt.STRING else t.dtype.numpy)
+        for s in t.slices:
+            out[slice_index(s)] = self._slice_values(t, s)
+        return out
+
+    def read_slice(self, name: str, extents: Slice) -> np.ndarray:
+        t = self._tensor(name)
+        return self._slice_values(t, self._stored(t, extents))
+
+    def _stored(self, t: _Tensor, extents: Slice) -> Slice:
+        s: Slice = tuple((int(a), None if b is None else int(b)) for a, b in extents)
+        if s in t.where:
+            return s
+        for stored in t.slices:
+            if _canonical(stored, t.shape) == _canonical(s, t.shape):
+                return stored
+        raise TensorNotFoundError(
+            f"no stored slice {format_slice(s)}", path=self.prefix, tensor=t.name
+        )
+        return s
+
+    def _value(self, name: str, extents: Slice | None) -> np.ndarray:
+        if extents is None:
+            return self.read(name)
+        return self.read_slice(name, extents)
+
+    def read_bytes(self, name: str, extents: Slice | None = None) -> bytes:
+        """The tensor's (or slice's) bytes as a bundle stores them."""
+        value = self._value(name, extents)
+        if value.dtype == object:
+            return encode_strings(value, "little")[0]
+        return np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
+
+    def variant_elements(self, name: str, extents: Slice | None = None) -> list[bytes]:
+        raise UnsupportedCheckpointError(
+            f"a {self._tensor(name).dtype.name} tensor, not a variant",
+            path=self.prefix,
+            tensor=name,
+        )
+
+    def iter_chunks(
+        self,
+        name: str,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        extents: Slice | None = None,
+        *,
+        buffers: Callable[[int], np.ndarray] | None = None,
+    ) -> Iterator[np.ndarray]:
+        """Chunks of about ``chunk_bytes``; one stored slice is parsed whole at a time."""
+        flat = self._value(name, extents).reshape(-1)
+        if flat.dtype == object or not flat.size:
+            yield flat
+            return
+        step = max(1, chunk_bytes // flat.dtype.itemsize)
+        for start in range(0, flat.size, step):
+            yield flat[start : start + step]
+
+    def iter_string_parts(
+        self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extents: Slice | None = None
+    ) -> Iterator[tuple[str, np.ndarray, int]]:
+        t = self._tensor(name)
+        if t.dtype is not _dt.STRING:
+            raise TypeError(f"{name!r} is a {t.dtype.name} tensor, not a string tensor")
+        return self._string_parts(self._value(name, extents).reshape(-1), chunk_bytes)
+
+    @staticmethod
+    def _string_parts(
+        values: np.ndarray, chunk_bytes: int
+    ) -> Iterator[tuple[str, np.ndarray, int]]:
+        lengths = np.fromiter((len(v) for v in values), dtype=np.uint64, count=len(values))
+        if len(lengths):
+            yield "lengths", lengths, int(lengths.nbytes)
+        data = b"".join(values)
+        step = max(chunk_bytes, 1)
+        for start in range(0, len(data), step):
+            piece = np.frombuffer(data[start : start + step], dtype=np.uint8)
+            yield "data", piece, len(piece)
+
+
+def _canonical(extents: Slice, shape: tuple[int, ...]) -> Slice:
+    """Extents covering their whole axis as (0, None), to compare slices however written."""
+    return tuple(
+        (0, None) if (start == 0 and (n is None or n == dim)) else (start, n)
+        for (start, n), dim in zip(extents, shape)
+    )
+
+
+def decode_tensor_proto(proto: TensorProto, dtype: _dt.DType, shape: tuple[int, ...]) -> np.ndarray:
+    """The values a V1 slice's TensorProto holds, as an array of ``dtype`` and ``shape``.
+
+    ``ValueError`` when the proto does not hold exactly that many values of that dtype.
+    """
+    n = num_elements(shape)
+    if proto.dtype and proto.dtype != dtype.enum:
+        raise ValueError(f"values of dtype {proto.dtype}, the meta says {dtype.name}")
+    if dtype is _dt.STRING:
+        vals = proto.string_val
+        if len(vals) != n:
+            raise ValueError(f"{len(vals)} strings for {n} elements")
+        out = np.empty(n, dtype=object)
+        out[:] = list(vals) if n else []
+        return out.reshape(shape)
+    if dtype.numpy is None or dtype.name not in _FIELDS:
+        raise ValueError(f"{dtype.name} tensors cannot be stored in a V1 checkpoint")
+    target = np.dtype(dtype.numpy)
+    if proto.tensor_content:
+        content = proto.tensor_content
+        if len(content) != n * target.itemsize:
+            raise ValueError(f"{len(content)} content bytes for {n} {dtype.name} elements")
+        return np.frombuffer(content, dtype=target.newbyteorder("<")).astype(target).reshape(shape)
+    field, ftype = _FIELDS[dtype.name]
+    values = getattr(proto, field)
+    per = 2 if dtype.name.startswith("complex") else 1
+    if len(values) != n * per:
+        raise ValueError(f"{len(values)} values in {field} for {n} {dtype.name} elements")
+    arr = np.array(values, dtype=ftype) if n else np.empty(0, dtype=ftype)
+    if dtype.name in ("float16", "bfloat16"):
+        arr = arr.astype(np.uint16).view(target)
+    elif per == 2:
+        arr = arr.view(target)
+    elif arr.dtype != target:
+        arr = arr.astype(target)
+    return arr.reshape(shape)
