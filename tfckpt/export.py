@@ -23,7 +23,7 @@ from . import tensorfiles as tfiles
 from .cast import CAST_TARGETS, Caster, should_cast
 from .commit import commit_shards, remove_stale_temporaries, temporary_base
 from .errors import CastOverflowError, CheckpointError, CheckpointWriteError
-from .objectgraph import OBJECT_GRAPH_KEY
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
 from .pipeline import prefetch
 from .planner import Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
@@ -33,8 +33,8 @@ from .writer import ShardWriter
 
 # TF2 keys end in this for a variable's value; the rest is the object path.
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-# TF2 optimizer state: the optimizer object and the slots it hangs on variables.
-OPTIMIZER_PATTERNS = (r"^optimizer/", r"/\.OPTIMIZER_SLOT/")
+# The edges to an optimizer (tf.train.Checkpoint(optimizer=...), a Keras model's).
+OPTIMIZER_EDGES = frozenset({"optimizer"})
 
 Permutes = Sequence[tuple[str, Sequence[int]]]
 
@@ -167,31 +167,62 @@ def _format_of(out: str, fmt: str | None) -> str:
     return fmt
 
 
-def _readable_renames(sources, options: Options, keep_keys: bool) -> Options:
-    """Options whose renames first strip TF2's value suffix, then apply the user's
-    rules and exact map to the readable names (one exact map, for the planner)."""
+def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[str]]:
+    """A TF2 checkpoint's readable names, and the tensors of the optimizer's state.
+
+    A variable's key is its first path from the root, which for a Keras model
+    often runs through the optimizer (``optimizer/_trainable_variables/0``).
+    Paths are therefore taken with every ``optimizer`` edge cut (Keras models
+    hold their optimizer too): what is
+    still reachable is the model, named by its own path; what is not is the
+    optimizer's state (its own variables and the slots it keeps).
+    """
+    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    present = set(ckpt.keys())
+    for node in graph.nodes:
+        kept_edges = [c for c in node.children if c.local_name not in OPTIMIZER_EDGES]
+        if len(kept_edges) != len(node.children):
+            del node.children[:]
+            node.children.extend(kept_edges)
+    paths = graph.paths(limit=1 << 30)
+    names: dict[str, str] = {}
+    optimizer: set[str] = set()
+    for i, node in enumerate(graph.nodes):
+        for a in node.attributes:
+            tensors = attribute_tensors(a.checkpoint_key, present)
+            if i not in paths:
+                optimizer.update(tensors)
+            stem = a.checkpoint_key
+            if not keep_keys and i in paths:
+                stem = paths[i] + ("" if a.name == "VARIABLE_VALUE" else "/" + a.name)
+            elif not keep_keys and stem.endswith(VALUE_SUFFIX):
+                stem = stem[: -len(VALUE_SUFFIX)]
+            for t in tensors:
+                names[t] = stem + t[len(a.checkpoint_key) :]
+    return names, optimizer
+
+
+def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bool) -> Options:
+    """Options whose renames first make TF2 keys readable, then apply the user's rules
+    and exact map to the readable names (one exact map, for the planner), and which
+    leave the optimizer's state out unless asked to keep it."""
     srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
     rules = _compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
     composed: dict[str, str] = {}
+    excluded: list[str] = []
     for src in srcs:
         with Checkpoint(src, mmap=False) as ckpt:
-            tf2 = OBJECT_GRAPH_KEY in ckpt
-            for key in ckpt.keys():
-                readable = key
-                if tf2 and not keep_keys and key.endswith(VALUE_SUFFIX):
-                    readable = key[: -len(VALUE_SUFFIX)]
-                composed[key] = _new_name(readable, exact, rules)
-    return Options.of(options, rename=None, rename_exact=composed)
-
-
-def _is_tf2(sources) -> bool:
-    srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
-    for src in srcs:
-        with Checkpoint(src, mmap=False) as ckpt:
+            readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
-                return True
-    return False
+                readable, optimizer = _tf2_names(ckpt, keep_keys)
+                if not with_optimizer:
+                    excluded += [f"^{re.escape(t)}$" for t in sorted(optimizer)]
+            for key in ckpt.keys():
+                composed[key] = _new_name(readable.get(key, key), exact, rules)
+    exclude = options.exclude
+    exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
+    return Options.of(options, rename=None, rename_exact=composed, exclude=exclude + excluded)
 
 
 @dataclass
@@ -246,11 +277,7 @@ def plan_export(
     fmt = _format_of(out, format)
     if fmt == tfiles.NPZ and options.max_shard_bytes is not None:
         raise CheckpointError("npz output is one file; max_shard_bytes is for safetensors")
-    if _is_tf2(sources) and not with_optimizer:
-        excl = options.exclude
-        excl = [excl] if isinstance(excl, str) else list(excl or [])
-        options = Options.of(options, exclude=excl + list(OPTIMIZER_PATTERNS))
-    options = _readable_renames(sources, options, keep_keys)
+    options = _export_names(sources, options, keep_keys, with_optimizer)
     store = storage_for(out)
     # The planner's destination is a checkpoint prefix; an export's is its file.
     p = plan(sources, out, Options.of(options, max_shard_bytes=None))

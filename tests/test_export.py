@@ -1,0 +1,358 @@
+"""export / import: checkpoints TensorFlow writes, out to safetensors and npz and back.
+
+Outputs are read with the ``safetensors`` package and ``numpy.load``; the values
+they hold are compared bit for bit with what TensorFlow's reader returns (after
+the requested casts, with ``tf.cast``, and permutes, with ``np.transpose``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import assert_cli_error, in_process, user_env
+from transform_helpers import float_mismatches
+
+import tfckpt
+
+tf = pytest.importorskip("tensorflow")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+from safetensors import safe_open  # noqa: E402
+
+# What each format holds of the dtypes TensorFlow can save (tfckpt names).
+SAFETENSORS_NUMPY = {  # and safetensors' numpy API can load
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+}
+SAFETENSORS_EXTRA = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
+NPZ = SAFETENSORS_NUMPY | {"complex64", "complex128"}
+
+
+def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    got, want = np.asarray(got), np.asarray(want)
+    return (
+        got.shape == want.shape
+        and got.dtype.itemsize == want.dtype.itemsize
+        and np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes()
+    )
+
+
+def tf_values(prefix: str) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(prefix)
+    return {k: np.asarray(reader.get_tensor(k)) for k in reader.get_variable_to_dtype_map()}
+
+
+def tf_dtypes(prefix: str) -> dict[str, str]:
+    reader = tf.train.load_checkpoint(prefix)
+    return {k: v.name for k, v in reader.get_variable_to_dtype_map().items()}
+
+
+def raw_safetensors(path) -> dict[str, tuple[str, list, bytes]]:
+    """Each tensor's dtype code, shape and bytes, straight from the file's layout."""
+    data = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    body = data[8 + n :]
+    return {
+        k: (v["dtype"], v["shape"], body[v["data_offsets"][0] : v["data_offsets"][1]])
+        for k, v in header.items()
+    }
+
+
+def test_every_dtype_to_safetensors(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("all_dtypes")
+    want, dtypes = tf_values(case.prefix), tf_dtypes(case.prefix)
+    with pytest.raises(tfckpt.CheckpointError, match="cannot be stored in safetensors") as e:
+        tfckpt.export(case.prefix, tmp_path / "x.safetensors")
+    assert "string_2d" in str(e.value) and "complex64" in str(e.value)
+    assert not list(tmp_path.iterdir())
+
+    out = tmp_path / "all.safetensors"
+    sm = tfckpt.export(case.prefix, out, skip_unsupported=True)
+    kept = {n for n, d in dtypes.items() if d in SAFETENSORS_NUMPY | SAFETENSORS_EXTRA}
+    assert {t["new_name"] for t in sm.tensors} == kept
+    assert {n for n, _ in sm.skipped} == set(dtypes) - kept
+    raw = raw_safetensors(out)
+    assert set(raw) == kept
+    codes = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+    with safe_open(str(out), framework="numpy") as f:
+        meta = f.metadata()
+        for name in kept:
+            if dtypes[name] in SAFETENSORS_EXTRA:
+                assert f.get_slice(name).get_dtype() == codes[dtypes[name]]
+                code, shape, data = raw[name]
+                assert shape == list(want[name].shape)
+                assert data == np.ascontiguousarray(want[name]).tobytes(), name
+    assert meta["source"] == "dtypes" and meta["producer"].startswith("tfckpt ")
+    assert "tensorflow" in meta["source_format"]
+    plain = [f"^{n}$" for n in kept if dtypes[n] in SAFETENSORS_NUMPY]
+    tfckpt.export(case.prefix, tmp_path / "n.safetensors", include=plain)
+    loaded = safetensors_numpy.load_file(str(tmp_path / "n.safetensors"))
+    assert set(loaded) == {n for n in kept if dtypes[n] in SAFETENSORS_NUMPY}
+    for name, value in loaded.items():
+        assert value.dtype == want[name].dtype and same_bits(value, want[name]), name
+
+
+def test_every_dtype_to_npz(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("all_dtypes")
+    want, dtypes = tf_values(case.prefix), tf_dtypes(case.prefix)
+    out = tmp_path / "all.npz"
+    tfckpt.export(case.prefix, out, skip_unsupported=True, chunk_bytes=64)
+    with np.load(out) as z:
+        got = {k: z[k] for k in z.files}
+    assert set(got) == {n for n, d in dtypes.items() if d in NPZ}
+    for name, value in got.items():
+        assert value.dtype == want[name].dtype and same_bits(value, want[name]), name
+
+
+def test_tf1_renamed_cast_permuted(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("tf1_saver")
+    want = tf_values(case.prefix)
+    mapping = tmp_path / "map.json"
+    mapping.write_text(json.dumps({"embedding/table": "embeddings.weight"}))
+    out = tmp_path / "m.safetensors"
+    rc, _, err = in_process(
+        "export",
+        case.prefix,
+        out,
+        "--map",
+        r"encoder/layer_(\d+)/=layers.\1.",
+        "--map-file",
+        mapping,
+        "--dtype",
+        "float16",
+        "--overflow",
+        "inf",
+        "--permute",
+        r"kernel$=1,0",
+        "--exclude",
+        "global_step",
+    )
+    assert rc == 0, err
+    got = safetensors_numpy.load_file(str(out))
+    assert set(got) == {
+        "layers.0.kernel",
+        "layers.0.bias",
+        "layers.1.attention/w",
+        "embeddings.weight",
+        "vocab_flags",
+    }
+
+    def check_cast(got, source):  # tf.cast's bits; NaN payloads aside (see the helper)
+        assert got.dtype == np.float16
+        assert not float_mismatches(got, tf.cast(source, tf.float16).numpy(), source)
+
+    check_cast(got["layers.0.kernel"], want["encoder/layer_0/kernel"].T)
+    check_cast(got["layers.0.bias"], want["encoder/layer_0/bias"])
+    check_cast(got["layers.1.attention/w"], want["encoder/layer_1/attention/w"])
+    assert same_bits(got["embeddings.weight"], want["embedding/table"])
+    assert same_bits(got["vocab_flags"], want["vocab_flags"])
+
+    # The same again is refused, --overwrite replaces; --dry-run writes nothing.
+    assert_cli_error(in_process("export", case.prefix, out), "already exists")
+    assert in_process("export", case.prefix, out, "--overwrite")[0] == 0
+    assert set(safetensors_numpy.load_file(str(out))) == set(want)
+    rc, _, err = in_process("export", case.prefix, tmp_path / "dry.npz", "--dry-run")
+    assert rc == 0 and "would write" in err and not (tmp_path / "dry.npz").exists()
+
+
+def test_tf2_keras_names_and_optimizer(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("keras_manager")
+    want = tf_values(case.prefix)
+    tfckpt.export(case.prefix, tmp_path / "m.safetensors")
+    got = safetensors_numpy.load_file(str(tmp_path / "m.safetensors"))
+    # The model's variables, named by their paths through the model (not the
+    # optimizer's references to them, which the checkpoint's keys follow).
+    weights = case.extra["weights"]
+    assert set(got) - {"save_counter"} == {
+        "model/_functional/_operations/1/_kernel",
+        "model/_functional/_operations/1/bias",
+        "model/_functional/_operations/2/gamma",
+        "model/_functional/_operations/2/beta",
+        "model/_functional/_operations/2/moving_mean",
+        "model/_functional/_operations/2/moving_variance",
+        "model/_functional/_operations/4/_kernel",
+        "model/_functional/_operations/4/bias",
+    }
+    assert len(weights) == len(got) - 1
+    for w in weights:
+        assert sum(same_bits(v, w) for v in got.values()) >= 1
+    assert same_bits(got["model/_functional/_operations/4/_kernel"], weights[6])
+    assert same_bits(got["save_counter"], want["save_counter/.ATTRIBUTES/VARIABLE_VALUE"])
+
+    tfckpt.export(case.prefix, tmp_path / "full.npz", with_optimizer=True, keep_keys=True)
+    with np.load(tmp_path / "full.npz") as z:
+        full = {k: z[k] for k in z.files}
+    assert set(full) == set(want) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
+    for k, v in full.items():
+        assert same_bits(v, want[k]), k
+    # --map applies to the readable names.
+    rc, _, err = in_process(
+        "export",
+        case.prefix,
+        tmp_path / "mapped.safetensors",
+        "--map",
+        r"model/_functional/_operations/(\d+)/_?=layer\1.",
+        "--permute",
+        r"4.kernel$=1,0",
+    )
+    assert rc == 0, err
+    mapped = safetensors_numpy.load_file(str(tmp_path / "mapped.safetensors"))
+    assert same_bits(mapped["layer4.kernel"], weights[6].T)
+    assert "layer2.moving_mean" in mapped
+
+
+@pytest.mark.parametrize("name", ["tf1_partitioned", "tf1_sharded", "max_shard_policy"])
+def test_sharded_export_and_round_trip(tf_checkpoints, tmp_path, name):
+    case = tf_checkpoints(name)
+    strings = {k for k, d in tf_dtypes(case.prefix).items() if d == "string"}
+    want = {
+        k.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE"): v
+        for k, v in tf_values(case.prefix).items()
+        if k not in strings  # the object graph, a string variable: not for safetensors
+    }
+    out = tmp_path / "hf" / "model.safetensors"
+    sm = tfckpt.export(case.prefix, out, max_shard_bytes=200, skip_unsupported=True)
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in (tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert set(index["weight_map"]) == set(want)
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in want.values())
+    for file in files:
+        with safe_open(str(tmp_path / "hf" / file), framework="numpy") as f:
+            listed = {k for k, v in index["weight_map"].items() if v == file}
+            assert set(f.keys()) == listed, file
+            for k in listed:
+                assert same_bits(f.get_tensor(k), want[k]), k
+    assert sm.bytes_out == index["metadata"]["total_size"]
+
+    # ... and back: TensorFlow reads what import writes.
+    back = tmp_path / "back" / "model"
+    tfckpt.import_(tmp_path / "hf" / "model.safetensors.index.json", back, chunk_bytes=64)
+    got = tf_values(str(back))
+    assert set(got) == set(want)
+    for k, v in got.items():
+        assert v.dtype == want[k].dtype and same_bits(v, want[k]), k
+
+
+def test_round_trip_every_dtype_through_npz_and_safetensors(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("all_dtypes")
+    want, dtypes = tf_values(case.prefix), tf_dtypes(case.prefix)
+    for fmt, kept in (("npz", NPZ), ("safetensors", SAFETENSORS_NUMPY | SAFETENSORS_EXTRA)):
+        out = tmp_path / f"all.{fmt}"
+        tfckpt.export(case.prefix, out, skip_unsupported=True)
+        rc, _, err = in_process("import", out, tmp_path / fmt / "ckpt", "--chunk-bytes", "64")
+        assert rc == 0, err
+        got = tf_values(str(tmp_path / fmt / "ckpt"))
+        assert set(got) == {n for n, d in dtypes.items() if d in kept}, fmt
+        assert tf_dtypes(str(tmp_path / fmt / "ckpt")) == {n: dtypes[n] for n in got}
+        for k, v in got.items():
+            assert same_bits(v, want[k]), (fmt, k)
+
+
+def _write_big(d: Path, shape, name="big/kernel") -> tuple[str, np.ndarray]:
+    value = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) * np.float32(0.5)
+    prefix = str(d / "big")
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=[name, "small"],
+        shape_and_slices=["", ""],
+        tensors=[tf.constant(value), tf.constant(np.arange(3, dtype=np.int32))],
+    )
+    return prefix, value
+
+
+@pytest.mark.parametrize("axes", [(1, 0, 2), (2, 0, 1), (0, 2, 1), (2, 1, 0)])
+def test_permute_in_tiles(tmp_path, axes):
+    prefix, value = _write_big(tmp_path, (24, 20, 16))  # 30 KiB, chunk budget 4 KiB
+    spec = ",".join(map(str, axes))
+    out = tmp_path / "p.safetensors"
+    tfckpt.export(prefix, out, permute=[("kernel$", axes)], chunk_bytes=4096)
+    got = safetensors_numpy.load_file(str(out))
+    assert same_bits(got["big/kernel"], np.transpose(value, axes))
+    # The way back undoes it, in tiles as well.
+    inverse = tuple(int(i) for i in np.argsort(axes))
+    rc, _, err = in_process(
+        "import",
+        out,
+        tmp_path / "back" / "m",
+        "--chunk-bytes",
+        "4K",
+        "--permute",
+        "kernel$=" + ",".join(map(str, inverse)),
+    )
+    assert rc == 0, err
+    back = tf_values(str(tmp_path / "back" / "m"))
+    assert same_bits(back["big/kernel"], value) and spec
+    with pytest.raises(tfckpt.CheckpointError, match="does not fit"):
+        tfckpt.export(prefix, tmp_path / "bad.npz", permute=[("kernel$", (1, 0))])
+
+
+def test_bounded_memory(tmp_path):
+    shape = (4096, 8192)  # 128 MiB of float32
+    prefix, value = _write_big(tmp_path, shape)
+    nbytes = value.nbytes
+    del value
+    out, t = tmp_path / "big.safetensors", tmp_path / "t.safetensors"
+    # The peak of the process's own memory (VmHWM: ru_maxrss would count the
+    # parent's, inherited over the fork).
+    code = (
+        "import re, sys, tfckpt\n"
+        "tfckpt.export(sys.argv[1], sys.argv[2], chunk_bytes=1 << 20)\n"
+        "tfckpt.import_(sys.argv[2], sys.argv[3], chunk_bytes=1 << 20)\n"
+        "tfckpt.export(sys.argv[1], sys.argv[4], chunk_bytes=4 << 20, permute=[('kernel', (1, 0))])\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(re.search(r'VmHWM:\\s*(\\d+) kB', status)[1])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, prefix, str(out), str(tmp_path / "back" / "m"), str(t)],
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    peak = int(proc.stdout.split()[-1]) * 1024
+    assert peak < nbytes / 2, (peak, nbytes)
+    assert out.stat().st_size > nbytes
+    with safe_open(str(out), framework="numpy") as f:
+        row = f.get_slice("big/kernel")[shape[0] - 1 :].reshape(-1)
+    with safe_open(str(t), framework="numpy") as f:
+        column = f.get_slice("big/kernel")[shape[1] - 1 :].reshape(-1)
+    values = np.arange(shape[0] * shape[1], dtype=np.float32)  # as _write_big made them
+    assert same_bits(row, values[-shape[1] :] * np.float32(0.5))
+    assert same_bits(column, values[shape[1] - 1 :: shape[1]] * np.float32(0.5))
+    with tfckpt.Checkpoint(str(tmp_path / "back" / "m")) as ckpt:
+        assert ckpt.info("big/kernel").shape == shape and ckpt["small"].tolist() == [0, 1, 2]
+
+
+def test_cli_errors(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("all_dtypes")
+    assert_cli_error(
+        in_process("export", case.prefix, tmp_path / "x.safetensors"),
+        "cannot be stored in safetensors",
+        "string_scalar",
+    )
+    assert_cli_error(in_process("export", case.prefix, tmp_path / "x.bin"), "format")
+    rc, _, err = in_process("export", case.prefix, tmp_path / "x.safetensors", "--skip-unsupported")
+    assert rc == 0 and "left out string_scalar" in err
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 1000) + b"{}")
+    assert_cli_error(in_process("import", bad, tmp_path / "o" / "m"), "bad.safetensors")
+    assert not (tmp_path / "o").exists()
