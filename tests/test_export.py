@@ -356,3 +356,98 @@ def test_cli_errors(tf_checkpoints, tmp_path):
     bad.write_bytes(struct.pack("<Q", 1000) + b"{}")
     assert_cli_error(in_process("import", bad, tmp_path / "o" / "m"), "bad.safetensors")
     assert not (tmp_path / "o").exists()
+
+
+def _write_mini_bert(d: Path) -> str:
+    """A BERT-shaped TF1 checkpoint (Google's names), with Adam slots and a step."""
+    rng = np.random.default_rng(11)
+    shapes = {
+        "bert/embeddings/word_embeddings": (30, 8),
+        "bert/embeddings/position_embeddings": (16, 8),
+        "bert/embeddings/LayerNorm/gamma": (8,),
+        "bert/embeddings/LayerNorm/beta": (8,),
+        "bert/encoder/layer_0/attention/self/query/kernel": (8, 8),
+        "bert/encoder/layer_0/attention/self/query/bias": (8,),
+        "bert/encoder/layer_0/attention/output/dense/kernel": (8, 8),
+        "bert/encoder/layer_0/attention/output/LayerNorm/gamma": (8,),
+        "bert/encoder/layer_0/intermediate/dense/kernel": (8, 16),
+        "bert/encoder/layer_1/output/dense/kernel": (16, 8),
+        "bert/pooler/dense/kernel": (8, 8),
+    }
+    prefix = str(d / "bert_model.ckpt")
+    with tf.Graph().as_default():
+        for name, shape in shapes.items():
+            value = rng.standard_normal(shape).astype(np.float32)
+            tf.compat.v1.get_variable(name, initializer=value)
+            tf.compat.v1.get_variable(name + "/adam_m", initializer=value * 0)
+        tf.compat.v1.get_variable("global_step", initializer=np.int64(100))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.save(sess, prefix, write_meta_graph=False)
+    return prefix
+
+
+def test_bert_recipe(tmp_path):
+    import re
+
+    prefix = _write_mini_bert(tmp_path)
+    want = tf_values(prefix)
+
+    def hf_name(name):  # the README's recipe, as written there
+        name = re.sub(r"layer_(\d+)", r"layer.\1", name)
+        name = re.sub(r"/(kernel|gamma)$", "/weight", name)
+        name = re.sub(r"/beta$", "/bias", name)
+        name = re.sub(r"_embeddings$", "_embeddings/weight", name)
+        return name.replace("/", ".")
+
+    names = tfckpt.open(prefix).keys()
+    keep = [n for n in names if not re.search(r"adam_[mv]$|global_step", n)]
+    (tmp_path / "bert2hf.json").write_text(json.dumps({n: hf_name(n) for n in keep}))
+    out = tmp_path / "hf" / "model.safetensors"
+    rc, _, err = in_process(
+        "export",
+        prefix,
+        out,
+        "--map-file",
+        tmp_path / "bert2hf.json",
+        "--exclude",
+        "adam_[mv]$|global_step",
+        "--permute",
+        r"(query|key|value|dense)\.weight$=1,0",
+    )
+    assert rc == 0, err
+    got = safetensors_numpy.load_file(str(out))
+    assert set(got) == {
+        "bert.embeddings.word_embeddings.weight",
+        "bert.embeddings.position_embeddings.weight",
+        "bert.embeddings.LayerNorm.weight",
+        "bert.embeddings.LayerNorm.bias",
+        "bert.encoder.layer.0.attention.self.query.weight",
+        "bert.encoder.layer.0.attention.self.query.bias",
+        "bert.encoder.layer.0.attention.output.dense.weight",
+        "bert.encoder.layer.0.attention.output.LayerNorm.weight",
+        "bert.encoder.layer.0.intermediate.dense.weight",
+        "bert.encoder.layer.1.output.dense.weight",
+        "bert.pooler.dense.weight",
+    }
+    for old in keep:
+        value = want[old]
+        if old.endswith("/kernel"):
+            value = value.T
+        assert same_bits(got[hf_name(old)], value), old
+    assert got["bert.encoder.layer.0.intermediate.dense.weight"].shape == (16, 8)
+
+
+def test_failed_export_leaves_nothing(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("tf1_saver")  # its kernel holds values beyond float16's range
+    out = tmp_path / "out" / "model.safetensors"
+    with pytest.raises(tfckpt.CastOverflowError, match="encoder/layer_0/kernel"):
+        tfckpt.export(case.prefix, out, cast="float16", max_shard_bytes=100)
+    assert not (tmp_path / "out").exists()
+    rc, out_text, err = in_process(
+        "export", case.prefix, out, "--dtype", "float16", "--dry-run", "--json"
+    )
+    assert rc == 0 and not (tmp_path / "out").exists()
+    plan = json.loads(out_text)
+    assert {t["new_dtype"] for t in plan["tensors"] if t["dtype"] == "float32"} == {"float16"}

@@ -573,5 +573,6 @@ def cmd_export(args) -> int:
         sm = import_(args.src, args.out, options, permute=permute, dry_run=args.dry_run)
     if args.json:
         print_json(sm.to_dict())
-    _print_export(sm, args.dry_run)
+    if not (args.json and args.dry_run):
+        _print_export(sm, args.dry_run)
     return 0
