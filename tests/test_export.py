@@ -451,3 +451,30 @@ def test_failed_export_leaves_nothing(tf_checkpoints, tmp_path):
     assert rc == 0 and not (tmp_path / "out").exists()
     plan = json.loads(out_text)
     assert {t["new_dtype"] for t in plan["tensors"] if t["dtype"] == "float32"} == {"float16"}
+
+
+def test_memory_filesystem_round_trip(tf_checkpoints, tmp_path):
+    pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    case = tf_checkpoints("tf1_sharded")
+    want = tf_values(case.prefix)
+    root = "memory://export-test"
+    try:
+        tfckpt.export(case.prefix, f"{root}/hf/model.safetensors", max_shard_bytes=500)
+        fs = MemoryFileSystem()
+        names = sorted(p.rsplit("/", 1)[1] for p in fs.ls("/export-test/hf", detail=False))
+        index = json.loads(fs.cat_file("/export-test/hf/model.safetensors.index.json"))
+        assert set(index["weight_map"]) == set(want)
+        shards = sorted(set(index["weight_map"].values()))
+        assert len(shards) > 1 and names == shards + ["model.safetensors.index.json"]
+        tfckpt.import_(f"{root}/hf/model.safetensors.index.json", f"{root}/back/m")
+        local = tmp_path / "m"
+        for p in fs.ls("/export-test/back", detail=False):
+            (tmp_path / p.rsplit("/", 1)[1]).write_bytes(fs.cat_file(p))
+        got = tf_values(str(local))
+        assert set(got) == set(want)
+        for k, v in got.items():
+            assert same_bits(v, want[k]), k
+    finally:
+        MemoryFileSystem().rm("/export-test", recursive=True)

@@ -19,9 +19,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes as _dt
+from . import paths
 from . import tensorfiles as tfiles
 from .cast import CAST_TARGETS, Caster, should_cast
-from .commit import commit_shards, remove_stale_temporaries, temporary_base
+from .commit import (
+    commit_shards,
+    data_files,
+    discard,
+    free_shard_count,
+    remove_stale_temporaries,
+    temporary_base,
+)
 from .errors import CastOverflowError, CheckpointError, CheckpointWriteError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
@@ -184,17 +192,17 @@ def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[s
         if len(kept_edges) != len(node.children):
             del node.children[:]
             node.children.extend(kept_edges)
-    paths = graph.paths(limit=1 << 30)
+    found = graph.paths(limit=1 << 30)
     names: dict[str, str] = {}
     optimizer: set[str] = set()
     for i, node in enumerate(graph.nodes):
         for a in node.attributes:
             tensors = attribute_tensors(a.checkpoint_key, present)
-            if i not in paths:
+            if i not in found:
                 optimizer.update(tensors)
             stem = a.checkpoint_key
-            if not keep_keys and i in paths:
-                stem = paths[i] + ("" if a.name == "VARIABLE_VALUE" else "/" + a.name)
+            if not keep_keys and i in found:
+                stem = found[i] + ("" if a.name == "VARIABLE_VALUE" else "/" + a.name)
             elif not keep_keys and stem.endswith(VALUE_SUFFIX):
                 stem = stem[: -len(VALUE_SUFFIX)]
             for t in tensors:
@@ -514,6 +522,8 @@ def _import_entries(src: str) -> list[_In]:
             out += _import_entries(store.join(directory, name))
         return out
     if src.endswith(".npz"):
+        if not store.atomic_rename:
+            raise CheckpointError("npz files are imported from local paths only", path=src)
         return [_In(e, src, 0, m) for e, m in tfiles.npz_members(src)]
     reader = store.open_reader(src)
     try:
@@ -594,8 +604,7 @@ def import_(
         to = target if target is not None and should_cast(dt, target, from_set) else dt
         chosen.append((i, new, to.name, permuter(new, i.entry.shape)))
     store = storage_for(prefix)
-    from .paths import index_filename
-
+    index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
         raise CheckpointError(
             "the destination already exists (use overwrite)", path=index_filename(prefix)
@@ -624,7 +633,14 @@ def import_(
     if dry_run:
         return summary
     remove_stale_temporaries(prefix)
-    path = f"{temporary_base(prefix)}.data-0"
+    if store.atomic_rename:
+        shard_paths = [f"{temporary_base(prefix)}.data-0"]
+    else:
+        # Objects are written under their final names, with a shard count no committed
+        # index uses (the extra shards stay empty), as the engine does.
+        count = free_shard_count(data_files(prefix), 1)
+        shard_paths = [paths.data_filename(prefix, k, count) for k in range(count)]
+    path = shard_paths[0]
     overflow: dict[str, int] = {}
     readers: dict[str, tuple] = {}
     zips: dict[str, object] = {}
@@ -644,15 +660,20 @@ def import_(
         if options.overflow == "error" and overflow:
             raise CastOverflowError(overflow, prefix)
         entries = w.finish()
+        for extra in shard_paths[1:]:
+            ShardWriter.create(extra, durable=options.durable).finish()
     except BaseException:
         w.abort()
+        discard(shard_paths[1:])
         raise
     finally:
         for _, close in readers.values():
             close()
         for zf in zips.values():
             zf.close()  # type: ignore[attr-defined]
-    commit_shards(prefix, [path], entries, durable=options.durable, overwrite=options.overwrite)
+    commit_shards(
+        prefix, shard_paths, entries, durable=options.durable, overwrite=options.overwrite
+    )
     summary.seconds = time.perf_counter() - start
     summary.cast_counts = overflow
     return summary
