@@ -478,3 +478,21 @@ def test_memory_filesystem_round_trip(tf_checkpoints, tmp_path):
             assert same_bits(v, want[k]), k
     finally:
         MemoryFileSystem().rm("/export-test", recursive=True)
+
+
+def test_overwrite_replaces_single_and_sharded(tf_checkpoints, tmp_path):
+    case = tf_checkpoints("tf1_sharded")
+    out = tmp_path / "model.safetensors"
+    tfckpt.export(case.prefix, out)
+    with pytest.raises(tfckpt.CheckpointError, match="already exists"):
+        tfckpt.export(case.prefix, out, max_shard_bytes=500)
+    tfckpt.export(case.prefix, out, max_shard_bytes=300, overwrite=True)
+    sharded = sorted(p.name for p in tmp_path.iterdir())
+    assert "model.safetensors" not in sharded and "model.safetensors.index.json" in sharded
+    tfckpt.export(case.prefix, out, max_shard_bytes=1000, overwrite=True)
+    fewer = sorted(p.name for p in tmp_path.iterdir())
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert fewer == sorted(set(index["weight_map"].values())) + ["model.safetensors.index.json"]
+    assert len(fewer) < len(sharded)
+    tfckpt.export(case.prefix, out, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]

@@ -325,7 +325,9 @@ def plan_export(
         ]
         index = out + ".index.json"
     if not options.overwrite:
-        for path in [f for f, _ in files] + ([index] if index else []):
+        # A single file and a sharded index at the same name: loaders prefer one of
+        # them, so either there counts as the output.
+        for path in [f for f, _ in files] + [out, out + ".index.json"]:
             if store.exists(path):
                 raise CheckpointError("the output already exists (use overwrite)", path=path)
     return ExportPlan(p, fmt, out, files, index, skipped)
@@ -470,6 +472,7 @@ def export(
             tmp = temporary_base(ep.index)
             written.append((tmp, ep.index))
             store.write_new(tmp, json.dumps(index, indent=2).encode(), durable=options.durable)
+        replaced = _replaced_files(store, ep)
         for tmp, final in written:  # the index (if any) last
             store.replace(tmp, final)
     except OSError as e:
@@ -481,11 +484,31 @@ def export(
     finally:
         for s in ep.plan.sources:
             s.ckpt.close()
+    for stale in replaced:  # what the export replaced and no longer uses
+        try:
+            store.remove(stale)
+        except (OSError, CheckpointError):
+            pass
     if options.durable:
         store.fsync_dir(store.dirname(ep.out) or ".")
     summary.seconds = time.perf_counter() - start
     summary.cast_counts = overflow
     return summary
+
+
+def _replaced_files(store, ep: ExportPlan) -> list[str]:
+    """The files of an earlier export at the same name that this one does not rewrite:
+    a single file now sharded, or an index and shards now fewer or a single file."""
+    mine = {f for f, _ in ep.files} | ({ep.index} if ep.index else set())
+    old = [ep.out, ep.out + ".index.json"]
+    if store.isfile(ep.out + ".index.json"):
+        try:
+            weight_map = json.loads(store.read_bytes(ep.out + ".index.json"))["weight_map"]
+            directory = store.dirname(ep.out)
+            old += [store.join(directory, store.basename(f)) for f in set(weight_map.values())]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # not an index this export can read: its shards stay
+    return [f for f in dict.fromkeys(old) if f not in mine and store.isfile(f)]
 
 
 def _discard(store, written: list[tuple[str, str]], made: list[str]) -> None:
