@@ -218,19 +218,19 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
     rules = _compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
     composed: dict[str, str] = {}
-    excluded: list[str] = []
+    drop = list(options.drop_objects)
     for src in srcs:
         with Checkpoint(src, mmap=False) as ckpt:
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
                 readable, optimizer = _tf2_names(ckpt, keep_keys)
-                if not with_optimizer:
-                    excluded += [f"^{re.escape(t)}$" for t in sorted(optimizer)]
+                if optimizer and not with_optimizer:
+                    # The planner cuts the optimizer edges and prunes what only they
+                    # reach, with its tensors: the same cut as the names above.
+                    drop += [e for e in sorted(OPTIMIZER_EDGES) if e not in drop]
             for key in ckpt.keys():
                 composed[key] = _new_name(readable.get(key, key), exact, rules)
-    exclude = options.exclude
-    exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
-    return Options.of(options, rename=None, rename_exact=composed, exclude=exclude + excluded)
+    return Options.of(options, rename=None, rename_exact=composed, drop_objects=tuple(drop))
 
 
 @dataclass
