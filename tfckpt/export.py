@@ -220,7 +220,9 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
     composed: dict[str, str] = {}
     drop = list(options.drop_objects)
     for src in srcs:
-        with Checkpoint(src, mmap=False) as ckpt:
+        given = isinstance(src, Checkpoint)
+        ckpt: Checkpoint = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
+        try:
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
                 readable, optimizer = _tf2_names(ckpt, keep_keys)
@@ -230,6 +232,9 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
                     drop += [e for e in sorted(OPTIMIZER_EDGES) if e not in drop]
             for key in ckpt.keys():
                 composed[key] = _new_name(readable.get(key, key), exact, rules)
+        finally:
+            if not given:
+                ckpt.close()
     return Options.of(options, rename=None, rename_exact=composed, drop_objects=tuple(drop))
 
 
@@ -482,8 +487,10 @@ def export(
         _discard(store, written, made)
         raise
     finally:
+        given = sources if isinstance(sources, (list, tuple)) else [sources]
         for s in ep.plan.sources:
-            s.ckpt.close()
+            if not any(s.ckpt is g for g in given):
+                s.ckpt.close()
     for stale in replaced:  # what the export replaced and no longer uses
         try:
             store.remove(stale)
