@@ -124,8 +124,8 @@ def tiles(
 
     Each piece is a band of the result's first axis, which is one axis ``a`` of
     the source: a band reads one run of elements per index of the axes before
-    ``a``. A piece holds about ``chunk_bytes / 2`` (the band and its reordered
-    copy), or one row of the result if that is larger.
+    ``a``. A piece holds about ``chunk_bytes / 2`` (so the band and its reordered
+    copy hold ``chunk_bytes``), or one row of the result if that is larger.
     """
     a = perm[0]
     out_row = int(np.prod([shape[p] for p in perm[1:]], dtype=np.int64)) * itemsize
@@ -135,8 +135,14 @@ def tiles(
     for j0 in range(0, shape[a], rows):
         j1 = min(j0 + rows, shape[a])
         count = (j1 - j0) * inner
-        runs = [read((o * shape[a] + j0) * inner, count) for o in range(outer)]
-        band = np.concatenate(runs) if len(runs) != 1 else runs[0]
+        if outer == 1:
+            band = read(j0 * inner, count)
+        else:
+            first = read(j0 * inner, count)
+            band = np.empty((outer, count), dtype=first.dtype)
+            band[0] = first
+            for o in range(1, outer):
+                band[o] = read((o * shape[a] + j0) * inner, count)
         box = band.reshape(shape[:a] + (j1 - j0,) + shape[a + 1 :])
         yield np.ascontiguousarray(box.transpose(perm)).reshape(-1)
 
