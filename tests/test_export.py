@@ -352,6 +352,10 @@ def test_cli_errors(tf_checkpoints, tmp_path):
     assert_cli_error(in_process("export", case.prefix, tmp_path / "x.bin"), "format")
     rc, _, err = in_process("export", case.prefix, tmp_path / "x.safetensors", "--skip-unsupported")
     assert rc == 0 and "left out string_scalar" in err
+    assert_cli_error(
+        in_process("export", case.prefix, tmp_path / "y.npz", "--executor", "threads:2"),
+        "--executor",
+    )
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(struct.pack("<Q", 1000) + b"{}")
     assert_cli_error(in_process("import", bad, tmp_path / "o" / "m"), "bad.safetensors")

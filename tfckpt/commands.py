@@ -555,6 +555,9 @@ def _print_export(sm, dry_run: bool) -> None:
 def cmd_export(args) -> int:
     from .export import export, import_, parse_permutes
 
+    if args.executor or args.backend != "numpy":
+        # One process streams the files; tf.cast's bits are numpy's anyway.
+        raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
     options = _export_options(args)
     permute = parse_permutes(args.permute or [])
     if args.command == "export":
