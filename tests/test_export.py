@@ -500,3 +500,40 @@ def test_overwrite_replaces_single_and_sharded(tf_checkpoints, tmp_path):
     assert len(fewer) < len(sharded)
     tfckpt.export(case.prefix, out, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+def _write_partitioned(d: Path) -> str:
+    """TF1 partitioned variables bigger than a 1 KiB chunk budget, split on axes 1 and 0."""
+    prefix = str(d / "part.ckpt")
+    with tf.Graph().as_default():
+        normal = tf.compat.v1.random_normal_initializer(seed=5)
+        tf.compat.v1.get_variable(  # axis 1: 10 in 3 parts (4, 3, 3)
+            "cube/kernel",
+            shape=[12, 10, 8],
+            initializer=normal,
+            partitioner=tf.compat.v1.fixed_size_partitioner(3, axis=1),
+        )
+        tf.compat.v1.get_variable(  # axis 0: 30 rows in 4 parts
+            "rows/kernel",
+            shape=[30, 20],
+            initializer=normal,
+            partitioner=tf.compat.v1.fixed_size_partitioner(4),
+        )
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.save(sess, prefix, write_meta_graph=False)
+    return prefix
+
+
+@pytest.mark.parametrize("axes", [(1, 0, 2), (2, 0, 1), (0, 2, 1), (2, 1, 0)])
+def test_permute_partitioned_in_tiles(tmp_path, axes):
+    prefix = _write_partitioned(tmp_path)
+    want = tf_values(prefix)
+    out = tmp_path / "p.safetensors"
+    tfckpt.export(
+        prefix, out, permute=[("cube/kernel$", axes), ("rows/kernel$", (1, 0))], chunk_bytes=1024
+    )
+    got = safetensors_numpy.load_file(str(out))
+    assert same_bits(got["cube/kernel"], np.transpose(want["cube/kernel"], axes))
+    assert same_bits(got["rows/kernel"], np.transpose(want["rows/kernel"]))

@@ -10,6 +10,7 @@ such files into a V2 checkpoint with the engine's shard writer and commit.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -113,11 +114,13 @@ class _Permuter:
 
 
 def tiles(
-    read: Callable[[int, int], np.ndarray],
+    read: Callable[[int, int], np.ndarray] | None,
     shape: tuple[int, ...],
     perm: tuple[int, ...],
     itemsize: int,
     chunk_bytes: int,
+    *,
+    band: Callable[[int, int], np.ndarray] | None = None,
 ) -> Iterator[np.ndarray]:
     """The tensor ``read(start, count)`` gives (row-major elements) with axes
     permuted, as consecutive flat pieces of the result in bounded memory.
@@ -126,25 +129,75 @@ def tiles(
     the source: a band reads one run of elements per index of the axes before
     ``a``. A piece holds about ``chunk_bytes / 2`` (so the band and its reordered
     copy hold ``chunk_bytes``), or one row of the result if that is larger.
+    ``band(j0, j1)``, if given, is used instead of ``read``: the source's indices
+    ``[j0, j1)`` of axis ``a``, all of the other axes.
     """
     a = perm[0]
     out_row = int(np.prod([shape[p] for p in perm[1:]], dtype=np.int64)) * itemsize
     rows = max(1, (chunk_bytes // 2) // max(out_row, 1))
-    outer = int(np.prod(shape[:a], dtype=np.int64))
-    inner = int(np.prod(shape[a + 1 :], dtype=np.int64))
     for j0 in range(0, shape[a], rows):
         j1 = min(j0 + rows, shape[a])
-        count = (j1 - j0) * inner
-        if outer == 1:
-            band = read(j0 * inner, count)
+        if band is not None:
+            box = band(j0, j1)
         else:
-            first = read(j0 * inner, count)
-            band = np.empty((outer, count), dtype=first.dtype)
-            band[0] = first
-            for o in range(1, outer):
-                band[o] = read((o * shape[a] + j0) * inner, count)
-        box = band.reshape(shape[:a] + (j1 - j0,) + shape[a + 1 :])
+            assert read is not None
+            box = read_band(read, shape, a, j0, j1)
         yield np.ascontiguousarray(box.transpose(perm)).reshape(-1)
+
+
+def read_band(
+    read: Callable[[int, int], np.ndarray],
+    shape: tuple[int, ...],
+    a: int,
+    j0: int,
+    j1: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Indices ``[j0, j1)`` of axis ``a`` of the row-major tensor ``read(start,
+    count)`` gives: one run of elements per index of the axes before ``a``,
+    into ``out`` (of that band's shape) if given."""
+    outer = int(np.prod(shape[:a], dtype=np.int64))
+    inner = int(np.prod(shape[a + 1 :], dtype=np.int64))
+    count = (j1 - j0) * inner
+    run_shape = (j1 - j0,) + shape[a + 1 :]
+    for o in range(outer):
+        run = read((o * shape[a] + j0) * inner, count)
+        if out is None:
+            out = np.empty(shape[:a] + run_shape, dtype=run.dtype)
+        # ``out`` may be a strided view: runs go in by index, never through a reshape.
+        out[np.unravel_index(o, shape[:a]) if a else ()] = run.reshape(run_shape)
+    if out is None:  # no elements
+        out = read(0, 0).reshape(shape[:a] + run_shape)
+    return out
+
+
+def _read_slice_elements(ckpt: Checkpoint, name: str, extents, start: int, count: int):
+    return ckpt.read_elements(name, start, count, extents)
+
+
+def _partitioned_band(ckpt: Checkpoint, name: str, info, a: int, j0: int, j1: int) -> np.ndarray:
+    """Indices ``[j0, j1)`` of axis ``a`` of a partitioned tensor, from the part of
+    each slice that falls in them."""
+    shape = info.shape
+    box = np.empty(shape[:a] + (j1 - j0,) + shape[a + 1 :], dtype=_dt.lookup(info.dtype).numpy)
+    for extents in info.slices:
+        bounds = [(0, n) if ln is None else (s, s + ln) for (s, ln), n in zip(extents, shape)]
+        lo, hi = max(bounds[a][0], j0), min(bounds[a][1], j1)
+        if lo >= hi:
+            continue
+        part_shape = tuple(e - s for s, e in bounds)
+        index = tuple(
+            slice(lo - j0, hi - j0) if k == a else slice(s, e) for k, (s, e) in enumerate(bounds)
+        )
+        read_band(
+            functools.partial(_read_slice_elements, ckpt, name, extents),
+            part_shape,
+            a,
+            lo - bounds[a][0],
+            hi - bounds[a][0],
+            out=box[index],
+        )
+    return box
 
 
 # -- export
@@ -352,23 +405,20 @@ def _export_chunks(
         chunks: Iterator[np.ndarray] = prefetch(ckpt.iter_chunks(name, chunk_bytes))
     elif info.nbytes <= chunk_bytes // 2:
         chunks = iter([np.ascontiguousarray(ckpt[name].transpose(o.perm)).reshape(-1)])
-    elif info.slices:
-        raise CheckpointError(
-            f"a partitioned tensor larger than half the chunk budget ({info.nbytes} bytes) "
-            "cannot be permuted; raise chunk_bytes",
-            path=ckpt.prefix,
-            tensor=name,
-        )
     else:
-        for _ in ckpt.iter_chunks(name, chunk_bytes):  # the checksum, before reading in tiles
+        for _ in ckpt.iter_chunks(name, chunk_bytes):  # the checksums, before reading in tiles
             pass
         itemsize = _dt.lookup(info.dtype).fixed_itemsize
+        a = o.perm[0]
         chunks = tiles(
             lambda start, count: ckpt.read_elements(name, start, count),
             info.shape,
             o.perm,
             itemsize,
             chunk_bytes,
+            band=(lambda j0, j1: _partitioned_band(ckpt, name, info, a, j0, j1))
+            if info.slices
+            else None,
         )
     for chunk in chunks:
         yield caster(chunk) if caster is not None else chunk
