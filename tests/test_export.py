@@ -537,3 +537,40 @@ def test_permute_partitioned_in_tiles(tmp_path, axes):
     got = safetensors_numpy.load_file(str(out))
     assert same_bits(got["cube/kernel"], np.transpose(want["cube/kernel"], axes))
     assert same_bits(got["rows/kernel"], np.transpose(want["rows/kernel"]))
+
+
+@pytest.mark.parametrize("axes", [(1, 0, 2), (2, 1, 0)])
+def test_import_permutes_big_npz_member_in_tiles(tmp_path, axes):
+    value = np.arange(24 * 20 * 16, dtype=np.float32).reshape(24, 20, 16)  # 30 KiB
+    np.savez(tmp_path / "w.npz", kernel=value, small=np.arange(3, dtype=np.int32))
+    spec = "kernel$=" + ",".join(map(str, axes))
+    rc, _, err = in_process(
+        "import", tmp_path / "w.npz", tmp_path / "m", "--chunk-bytes", "4K", "--permute", spec
+    )
+    assert rc == 0, err
+    back = tf_values(str(tmp_path / "m"))
+    assert same_bits(back["kernel"], np.transpose(value, axes))
+    assert same_bits(back["small"], np.arange(3, dtype=np.int32))
+
+
+def test_import_npz_from_url(tmp_path):
+    import fsspec
+
+    value = np.arange(12 * 10, dtype=np.float64).reshape(12, 10)
+    local = tmp_path / "w.npz"
+    np.savez(local, kernel=value, flags=np.array([True, False]))
+    fs = fsspec.filesystem("memory")
+    url = "memory://tfckpt-npz-import/w.npz"
+    fs.pipe(url, local.read_bytes())
+    packed = tmp_path / "c.npz"
+    np.savez_compressed(packed, kernel=value)
+    fs.pipe("memory://tfckpt-npz-import/c.npz", packed.read_bytes())
+    try:
+        tfckpt.import_(url, tmp_path / "m", permute=[("kernel$", (1, 0))], chunk_bytes=256)
+        back = tf_values(str(tmp_path / "m"))
+        assert same_bits(back["kernel"], value.T)
+        assert same_bits(back["flags"], np.array([True, False]))
+        tfckpt.import_("memory://tfckpt-npz-import/c.npz", tmp_path / "c", chunk_bytes=256)
+        assert same_bits(tf_values(str(tmp_path / "c"))["kernel"], value)
+    finally:
+        fs.rm("memory://tfckpt-npz-import", recursive=True)

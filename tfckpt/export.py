@@ -11,6 +11,7 @@ such files into a V2 checkpoint with the engine's shard writer and commit.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import re
 import time
@@ -37,7 +38,7 @@ from .options import Options
 from .pipeline import prefetch
 from .planner import Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
 from .reader import Checkpoint
-from .storage import normalize, storage_for
+from .storage import ReaderFile, normalize, storage_for
 from .writer import ShardWriter
 
 # TF2 keys end in this for a variable's value; the rest is the object path.
@@ -590,8 +591,8 @@ def _discard(store, written: list[tuple[str, str]], made: list[str]) -> None:
 class _In:
     entry: tfiles.Entry
     file: str
-    offset: int  # safetensors: where the data starts; npz: unused
-    member: str | None = None  # npz: the .npy member
+    offset: int  # where the elements start (unless member)
+    member: str | None = None  # a compressed npz member, read from its start
 
 
 def _import_entries(src: str) -> list[_In]:
@@ -608,9 +609,13 @@ def _import_entries(src: str) -> list[_In]:
             out += _import_entries(store.join(directory, name))
         return out
     if src.endswith(".npz"):
-        if not store.atomic_rename:
-            raise CheckpointError("npz files are imported from local paths only", path=src)
-        return [_In(e, src, 0, m) for e, m in tfiles.npz_members(src)]
+        npz = store.open_reader(src)
+        try:
+            members = tfiles.npz_members(io.BufferedReader(ReaderFile(npz)), src)
+        finally:
+            npz.close()
+        # Members stored uncompressed are read by offset like safetensors' tensors.
+        return [_In(e, src, start or 0, m if start is None else None) for e, m, start in members]
     reader = store.open_reader(src)
     try:
         head = np.empty(min(reader.size, 8), dtype=np.uint8)
@@ -774,15 +779,17 @@ def _import_chunks(
         import zipfile
 
         if i.file not in zips:
-            zips[i.file] = zipfile.ZipFile(i.file)
+            reader = storage_for(i.file).open_reader(i.file)
+            zips[i.file] = zipfile.ZipFile(io.BufferedReader(ReaderFile(reader)))
+            readers[i.file + "\0zip"] = (None, reader.close)
         chunks = tfiles.npz_chunks(zips[i.file], i.member, e, chunk_bytes)
         if perm is None:
             yield from chunks
             return
         if e.nbytes > chunk_bytes // 2:
             raise CheckpointError(
-                "an npz member larger than half the chunk budget cannot be permuted; "
-                "raise chunk_bytes",
+                "a compressed npz member larger than half the chunk budget cannot be "
+                "permuted; raise chunk_bytes",
                 path=i.file,
                 tensor=e.name,
             )

@@ -268,10 +268,16 @@ def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
     return np.lib.format.read_array_header_2_0(f)
 
 
-def npz_members(path: str) -> list[tuple[Entry, str]]:
-    """The .npy members of an npz: (entry, member name), in the zip's order."""
+def npz_members(file, path: str) -> list[tuple[Entry, str, int | None]]:
+    """The .npy members of the npz in ``file`` (a seekable binary file):
+    (entry, member name, where its elements start in the file), in the zip's order.
+
+    The start is known for members stored uncompressed (as ``numpy.savez``
+    writes them): their elements can then be read by offset, in any order. It is
+    None for compressed members, which are read from the start.
+    """
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(file)
     except (zipfile.BadZipFile, OSError) as e:
         raise CorruptCheckpointError(f"not an npz file: {e}", path=path) from None
     out = []
@@ -287,12 +293,31 @@ def npz_members(path: str) -> list[tuple[Entry, str]]:
                     raise CorruptCheckpointError(
                         f"bad .npy member {info.filename!r}: {e}", path=path
                     ) from None
+                npy_header = f.tell()
             if fortran or dt.hasobject or dt.name not in NPZ_DTYPES:
                 raise CorruptCheckpointError(
                     f"npz member {name!r}: {'Fortran order' if fortran else dt} is not supported",
                     path=path,
                 )
-            out.append((Entry(name, dt.name, tuple(shape)), info.filename))
+            entry = Entry(name, dt.name, tuple(shape))
+            start = None
+            if info.compress_type == zipfile.ZIP_STORED:
+                if info.file_size != npy_header + entry.nbytes:
+                    raise CorruptCheckpointError(
+                        f"npz member {name!r} holds {info.file_size} bytes, not the "
+                        f"{npy_header + entry.nbytes} its header says",
+                        path=path,
+                    )
+                # The local header: 30 bytes, then the name and extra field it gives lengths of.
+                file.seek(info.header_offset)
+                local = file.read(30)
+                if len(local) != 30 or local[:4] != b"PK\x03\x04":
+                    raise CorruptCheckpointError(
+                        f"npz member {name!r}: bad local zip header", path=path
+                    )
+                n, m = struct.unpack("<HH", local[26:30])
+                start = info.header_offset + 30 + n + m + npy_header
+            out.append((entry, info.filename, start))
     return out
 
 
