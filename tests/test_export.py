@@ -574,3 +574,46 @@ def test_import_npz_from_url(tmp_path):
         assert same_bits(tf_values(str(tmp_path / "c"))["kernel"], value)
     finally:
         fs.rm("memory://tfckpt-npz-import", recursive=True)
+
+
+def _stderr_on_terminal(*args) -> tuple[int, str]:
+    """Run the CLI with stderr a pseudo-terminal: its exit code and what it printed there."""
+    import fcntl
+    import os
+    import pty
+    import termios
+
+    primary, secondary = pty.openpty()
+    # A terminal 100 columns wide (a new pseudo-terminal has none, and no room for a bar).
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfckpt", *map(str, args)],
+            stdout=subprocess.DEVNULL,
+            stderr=secondary,
+            env=user_env(),
+        )
+        os.close(secondary)
+        got = b""
+        while True:
+            try:
+                data = os.read(primary, 1 << 16)
+            except OSError:  # the terminal closed: the process is done
+                break
+            if not data:
+                break
+            got += data
+        return proc.wait(timeout=120), got.decode("utf-8", "replace")
+    finally:
+        os.close(primary)
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+    prefix, _ = _write_big(tmp_path, (64, 64))  # 16 KiB
+    rc, err = _stderr_on_terminal("export", prefix, tmp_path / "w.npz", "--chunk-bytes", "1K")
+    assert rc == 0, err
+    # The bar is drawn, its total the bytes to write, and cleared when done.
+    assert "0%|" in err and "/16.0k" in err
+    rc, err = _stderr_on_terminal("import", tmp_path / "w.npz", tmp_path / "back" / "m")
+    assert rc == 0, err
+    assert "0%|" in err and "/16.0k" in err

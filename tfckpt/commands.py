@@ -5,6 +5,7 @@ and prints what it returns, through :mod:`tfckpt.display` (or as JSON).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import sys
@@ -561,19 +562,26 @@ def cmd_export(args) -> int:
     options = _export_options(args)
     permute = parse_permutes(args.permute or [])
     if args.command == "export":
-        sm = export(
-            args.src,
-            args.out,
-            options,
+        kwargs = dict(
             format=args.format,
             permute=permute,
             keep_keys=args.keep_keys,
             with_optimizer=args.with_optimizer,
             skip_unsupported=args.skip_unsupported,
-            dry_run=args.dry_run,
         )
+        run = functools.partial(export, args.src, args.out, options, **kwargs)
     else:
-        sm = import_(args.src, args.out, options, permute=permute, dry_run=args.dry_run)
+        run = functools.partial(import_, args.src, args.out, options, permute=permute)
+    if args.dry_run:
+        sm = run(dry_run=True)
+    else:
+        # The bar's total is what a dry run says will be written: asked only for a terminal.
+        total = run(dry_run=True).bytes_out if sys.stderr.isatty() else 0
+        update, close = _progress(total)
+        try:
+            sm = run(progress=update)
+        finally:
+            close()
     if args.json:
         print_json(sm.to_dict())
     if not (args.json and args.dry_run):

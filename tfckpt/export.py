@@ -449,7 +449,8 @@ def export(
     written and the optimizer's state only with ``with_optimizer``. Partitioned
     tensors are written whole. ``permute``: ``[(regex, axes)]``, the first whose
     regex matches a new name reorders that tensor's axes (``('kernel$', (1, 0))``),
-    tile by tile when it exceeds the chunk budget. Tensors the format cannot
+    tile by tile when it exceeds the chunk budget. ``progress(n)`` is called as
+    each ``n`` bytes are written (``bytes_out`` in all). Tensors the format cannot
     hold are an error listing them, or with ``skip_unsupported`` left out (listed
     in ``skipped``). With ``max_shard_bytes`` (safetensors), files
     ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``
@@ -511,11 +512,11 @@ def export(
                     w.begin(o.pt.new_name)
                     for chunk in _export_chunks(ckpts[o.pt.source], o, caster, options.chunk_bytes):
                         w.write(chunk)
+                        if progress:
+                            progress(chunk.nbytes)
                     w.end()
                     if caster is not None and caster.counts.overflow:
                         overflow[o.pt.new_name] = caster.counts.overflow
-                    if progress:
-                        progress(o.pt.info.nbytes)
                 w.close()
                 f.flush()
                 if options.durable:
@@ -653,13 +654,14 @@ def import_(
     *,
     permute: Permutes = (),
     dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
     **changes,
 ) -> ExportSummary:
     """Read safetensors (one file, or the ``.index.json`` of sharded files) or npz into
     a V2 checkpoint at ``out_prefix``, tensor by tensor in bounded chunks.
 
     ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
-    ``overflow``), ``permute`` and ``overwrite`` apply as in :func:`export`.
+    ``overflow``), ``permute``, ``overwrite`` and ``progress`` apply as in :func:`export`.
 
     >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
     """
@@ -745,7 +747,10 @@ def import_(
             shape = e.shape if perm is None else tuple(e.shape[p] for p in perm)
             with w.stream(new, new_dtype, shape) as stream:
                 for chunk in _import_chunks(i, perm, options.chunk_bytes, readers, zips):
-                    stream.write(caster(chunk) if caster is not None else chunk)
+                    out = caster(chunk) if caster is not None else chunk
+                    stream.write(out)
+                    if progress:
+                        progress(out.nbytes)
             if caster is not None and caster.counts.overflow:
                 overflow[new] = caster.counts.overflow
         if options.overflow == "error" and overflow:
