@@ -118,11 +118,14 @@ def tfckpt_export(src: str, dst: str, *flags: str) -> None:
 def tf_export(src: str, dst: str) -> None:
     """The TensorFlow way: load_checkpoint, every tensor in memory, safetensors' save_file."""
     tf = _tf()
+    import numpy as np
     from safetensors.numpy import save_file
 
     t = time.perf_counter()
     reader = tf.train.load_checkpoint(src)
-    tensors = {name: reader.get_tensor(name) for name in sorted(reader.get_variable_to_dtype_map())}
+    names = sorted(reader.get_variable_to_dtype_map())
+    # A scalar comes back as a numpy scalar, which save_file does not take.
+    tensors = {name: np.asarray(reader.get_tensor(name)) for name in names}
     os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
     save_file(tensors, dst)
     seconds = time.perf_counter() - t
