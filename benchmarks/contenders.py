@@ -104,6 +104,34 @@ def tf1_saver_builder_convert(src: str, dst: str, dtype: str) -> None:
     _report(time.perf_counter() - t, 0)
 
 
+def tfckpt_export(src: str, dst: str, *flags: str) -> None:
+    """Stream every tensor to safetensors, in bounded memory."""
+    from tfckpt import cli
+
+    t = time.perf_counter()
+    rc = cli.main(["export", src, dst, "--overwrite", *flags])
+    seconds = time.perf_counter() - t
+    _check(rc)
+    _report(seconds, os.path.getsize(dst))
+
+
+def tf_export(src: str, dst: str) -> None:
+    """The TensorFlow way: load_checkpoint, every tensor in memory, safetensors' save_file."""
+    tf = _tf()
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    t = time.perf_counter()
+    reader = tf.train.load_checkpoint(src)
+    names = sorted(reader.get_variable_to_dtype_map())
+    # A scalar comes back as a numpy scalar, which save_file does not take.
+    tensors = {name: np.asarray(reader.get_tensor(name)) for name in names}
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    save_file(tensors, dst)
+    seconds = time.perf_counter() - t
+    _report(seconds, os.path.getsize(dst))
+
+
 def cp_data(src: str, dst: str) -> None:
     """The physical floor: copy the same files."""
     t = time.perf_counter()

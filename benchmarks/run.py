@@ -174,6 +174,10 @@ def main(argv=None) -> int:
             "tfckpt": ["tfckpt_convert", keras_ckpt, f"{work}/k16/ckpt", "float16"],
             "tensorflow": ["tf_convert", keras_ckpt, f"{work}/ktf16/ckpt", "float16"],
         },
+        "export to safetensors (1 GiB)": {
+            "tfckpt": ["tfckpt_export", big, f"{work}/export/model.safetensors"],
+            "tensorflow": ["tf_export", big, f"{work}/tfexport/model.safetensors"],
+        },
         "read every tensor (1 GiB)": {
             "tfckpt": ["tfckpt_read_all", big],
             "tensorflow": ["tf_read_all", big],

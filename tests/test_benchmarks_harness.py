@@ -50,6 +50,7 @@ def test_succeeding_command_is_measured(harness):
         ["tfckpt_list", "{missing}"],
         ["tfckpt_dump", "{missing}"],
         ["cp_data", "{missing}", "{out}/model"],
+        ["tfckpt_export", "{missing}", "{out}/model.safetensors"],
     ],
 )
 def test_contender_whose_work_fails_is_not_timed(harness, tmp_path, contender):

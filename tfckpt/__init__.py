@@ -20,6 +20,7 @@ from .errors import (
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
+from .export import ExportSummary, export, import_
 from .format import Header, TensorInfo, Version
 from .options import Options
 from .paths import latest_checkpoint
@@ -103,4 +104,7 @@ __all__ = [
     "execute",
     "Options",
     "CastOverflowError",
+    "export",
+    "import_",
+    "ExportSummary",
 ]

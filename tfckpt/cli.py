@@ -22,7 +22,7 @@ import traceback
 
 from . import __version__
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
-from .commands import cmd_diff, cmd_dump, cmd_stats, cmd_transform, cmd_verify
+from .commands import cmd_diff, cmd_dump, cmd_export, cmd_stats, cmd_transform, cmd_verify
 from .display import emit
 from .errors import CheckpointError
 from .options import BACKENDS, DEFAULTS, PREFER
@@ -178,6 +178,14 @@ exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "merge": """examples:
   tfckpt merge a/model.ckpt b/model.ckpt -o c/model.ckpt
   tfckpt merge a/ b/ -o c/ --prefer last""",
+    "export": """examples:
+  tfckpt export train/ckpt-7 model.safetensors
+  tfckpt export train/ model.npz --dtype float16 --overflow clip
+  tfckpt export bert/bert_model.ckpt hf/model.safetensors --map-file bert2hf.json \\
+      --permute 'dense/kernel$=1,0' --max-shard-bytes 2G""",
+    "import": """examples:
+  tfckpt import model.safetensors ckpt/model
+  tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
 }
 
 
@@ -317,7 +325,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("-o", "--output", required=True, metavar="DST")
     _add_transform_options(p)
+
+    p = _sub(
+        sub,
+        "export",
+        "write the tensors to safetensors or npz",
+        "Stream the tensors of SRC into OUT.safetensors (sharded with --max-shard-bytes, "
+        "as Hugging Face does) or OUT.npz, in bounded memory. TF2 keys become readable "
+        "and the optimizer's state is left out unless asked for. Accepts every "
+        "transform option; --map and --map-file apply to the readable names.",
+    )
+    p.add_argument("src")
+    p.add_argument("out", help="OUT.safetensors or OUT.npz")
+    _add_export_options(p)
+    g = p.add_argument_group("export")
+    g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
+    g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")
+    g.add_argument("--with-optimizer", action="store_true", help="TF2: keep the optimizer's state")
+    g.add_argument(
+        "--skip-unsupported",
+        action="store_true",
+        help="leave out tensors the format cannot hold (with a note) instead of failing",
+    )
+
+    p = _sub(
+        sub,
+        "import",
+        "read safetensors or npz into a checkpoint",
+        "Stream the tensors of IN (a .safetensors file, the .index.json of sharded "
+        "ones, or an .npz) into a V2 checkpoint at OUT_PREFIX.",
+    )
+    p.add_argument("src", metavar="IN")
+    p.add_argument("out", metavar="OUT_PREFIX")
+    _add_export_options(p)
     return parser
+
+
+def _add_export_options(p: argparse.ArgumentParser) -> None:
+    _add_transform_options(p)
+    p.add_argument(
+        "--permute",
+        metavar="REGEX=AXES",
+        action="append",
+        help="reorder the axes of tensors whose (new) name matches, e.g. 'kernel$=1,0' "
+        "([in,out] -> [out,in]) or 'conv.*/kernel$=3,2,0,1' (HWIO -> OIHW); first match wins",
+    )
+    p.set_defaults(func=cmd_export)
 
 
 def main(argv: list[str] | None = None) -> int:

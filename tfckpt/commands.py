@@ -5,6 +5,7 @@ and prints what it returns, through :mod:`tfckpt.display` (or as JSON).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import sys
@@ -509,4 +510,80 @@ def cmd_transform(args) -> int:
     if args.json:
         print_json(summary.to_dict())
     _print_summary(summary)
+    return 0
+
+
+def _export_options(args) -> Options:
+    rules, exact = _rename_rules(args)
+    return Options(
+        include=args.include,
+        exclude=args.exclude,
+        drop_objects=args.drop_object or (),
+        rename=rules,
+        rename_exact=exact,
+        cast=args.dtype,
+        cast_from=args.cast_from.split(",") if args.cast_from else None,
+        prefer=args.prefer,
+        max_shard_bytes=args.max_shard_bytes,
+        overwrite=args.overwrite,
+        overflow=args.overflow,
+        chunk_bytes=args.chunk_bytes,
+        durable=args.durable,
+    )
+
+
+def _print_export(sm, dry_run: bool) -> None:
+    if dry_run:
+        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "FILE"]]
+        for t in sm.tensors:
+            dtype = (
+                t["dtype"] if t["dtype"] == t["new_dtype"] else f"{t['dtype']}->{t['new_dtype']}"
+            )
+            shape = shape_text(t["shape"]) + (f" permuted {t['permute']}" if t["permute"] else "")
+            rows.append([t["name"], t["new_name"], dtype, shape, t["file"]])
+        table(rows, right=set())
+    verb = "would write" if dry_run else "wrote"
+    emit(
+        f"{verb} {sm.out}: {len(sm.tensors)} tensors in {len(sm.files)} file(s), "
+        f"{sm.dropped} dropped, {human_bytes(sm.bytes_out)}"
+        + ("" if dry_run else f", {sm.seconds:.2f} s"),
+        err=True,
+    )
+    for name, reason in sm.skipped:
+        emit(f"tfckpt: note: left out {name}: {reason}", err=True)
+
+
+def cmd_export(args) -> int:
+    from .export import export, import_, parse_permutes
+
+    if args.executor or args.backend != "numpy":
+        # One process streams the files; tf.cast's bits are numpy's anyway.
+        raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
+    options = _export_options(args)
+    permute = parse_permutes(args.permute or [])
+    if args.command == "export":
+        kwargs = dict(
+            format=args.format,
+            permute=permute,
+            keep_keys=args.keep_keys,
+            with_optimizer=args.with_optimizer,
+            skip_unsupported=args.skip_unsupported,
+        )
+        run = functools.partial(export, args.src, args.out, options, **kwargs)
+    else:
+        run = functools.partial(import_, args.src, args.out, options, permute=permute)
+    if args.dry_run:
+        sm = run(dry_run=True)
+    else:
+        # The bar's total is what a dry run says will be written: asked only for a terminal.
+        total = run(dry_run=True).bytes_out if sys.stderr.isatty() else 0
+        update, close = _progress(total)
+        try:
+            sm = run(progress=update)
+        finally:
+            close()
+    if args.json:
+        print_json(sm.to_dict())
+    if not (args.json and args.dry_run):
+        _print_export(sm, args.dry_run)
     return 0

@@ -510,6 +510,24 @@ class Checkpoint(collections.abc.Mapping):
             return [b""] * num_elements(shape)
         return [data[pos : pos + n] for pos, n in framing.elements]
 
+    def read_elements(
+        self, name: str, start: int, count: int, extents: Slice | None = None
+    ) -> np.ndarray:
+        """Elements ``[start, start + count)`` (row-major) of a whole, fixed-size tensor,
+        or with ``extents`` of one stored slice of a partitioned one.
+
+        For reading a tensor in tiles; no checksum covers a part of a tensor, so
+        callers verify it once with :meth:`iter_chunks`.
+        """
+        entry = self._stored_entry(name, extents)
+        itemsize = entry.dtype.fixed_itemsize
+        if start < 0 or count < 0 or (start + count) * itemsize > entry.proto.size:
+            raise ValueError(f"elements [{start}, {start + count}) lie outside {name!r}")
+        reader = self._check_extent(entry)
+        buf = np.empty(count * itemsize, dtype=np.uint8)
+        self._pread_into(reader, buf.data, entry.proto.offset + start * itemsize, entry)
+        return self._to_array(buf, entry.dtype, (count,))
+
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         """The value of one stored slice of a partitioned tensor."""
         return self._decode(self._slice_entry(self._full_entry(name), tuple(extents)))

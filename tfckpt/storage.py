@@ -18,6 +18,7 @@ exception.
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import posixpath
@@ -236,6 +237,34 @@ class Reader(Protocol):
     def readinto(self, buf: memoryview, offset: int) -> int: ...
 
     def close(self) -> None: ...
+
+
+class ReaderFile(io.RawIOBase):
+    """A read-only, seekable file over a :class:`Reader` (for libraries that want a
+    file, such as ``zipfile``): each read is a positioned read of the bytes asked for."""
+
+    def __init__(self, reader: Reader):
+        self._reader = reader
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._reader.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        n = self._reader.readinto(memoryview(buf).cast("B"), self._pos)
+        self._pos += n
+        return n
 
 
 class LocalReader:
