@@ -576,6 +576,16 @@ def test_import_npz_from_url(tmp_path):
         fs.rm("memory://tfckpt-npz-import", recursive=True)
 
 
+def test_import_big_endian_npz_member_is_a_clean_error(tmp_path):
+    """Members are read as little-endian elements: a big-endian one is refused, never
+    imported with its bytes misread."""
+    value = np.arange(6, dtype=">f4")
+    np.savez(tmp_path / "be.npz", w=value)
+    with pytest.raises(tfckpt.UnsupportedCheckpointError, match="big-endian"):
+        tfckpt.import_(tmp_path / "be.npz", tmp_path / "m")
+    assert not list(tmp_path.glob("m*"))
+
+
 def _stderr_on_terminal(*args) -> tuple[int, str]:
     """Run the CLI with stderr a pseudo-terminal: its exit code and what it printed there."""
     import fcntl

@@ -21,7 +21,7 @@ from typing import IO, Literal
 import numpy as np
 
 from . import dtypes as _dt
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 SAFETENSORS, NPZ = "safetensors", "npz"
 FORMATS = (SAFETENSORS, NPZ)
@@ -297,6 +297,13 @@ def npz_members(file, path: str) -> list[tuple[Entry, str, int | None]]:
             if fortran or dt.hasobject or dt.name not in NPZ_DTYPES:
                 raise CorruptCheckpointError(
                     f"npz member {name!r}: {'Fortran order' if fortran else dt} is not supported",
+                    path=path,
+                )
+            if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
+                # Members are read as little-endian elements, by offset or in pieces.
+                raise UnsupportedCheckpointError(
+                    f"npz member {name!r} is big-endian ({dt.str}); save it little-endian "
+                    "(array.astype(array.dtype.newbyteorder('<'))) to import it",
                     path=path,
                 )
             entry = Entry(name, dt.name, tuple(shape))
