@@ -475,24 +475,7 @@ def _executor(spec: str | None):
 def cmd_transform(args) -> int:
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
-    rules, exact = _rename_rules(args)
-    options = Options(
-        include=args.include,
-        exclude=args.exclude,
-        drop_objects=args.drop_object or (),
-        rename=rules,
-        rename_exact=exact,
-        cast=args.dtype,
-        cast_from=args.cast_from.split(",") if args.cast_from else None,
-        prefer=args.prefer,
-        max_shard_bytes=args.max_shard_bytes,
-        overwrite=args.overwrite,
-        overflow=args.overflow,
-        chunk_bytes=args.chunk_bytes,
-        backend=args.backend,
-        tf_threshold=args.tf_threshold,
-        durable=args.durable,
-    )
+    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
     p = plan(sources, dst, options)
     if args.dry_run:
         if args.json:
@@ -513,7 +496,8 @@ def cmd_transform(args) -> int:
     return 0
 
 
-def _export_options(args) -> Options:
+def _options(args, **extra) -> Options:
+    """The engine's options from the flags every rewriting command shares, plus ``extra``."""
     rules, exact = _rename_rules(args)
     return Options(
         include=args.include,
@@ -529,6 +513,7 @@ def _export_options(args) -> Options:
         overflow=args.overflow,
         chunk_bytes=args.chunk_bytes,
         durable=args.durable,
+        **extra,
     )
 
 
@@ -559,7 +544,7 @@ def cmd_export(args) -> int:
     if args.executor or args.backend != "numpy":
         # One process streams the files; tf.cast's bits are numpy's anyway.
         raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
-    options = _export_options(args)
+    options = _options(args)
     permute = parse_permutes(args.permute or [])
     if args.command == "export":
         kwargs = dict(
