@@ -15,8 +15,11 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 	touch $@
 
 # Plus tensorflow-cpu and the test tools.
+# tf-keras (Keras 2) is installed without its dependencies: it asks for the full `tensorflow`
+# package, which would overwrite tensorflow-cpu's files; the release matching TF's is taken.
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PIP) install -e ".[dev]"
+	$(PIP) install --no-deps "tf-keras==$$($(PY) -c 'from importlib.metadata import version; print(version("tensorflow-cpu").rsplit(".", 1)[0])').*"
 	touch $@ $(VENV)/.installed-base $(VENV)/.installed-lint
 
 # The package plus the pinned linters (ruff, mypy, protobuf stubs).
