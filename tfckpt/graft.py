@@ -125,7 +125,7 @@ def plan_graft(
     """
     options = Options.of(options, **changes)
     if options.cast is not None or options.cast_from is not None:
-        raise CheckpointError("graft takes every dtype from the template: no cast")
+        raise CheckpointError("graft takes each dtype from the template: no cast")
     sources = _as_list(sources)
     if not sources:
         raise CheckpointError("no source checkpoint given")
