@@ -220,6 +220,21 @@ def test_graft_onto_a_template_with_its_optimizer(tf1, tmp_path):
     np.testing.assert_array_equal(restored(str(dst))[KERNEL2], values["simple-fc/weights"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_graft_a_partitioned_tf1_variable(tf_checkpoints, tmp_path, dtype):
+    """A TF1 partitioned variable becomes one TF2 variable, restored whole: its float16
+    cast too, which TensorFlow could not assemble from slices."""
+    case = tf_checkpoints("tf1_partitioned")
+    table = tf.Variable(tf.zeros([10, 4], dtype=dtype))
+    template = tf.train.Checkpoint(table=table).save(str(tmp_path / "t"))
+    dst = str(tmp_path / "out")
+    tfckpt.graft(template, case.prefix, dst, rename={"emb/table": "table"}, exclude="^(vec|wide)$")
+    fresh = tf.Variable(tf.ones([10, 4], dtype=dtype))
+    tf.train.Checkpoint(table=fresh).restore(dst).assert_consumed()
+    want = tf.cast(tf.train.load_checkpoint(case.prefix).get_tensor("emb/table"), dtype)
+    np.testing.assert_array_equal(fresh.numpy(), want.numpy())
+
+
 def test_graft_refuses_a_cast_option(tf1, templates, tmp_path):
     src, _ = tf1
     result = in_process(

@@ -250,7 +250,9 @@ def plan_graft(
             )
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if src_dt is dt else stored * dt.fixed_itemsize
-        planned.append(PlannedTensor(i, n, t, info, dt.name, out_bytes))
+        planned.append(
+            PlannedTensor(i, n, t, info, dt.name, out_bytes, restored_whole=tpl.graph is not None)
+        )
     if unmatched:
         more = f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         raise CheckpointError(
