@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,10 +62,12 @@ def model_values(model) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def tf1(tmp_path_factory):
-    """A TF1 graph-mode Saver checkpoint of the model, and its values."""
+    """A TF1 graph-mode Saver checkpoint of the model, and its values (also saved as V1)."""
     rng = np.random.default_rng(11)
     values = {n: rng.standard_normal(s).astype(np.float32) for n, s in TF1_SHAPES.items()}
-    prefix = str(tmp_path_factory.mktemp("tf1") / "model.ckpt")
+    d = tmp_path_factory.mktemp("tf1")
+    (d / "v1").mkdir()
+    prefix = str(d / "model.ckpt")
     with tf.Graph().as_default():
         for name, value in values.items():
             scope, var = name.split("/")
@@ -74,6 +77,8 @@ def tf1(tmp_path_factory):
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             tf.compat.v1.train.Saver().save(sess, prefix, write_meta_graph=False)
+            v1 = tf.compat.v1.train.Saver(write_version=tf.compat.v1.train.SaverDef.V1)
+            v1.save(sess, str(d / "v1" / "model.ckpt"), write_meta_graph=False)
     return prefix, values
 
 
@@ -111,6 +116,16 @@ def test_graft_tf1_onto_tf2_template_restores(tf1, templates, tmp_path):
         assert (
             ck["_CHECKPOINTABLE_OBJECT_GRAPH"].item() == tpl["_CHECKPOINTABLE_OBJECT_GRAPH"].item()
         )
+
+
+def test_graft_from_a_v1_checkpoint(tf1, templates, tmp_path):
+    src, values = tf1
+    v1 = src.replace("/model.ckpt", "/v1/model.ckpt")
+    assert Path(v1).is_file() and not Path(v1 + ".index").exists()  # a V1 file
+    dst = tmp_path / "out"
+    rc, _, err = in_process("graft", templates["float32"], v1, "-o", dst, *map_args())
+    assert rc == 0, err
+    np.testing.assert_array_equal(restored(str(dst))[KERNEL1], values["simple-conv1/weights"])
 
 
 def test_graft_casts_to_the_template_dtype(tf1, templates, tmp_path):
