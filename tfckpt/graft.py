@@ -168,8 +168,9 @@ def plan_graft(
     for level in (1, 2):
         claims: dict[str, list[str]] = {}
         for n in names:
-            if len(candidates[n]) > level and candidates[n][level] not in target:
-                claims.setdefault(candidates[n][level], []).append(n)
+            name = candidates[n][level] if len(candidates[n]) > level else None
+            if name is not None and name not in target and name not in shared:
+                claims.setdefault(name, []).append(n)
         for name, owners in claims.items():
             if len(set(owners)) == 1:
                 target[name] = owners[0]
