@@ -22,6 +22,7 @@ from .errors import (
 )
 from .export import ExportSummary, export, import_
 from .format import Header, TensorInfo, Version
+from .graft import flatten, graft, plan_flatten, plan_graft
 from .options import Options
 from .paths import latest_checkpoint
 from .planner import Plan, plan
@@ -86,7 +87,11 @@ __all__ = [
     "rename",
     "select",
     "merge",
+    "graft",
+    "flatten",
     "plan",
+    "plan_graft",
+    "plan_flatten",
     "Plan",
     "Summary",
     "Checkpoint",

@@ -22,7 +22,16 @@ import traceback
 
 from . import __version__
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
-from .commands import cmd_diff, cmd_dump, cmd_export, cmd_stats, cmd_transform, cmd_verify
+from .commands import (
+    cmd_diff,
+    cmd_dump,
+    cmd_export,
+    cmd_flatten,
+    cmd_graft,
+    cmd_stats,
+    cmd_transform,
+    cmd_verify,
+)
 from .display import emit
 from .errors import CheckpointError
 from .options import BACKENDS, DEFAULTS, PREFER
@@ -178,6 +187,15 @@ exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "merge": """examples:
   tfckpt merge a/model.ckpt b/model.ckpt -o c/model.ckpt
   tfckpt merge a/ b/ -o c/ --prefer last""",
+    "graft": """examples:
+  tfckpt graft tf2/template tf1/model.ckpt -o tf2/model \\
+      --map 'simple-conv1/weights=model/layer_with_weights-0/kernel' \\
+      --map 'simple-conv1/biases=model/layer_with_weights-0/bias'
+  tfckpt graft template/ tf1/ -o out/ --map '(.*)/weights$=\\1/kernel' --dry-run
+  tfckpt graft template/ tf1/ -o out/ --drop-object optimizer --allow-missing""",
+    "flatten": """examples:
+  tfckpt flatten tf2/ckpt-3 tf1/model.ckpt
+  tfckpt flatten tf2/ tf1/model.ckpt --drop-object optimizer --map 'model/=' --dry-run""",
     "export": """examples:
   tfckpt export train/ckpt-7 model.safetensors
   tfckpt export train/ model.npz --dtype float16 --overflow clip
@@ -325,6 +343,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("-o", "--output", required=True, metavar="DST")
     _add_transform_options(p)
+
+    p = _sub(
+        sub,
+        "graft",
+        "fill a TF2 template with values found by name (TF1 -> TF2)",
+        "Write a checkpoint with TEMPLATE's object graph, keys, dtypes and shapes (TEMPLATE: "
+        "a TF2 checkpoint of the target model, e.g. freshly initialised); each value comes "
+        "from the SRC tensor whose name, after --map, equals the template tensor's key or "
+        "path (the key without /.ATTRIBUTES/VARIABLE_VALUE; a slot variable also as "
+        "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
+        "the template's dtype. A template tensor without a source is an error, except "
+        "save_counter. TF2 sources are matched by their keys.",
+    )
+    p.add_argument("template")
+    p.add_argument("sources", nargs="+", metavar="SRC")
+    p.add_argument("-o", "--output", required=True, metavar="DST")
+    _add_transform_options(p)
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="keep the template's value where no source has the tensor",
+    )
+    p.set_defaults(func=cmd_graft)
+
+    p = _sub(
+        sub,
+        "flatten",
+        "write a TF2 checkpoint as a name-based one (TF2 -> TF1)",
+        "Write SRC without its object graph, each tensor named by its path (the key "
+        "without /.ATTRIBUTES/VARIABLE_VALUE; other attributes PATH/ATTRIBUTE), slot "
+        "variables VARIABLE_PATH/SLOT_NAME, as a TF1 Saver names them. --map applies to "
+        "these names. Accepts every transform option.",
+    )
+    p.add_argument("src")
+    p.add_argument("dst")
+    _add_transform_options(p)
+    p.set_defaults(func=cmd_flatten)
 
     p = _sub(
         sub,

@@ -572,3 +572,41 @@ def cmd_export(args) -> int:
     if not (args.json and args.dry_run):
         _print_export(sm, args.dry_run)
     return 0
+
+
+def _run_plan(args, p: Plan) -> int:
+    """Print a dry run's plan, or execute it and print the summary."""
+    if args.dry_run:
+        if args.json:
+            print_json(p.to_dict())
+        else:
+            _print_plan(p)
+        return 0
+    update, close = _progress(p.bytes_in)
+    executor, shutdown = _executor(args.executor)
+    try:
+        summary = execute(p, progress=update, executor=executor)
+    finally:
+        close()
+        shutdown()
+    if args.json:
+        print_json(summary.to_dict())
+    _print_summary(summary)
+    return 0
+
+
+def cmd_graft(args) -> int:
+    from .graft import plan_graft
+
+    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    p = plan_graft(
+        args.template, args.sources, args.output, options, allow_missing=args.allow_missing
+    )
+    return _run_plan(args, p)
+
+
+def cmd_flatten(args) -> int:
+    from .graft import plan_flatten
+
+    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    return _run_plan(args, plan_flatten(args.src, args.dst, options))

@@ -450,9 +450,11 @@ def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
     TF1 partitioned variables read back exactly their own slices, which works for
     every dtype. TF2 variables saved in slices (MaxShardSizePolicy) are read back
     whole, which TensorFlow can only reassemble for some dtypes: float16 slices,
-    for one, it cannot restore. Such tensors are written whole instead.
+    for one, it cannot restore. Such tensors are written whole instead, as are
+    those the plan marks ``restored_whole`` (a TF1 slice grafted into a TF2 checkpoint).
     """
-    return src.graph is None or t.new_dtype in TF_SLICE_COPYABLE or t.info.partial
+    whole = src.graph is not None or t.restored_whole
+    return not whole or t.new_dtype in TF_SLICE_COPYABLE or t.info.partial
 
 
 def _restore_warnings(p: Plan) -> list[str]:

@@ -45,6 +45,8 @@ class PlannedTensor:
     info: TensorInfo
     new_dtype: str
     bytes_out: int
+    # Read back whole, as TF2 restores, even from a source without an object graph.
+    restored_whole: bool = False
 
     @property
     def renamed(self) -> bool:

@@ -1,0 +1,372 @@
+"""Between name-based (TF1) and object-based (TF2) checkpoints, without TensorFlow.
+
+:func:`graft` fills a TF2 template (a checkpoint of the target model, e.g. freshly
+initialised and saved) with values found by name in other checkpoints: the output
+has the template's object graph, keys, dtypes and shapes. :func:`flatten` goes the
+other way: a name-based checkpoint named by the TF2 variables' paths. Both build a
+:class:`~tfckpt.Plan` for the one streaming engine.
+
+Names: a TF2 tensor's *path* is its name without ``/.ATTRIBUTES/VARIABLE_VALUE``
+(``model/dense/kernel``); a tensor of another attribute keeps the attribute's name
+(``table/.ATTRIBUTES/table-keys`` is ``table/table-keys``). Its *flat name* is the
+same built on its object's first path from the root that passes no ``optimizer``
+edge (what :func:`tfckpt.export` calls it; the key's own path where the optimizer
+alone reaches the object), and for a slot variable its variable's flat name, ``/``
+and the slot's name (``model/dense/kernel/m``), as a TF1 optimizer names its slots.
+Mostly the flat name is the path; they differ for slots, and where a key runs
+through the optimizer (Keras 3: ``optimizer/_trainable_variables/0``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from . import dtypes as _dt
+from .engine import Summary, execute
+from .errors import CheckpointError
+from .export import OPTIMIZER_EDGES, VALUE_SUFFIX
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, escape_local_name
+from .options import Options
+from .planner import (
+    SAVE_COUNTER,
+    Plan,
+    PlannedTensor,
+    _compile_rules,
+    _new_name,
+    _patterns,
+    open_sources,
+    plan,
+    resolve_destination,
+)
+from .reader import Checkpoint
+
+ATTRIBUTES = "/.ATTRIBUTES/"
+
+
+def tensor_path(name: str) -> str:
+    """A TF2 tensor's path: ``/.ATTRIBUTES/VARIABLE_VALUE`` cut, ``/.ATTRIBUTES/`` → ``/``.
+
+    >>> tensor_path("model/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE")
+    'model/dense/kernel'
+    """
+    if name.endswith(VALUE_SUFFIX):
+        return name[: -len(VALUE_SUFFIX)]
+    head, sep, tail = name.rpartition(ATTRIBUTES)
+    return f"{head}/{tail}" if sep else name
+
+
+def flat_names(graph: ObjectGraph, present: set[str]) -> dict[str, str]:
+    """Every tensor of the graph's attributes and its flat name (see the module's text).
+
+    A variable's path is taken as :mod:`tfckpt.export` takes it: the first path from
+    the root that passes no ``optimizer`` edge (a Keras 3 variable's key runs
+    through ``optimizer/_trainable_variables/N``); an object only the optimizer
+    reaches keeps its key's path.
+    """
+    nodes = graph.nodes
+    cut = type(graph.proto)()
+    cut.CopyFrom(graph.proto)
+    for node in cut.nodes:
+        kept = [c for c in node.children if c.local_name not in OPTIMIZER_EDGES]
+        if len(kept) != len(node.children):
+            del node.children[:]
+            node.children.extend(kept)
+    found = ObjectGraph(cut).paths(limit=1 << 30)
+    found.pop(0, None)  # the root's attributes keep their keys' paths
+    slot_of: dict[int, tuple[int, str]] = {}
+    for node in nodes:
+        for s in node.slot_variables:
+            slot_of.setdefault(s.slot_variable_node_id, (s.original_variable_node_id, s.slot_name))
+    full: dict[int, str] | None = None
+
+    def variable_path(i: int) -> str:
+        nonlocal full
+        if i in found:
+            return found[i]
+        for a in nodes[i].attributes:
+            if a.name == "VARIABLE_VALUE":
+                return tensor_path(a.checkpoint_key)
+        if full is None:
+            full = graph.paths(limit=1 << 30)
+        return full.get(i, str(i))
+
+    out: dict[str, str] = {}
+    for i, node in enumerate(nodes):
+        for a in node.attributes:
+            key = a.checkpoint_key
+            attr = "" if a.name == "VARIABLE_VALUE" else "/" + a.name
+            if i in slot_of:
+                original, slot_name = slot_of[i]
+                stem = f"{variable_path(original)}/{escape_local_name(slot_name)}{attr}"
+            elif i in found:
+                stem = found[i] + attr
+            else:
+                stem = tensor_path(key)
+            for t in attribute_tensors(key, present):
+                out[t] = stem + t[len(key) :]
+    return out
+
+
+def _as_list(sources) -> list:
+    if isinstance(sources, (str, os.PathLike, Checkpoint)):
+        return [sources]
+    return list(sources)
+
+
+def plan_graft(
+    template, sources, dst, options: Options | None = None, *, allow_missing=False, **changes
+) -> Plan:
+    """Plan :func:`graft`; reads no tensor data. The plan's first source is the template.
+
+    >>> p = tfckpt.plan_graft("tf2/template", "tf1/model.ckpt", "out/ckpt",
+    ...                       rename={"simple-fc/weights": "model/fc/kernel"})
+    >>> [(t.name, t.new_name) for t in p.tensors]
+    """
+    options = Options.of(options, **changes)
+    if options.cast is not None or options.cast_from is not None:
+        raise CheckpointError("graft takes each dtype from the template: no cast")
+    sources = _as_list(sources)
+    if not sources:
+        raise CheckpointError("no source checkpoint given")
+    srcs = open_sources([template, *sources])
+    tpl = srcs[0]
+    dst = resolve_destination(dst, srcs, options.overwrite)
+    names = [n for n in tpl.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+    present = set(names)
+    graph_bytes = None
+    candidates: dict[str, list[str]] = {n: [n] for n in names}
+    if tpl.graph is not None:
+        missing = tpl.graph.missing_keys(present)
+        if missing:
+            raise CheckpointError(
+                f"the object graph names tensors the checkpoint lacks: {', '.join(missing[:5])}",
+                path=tpl.label,
+            )
+        if options.drop_objects:
+            gone = {
+                t
+                for k in tpl.graph.drop_objects(options.drop_objects)
+                for t in attribute_tensors(k, present)
+            }
+            names = [n for n in names if n not in gone]
+            graph_bytes = tpl.graph.serialize()
+        else:
+            graph_bytes = tpl.ckpt[OBJECT_GRAPH_KEY].item()  # the template's, byte for byte
+        flat = flat_names(tpl.graph, present)
+        for n in names:
+            candidates[n] += [tensor_path(n), flat.get(n, n)]
+    elif options.drop_objects:
+        raise CheckpointError(
+            f"drop_objects needs a TF2 template (one with {OBJECT_GRAPH_KEY})", path=tpl.label
+        )
+
+    # The name each template tensor is found by: its key first, then its path, then
+    # its flat name; a path or flat name shared by two tensors finds neither.
+    target: dict[str, str] = {n: n for n in names}
+    shared: set[str] = set()
+    for level in (1, 2):
+        claims: dict[str, list[str]] = {}
+        for n in names:
+            name = candidates[n][level] if len(candidates[n]) > level else None
+            if name is not None and name not in target and name not in shared:
+                claims.setdefault(name, []).append(n)
+        for name, owners in claims.items():
+            if len(set(owners)) == 1:
+                target[name] = owners[0]
+            else:
+                shared.add(name)
+
+    rules = _compile_rules(options.rename)
+    exact = dict(options.rename_exact or {})
+    includes, excludes = _patterns(options.include), _patterns(options.exclude)
+    dropped: list[tuple[str, str, str]] = []
+    found: dict[str, dict[str, list[tuple[int, str]]]] = {}  # template name -> name -> hits
+    for i, s in enumerate(srcs[1:], 1):
+        local: dict[str, str] = {}
+        for n in s.ckpt.keys():
+            if n == OBJECT_GRAPH_KEY:
+                continue
+            if includes and not any(rx.search(n) for rx in includes):
+                dropped.append((s.label, n, "not included"))
+                continue
+            if any(rx.search(n) for rx in excludes):
+                dropped.append((s.label, n, "excluded"))
+                continue
+            new = _new_name(n, exact, rules)
+            if new in local:
+                raise CheckpointError(
+                    f"{local[new]!r} and {n!r} would both be named {new!r}", path=s.label
+                )
+            local[new] = n
+            t = target.get(new)
+            if t is None:
+                why = "several template tensors have this path" if new in shared else ""
+                dropped.append((s.label, n, why or f"no template tensor is named {new!r}"))
+                continue
+            found.setdefault(t, {}).setdefault(new, []).append((i, n))
+
+    planned: list[PlannedTensor] = []
+    unmatched: list[str] = []
+    for t in names:
+        want = tpl.ckpt.info(t)
+        hits = found.get(t)
+        if not hits:
+            if allow_missing or tensor_path(t) == SAVE_COUNTER:
+                planned.append(PlannedTensor(0, t, t, want, want.dtype, want.nbytes))
+            else:
+                unmatched.append(t)
+            continue
+        if len(hits) > 1:
+            listed = " and ".join(
+                f"{srcs[i].label} ({n!r})" for where in hits.values() for i, n in where[:1]
+            )
+            raise CheckpointError(f"the template's {t!r} is found in both {listed}")
+        ((name, where),) = hits.items()
+        if len(where) > 1:
+            if options.prefer is None:
+                raise CheckpointError(
+                    f"{name!r} comes from both {srcs[where[0][0]].label} and "
+                    f"{srcs[where[1][0]].label}; choose with prefer='first' or 'last'"
+                )
+            keep = where[0] if options.prefer == "first" else where[-1]
+            dropped += [
+                (srcs[i].label, n, f"{name!r} taken from {srcs[keep[0]].label}")
+                for i, n in where
+                if (i, n) != keep
+            ]
+            where = [keep]
+        ((i, n),) = where
+        info = srcs[i].ckpt.info(n)
+        if tuple(info.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"shape mismatch: the template's {t!r} is {list(want.shape)}, "
+                f"{n!r} of {srcs[i].label} is {list(info.shape)}"
+            )
+        src_dt, dt = _dt.lookup(info.dtype), _dt.lookup(want.dtype)
+        if src_dt is not dt and not (src_dt.is_floating and dt.is_floating):
+            raise CheckpointError(
+                f"dtype mismatch: the template's {t!r} is {dt.name}, {n!r} of "
+                f"{srcs[i].label} is {src_dt.name}; only floating-point values are cast"
+            )
+        stored = info.size if info.stored_elements is None else info.stored_elements
+        out_bytes = info.nbytes if src_dt is dt else stored * dt.fixed_itemsize
+        planned.append(
+            PlannedTensor(i, n, t, info, dt.name, out_bytes, restored_whole=tpl.graph is not None)
+        )
+    if unmatched:
+        more = f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
+        raise CheckpointError(
+            f"no source has the template's {', '.join(repr(t) for t in unmatched[:5])}{more} "
+            "(match names with rename rules, or keep the template's values with allow_missing)",
+            path=tpl.label,
+        )
+
+    if options.max_shard_bytes is None:
+        base = 0
+        for s in srcs:
+            s.shard_base = base
+            base += s.ckpt.header.num_shards
+    needed: dict[int, set[int]] = {}
+    for pt in planned:
+        infos = srcs[pt.source].ckpt.slice_info(pt.name) if pt.info.slices else [pt.info]
+        needed.setdefault(pt.source, set()).update(x.shard or 0 for x in infos)
+    for i, shard_ids in needed.items():
+        srcs[i].ckpt.check_shard_files(shard_ids)
+    planned.sort(
+        key=lambda pt: (
+            pt.source,
+            pt.info.shard if pt.info.shard is not None else -1,
+            pt.info.offset or 0,
+            pt.new_name,
+        )
+    )
+    return Plan(srcs, dst, planned, dropped, graph_bytes, options)
+
+
+def graft(
+    template,
+    sources,
+    dst,
+    options: Options | None = None,
+    *,
+    allow_missing: bool = False,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
+    """Write the TF2 ``template`` with its values taken by name from ``sources``.
+
+    The output has the template's object graph, keys, dtypes and shapes. Each
+    template tensor takes the value of the source tensor whose name, after the
+    ``rename`` rules (as :func:`tfckpt.rename`; ``rename_exact`` first), equals
+    the template tensor's key, path or flat name (see :mod:`tfckpt.graft`). A
+    TF2 source is known by its keys. Shapes must be equal; floating-point values
+    are cast to the template's dtype (``overflow`` as for :func:`tfckpt.convert`),
+    other dtypes must be equal. A template tensor without a source is an error
+    naming it, except ``save_counter``; with ``allow_missing`` the template's
+    value stays. A name in several sources is an error unless ``prefer``
+    (``'first'``/``'last'``) says which wins. ``drop_objects`` cuts objects
+    (e.g. ``optimizer``) from the template first; ``include``/``exclude``
+    choose source tensors. Source tensors no template tensor takes are listed
+    in the plan's ``dropped``.
+
+    >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",
+    ...              rename={"simple-fc/weights": "model/fc/kernel"})
+    """
+    return execute(
+        plan_graft(template, sources, dst, options, allow_missing=allow_missing, **changes),
+        progress=progress,
+    )
+
+
+def plan_flatten(src, dst, options: Options | None = None, **changes) -> Plan:
+    """Plan :func:`flatten`; reads no tensor data.
+
+    >>> p = tfckpt.plan_flatten("tf2/ckpt-3", "tf1/model.ckpt")
+    >>> [t.new_name for t in p.tensors][:2]
+    """
+    options = Options.of(options, **changes)
+    rules = _compile_rules(options.rename)
+    exact = dict(options.rename_exact or {})
+    composed: dict[str, str] = {}
+    given = isinstance(src, Checkpoint)
+    ckpt: Checkpoint = src if given else Checkpoint(src, mmap=False)
+    try:
+        if OBJECT_GRAPH_KEY not in ckpt:
+            raise CheckpointError(
+                f"flatten needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
+                path=ckpt.prefix,
+            )
+        graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+        flat = flat_names(graph, set(ckpt.keys()))
+        for key in ckpt.keys():
+            if key != OBJECT_GRAPH_KEY:
+                composed[key] = _new_name(flat.get(key, key), exact, rules)
+    finally:
+        if not given:
+            ckpt.close()
+    p = plan(src, dst, Options.of(options, rename=None, rename_exact=composed))
+    p.object_graph = None  # names are all a name-based reader needs
+    return p
+
+
+def flatten(
+    src,
+    dst,
+    options: Options | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
+    """Write a TF2 checkpoint as a name-based one, named by flat names, without the
+    object graph: what a TF1 ``Saver`` or any name-keyed reader expects.
+
+    Variables are named by their path (``model/dense/kernel``), slot variables by
+    their variable's path and the slot's name (``model/dense/kernel/m``), other
+    attributes' tensors by their path (see :mod:`tfckpt.graft`). Every transform
+    option applies (see :func:`tfckpt.transform`); ``rename`` and ``rename_exact``
+    apply to the flat names. Two tensors with one name are an error.
+
+    >>> tfckpt.flatten("tf2/ckpt-3", "tf1/model.ckpt")
+    """
+    return execute(plan_flatten(src, dst, options, **changes), progress=progress)
