@@ -57,6 +57,20 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
         help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
     )
     g.add_argument(
+        "--keep-dtype",
+        metavar="REGEX",
+        action="append",
+        help="tensors whose (source) name matches keep their dtype (repeatable; "
+        "before --dtype-rule and --dtype)",
+    )
+    g.add_argument(
+        "--dtype-rule",
+        metavar="REGEX=DTYPE",
+        action="append",
+        help="cast floating-point tensors whose (source) name matches to DTYPE "
+        "(repeatable; the first matching rule wins, before --dtype)",
+    )
+    g.add_argument(
         "--backend",
         choices=BACKENDS,
         default=DEFAULTS.backend,

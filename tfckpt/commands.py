@@ -381,8 +381,21 @@ def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
     return rules, exact
 
 
+def _dtype_rules(args) -> list[tuple[str, str]]:
+    rules = []
+    for item in args.dtype_rule or []:
+        pattern, eq, dtype = item.rpartition("=")  # a dtype name has no '='; a regex may
+        if not eq or not pattern:
+            raise CheckpointError(f"--dtype-rule takes REGEX=DTYPE, not {item!r}")
+        rules.append((pattern, dtype))
+    return rules
+
+
 def _print_plan(p: Plan) -> None:
+    counts = p.dtype_rule_counts()
     rows = [["SOURCE", "NAME", "NEW NAME", "DTYPE", "SHAPE", "BYTES IN", "BYTES OUT"]]
+    if counts is not None:
+        rows[0].append("DTYPE BY")
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
         rows.append(
@@ -395,11 +408,14 @@ def _print_plan(p: Plan) -> None:
                 human_bytes(t.info.nbytes),
                 human_bytes(t.bytes_out),
             ]
+            + ([] if counts is None else [t.dtype_by or "-"])
         )
     table(rows, right={5, 6})
     for src, name, why in p.dropped:
         emit(f"drop  {src}  {name}  ({why})")
     emit()
+    for label, n in (counts or {}).items():
+        emit(f"dtype {label}: {n} tensors")
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
@@ -423,6 +439,8 @@ def _print_summary(sm: Summary) -> None:
         if hit:
             total = sum(hit.values())
             emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
+    for rule, n in (sm.dtype_rules or {}).items():
+        emit(f"  dtype {rule}: {n} tensors", err=True)
     for warning in sm.warnings:
         emit(f"tfckpt: warning: {warning}", err=True)
 
@@ -507,6 +525,8 @@ def _options(args, **extra) -> Options:
         rename_exact=exact,
         cast=args.dtype,
         cast_from=args.cast_from.split(",") if args.cast_from else None,
+        keep_dtype=args.keep_dtype or (),
+        dtype_rules=_dtype_rules(args),
         prefer=args.prefer,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,

@@ -23,7 +23,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import paths
 from . import tensorfiles as tfiles
-from .cast import CAST_TARGETS, Caster, should_cast
+from .cast import Caster
 from .commit import (
     commit_shards,
     data_files,
@@ -36,7 +36,7 @@ from .errors import CastOverflowError, CheckpointError, CheckpointWriteError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
 from .pipeline import prefetch
-from .planner import Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
+from .planner import DtypePolicy, Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
 from .reader import Checkpoint
 from .storage import ReaderFile, normalize, storage_for
 from .writer import ShardWriter
@@ -672,12 +672,7 @@ def import_(
     ins = _import_entries(src)
     includes, excludes = _patterns(options.include), _patterns(options.exclude)
     rules, exact = _compile_rules(options.rename), dict(options.rename_exact or {})
-    target = None
-    if options.cast is not None:
-        target = _dt.lookup(options.cast)
-        if target.name not in CAST_TARGETS:
-            raise CheckpointError(f"cannot cast to {options.cast!r}")
-    from_set = frozenset(_dt.lookup(d).name for d in options.cast_from or ()) or None
+    policy = DtypePolicy.of(options)
     permuter = _Permuter(permute)
     chosen: list[tuple[_In, str, str, tuple[int, ...] | None]] = []
     seen: dict[str, str] = {}
@@ -693,8 +688,7 @@ def import_(
         if new in seen:
             raise CheckpointError(f"{seen[new]!r} and {name!r} would both be named {new!r}")
         seen[new] = name
-        dt = _dt.lookup(i.entry.dtype)
-        to = target if target is not None and should_cast(dt, target, from_set) else dt
+        to, _ = policy.decide(name, _dt.lookup(i.entry.dtype))
         chosen.append((i, new, to.name, permuter(new, i.entry.shape)))
     store = storage_for(prefix)
     index_filename = paths.index_filename
