@@ -15,6 +15,7 @@ from .errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointNotFoundError,
+    CheckpointPathWarning,
     CheckpointWriteError,
     CorruptCheckpointError,
     TensorNotFoundError,
@@ -22,6 +23,7 @@ from .errors import (
 )
 from .export import ExportSummary, export, import_
 from .format import Header, TensorInfo, Version
+from .inspection import checkpoints as list_checkpoints
 from .options import Options
 from .paths import latest_checkpoint
 from .planner import Plan, plan
@@ -95,6 +97,7 @@ __all__ = [
     "Header",
     "Version",
     "latest_checkpoint",
+    "list_checkpoints",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
@@ -104,6 +107,7 @@ __all__ = [
     "execute",
     "Options",
     "CastOverflowError",
+    "CheckpointPathWarning",
     "export",
     "import_",
     "ExportSummary",

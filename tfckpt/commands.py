@@ -16,7 +16,7 @@ from . import dtypes as _dt
 from . import inspection as _inspect
 from .display import emit, fmt, human_bytes, print_json, shape_text, table, width
 from .engine import Summary, execute
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointNotFoundError
 from .options import Options
 from .orderedcode import encode_name
 from .planner import Plan, plan
@@ -197,7 +197,41 @@ def _print_object_graph(data: dict) -> None:
                 walk(s["slot_variable_node_id"], f"slot {s['slot_name']!r}", 1)
 
 
+def _print_checkpoints(data: dict) -> None:
+    rows = [["NAME", "STEP", "TENSORS", "SIZE", "NOTE"]]
+    for c in data["checkpoints"]:
+        note = "latest" if c["latest"] else ""
+        if data["state_file"] and not c["in_state_file"]:
+            note = "not in the state file"
+        if c["error"]:
+            note = f"{note}; {c['error']}" if note else c["error"]
+        rows.append(
+            [
+                c["name"],
+                "-" if c["step"] is None else str(c["step"]),
+                "-" if c["tensors"] is None else str(c["tensors"]),
+                "-" if c["bytes"] is None else human_bytes(c["bytes"]),
+                note,
+            ]
+        )
+    emit(f"directory   {data['directory']}")
+    emit(f"latest      {data['latest'] if data['latest'] is not None else '- (no state file)'}")
+    emit()
+    table(rows, right={1, 2, 3})
+
+
 def cmd_dump(args) -> int:
+    if args.all:
+        if args.tensor or args.object_graph or args.filter:
+            raise CheckpointError("--all lists checkpoints: no --tensor, --object-graph, --filter")
+        data = _inspect.checkpoints(args.path)
+        if not data["checkpoints"]:
+            raise CheckpointNotFoundError("no checkpoint in directory", path=data["directory"])
+        if args.json:
+            print_json(data)
+        else:
+            _print_checkpoints(data)
+        return 0
     with Checkpoint(args.path) as ckpt:
         if args.tensor:
             if args.json:
