@@ -268,6 +268,15 @@ def test_export_and_import_follow_the_rules(bert, tmp_path):
 
     prefix, values = bert
     out = tmp_path / "model.safetensors"
+    rc, text, err = in_process(
+        "export", prefix, out, "--dtype", "float16", "--keep-dtype", KEEP, "--dry-run", "--json"
+    )
+    assert rc == 0, err
+    planned = {t["name"]: (t["new_dtype"], t["dtype_by"]) for t in json.loads(text)["tensors"]}
+    assert planned == BERT_WANT | {  # without the rules: --dtype, or already float16
+        "bert/pooler/dense/kernel": ("float16", "cast"),
+        "bert/encoder/layer_0/intermediate/dense/kernel": ("float16", None),
+    }
     tfckpt.export(prefix, out, cast="float16", keep_dtype=[KEEP], dtype_rules=BERT_RULES)
     loaded = load_file(str(out))
     for name, (dtype, _) in BERT_WANT.items():

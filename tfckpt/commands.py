@@ -573,13 +573,17 @@ def _options(args, **extra) -> Options:
 
 def _print_export(sm, dry_run: bool) -> None:
     if dry_run:
-        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "FILE"]]
+        ruled = any("dtype_by" in t for t in sm.tensors)
+        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "FILE"] + (["DTYPE BY"] if ruled else [])]
         for t in sm.tensors:
             dtype = (
                 t["dtype"] if t["dtype"] == t["new_dtype"] else f"{t['dtype']}->{t['new_dtype']}"
             )
             shape = shape_text(t["shape"]) + (f" permuted {t['permute']}" if t["permute"] else "")
-            rows.append([t["name"], t["new_name"], dtype, shape, t["file"]])
+            rows.append(
+                [t["name"], t["new_name"], dtype, shape, t["file"]]
+                + ([t.get("dtype_by") or "-"] if ruled else [])
+            )
         table(rows, right=set())
     verb = "would write" if dry_run else "wrote"
     emit(

@@ -310,6 +310,7 @@ class ExportPlan:
     skipped: list[tuple[str, str]]
 
     def summary(self) -> ExportSummary:
+        ruled = self.plan.dtype_rule_counts() is not None
         return ExportSummary(
             self.out,
             [f for f, _ in self.files] + ([self.index] if self.index else []),
@@ -322,6 +323,7 @@ class ExportPlan:
                     "shape": list(o.shape),
                     "permute": list(o.perm) if o.perm else None,
                     "file": storage_for(path).basename(path),
+                    **({"dtype_by": o.pt.dtype_by} if ruled else {}),
                 }
                 for path, outs in self.files
                 for o in outs
@@ -674,7 +676,8 @@ def import_(
     rules, exact = _compile_rules(options.rename), dict(options.rename_exact or {})
     policy = DtypePolicy.of(options)
     permuter = _Permuter(permute)
-    chosen: list[tuple[_In, str, str, tuple[int, ...] | None]] = []
+    ruled = bool(policy.labels)
+    chosen: list[tuple[_In, str, str, tuple[int, ...] | None, str | None]] = []
     seen: dict[str, str] = {}
     dropped = 0
     for i in ins:
@@ -688,8 +691,8 @@ def import_(
         if new in seen:
             raise CheckpointError(f"{seen[new]!r} and {name!r} would both be named {new!r}")
         seen[new] = name
-        to, _ = policy.decide(name, _dt.lookup(i.entry.dtype))
-        chosen.append((i, new, to.name, permuter(new, i.entry.shape)))
+        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
+        chosen.append((i, new, to.name, permuter(new, i.entry.shape), by))
     store = storage_for(prefix)
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
@@ -708,13 +711,14 @@ def import_(
                 "shape": list(i.entry.shape if perm is None else [i.entry.shape[p] for p in perm]),
                 "permute": list(perm) if perm else None,
                 "file": store.basename(i.file),
+                **({"dtype_by": by} if ruled else {}),
             }
-            for i, new, nd, perm in chosen
+            for i, new, nd, perm, by in chosen
         ],
         dropped=dropped,
         bytes_out=sum(
             int(np.prod(i.entry.shape, dtype=np.int64)) * _dt.lookup(nd).fixed_itemsize
-            for i, _, nd, _ in chosen
+            for i, _, nd, _, _ in chosen
         ),
     )
     if dry_run:
@@ -733,7 +737,7 @@ def import_(
     zips: dict[str, object] = {}
     w = ShardWriter.create(path, durable=options.durable)
     try:
-        for i, new, new_dtype, perm in chosen:
+        for i, new, new_dtype, perm, _ in chosen:
             e = i.entry
             caster = None
             if new_dtype != e.dtype:
