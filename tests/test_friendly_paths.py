@@ -218,3 +218,13 @@ def test_remote_moved_directory(tf1_moved):
         assert rc == 2 and f"did you mean {url}/model.ckpt-3" in err, err
     finally:
         fs.rm(root, recursive=True)
+
+
+def test_did_you_mean_lists_the_newest_steps(tf1_moved, tmp_path):
+    d = tmp_path / "B"
+    shutil.copytree(tf1_moved, d)
+    for step in (10, 11, 12):
+        th.save_v2(d / f"model.ckpt-{step}", {"v": value_at(step)})
+    want = ", ".join(str(d / f"model.ckpt-{i}") for i in (4, 5, 10, 11, 12))
+    rc, _, err = in_process("dump", d / "model.ckpt")
+    assert rc == 2 and f"did you mean {want} (the last 5 of 6)?" in err, err

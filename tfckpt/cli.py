@@ -183,7 +183,9 @@ exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "convert": """examples:
   tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
   tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
-  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run""",
+  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run
+  tfckpt convert bert/ fp16/ --dtype float16 --keep-dtype 'LayerNorm|layer_norm|embeddings' \\
+      --dtype-rule 'pooler/=bfloat16'""",
     "rename": """examples:
   tfckpt rename pre/model new/model --map 'simple-conv1/=complex-conv1/'
   tfckpt rename pre/ new/ --map '(.*)/weights$=\\1/kernel' --map-file exact.json""",

@@ -9,7 +9,12 @@ import warnings
 from google.protobuf import text_format
 
 from ._proto.checkpoint_state_pb2 import CheckpointState
-from .errors import CheckpointNotFoundError, CheckpointPathWarning, CorruptCheckpointError
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointPathWarning,
+    CorruptCheckpointError,
+)
 from .storage import Storage, normalize, storage_for
 
 STATE_FILENAME = "checkpoint"
@@ -54,6 +59,10 @@ def latest_checkpoint(directory: str) -> str | None:
     checkpoint it names has no ``.index``. A state file that names no checkpoint or
     cannot be parsed is a :class:`CorruptCheckpointError` (TensorFlow raises for the
     first and logs and returns None for the second).
+
+    Where TensorFlow finds nothing because the state file's paths are from elsewhere
+    (a moved or downloaded directory), the same file names beside the state file are
+    taken, with a :class:`~tfckpt.CheckpointPathWarning`.
 
     >>> tfckpt.latest_checkpoint("train")
     'train/model.ckpt-7'
@@ -172,15 +181,16 @@ def _did_you_mean(store: Storage, p: str) -> str:
             (n[: -len(".index")] for n in store.listdir(directory or ".") if n.endswith(".index")),
             key=_natural,
         )
-    except (OSError, CheckpointNotFoundError):
-        return ""
+    except (OSError, CheckpointError):
+        return ""  # only a hint: a directory that cannot be listed gives none
     found = [n for n in names if n.startswith(base) and n != base]
     if not found:
         found = sorted(difflib.get_close_matches(base, names, n=SUGGESTIONS), key=_natural)
     if not found:
         return ""
-    shown = [store.join(directory, n) if directory else n for n in found[:SUGGESTIONS]]
-    more = f" (and {len(found) - SUGGESTIONS} more)" if len(found) > SUGGESTIONS else ""
+    # The newest steps are the likeliest wanted.
+    more = f" (the last {SUGGESTIONS} of {len(found)})" if len(found) > SUGGESTIONS else ""
+    shown = [store.join(directory, n) if directory else n for n in found[-SUGGESTIONS:]]
     return f"; did you mean {', '.join(shown)}{more}?"
 
 
