@@ -99,6 +99,13 @@ def test_bert_library_keep_and_rules(bert, tmp_path):
     opts = tfckpt.Options(cast="float16", keep_dtype=KEEP, dtype_rules=dict(BERT_RULES))
     p = tfckpt.plan(prefix, f"{tmp_path}/again/", opts)
     assert {t.name: (t.new_dtype, t.dtype_by) for t in p.tensors} == BERT_WANT
+    # Patterns see source names, as include/exclude do, whatever the rename makes of them.
+    p = tfckpt.plan(
+        prefix, f"{tmp_path}/renamed/", opts, rename={"bert/": "net/"}, keep_dtype=["^bert/emb"]
+    )
+    assert {t.new_name: t.new_dtype for t in p.tensors}["net/embeddings/word_embeddings"] == (
+        "float32"
+    )
     # The control: the dtypes really differ from the source's.
     specs = {k: (tf.as_dtype(BERT_WANT[k][0]), v.shape) for k, v in values.items()}
     with pytest.raises(tf.errors.OpError, match="dtype"):
@@ -155,6 +162,8 @@ def test_rules_without_dtype_and_regex_with_equals(bert, tmp_path):
         f"{tmp_path}/out/",
         "--dtype-rule",
         "(?<=query/)kernel=bfloat16",
+        "--dtype-rule",
+        "global_step=float16",  # integers are never cast, whatever matches them
         "--include",
         "query|global_step",
     )
