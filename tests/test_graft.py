@@ -250,12 +250,17 @@ def test_graft_a_partitioned_tf1_variable(tf_checkpoints, tmp_path, dtype):
     np.testing.assert_array_equal(fresh.numpy(), want.numpy())
 
 
-def test_graft_refuses_a_cast_option(tf1, templates, tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [["--dtype", "float16"], ["--dtype-rule", "conv=float16"], ["--keep-dtype", "conv"]],
+)
+def test_graft_refuses_a_cast_option(tf1, templates, tmp_path, flags):
     src, _ = tf1
     result = in_process(
-        "graft", templates["float32"], src, "-o", tmp_path / "o", *map_args(), "--dtype", "float16"
+        "graft", templates["float32"], src, "-o", tmp_path / "o", *map_args(), *flags
     )
     assert_cli_error(result, "dtype from the template")
+    assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------- flatten

@@ -15,6 +15,7 @@ from .errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointNotFoundError,
+    CheckpointPathWarning,
     CheckpointWriteError,
     CorruptCheckpointError,
     TensorNotFoundError,
@@ -23,6 +24,7 @@ from .errors import (
 from .export import ExportSummary, export, import_
 from .format import Header, TensorInfo, Version
 from .graft import flatten, graft, plan_flatten, plan_graft
+from .inspection import checkpoints as list_checkpoints
 from .options import Options
 from .paths import latest_checkpoint
 from .planner import Plan, plan
@@ -100,6 +102,7 @@ __all__ = [
     "Header",
     "Version",
     "latest_checkpoint",
+    "list_checkpoints",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
@@ -109,6 +112,7 @@ __all__ = [
     "execute",
     "Options",
     "CastOverflowError",
+    "CheckpointPathWarning",
     "export",
     "import_",
     "ExportSummary",

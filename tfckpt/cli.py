@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 
 from . import __version__
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
@@ -33,7 +34,7 @@ from .commands import (
     cmd_verify,
 )
 from .display import emit
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointPathWarning
 from .options import BACKENDS, DEFAULTS, PREFER
 
 EXIT_ERROR = 2
@@ -64,6 +65,20 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
         dest="cast_from",
         metavar="DTYPES",
         help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
+    )
+    g.add_argument(
+        "--keep-dtype",
+        metavar="REGEX",
+        action="append",
+        help="tensors whose (source) name matches keep their dtype (repeatable; "
+        "before --dtype-rule and --dtype)",
+    )
+    g.add_argument(
+        "--dtype-rule",
+        metavar="REGEX=DTYPE",
+        action="append",
+        help="cast floating-point tensors whose (source) name matches to DTYPE "
+        "(repeatable; the first matching rule wins, before --dtype)",
     )
     g.add_argument(
         "--backend",
@@ -158,7 +173,8 @@ EXAMPLES = {
   tfckpt dump train/model.ckpt-7
   tfckpt dump train/ --filter '^optimizer/' --json
   tfckpt dump train/ --tensor global_step --tensor '^logits/' --full
-  tfckpt dump saved_model_dir --object-graph""",
+  tfckpt dump saved_model_dir --object-graph
+  tfckpt dump train/ --all""",
     "diff": """examples:
   tfckpt diff fp32/model.ckpt fp16/model.ckpt        # how much error did float16 add?
   tfckpt diff old/ new/ --names-only                 # which variables does new/ lack?
@@ -176,7 +192,9 @@ exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "convert": """examples:
   tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
   tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
-  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run""",
+  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run
+  tfckpt convert bert/ fp16/ --dtype float16 --keep-dtype 'LayerNorm|layer_norm|embeddings' \\
+      --dtype-rule 'pooler/=bfloat16'""",
     "rename": """examples:
   tfckpt rename pre/model new/model --map 'simple-conv1/=complex-conv1/'
   tfckpt rename pre/ new/ --map '(.*)/weights$=\\1/kernel' --map-file exact.json""",
@@ -246,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--object-graph",
         action="store_true",
         help="TF2: show the object graph that tf.train.Checkpoint.restore matches",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="list every checkpoint in the directory PATH: the state file's in its "
+        "order, then the others; step, tensors, size",
     )
     p.set_defaults(func=cmd_dump)
 
@@ -428,6 +452,18 @@ def _add_export_options(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_export)
 
 
+def _show_warning(default):
+    """Library warnings about paths as one ``tfckpt: note:`` line on stderr; others as usual."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CheckpointPathWarning):
+            emit(f"tfckpt: note: {message}", err=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         # An output encoding narrower than UTF-8 (PYTHONIOENCODING=ascii) shows an escape
@@ -452,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", CheckpointPathWarning)
+            warnings.showwarning = _show_warning(warnings.showwarning)
+            return args.func(args)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, like other Unix tools.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

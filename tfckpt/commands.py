@@ -16,7 +16,7 @@ from . import dtypes as _dt
 from . import inspection as _inspect
 from .display import emit, fmt, human_bytes, print_json, shape_text, table, width
 from .engine import Summary, execute
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointNotFoundError
 from .options import Options
 from .orderedcode import encode_name
 from .planner import Plan, plan
@@ -197,7 +197,41 @@ def _print_object_graph(data: dict) -> None:
                 walk(s["slot_variable_node_id"], f"slot {s['slot_name']!r}", 1)
 
 
+def _print_checkpoints(data: dict) -> None:
+    rows = [["NAME", "STEP", "TENSORS", "SIZE", "NOTE"]]
+    for c in data["checkpoints"]:
+        note = "latest" if c["latest"] else ""
+        if data["state_file"] and not c["in_state_file"]:
+            note = "not in the state file"
+        if c["error"]:
+            note = f"{note}; {c['error']}" if note else c["error"]
+        rows.append(
+            [
+                c["name"],
+                "-" if c["step"] is None else str(c["step"]),
+                "-" if c["tensors"] is None else str(c["tensors"]),
+                "-" if c["bytes"] is None else human_bytes(c["bytes"]),
+                note,
+            ]
+        )
+    emit(f"directory   {data['directory']}")
+    emit(f"latest      {data['latest'] if data['latest'] is not None else '- (no state file)'}")
+    emit()
+    table(rows, right={1, 2, 3})
+
+
 def cmd_dump(args) -> int:
+    if args.all:
+        if args.tensor or args.object_graph or args.filter:
+            raise CheckpointError("--all lists checkpoints: no --tensor, --object-graph, --filter")
+        data = _inspect.checkpoints(args.path)
+        if not data["checkpoints"]:
+            raise CheckpointNotFoundError("no checkpoint in directory", path=data["directory"])
+        if args.json:
+            print_json(data)
+        else:
+            _print_checkpoints(data)
+        return 0
     with Checkpoint(args.path) as ckpt:
         if args.tensor:
             if args.json:
@@ -381,8 +415,21 @@ def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
     return rules, exact
 
 
+def _dtype_rules(args) -> list[tuple[str, str]]:
+    rules = []
+    for item in args.dtype_rule or []:
+        pattern, eq, dtype = item.rpartition("=")  # a dtype name has no '='; a regex may
+        if not eq or not pattern:
+            raise CheckpointError(f"--dtype-rule takes REGEX=DTYPE, not {item!r}")
+        rules.append((pattern, dtype))
+    return rules
+
+
 def _print_plan(p: Plan) -> None:
+    counts = p.dtype_rule_counts()
     rows = [["SOURCE", "NAME", "NEW NAME", "DTYPE", "SHAPE", "BYTES IN", "BYTES OUT"]]
+    if counts is not None:
+        rows[0].append("DTYPE BY")
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
         rows.append(
@@ -395,11 +442,14 @@ def _print_plan(p: Plan) -> None:
                 human_bytes(t.info.nbytes),
                 human_bytes(t.bytes_out),
             ]
+            + ([] if counts is None else [t.dtype_by or "-"])
         )
     table(rows, right={5, 6})
     for src, name, why in p.dropped:
         emit(f"drop  {src}  {name}  ({why})")
     emit()
+    for label, n in (counts or {}).items():
+        emit(f"dtype {label}: {n} tensors")
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
@@ -423,6 +473,8 @@ def _print_summary(sm: Summary) -> None:
         if hit:
             total = sum(hit.values())
             emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
+    for rule, n in (sm.dtype_rules or {}).items():
+        emit(f"  dtype {rule}: {n} tensors", err=True)
     for warning in sm.warnings:
         emit(f"tfckpt: warning: {warning}", err=True)
 
@@ -507,6 +559,8 @@ def _options(args, **extra) -> Options:
         rename_exact=exact,
         cast=args.dtype,
         cast_from=args.cast_from.split(",") if args.cast_from else None,
+        keep_dtype=args.keep_dtype or (),
+        dtype_rules=_dtype_rules(args),
         prefer=args.prefer,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,
@@ -519,13 +573,17 @@ def _options(args, **extra) -> Options:
 
 def _print_export(sm, dry_run: bool) -> None:
     if dry_run:
-        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "FILE"]]
+        ruled = any("dtype_by" in t for t in sm.tensors)
+        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "FILE"] + (["DTYPE BY"] if ruled else [])]
         for t in sm.tensors:
             dtype = (
                 t["dtype"] if t["dtype"] == t["new_dtype"] else f"{t['dtype']}->{t['new_dtype']}"
             )
             shape = shape_text(t["shape"]) + (f" permuted {t['permute']}" if t["permute"] else "")
-            rows.append([t["name"], t["new_name"], dtype, shape, t["file"]])
+            rows.append(
+                [t["name"], t["new_name"], dtype, shape, t["file"]]
+                + ([t.get("dtype_by") or "-"] if ruled else [])
+            )
         table(rows, right=set())
     verb = "would write" if dry_run else "wrote"
     emit(

@@ -69,6 +69,8 @@ class Summary:
     # What the user must know although the output is committed (e.g. what TensorFlow
     # cannot restore, a state file not written).
     warnings: list[str] = field(default_factory=list)
+    # Tensors per keep_dtype pattern and dtype rule, when the plan has any.
+    dtype_rules: dict[str, int] | None = None
 
     def to_dict(self) -> dict:
         d = {
@@ -88,6 +90,8 @@ class Summary:
         d["overflow"] = {n: c.overflow for n, c in self.cast_counts.items() if c.overflow}
         d["to_zero"] = {n: c.to_zero for n, c in self.cast_counts.items() if c.to_zero}
         d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
+        if self.dtype_rules is not None:
+            d["dtype_rules"] = self.dtype_rules
         return d
 
 
@@ -189,6 +193,7 @@ def execute(
         seconds=time.perf_counter() - start,
         cast_counts=counts,
         warnings=_restore_warnings(p) + warnings,
+        dtype_rules=p.dtype_rule_counts(),
     )
 
 

@@ -61,3 +61,8 @@ class CastOverflowError(CheckpointError):
             f"nothing written (use overflow='clip' or 'inf'): {listed}",
             path=dst,
         )
+
+
+class CheckpointPathWarning(UserWarning):
+    """A path was found other than where it was written: a state file naming checkpoints
+    by paths of another machine or directory, taken from beside the state file instead."""

@@ -23,7 +23,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import paths
 from . import tensorfiles as tfiles
-from .cast import CAST_TARGETS, Caster, should_cast
+from .cast import Caster
 from .commit import (
     commit_shards,
     data_files,
@@ -36,7 +36,7 @@ from .errors import CastOverflowError, CheckpointError, CheckpointWriteError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
 from .pipeline import prefetch
-from .planner import Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
+from .planner import DtypePolicy, Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
 from .reader import Checkpoint
 from .storage import ReaderFile, normalize, storage_for
 from .writer import ShardWriter
@@ -310,6 +310,7 @@ class ExportPlan:
     skipped: list[tuple[str, str]]
 
     def summary(self) -> ExportSummary:
+        ruled = self.plan.dtype_rule_counts() is not None
         return ExportSummary(
             self.out,
             [f for f, _ in self.files] + ([self.index] if self.index else []),
@@ -322,6 +323,7 @@ class ExportPlan:
                     "shape": list(o.shape),
                     "permute": list(o.perm) if o.perm else None,
                     "file": storage_for(path).basename(path),
+                    **({"dtype_by": o.pt.dtype_by} if ruled else {}),
                 }
                 for path, outs in self.files
                 for o in outs
@@ -672,14 +674,10 @@ def import_(
     ins = _import_entries(src)
     includes, excludes = _patterns(options.include), _patterns(options.exclude)
     rules, exact = _compile_rules(options.rename), dict(options.rename_exact or {})
-    target = None
-    if options.cast is not None:
-        target = _dt.lookup(options.cast)
-        if target.name not in CAST_TARGETS:
-            raise CheckpointError(f"cannot cast to {options.cast!r}")
-    from_set = frozenset(_dt.lookup(d).name for d in options.cast_from or ()) or None
+    policy = DtypePolicy.of(options)
     permuter = _Permuter(permute)
-    chosen: list[tuple[_In, str, str, tuple[int, ...] | None]] = []
+    ruled = bool(policy.labels)
+    chosen: list[tuple[_In, str, str, tuple[int, ...] | None, str | None]] = []
     seen: dict[str, str] = {}
     dropped = 0
     for i in ins:
@@ -693,9 +691,8 @@ def import_(
         if new in seen:
             raise CheckpointError(f"{seen[new]!r} and {name!r} would both be named {new!r}")
         seen[new] = name
-        dt = _dt.lookup(i.entry.dtype)
-        to = target if target is not None and should_cast(dt, target, from_set) else dt
-        chosen.append((i, new, to.name, permuter(new, i.entry.shape)))
+        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
+        chosen.append((i, new, to.name, permuter(new, i.entry.shape), by))
     store = storage_for(prefix)
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
@@ -714,13 +711,14 @@ def import_(
                 "shape": list(i.entry.shape if perm is None else [i.entry.shape[p] for p in perm]),
                 "permute": list(perm) if perm else None,
                 "file": store.basename(i.file),
+                **({"dtype_by": by} if ruled else {}),
             }
-            for i, new, nd, perm in chosen
+            for i, new, nd, perm, by in chosen
         ],
         dropped=dropped,
         bytes_out=sum(
             int(np.prod(i.entry.shape, dtype=np.int64)) * _dt.lookup(nd).fixed_itemsize
-            for i, _, nd, _ in chosen
+            for i, _, nd, _, _ in chosen
         ),
     )
     if dry_run:
@@ -739,7 +737,7 @@ def import_(
     zips: dict[str, object] = {}
     w = ShardWriter.create(path, durable=options.durable)
     try:
-        for i, new, new_dtype, perm in chosen:
+        for i, new, new_dtype, perm, _ in chosen:
             e = i.entry
             caster = None
             if new_dtype != e.dtype:

@@ -124,8 +124,10 @@ def plan_graft(
     >>> [(t.name, t.new_name) for t in p.tensors]
     """
     options = Options.of(options, **changes)
-    if options.cast is not None or options.cast_from is not None:
+    if options.cast is not None or options.cast_from is not None or options.dtype_rules:
         raise CheckpointError("graft takes each dtype from the template: no cast")
+    if options.keep_dtype:
+        raise CheckpointError("graft takes each dtype from the template: nothing to keep")
     sources = _as_list(sources)
     if not sources:
         raise CheckpointError("no source checkpoint given")

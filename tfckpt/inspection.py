@@ -18,6 +18,7 @@ from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpo
 from .format import format_slice
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from .storage import normalize, storage_for
 
 
 def scope_of(name: str) -> str:
@@ -456,6 +457,76 @@ class _Moments:
             "inf": self.inf,
             "zeros": self.zeros / self.count if self.count else 0.0,
         }
+
+
+# --- every checkpoint of a directory --------------------------------------------
+
+
+def checkpoints(directory) -> dict:
+    """Every checkpoint in a directory: ``{"directory", "state_file", "latest",
+    "checkpoints": [{"prefix", "name", "step", "format", "tensors", "bytes",
+    "in_state_file", "latest", "error"}]}``.
+
+    Those the ``checkpoint`` state file lists come first, in its order (oldest
+    first; their paths found beside the state file when they are from elsewhere,
+    with a :class:`~tfckpt.CheckpointPathWarning`), then every other ``.index``
+    in the directory, steps in numeric order. ``step`` is the number ending the
+    name (``model.ckpt-1000``), ``bytes`` the size of the index and data files
+    (of every file, for a V1 checkpoint). Each checkpoint's index is read; one
+    that cannot be opened keeps its row, with ``error`` saying why.
+
+    >>> [(c["name"], c["step"]) for c in tfckpt.list_checkpoints("train")["checkpoints"]]
+    [('model.ckpt-3', 3), ('model.ckpt-4', 4), ('model.ckpt-5', 5)]
+    """
+    directory = normalize(directory)
+    store = storage_for(directory)
+    if not store.isdir(directory):
+        raise CheckpointNotFoundError("not a directory", path=directory)
+    directory = store.dir_path(directory)
+    listed = paths.state_file_checkpoints(directory)
+    in_state, latest = listed if listed is not None else ([], None)
+    prefixes = list(dict.fromkeys(in_state + paths.bundle_prefixes(directory)))
+    rows = []
+    for prefix in prefixes:
+        row: dict = {
+            "prefix": prefix,
+            "name": store.basename(prefix),
+            "step": paths.checkpoint_step(store.basename(prefix)),
+            "format": None,
+            "tensors": None,
+            "bytes": None,
+            "in_state_file": prefix in in_state,
+            "latest": prefix == latest,
+            "error": None,
+        }
+        try:
+            with Checkpoint(prefix) as ckpt:
+                files = (
+                    [ckpt.index_path, *ckpt.data_files]
+                    if ckpt.format == Checkpoint.format
+                    else list(getattr(ckpt, "files", []))
+                )
+                row.update(format=ckpt.format, tensors=len(ckpt), bytes=_file_bytes(files))
+        except (CheckpointError, OSError) as e:
+            row["error"] = str(e) if isinstance(e, CheckpointError) else f"{e.strerror or e}"
+        rows.append(row)
+    return {
+        "directory": directory,
+        "state_file": listed is not None,
+        "latest": latest,
+        "checkpoints": rows,
+    }
+
+
+def _file_bytes(files: list[str]) -> int:
+    total = 0
+    for f in files:
+        reader = storage_for(f).open_reader(f)
+        try:
+            total += reader.size
+        finally:
+            reader.close()
+    return total
 
 
 # --- verify ------------------------------------------------------------------

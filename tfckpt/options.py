@@ -23,6 +23,7 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 PREFER: tuple[str | None, ...] = (None,) + get_args(Prefer)
 
 RenameRules = Sequence[tuple[str, str]] | Mapping[str, str]
+DtypeRules = Sequence[tuple[str, str]] | Mapping[str, str]  # ordered regex -> dtype
 
 MEMORY_BUDGET = 64 << 20  # tensor bytes in flight per shard task
 DEFAULT_TF_THRESHOLD = 64 << 20  # the smallest tensor the tf backend casts
@@ -54,6 +55,11 @@ class Options:
       first. TF2 object graphs are re-keyed to match.
     - ``cast``: target dtype for floating-point tensors; ``cast_from`` narrows
       which source dtypes.
+    - ``keep_dtype``: regexes (``re.search`` on source names): matching tensors keep
+      their dtype whatever the other cast options say.
+    - ``dtype_rules``: ordered ``{regex: dtype}`` (or pairs), ``re.search`` on source
+      names; the first matching rule casts a floating-point tensor (narrower or
+      wider), before ``cast``. ``cast_from`` narrows only ``cast``.
     - ``prefer``: which source wins a name present in several (default: error).
     - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
     - ``overwrite``: replace an existing checkpoint at the destination.
@@ -81,6 +87,8 @@ class Options:
     rename_exact: Mapping[str, str] | None = _plan()
     cast: str | None = _plan()
     cast_from: Sequence[str] | None = _plan()
+    keep_dtype: str | Sequence[str] = _plan(())
+    dtype_rules: DtypeRules = _plan(())
     prefer: Prefer | None = _plan()
     max_shard_bytes: int | None = _plan()
     overwrite: bool = _plan(False)

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+import warnings
 
 from google.protobuf import text_format
 
 from ._proto.checkpoint_state_pb2 import CheckpointState
-from .errors import CheckpointNotFoundError, CorruptCheckpointError
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointPathWarning,
+    CorruptCheckpointError,
+)
 from .storage import Storage, normalize, storage_for
 
 STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
+# An absolute path of some machine: POSIX, or Windows with a drive or a UNC share.
+_ROOTED_RE = re.compile(r"^(?:[/\\]|[A-Za-z]:[/\\])")
+_STEP_RE = re.compile(r"-(\d+)$")
+SUGGESTIONS = 5  # how many "did you mean" candidates a message lists
 
 
 def index_filename(prefix: str) -> str:
@@ -49,6 +60,10 @@ def latest_checkpoint(directory: str) -> str | None:
     cannot be parsed is a :class:`CorruptCheckpointError` (TensorFlow raises for the
     first and logs and returns None for the second).
 
+    Where TensorFlow finds nothing because the state file's paths are from elsewhere
+    (a moved or downloaded directory), the same file names beside the state file are
+    taken, with a :class:`~tfckpt.CheckpointPathWarning`.
+
     >>> tfckpt.latest_checkpoint("train")
     'train/model.ckpt-7'
     """
@@ -58,7 +73,7 @@ def latest_checkpoint(directory: str) -> str | None:
     return prefix
 
 
-def _state_file_latest(directory: str) -> str | None:
+def _state_file_latest(directory: str, *, warn: bool = True) -> str | None:
     """The prefix the state file names, whether or not its files exist; None without one."""
     state = read_state_file(directory)
     if state is None:
@@ -69,10 +84,114 @@ def _state_file_latest(directory: str) -> str | None:
             "the checkpoint state file names no checkpoint (model_checkpoint_path is empty)",
             path=store.join(directory, STATE_FILENAME),
         )
-    prefix = state.model_checkpoint_path
-    if not store.isabs(prefix):
-        prefix = store.join(directory, prefix)
+    prefix, moved = _locate(store, directory, state.model_checkpoint_path)
+    if moved and warn:
+        _warn_moved(store, directory, state.model_checkpoint_path, prefix)
     return prefix
+
+
+def state_file_checkpoints(directory: str) -> tuple[list[str], str] | None:
+    """The checkpoints the state file of ``directory`` lists, oldest first, and the latest
+    (found beside the state file when their paths are from elsewhere, as for
+    :func:`latest_checkpoint`); None without a state file."""
+    latest = _state_file_latest(directory, warn=False)
+    if latest is None:
+        return None
+    state = read_state_file(directory)
+    assert state is not None
+    store = storage_for(directory)
+    prefixes, moved = [], []
+    for name in [*state.all_model_checkpoint_paths, state.model_checkpoint_path]:
+        prefix, was_moved = _locate(store, directory, name)
+        if was_moved and (name, prefix) not in moved:
+            moved.append((name, prefix))
+        prefixes.append(prefix)
+    if moved:
+        _warn_moved(store, directory, *moved[0], more=len(moved) - 1)
+    return list(dict.fromkeys(prefixes)), latest
+
+
+def _exists(store: Storage, prefix: str) -> bool:
+    # A bundle's .index, or the file of a single-file V1 checkpoint.
+    return store.isfile(index_filename(prefix)) or store.isfile(prefix)
+
+
+def _locate(store: Storage, directory: str, name: str) -> tuple[str, bool]:
+    """The prefix a state file in ``directory`` means by ``name``, and whether it was
+    found beside the state file rather than where ``name`` says.
+
+    TensorFlow's ``Saver`` writes absolute paths: a directory moved, copied or
+    downloaded elsewhere names checkpoints where they no longer are (or, from
+    another machine, where this storage cannot look). The same file name beside
+    the state file is then what was meant; where ``name`` still exists, it wins,
+    as in TensorFlow.
+    """
+    if store.isabs(name):
+        prefix: str | None = name
+    elif _ROOTED_RE.match(name):
+        prefix = None  # another machine's absolute path, not one of this storage
+    else:
+        prefix = store.join(directory, name)
+    if prefix is not None and _exists(store, prefix):
+        return prefix, False
+    beside = store.join(directory, re.split(r"[/\\]", name)[-1])
+    if beside != prefix and _exists(store, beside):
+        return beside, True
+    return (beside if prefix is None else prefix), False
+
+
+def _warn_moved(store: Storage, directory: str, name: str, prefix: str, more: int = 0) -> None:
+    others = f" (and {more} more such paths)" if more else ""
+    warnings.warn(
+        f"{store.join(directory, STATE_FILENAME)} names {name}, which is not there; "
+        f"using {prefix} beside it{others}",
+        CheckpointPathWarning,
+        stacklevel=4,
+    )
+
+
+def checkpoint_step(prefix: str) -> int | None:
+    """The step in a prefix's name (``model.ckpt-1000``, ``ckpt-3``), or None."""
+    m = _STEP_RE.search(prefix)
+    return int(m[1]) if m else None
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def bundle_prefixes(directory: str) -> list[str]:
+    """Every prefix with an ``.index`` file in ``directory``, steps in numeric order."""
+    store = storage_for(directory)
+    names = [n[: -len(".index")] for n in store.listdir(directory) if n.endswith(".index")]
+    return [store.join(directory, n) for n in sorted(names, key=_natural)]
+
+
+def _did_you_mean(store: Storage, p: str) -> str:
+    """The checkpoints beside a missing prefix whose names extend or resemble its own,
+    as the tail of an error message ('' when there are none)."""
+    directory = store.dirname(p)
+    base = store.basename(p)
+    if base.endswith(".index"):
+        base = base[: -len(".index")]
+    try:
+        if not base or not store.isdir(directory or "."):
+            return ""
+        names = sorted(
+            (n[: -len(".index")] for n in store.listdir(directory or ".") if n.endswith(".index")),
+            key=_natural,
+        )
+    except (OSError, CheckpointError):
+        return ""  # only a hint: a directory that cannot be listed gives none
+    found = [n for n in names if n.startswith(base) and n != base]
+    if not found:
+        found = sorted(difflib.get_close_matches(base, names, n=SUGGESTIONS), key=_natural)
+    if not found:
+        return ""
+    # The newest steps are the likeliest wanted.
+    more = f" (the last {SUGGESTIONS} of {len(found)})" if len(found) > SUGGESTIONS else ""
+    shown = [store.join(directory, n) if directory else n for n in found[-SUGGESTIONS:]]
+    return f"; did you mean {', '.join(shown)}{more}?"
 
 
 def resolve_prefix(path) -> str:
@@ -100,7 +219,11 @@ def resolve_prefix(path) -> str:
     if p.endswith(".index"):
         looked.append(p)
     raise CheckpointNotFoundError(
-        "no checkpoint found; looked for " + ", ".join(looked) + " and a directory", path=p
+        "no checkpoint found; looked for "
+        + ", ".join(looked)
+        + " and a directory"
+        + _did_you_mean(store, p),
+        path=p,
     )
 
 

@@ -47,6 +47,7 @@ class PlannedTensor:
     bytes_out: int
     # Read back whole, as TF2 restores, even from a source without an object graph.
     restored_whole: bool = False
+    dtype_by: str | None = None  # the DtypePolicy label that decided new_dtype
 
     @property
     def renamed(self) -> bool:
@@ -76,7 +77,20 @@ class Plan:
     def bytes_out(self) -> int:
         return sum(t.bytes_out for t in self.tensors)
 
+    def dtype_rule_counts(self) -> dict[str, int] | None:
+        """Tensors per keep pattern and dtype rule (zero included), in the order given;
+        None when the plan has neither."""
+        labels = DtypePolicy.of(self.options).labels
+        if not labels:
+            return None
+        counts = dict.fromkeys(labels, 0)
+        for t in self.tensors:
+            if t.dtype_by in counts:
+                counts[t.dtype_by] += 1
+        return counts
+
     def to_dict(self) -> dict:
+        counts = self.dtype_rule_counts()
         return {
             "dst": self.dst,
             "sources": [s.label for s in self.sources],
@@ -90,6 +104,7 @@ class Plan:
                     "shape": list(t.info.shape),
                     "bytes_in": t.info.nbytes,
                     "bytes_out": t.bytes_out,
+                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
                 }
                 for t in self.tensors
             ],
@@ -97,7 +112,98 @@ class Plan:
             "object_graph": self.object_graph is not None,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            **({"dtype_rules": counts} if counts is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class DtypePolicy:
+    """Which dtype each tensor is written in: ``keep_dtype``, then the first matching
+    ``dtype_rules`` entry, then ``cast`` (narrowed by ``cast_from``).
+
+    Patterns are ``re.search``-ed on source names, as ``include``/``exclude`` are.
+    Only floating-point tensors are ever cast; others keep their dtype whatever
+    matches them. :meth:`decide` gives the dtype and the label of what decided it:
+    ``'keep REGEX'``, ``'rule REGEX=DTYPE'``, ``'cast'``, or None (unchanged, nothing
+    applied).
+
+    >>> policy = DtypePolicy.of(Options(cast="float16", keep_dtype=["LayerNorm"]))
+    >>> policy.decide("bert/LayerNorm/gamma", tfckpt.dtypes.lookup("float32"))
+    """
+
+    keep: tuple[tuple[re.Pattern, str], ...] = ()
+    rules: tuple[tuple[re.Pattern, _dt.DType, str], ...] = ()
+    target: _dt.DType | None = None
+    cast_from: frozenset[str] | None = None
+
+    @classmethod
+    def of(cls, options: Options) -> DtypePolicy:
+        """The policy of ``options``; a bad pattern or dtype is a CheckpointError naming it."""
+        target = None
+        if options.cast is not None:
+            target = _cast_target(options.cast, "cast")
+        from_set = None
+        if options.cast_from is not None:
+            from_set = frozenset(_dt.lookup(d).name for d in options.cast_from)
+        keep_specs = options.keep_dtype
+        keep = tuple(
+            (_compile(p, f"keep_dtype pattern {p!r}"), f"keep {p}")
+            for p in ([keep_specs] if isinstance(keep_specs, str) else keep_specs)
+        )
+        items = (
+            options.dtype_rules.items()
+            if isinstance(options.dtype_rules, Mapping)
+            else options.dtype_rules
+        )
+        rules = []
+        for pattern, dtype in items:
+            what = f"dtype rule {f'{pattern}={dtype}'!r}"
+            rules.append(
+                (_compile(pattern, what), _cast_target(dtype, what), f"rule {pattern}={dtype}")
+            )
+        if keep and target is None and not rules:
+            raise CheckpointError("keep_dtype keeps nothing: no cast and no dtype_rules given")
+        return cls(keep, tuple(rules), target, from_set)
+
+    @property
+    def labels(self) -> list[str]:
+        """The keep patterns' and rules' labels, in order."""
+        return [label for _, label in self.keep] + [label for _, _, label in self.rules]
+
+    def decide(self, name: str, dtype: _dt.DType) -> tuple[_dt.DType, str | None]:
+        """The dtype a tensor named ``name`` (in its source) of ``dtype`` is written in,
+        and the label of what decided it."""
+        if not dtype.is_floating:
+            return dtype, None
+        for rx, label in self.keep:
+            if rx.search(name):
+                return dtype, label
+        for rx, target, label in self.rules:
+            if rx.search(name):
+                return target, label
+        if should_cast(dtype, self.target, self.cast_from):
+            assert self.target is not None
+            return self.target, "cast"
+        return dtype, None
+
+
+def _compile(pattern: str, what: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except (re.error, TypeError) as e:
+        raise CheckpointError(f"bad {what}: {e}") from None
+
+
+def _cast_target(spec: str, what: str) -> _dt.DType:
+    try:
+        target = _dt.lookup(spec)
+    except ValueError:
+        target = None
+    if target is None or target.name not in CAST_TARGETS:
+        raise CheckpointError(
+            f"{what}: cannot cast to {spec!r}; targets: {', '.join(CAST_TARGETS)}"
+        )
+    return target
 
 
 def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
@@ -217,16 +323,9 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
     >>> tfckpt.execute(p)
     """
     options = Options.of(options, **changes)
-    cast, cast_from, prefer = options.cast, options.cast_from, options.prefer
+    prefer = options.prefer
+    policy = DtypePolicy.of(options)
     srcs = open_sources(sources)
-    target = None
-    if cast is not None:
-        target = _dt.lookup(cast)
-        if target.name not in CAST_TARGETS:
-            raise CheckpointError(f"cannot cast to {cast!r}; targets: {', '.join(CAST_TARGETS)}")
-    from_set = None
-    if cast_from is not None:
-        from_set = frozenset(_dt.lookup(d).name for d in cast_from)
     includes, excludes = _patterns(options.include), _patterns(options.exclude)
     rules = _compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
@@ -367,10 +466,12 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
     for new, (i, old) in chosen.items():
         info = srcs[i].ckpt.info(old)
         dtype = _dt.lookup(info.dtype)
-        new_dtype = target if target is not None and should_cast(dtype, target, from_set) else dtype
+        new_dtype, dtype_by = policy.decide(old, dtype)
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
-        planned.append(PlannedTensor(i, old, new, info, new_dtype.name, out_bytes))
+        planned.append(
+            PlannedTensor(i, old, new, info, new_dtype.name, out_bytes, dtype_by=dtype_by)
+        )
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for pt in planned:
