@@ -10,6 +10,7 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 
 from __future__ import annotations
 
+from .average import average
 from .engine import Summary, convert, execute, merge, rename, select, transform
 from .errors import (
     CastOverflowError,
@@ -86,6 +87,7 @@ __all__ = [
     "rename",
     "select",
     "merge",
+    "average",
     "plan",
     "Plan",
     "Summary",
