@@ -34,10 +34,13 @@ def expected_mean(values: list[np.ndarray], weights=None) -> np.ndarray:
     """(w1 x1 + ... + wn xn) / (w1 + ... + wn) in float64 (complex128), in source order,
     rounded to the sources' dtype by tf.cast."""
     weights = weights or [1.0] * len(values)
-    wide = np.complex128 if np.iscomplexobj(values[0]) else np.float64
-    acc = np.asarray(values[0], dtype=wide) * weights[0]
+    if np.iscomplexobj(values[0]):  # each part on its own
+        real = expected_mean([np.real(v) for v in values], weights)
+        imag = expected_mean([np.imag(v) for v in values], weights)
+        return (real + 1j * imag).astype(values[0].dtype)
+    acc = np.asarray(values[0], dtype=np.float64) * weights[0]
     for v, w in zip(values[1:], weights[1:]):
-        acc = acc + np.asarray(v, dtype=wide) * w
+        acc = acc + np.asarray(v, dtype=np.float64) * w
     acc = acc / sum(weights)
     return tf.cast(acc, tf.as_dtype(values[0].dtype)).numpy()
 
@@ -256,3 +259,31 @@ def test_differently_partitioned_and_bfloat16_sources(tmp_path):
     with tfckpt.open(tmp_path / "same") as ck:
         assert len(ck.info("emb").slices) == 2
         assert same_bits(ck["emb"], embs[0])
+
+
+def test_every_dtype_averaged_with_itself_is_itself(tf_checkpoints, tmp_path):
+    """Every dtype TensorFlow saves, with its sharp values (NaN, ±inf, -0.0, subnormals,
+    the largest float64): the mean of a checkpoint and itself is the checkpoint."""
+    case = tf_checkpoints("all_dtypes")
+    out = str(tmp_path / "avg")
+    tfckpt.average([case.path, case.path], out, chunk_bytes=64)
+    assert tfckpt.verify_with_tf(out)["mismatches"] == []
+    with tfckpt.open(case.path) as a, tfckpt.open(out) as b:
+        assert a.keys() == b.keys()
+        for name in a.keys():
+            x, y = a[name], b[name]
+            assert (a.info(name).dtype, x.shape) == (b.info(name).dtype, y.shape), name
+            if x.dtype.kind in "fcV" and a.info(name).dtype.startswith(
+                ("float", "bfloat", "complex")
+            ):
+                with np.errstate(invalid="ignore"):  # float8 NaNs
+                    wide = x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+                    back = y.astype(wide.dtype)
+                for u, v in ((wide.real, back.real), (wide.imag, back.imag)):
+                    nan = np.isnan(u)
+                    assert (nan == np.isnan(v)).all(), name
+                    assert u[~nan].tobytes() == v[~nan].tobytes(), name
+            elif x.dtype == object:
+                assert x.tolist() == y.tolist(), name
+            else:
+                assert x.tobytes() == y.tobytes(), name

@@ -504,7 +504,6 @@ def _average_tensor(
     per_element = 2 * n * src.fixed_itemsize + 2 * acc_dtype.itemsize + out.fixed_itemsize
     step = max(1, p.options.chunk_bytes // per_element)
     read_bytes = step * src.fixed_itemsize
-    total = math.fsum(p.weights)
     readers = [
         _aligned(s.ckpt.iter_chunks(t.name, read_bytes, extents=extents), step) for s in p.sources
     ]
@@ -515,17 +514,7 @@ def _average_tensor(
     )
     with stream:
         for parts in zip(*readers, strict=True):
-            size = parts[0].size
-            acc = np.empty(size, dtype=acc_dtype)
-            term = np.empty(size, dtype=acc_dtype)
-            for k, (x, weight) in enumerate(zip(parts, p.weights)):
-                target = acc if k == 0 else term
-                np.copyto(target, x, casting="unsafe")
-                if weight != 1.0:
-                    target *= weight
-                if k:
-                    acc += term
-            acc /= total
+            acc = weighted_mean(parts, p.weights, acc_dtype)
             if caster is not None:
                 result = caster(acc)
             elif complex_:
@@ -536,6 +525,48 @@ def _average_tensor(
             if progress:
                 progress(sum(x.nbytes for x in parts))
     return caster.counts if caster is not None else None
+
+
+def _parts(a: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The real arrays to scale: a complex array's real and imaginary parts, each alone
+    (a complex product with ``w + 0j`` would turn an infinite part into NaN)."""
+    return (a.real, a.imag) if a.dtype.kind == "c" else (a,)
+
+
+def weighted_mean(parts: Sequence[np.ndarray], weights: Sequence[float], wide) -> np.ndarray:
+    """``(w_1 x_1 + ... + w_n x_n) / (w_1 + ... + w_n)`` element-wise, in ``wide``
+    (float64 or complex128), summed in source order.
+
+    Where that sum overflows although the mean would not (float64 sources near their
+    largest values), those elements are summed again with each weight divided first.
+    """
+    total = math.fsum(weights)
+    acc = np.empty(parts[0].size, dtype=wide)
+    term = np.empty_like(acc)
+    with np.errstate(all="ignore"):
+        for k, (x, weight) in enumerate(zip(parts, weights)):
+            target = acc if k == 0 else term
+            np.copyto(target, x, casting="unsafe")
+            if weight != 1.0:
+                for part in _parts(target):
+                    part *= weight
+            if k:
+                acc += term
+        for part in _parts(acc):
+            part /= total
+        over = ~np.isfinite(acc)
+        if over.any():
+            terms = []
+            for x, weight in zip(parts, weights):
+                term = x[over].astype(wide)
+                for part in _parts(term):
+                    part *= weight / total
+                terms.append(term)
+            again = terms[0]  # not from zeros: -0.0 stays -0.0
+            for term in terms[1:]:
+                again += term
+            acc[over] = again
+    return acc
 
 
 def _copy_tensor(
