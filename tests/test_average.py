@@ -287,3 +287,39 @@ def test_every_dtype_averaged_with_itself_is_itself(tf_checkpoints, tmp_path):
                 assert x.tolist() == y.tolist(), name
             else:
                 assert x.tobytes() == y.tobytes(), name
+
+
+def test_overflow_policy_and_nothing_written_on_error(tmp_path):
+    """Weights beyond [0, 1] can take a mean out of float16's range: an error naming the
+    tensor, with nothing written, unless --overflow clip."""
+    a = _save(tmp_path / "a", {"h": np.array([-60000.0, 1.0], np.float16)})
+    b = _save(tmp_path / "b", {"h": np.array([60000.0, 2.0], np.float16)})
+    args = ("average", a, b, "-o", tmp_path / "out", "--weights", "-1", "2")
+    assert_cli_error(in_process(*args), "h (1 values)", "nothing written")
+    assert not list(tmp_path.glob("out*"))
+    rc, _, err = in_process(*args, "--overflow", "clip")
+    assert rc == 0, err
+    got = tf.train.load_checkpoint(str(tmp_path / "out")).get_tensor("h")
+    assert same_bits(got, np.array([65504.0, 3.0], np.float16))
+
+
+def test_object_store_sources_and_destination(tf2_run, tmp_path):
+    """memory:// as the sources' directory (state file included) and the destination:
+    the same bytes as a local run."""
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/avg{uuid.uuid4().hex[:12]}"
+    try:
+        fs.put(tf2_run["dir"], f"{root}/run", recursive=True)
+        tfckpt.average(f"memory:/{root}/run", f"memory:/{root}/out/", last=3, use_ema=True)
+        tfckpt.average(tf2_run["dir"], f"{tmp_path}/out/", last=3, use_ema=True)
+        local = sorted(p.name for p in (tmp_path / "out").iterdir())
+        remote = sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{root}/out", detail=False))
+        assert local == remote
+        for name in local:
+            assert fs.cat_file(f"{root}/out/{name}") == (tmp_path / "out" / name).read_bytes()
+    finally:
+        fs.rm(root, recursive=True)

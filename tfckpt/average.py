@@ -121,7 +121,8 @@ def last_checkpoints(directory, n: int) -> list[str]:
     ``CheckpointManager`` list them oldest first), ending with the latest; only
     checkpoints whose ``.index`` exists count.
 
-    >>> tfckpt.average.last_checkpoints("train", 3)
+    >>> from tfckpt.average import last_checkpoints
+    >>> last_checkpoints("train", 3)
     ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
     """
     if n < 1:

@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "average",
         "the element-wise mean of several checkpoints",
-        "Write the (weighted) mean of every floating-point tensor of SOURCES, summed in "
+        "Write the (weighted) mean of every floating-point tensor of the SRCs, summed in "
         "float64 chunk by chunk and rounded to each tensor's dtype (or --dtype); integer, "
         "bool and string tensors (and a TF2 object graph) come from the newest source, the "
         "last given. Names, dtypes and shapes must agree.",
