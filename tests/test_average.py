@@ -207,6 +207,9 @@ def test_errors(tf1_run, tmp_path):
     assert_cli_error(
         in_process("average", a, a, "-o", tmp_path / "o", "--use-ema"), "no exponential moving"
     )
+    for options in ({"include": ["w"]}, {"rename": {"w": "v"}}, {"backend": "tf"}):
+        with pytest.raises(tfckpt.CheckpointError, match="average does not take"):
+            tfckpt.average([a, a], tmp_path / "o", **options)
     assert not list(tmp_path.glob("o*"))
 
 

@@ -248,6 +248,8 @@ def plan_average(
     """Decide what :func:`average` writes, from the sources' indexes alone."""
     options = Options.of(options, **changes)
     given = [f for f in _UNSUPPORTED if getattr(options, f)]
+    if options.backend != "numpy":
+        given.append("backend")
     if given:
         raise CheckpointError(f"average does not take {', '.join(given)}")
     if last is not None:
