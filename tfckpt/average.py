@@ -81,6 +81,11 @@ class AveragePlan:
     object_graph: bytes | None
     options: Options
 
+    def close(self) -> None:
+        """Close the sources (the plan cannot be written after)."""
+        for s in self.sources:
+            s.ckpt.close()
+
     @property
     def bytes_in(self) -> int:
         n = len(self.sources)
@@ -257,6 +262,15 @@ def plan_average(
             raise CheckpointError("last= takes one directory as the source")
         sources = last_checkpoints(sources, last)
     srcs = open_sources(sources)
+    try:
+        return _plan(srcs, dst, options, weights, use_ema)
+    except BaseException:
+        for s in srcs:
+            s.ckpt.close()
+        raise
+
+
+def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> AveragePlan:
     w = _weights(weights, len(srcs))
     target = None
     if options.cast is not None:
@@ -293,7 +307,11 @@ def plan_average(
             }
             for n in names:
                 if n.endswith(EMA_SUFFIX):
-                    gone[n] = "moving average written as its variable"
+                    gone[n] = (
+                        "moving average written as its variable"
+                        if n[: -len(EMA_SUFFIX)] in present
+                        else "moving average of no variable in the checkpoint"
+                    )
         else:
             pairs, shadow_nodes = _keras_ema_pairs(graph)
             drop_keys(_cut_nodes(graph, shadow_nodes), "moving average written as its variable")
@@ -417,7 +435,10 @@ def average(
     >>> tfckpt.average("train/", "avg/model", last=5, use_ema=True, drop_objects=["optimizer"])
     """
     p = plan_average(sources, dst, options, weights=weights, use_ema=use_ema, last=last, **changes)
-    return write_average(p, progress=progress)
+    try:
+        return write_average(p, progress=progress)
+    finally:
+        p.close()
 
 
 def write_average(p: AveragePlan, *, progress: Callable[[int], None] | None = None) -> Summary:

@@ -540,6 +540,13 @@ def cmd_average(args) -> int:
         use_ema=args.use_ema,
         last=args.last,
     )
+    try:
+        return _run_average(args, p, write_average)
+    finally:
+        p.close()
+
+
+def _run_average(args, p, write_average) -> int:
     if args.dry_run:
         if args.json:
             print_json(p.to_dict())
