@@ -162,6 +162,22 @@ def test_tf2_plain_average_keeps_the_optimizer(tf2_run, tmp_path):
     for k, shadow in enumerate(opt._model_variables_moving_average):
         assert same_bits(shadow.numpy(), expected_mean([e[k] for e in tf2_run["ema"][-3:]]))
     assert int(opt.iterations.numpy()) == tf2_run["iterations"][-1]  # from the newest
+    graph = "_CHECKPOINTABLE_OBJECT_GRAPH"
+    newest = tf.train.load_checkpoint(prefixes[-1]).get_tensor(graph)
+    assert tf.train.load_checkpoint(prefix).get_tensor(graph) == newest
+
+
+def test_a_failed_run_leaves_nothing(tf1_run, tmp_path):
+    calls = []
+
+    def progress(nbytes):
+        calls.append(nbytes)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tfckpt.average(tf1_run["prefixes"][-3:], tmp_path / "o" / "avg", progress=progress)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_dry_run_plan(tf1_run, tmp_path):
