@@ -10,6 +10,7 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 
 from __future__ import annotations
 
+from .average import average
 from .engine import Summary, convert, execute, merge, rename, select, transform
 from .errors import (
     CastOverflowError,
@@ -91,6 +92,7 @@ __all__ = [
     "merge",
     "graft",
     "flatten",
+    "average",
     "plan",
     "plan_graft",
     "plan_flatten",

@@ -24,6 +24,7 @@ import warnings
 from . import __version__
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
 from .commands import (
+    cmd_average,
     cmd_diff,
     cmd_dump,
     cmd_export,
@@ -52,20 +53,7 @@ def _parse_size_or_zero(text: str) -> int:
     return _parse_size(text, minimum=0)
 
 
-def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool = False) -> None:
-    g = p.add_argument_group("cast")
-    g.add_argument(
-        "--dtype",
-        choices=CAST_TARGETS,
-        required=dtype_required,
-        help="cast floating-point tensors to this dtype",
-    )
-    g.add_argument(
-        "--from",
-        dest="cast_from",
-        metavar="DTYPES",
-        help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
-    )
+def _add_dtype_rule_options(g) -> None:
     g.add_argument(
         "--keep-dtype",
         metavar="REGEX",
@@ -80,6 +68,23 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
         help="cast floating-point tensors whose (source) name matches to DTYPE "
         "(repeatable; the first matching rule wins, before --dtype)",
     )
+
+
+def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool = False) -> None:
+    g = p.add_argument_group("cast")
+    g.add_argument(
+        "--dtype",
+        choices=CAST_TARGETS,
+        required=dtype_required,
+        help="cast floating-point tensors to this dtype",
+    )
+    g.add_argument(
+        "--from",
+        dest="cast_from",
+        metavar="DTYPES",
+        help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
+    )
+    _add_dtype_rule_options(g)
     g.add_argument(
         "--backend",
         choices=BACKENDS,
@@ -214,6 +219,12 @@ exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "flatten": """examples:
   tfckpt flatten tf2/ckpt-3 tf1/model.ckpt
   tfckpt flatten tf2/ tf1/model.ckpt --drop-object optimizer --map 'model/=' --dry-run""",
+    "average": """examples:
+  tfckpt average train/model.ckpt-800 train/model.ckpt-900 train/model.ckpt-1000 -o avg/
+  tfckpt average --last 5 train/ -o avg/model --use-ema --drop-object optimizer
+  tfckpt average a/ckpt-3 b/ckpt-3 -o avg/ --weights 1 3 --dtype bfloat16
+
+the last checkpoint given (with --last: the state file's latest) is the newest""",
     "export": """examples:
   tfckpt export train/ckpt-7 model.safetensors
   tfckpt export train/ model.npz --dtype float16 --overflow clip
@@ -404,6 +415,79 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst")
     _add_transform_options(p)
     p.set_defaults(func=cmd_flatten)
+
+    p = _sub(
+        sub,
+        "average",
+        "the element-wise mean of several checkpoints",
+        "Write the (weighted) mean of every floating-point tensor of the SRCs, summed in "
+        "float64 chunk by chunk and rounded to each tensor's dtype (or --dtype); integer, "
+        "bool and string tensors (and a TF2 object graph) come from the newest source, the "
+        "last given. Names, dtypes and shapes must agree.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SRC", help="oldest first (with --last: DIR)")
+    p.add_argument("-o", "--output", required=True, metavar="DST")
+    p.add_argument(
+        "--last",
+        type=int,
+        metavar="N",
+        help="average the N newest checkpoints that the state file of the directory DIR lists",
+    )
+    p.add_argument(
+        "--weights",
+        type=float,
+        nargs="+",
+        metavar="W",
+        help="one weight per source, in their order (default: equal)",
+    )
+    p.add_argument(
+        "--use-ema",
+        action="store_true",
+        help="write each exponential moving average in place of its variable and drop the "
+        "averages (TF1: v/ExponentialMovingAverage; TF2: a Keras optimizer's use_ema)",
+    )
+    p.add_argument(
+        "--dtype", choices=CAST_TARGETS, help="write floating-point tensors in this dtype"
+    )
+    p.add_argument(
+        "--from",
+        dest="cast_from",
+        metavar="DTYPES",
+        help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
+    )
+    _add_dtype_rule_options(p)
+    p.add_argument(
+        "--overflow",
+        choices=OVERFLOW_POLICIES,
+        default=DEFAULTS.overflow,
+        help="means beyond the output dtype's range: fail (default), clip, or keep IEEE inf",
+    )
+    p.add_argument(
+        "--drop-object",
+        metavar="NAME_OR_PATH",
+        action="append",
+        help="TF2: cut this object from the object graph (as in select)",
+    )
+    p.add_argument(
+        "--max-shard-bytes",
+        type=_parse_size,
+        metavar="SIZE",
+        help="re-shard the output (default: the newest source's shards)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    p.add_argument(
+        "--no-fsync", dest="durable", action="store_false", help="skip the fsyncs before the commit"
+    )
+    p.add_argument(
+        "--chunk-bytes",
+        type=_parse_size,
+        default=DEFAULTS.chunk_bytes,
+        metavar="SIZE",
+        help="memory budget for tensor data in flight, all sources together (default 64M)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    p.add_argument("--json", action="store_true", help="print the plan or summary as JSON")
+    p.set_defaults(func=cmd_average)
 
     p = _sub(
         sub,

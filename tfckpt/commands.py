@@ -571,6 +571,80 @@ def _options(args, **extra) -> Options:
     )
 
 
+def cmd_average(args) -> int:
+    from .average import plan_average, write_average
+
+    if args.last is not None and len(args.sources) != 1:
+        raise CheckpointError("--last N takes one directory, DIR")
+    options = Options(
+        drop_objects=args.drop_object or (),
+        cast=args.dtype,
+        cast_from=args.cast_from.split(",") if args.cast_from else None,
+        keep_dtype=args.keep_dtype or (),
+        dtype_rules=_dtype_rules(args),
+        max_shard_bytes=args.max_shard_bytes,
+        overwrite=args.overwrite,
+        overflow=args.overflow,
+        chunk_bytes=args.chunk_bytes,
+        durable=args.durable,
+    )
+    p = plan_average(
+        args.sources[0] if args.last is not None else args.sources,
+        args.output,
+        options,
+        weights=args.weights,
+        use_ema=args.use_ema,
+        last=args.last,
+    )
+    try:
+        return _run_average(args, p, write_average)
+    finally:
+        p.close()
+
+
+def _run_average(args, p, write_average) -> int:
+    if args.dry_run:
+        if args.json:
+            print_json(p.to_dict())
+            return 0
+        counts = p.dtype_rule_counts()
+        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "VALUE", "BYTES OUT"]]
+        if counts is not None:
+            rows[0].append("DTYPE BY")
+        for t in p.tensors:
+            dtype = (
+                t.info.dtype if t.info.dtype == t.new_dtype else f"{t.info.dtype}->{t.new_dtype}"
+            )
+            how = f"mean of {len(p.sources)}" if t.averaged else "newest"
+            new = "=" if t.new_name == t.name else t.new_name
+            rows.append(
+                [t.name, new, dtype, shape_text(t.info.shape), how, human_bytes(t.bytes_out)]
+                + ([] if counts is None else [t.dtype_by or "-"])
+            )
+        table(rows, right={5})
+        for name, why in p.dropped:
+            emit(f"drop  {name}  ({why})")
+        emit()
+        for label, n in (counts or {}).items():
+            emit(f"dtype {label}: {n} tensors")
+        weights = " ".join(f"{w:g}" for w in p.weights)
+        emit(
+            f"{len(p.tensors)} tensors to {p.dst} from {len(p.sources)} sources (weights "
+            f"{weights}; newest {p.sources[-1].label}), {human_bytes(p.bytes_in)} in, "
+            f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
+        )
+        return 0
+    update, close = _progress(p.bytes_in)
+    try:
+        summary = write_average(p, progress=update)
+    finally:
+        close()
+    if args.json:
+        print_json(summary.to_dict())
+    _print_summary(summary)
+    return 0
+
+
 def _print_export(sm, dry_run: bool) -> None:
     if dry_run:
         ruled = any("dtype_by" in t for t in sm.tensors)

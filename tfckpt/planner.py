@@ -80,14 +80,7 @@ class Plan:
     def dtype_rule_counts(self) -> dict[str, int] | None:
         """Tensors per keep pattern and dtype rule (zero included), in the order given;
         None when the plan has neither."""
-        labels = DtypePolicy.of(self.options).labels
-        if not labels:
-            return None
-        counts = dict.fromkeys(labels, 0)
-        for t in self.tensors:
-            if t.dtype_by in counts:
-                counts[t.dtype_by] += 1
-        return counts
+        return DtypePolicy.of(self.options).counts(t.dtype_by for t in self.tensors)
 
     def to_dict(self) -> dict:
         counts = self.dtype_rule_counts()
@@ -169,6 +162,17 @@ class DtypePolicy:
     def labels(self) -> list[str]:
         """The keep patterns' and rules' labels, in order."""
         return [label for _, label in self.keep] + [label for _, _, label in self.rules]
+
+    def counts(self, decided_by: Iterable[str | None]) -> dict[str, int] | None:
+        """Tensors per keep pattern and rule (zero included), in the order given, from
+        the labels :meth:`decide` returned; None when there are neither."""
+        if not self.labels:
+            return None
+        counts = dict.fromkeys(self.labels, 0)
+        for label in decided_by:
+            if label in counts:
+                counts[label] += 1
+        return counts
 
     def decide(self, name: str, dtype: _dt.DType) -> tuple[_dt.DType, str | None]:
         """The dtype a tensor named ``name`` (in its source) of ``dtype`` is written in,

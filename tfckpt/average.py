@@ -1,0 +1,664 @@
+"""Averaging checkpoints of one training run: the element-wise (weighted) mean.
+
+Every floating-point (and complex) tensor is the weighted mean of its values in
+all sources, ``(w_1 x_1 + ... + w_n x_n) / (w_1 + ... + w_n)`` summed in that
+order in float64 (complex128), chunk by chunk across the sources, then rounded
+to the tensor's own dtype (or the cast target) as ``tf.cast`` rounds
+(:class:`tfckpt.cast.Caster`). Every other tensor (integers such as
+``global_step``, bool, strings, resource/variant) is copied from the newest
+source: the last one given. Memory is set by the chunk budget, whatever the
+tensor sizes and however many sources.
+
+TF2 sources keep the newest source's object graph, cut by ``drop_objects`` in the
+same pass. ``use_ema`` writes each exponential moving average in place of its
+variable and drops the averages: in TF1 names, ``v/ExponentialMovingAverage``
+(what ``tf.train.ExponentialMovingAverage`` names the shadow of ``v``); in a TF2
+object graph, the list ``_model_variables_moving_average`` of a Keras optimizer
+(``use_ema=True``), whose N-th element shadows the N-th of its
+``_trainable_variables``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import paths
+from .cast import CastCounts, Caster
+from .commit import remove_stale_temporaries, write_state_file
+from .engine import TF_SLICE_COPYABLE, Summary
+from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
+from .format import TensorInfo
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from .options import Options
+from .planner import DtypePolicy, Source, open_sources, resolve_destination
+from .reader import Checkpoint
+from .storage import storage_for
+from .writer import BundleWriter, StringStream
+
+EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
+KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows
+KERAS_VARIABLE_LIST = "_trainable_variables"  # ... and the variables they shadow, in order
+
+# Options of a transform that averaging does not take (it keeps every name and source).
+_UNSUPPORTED = ("include", "exclude", "rename", "rename_exact", "prefer", "executor")
+
+
+@dataclass
+class AveragedTensor:
+    """One output tensor: read as ``name`` from the sources, written as ``new_name``."""
+
+    name: str
+    new_name: str
+    info: TensorInfo  # the newest source's
+    new_dtype: str
+    averaged: bool  # else copied from the newest source
+    sliced: bool  # written slice by slice, as the sources store it
+    dtype_by: str | None = None  # the DtypePolicy label that decided new_dtype
+
+    @property
+    def bytes_out(self) -> int:
+        dt = _dt.lookup(self.new_dtype)
+        if self.new_dtype == self.info.dtype:
+            return self.info.nbytes
+        stored = self.info.size if self.info.stored_elements is None else self.info.stored_elements
+        return stored * dt.fixed_itemsize
+
+
+@dataclass
+class AveragePlan:
+    """What :func:`average` will write; ``to_dict()`` is what ``--dry-run --json`` prints."""
+
+    sources: list[Source]  # oldest first: the last is the newest
+    weights: list[float]
+    dst: str
+    tensors: list[AveragedTensor]
+    dropped: list[tuple[str, str]]  # (name, reason)
+    object_graph: bytes | None
+    options: Options
+
+    def close(self) -> None:
+        """Close the sources (the plan cannot be written after)."""
+        for s in self.sources:
+            s.ckpt.close()
+
+    @property
+    def bytes_in(self) -> int:
+        n = len(self.sources)
+        return sum(t.info.nbytes * (n if t.averaged else 1) for t in self.tensors)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.bytes_out for t in self.tensors)
+
+    def dtype_rule_counts(self) -> dict[str, int] | None:
+        """Tensors per keep pattern and dtype rule; None when there are neither."""
+        return DtypePolicy.of(self.options).counts(t.dtype_by for t in self.tensors)
+
+    def to_dict(self) -> dict:
+        counts = self.dtype_rule_counts()
+        return {
+            "dst": self.dst,
+            "sources": [s.label for s in self.sources],
+            "weights": self.weights,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "new_name": t.new_name,
+                    "dtype": t.info.dtype,
+                    "new_dtype": t.new_dtype,
+                    "shape": list(t.info.shape),
+                    "averaged": t.averaged,
+                    "bytes_out": t.bytes_out,
+                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                }
+                for t in self.tensors
+            ],
+            "dropped": [{"name": n, "reason": r} for n, r in self.dropped],
+            "object_graph": self.object_graph is not None,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            **({"dtype_rules": counts} if counts is not None else {}),
+        }
+
+
+def last_checkpoints(directory, n: int) -> list[str]:
+    """The ``n`` newest checkpoints the state file of ``directory`` lists, oldest first.
+
+    In the order of its ``all_model_checkpoint_paths`` (TensorFlow's ``Saver`` and
+    ``CheckpointManager`` list them oldest first), ending with the latest; only
+    checkpoints whose ``.index`` exists count.
+
+    >>> from tfckpt.average import last_checkpoints
+    >>> last_checkpoints("train", 3)
+    ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
+    """
+    if n < 1:
+        raise CheckpointError(f"the number of checkpoints to average must be positive, not {n}")
+    directory = str(directory)
+    store = storage_for(directory)
+    state = paths.read_state_file(directory)
+    state_path = store.join(directory, paths.STATE_FILENAME)
+    if state is None:
+        raise CheckpointError(
+            "no checkpoint state file to take the newest checkpoints from", path=state_path
+        )
+    listed = list(state.all_model_checkpoint_paths)
+    if state.model_checkpoint_path:
+        if state.model_checkpoint_path in listed:
+            listed.remove(state.model_checkpoint_path)
+        listed.append(state.model_checkpoint_path)
+    found = []
+    for p in listed:
+        prefix = p if store.isabs(p) else store.join(directory, p)
+        if store.isfile(paths.index_filename(prefix)) and prefix not in found:
+            found.append(prefix)
+    if len(found) < n:
+        raise CheckpointError(
+            f"asked for the {n} newest checkpoints, but the state file lists "
+            f"{len(found)} that exist",
+            path=state_path,
+        )
+    return found[-n:]
+
+
+def _weights(weights: Sequence[float] | None, count: int) -> list[float]:
+    if weights is None:
+        return [1.0] * count
+    weights = [float(w) for w in weights]
+    if len(weights) != count:
+        raise CheckpointError(f"{len(weights)} weights for {count} source checkpoints")
+    if not all(math.isfinite(w) for w in weights) or math.fsum(weights) == 0:
+        raise CheckpointError("the weights must be finite numbers with a non-zero sum")
+    return weights
+
+
+def _check_agree(srcs: list[Source]) -> None:
+    """Every source has the newest's tensors, of the same dtypes and shapes."""
+    newest = srcs[-1]
+    mine = {n: newest.ckpt.info(n) for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY}
+    for s in srcs[:-1]:
+        theirs = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+        for name in sorted(set(mine) | set(theirs)):
+            if name not in mine or name not in s.ckpt:
+                has, lacks = (s, newest) if name not in mine else (newest, s)
+                raise CheckpointError(
+                    f"the sources differ: {has.label} has tensor {name!r}, {lacks.label} not",
+                    path=lacks.ckpt.prefix,
+                    tensor=name,
+                )
+            a, b = s.ckpt.info(name), mine[name]
+            if (a.dtype, a.shape) != (b.dtype, b.shape):
+                raise CheckpointError(
+                    f"the sources differ: {a.dtype} {list(a.shape)} in {s.label}, "
+                    f"{b.dtype} {list(b.shape)} in {newest.label}",
+                    path=s.ckpt.prefix,
+                    tensor=name,
+                )
+
+
+def _variable_key(graph: ObjectGraph, node_id: int) -> str | None:
+    for a in graph.nodes[node_id].attributes:
+        if a.name == "VARIABLE_VALUE":
+            return a.checkpoint_key
+    return None
+
+
+def _keras_ema_pairs(graph: ObjectGraph) -> tuple[dict[str, str], set[int]]:
+    """``{variable key: shadow key}`` of Keras optimizers' EMAs, and the shadows' nodes."""
+    pairs: dict[str, str] = {}
+    shadows: set[int] = set()
+    nodes = graph.nodes
+    for node in nodes:
+        lists = {c.local_name: c.node_id for c in node.children}
+        if KERAS_EMA_LIST not in lists or KERAS_VARIABLE_LIST not in lists:
+            continue
+        variables = {c.local_name: c.node_id for c in nodes[lists[KERAS_VARIABLE_LIST]].children}
+        for c in nodes[lists[KERAS_EMA_LIST]].children:
+            if c.local_name not in variables:
+                continue
+            var_key = _variable_key(graph, variables[c.local_name])
+            shadow_key = _variable_key(graph, c.node_id)
+            if var_key is not None and shadow_key is not None:
+                pairs[var_key] = shadow_key
+                shadows.add(c.node_id)
+    return pairs, shadows
+
+
+def _cut_nodes(graph: ObjectGraph, ids: set[int]) -> set[str]:
+    """Remove every reference to the nodes ``ids``, then what is unreachable; the keys gone."""
+    for node in graph.nodes:
+        kept = [c for c in node.children if c.node_id not in ids]
+        if len(kept) != len(node.children):
+            del node.children[:]
+            node.children.extend(kept)
+        slots = [
+            s
+            for s in node.slot_variables
+            if s.slot_variable_node_id not in ids and s.original_variable_node_id not in ids
+        ]
+        if len(slots) != len(node.slot_variables):
+            del node.slot_variables[:]
+            node.slot_variables.extend(slots)
+    return graph.prune()
+
+
+def plan_average(
+    sources,
+    dst,
+    options: Options | None = None,
+    *,
+    weights: Sequence[float] | None = None,
+    use_ema: bool = False,
+    last: int | None = None,
+    **changes,
+) -> AveragePlan:
+    """Decide what :func:`average` writes, from the sources' indexes alone."""
+    options = Options.of(options, **changes)
+    given = [f for f in _UNSUPPORTED if getattr(options, f)]
+    if options.backend != "numpy":
+        given.append("backend")
+    if given:
+        raise CheckpointError(f"average does not take {', '.join(given)}")
+    if last is not None:
+        if not isinstance(sources, (str, bytes)) and not hasattr(sources, "__fspath__"):
+            raise CheckpointError("last= takes one directory as the source")
+        sources = last_checkpoints(sources, last)
+    srcs = open_sources(sources)
+    try:
+        return _plan(srcs, dst, options, weights, use_ema)
+    except BaseException:
+        for s in srcs:
+            s.ckpt.close()
+        raise
+
+
+def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> AveragePlan:
+    w = _weights(weights, len(srcs))
+    policy = DtypePolicy.of(options)
+    _check_agree(srcs)
+    newest = srcs[-1]
+    # The destination's name inside a directory is the newest source's.
+    dst = resolve_destination(dst, [newest] + srcs[:-1], options.overwrite)
+    names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+    present = set(names)
+    graph = newest.graph
+    read_from = {n: n for n in names}
+    gone: dict[str, str] = {}
+
+    def drop_keys(keys, reason: str) -> None:
+        for k in keys:
+            for t in attribute_tensors(k, present):
+                if t in present:
+                    gone.setdefault(t, reason)
+
+    if use_ema:
+        if graph is None:
+            pairs = {
+                n[: -len(EMA_SUFFIX)]: n
+                for n in names
+                if n.endswith(EMA_SUFFIX) and n[: -len(EMA_SUFFIX)] in present
+            }
+            for n in names:
+                if n.endswith(EMA_SUFFIX):
+                    gone[n] = (
+                        "moving average written as its variable"
+                        if n[: -len(EMA_SUFFIX)] in present
+                        else "moving average of no variable in the checkpoint"
+                    )
+        else:
+            pairs, shadow_nodes = _keras_ema_pairs(graph)
+            drop_keys(_cut_nodes(graph, shadow_nodes), "moving average written as its variable")
+        if not pairs:
+            raise CheckpointError(
+                f"no exponential moving averages found (TF1: names ending in {EMA_SUFFIX}; "
+                f"TF2: a Keras optimizer's {KERAS_EMA_LIST})",
+                path=newest.ckpt.prefix,
+            )
+        for var, shadow in pairs.items():
+            a, b = newest.ckpt.info(var), newest.ckpt.info(shadow)
+            if (a.dtype, a.shape) != (b.dtype, b.shape):
+                raise CheckpointError(
+                    f"its moving average {shadow!r} is {b.dtype} {list(b.shape)}, "
+                    f"the variable {a.dtype} {list(a.shape)}",
+                    path=newest.ckpt.prefix,
+                    tensor=var,
+                )
+            read_from[var] = shadow
+    if options.drop_objects:
+        if graph is None:
+            raise CheckpointError(
+                f"--drop-object needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
+                path=newest.ckpt.prefix,
+            )
+        for spec in options.drop_objects:
+            drop_keys(graph.drop_objects([spec]), f"object {spec!r} dropped")
+    graph_bytes = None
+    if graph is not None:
+        missing = graph.missing_keys({n for n in names if n not in gone})
+        if missing:
+            raise CheckpointError(
+                f"the object graph names tensors the checkpoint lacks: {', '.join(missing[:5])}",
+                path=newest.ckpt.prefix,
+            )
+        graph_bytes = graph.serialize()
+
+    tensors = []
+    for new in names:
+        if new in gone:
+            continue
+        name = read_from[new]
+        info = newest.ckpt.info(name)
+        dtype = _dt.lookup(info.dtype)
+        averaged = dtype.kind in ("float", "complex")
+        new_dtype, dtype_by = policy.decide(name, dtype)
+        sliced = bool(info.slices) and _same_slices(srcs, name)
+        if info.slices and not sliced and info.partial:
+            raise CheckpointError(
+                "the sources store different slices of this pre-sliced tensor",
+                path=newest.ckpt.prefix,
+                tensor=name,
+            )
+        if sliced and graph is not None and new_dtype.name not in TF_SLICE_COPYABLE:
+            sliced = info.partial  # TF2 restores it whole: see engine._keep_sliced
+        tensors.append(AveragedTensor(name, new, info, new_dtype.name, averaged, sliced, dtype_by))
+    # Read each source in file order.
+    tensors.sort(
+        key=lambda t: (
+            t.info.shard if t.info.shard is not None else -1,
+            t.info.offset or 0,
+            t.new_name,
+        )
+    )
+    dropped = [(n, gone[n]) for n in names if n in gone]
+    return AveragePlan(srcs, w, dst, tensors, dropped, graph_bytes, options)
+
+
+def _same_slices(srcs: list[Source], name: str) -> bool:
+    first = set(srcs[-1].ckpt.info(name).slices)
+    return all(set(s.ckpt.info(name).slices) == first for s in srcs[:-1])
+
+
+def _aligned(chunks: Iterator[np.ndarray], step: int) -> Iterator[np.ndarray]:
+    """The elements of ``chunks`` again, in pieces of ``step`` (the last may be shorter).
+
+    Sources may come in pieces of different sizes (a partitioned tensor is read in
+    bands of its slices); aligned, the i-th piece of every source covers the same
+    elements.
+    """
+    pending: list[np.ndarray] = []
+    have = 0
+    for chunk in chunks:
+        while chunk.size:
+            take = min(step - have, chunk.size)
+            pending.append(chunk[:take])
+            have += take
+            chunk = chunk[take:]
+            if have == step:
+                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+                pending, have = [], 0
+    if have:
+        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+
+
+def average(
+    sources,
+    dst,
+    options: Options | None = None,
+    *,
+    weights: Sequence[float] | None = None,
+    use_ema: bool = False,
+    last: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
+    """Write the element-wise (weighted) mean of several checkpoints of one model.
+
+    ``sources`` are checkpoints (any form :func:`tfckpt.open` takes), oldest first:
+    the last is the newest, whose integer, bool and string tensors (and TF2 object
+    graph) are kept. With ``last=N``, ``sources`` is one directory and its state
+    file's N newest checkpoints are averaged. ``weights`` gives one weight per
+    source (any finite numbers with a non-zero sum; equal by default).
+    ``use_ema`` writes every exponential moving average in place of its
+    variable. ``options`` and keyword arguments as for :func:`tfckpt.transform`:
+    ``cast`` (with ``overflow``), ``drop_objects``, ``chunk_bytes``,
+    ``max_shard_bytes``, ``overwrite``, ``durable``. Names, dtypes and shapes
+    must agree across the sources.
+
+    >>> tfckpt.average(["train/ckpt-8", "train/ckpt-9", "train/ckpt-10"], "avg/")
+    >>> tfckpt.average("train/", "avg/model", last=5, use_ema=True, drop_objects=["optimizer"])
+    """
+    p = plan_average(sources, dst, options, weights=weights, use_ema=use_ema, last=last, **changes)
+    try:
+        return write_average(p, progress=progress)
+    finally:
+        p.close()
+
+
+def write_average(p: AveragePlan, *, progress: Callable[[int], None] | None = None) -> Summary:
+    """Write a planned average and commit it atomically (see :func:`average`)."""
+    start = time.perf_counter()
+    opts = p.options
+    store = storage_for(p.dst)
+    remove_stale_temporaries(store.join(store.dirname(p.dst), paths.STATE_FILENAME))
+    keep_layout = opts.max_shard_bytes is None
+    newest = p.sources[-1].ckpt
+    counts: dict[str, CastCounts] = {}
+    with BundleWriter(
+        p.dst,
+        max_shard_bytes=opts.max_shard_bytes,
+        overwrite=opts.overwrite,
+        durable=opts.durable,
+    ) as w:
+        for t in p.tensors:
+            if t.sliced:
+                slices = sorted(newest.slice_info(t.name), key=_file_order)
+                pieces = [(s.extents, s.shard) for s in slices]
+            else:
+                pieces = [(None, t.info.shard)]
+            for extents, shard in pieces:
+                at = (shard or 0) if keep_layout else None
+                if t.averaged:
+                    c = _average_tensor(p, w, t, extents, at, progress)
+                    if c is not None:
+                        counts.setdefault(t.new_name, CastCounts()).add(c)
+                else:
+                    _copy_tensor(newest, w, t, extents, at, opts.chunk_bytes, progress)
+        if p.object_graph is not None:
+            at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
+            w.add(OBJECT_GRAPH_KEY, np.array(p.object_graph, dtype=object), shard=at)
+        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
+        if opts.overflow == "error" and overflowed:
+            raise CastOverflowError(overflowed, p.dst)
+    warnings = []
+    try:
+        directory = store.dirname(p.dst) or "."
+        if not any(
+            s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix) or ".")
+            == store.realpath(directory)
+            for s in p.sources
+        ):
+            write_state_file(directory, store.basename(p.dst))
+    except (OSError, CheckpointError) as e:
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        warnings.append(f"the checkpoint is complete, but the state file was not written: {detail}")
+    return Summary(
+        p.dst,
+        kept=len(p.tensors),
+        dropped=len(p.dropped),
+        renamed=sum(t.name != t.new_name for t in p.tensors),
+        cast=sum(t.info.dtype != t.new_dtype for t in p.tensors),
+        bytes_in=p.bytes_in,
+        bytes_out=p.bytes_out,
+        seconds=time.perf_counter() - start,
+        cast_counts=counts,
+        warnings=warnings,
+        dtype_rules=p.dtype_rule_counts(),
+    )
+
+
+def _file_order(info: TensorInfo) -> tuple[int, int]:
+    return (info.shard or 0, info.offset or 0)
+
+
+def _average_tensor(
+    p: AveragePlan,
+    w: BundleWriter,
+    t: AveragedTensor,
+    extents,
+    shard: int | None,
+    progress: Callable[[int], None] | None,
+) -> CastCounts | None:
+    """Stream the weighted mean of one tensor (or slice) into the writer."""
+    src = _dt.lookup(t.info.dtype)
+    out = _dt.lookup(t.new_dtype)
+    complex_ = src.kind == "complex"
+    acc_dtype = np.dtype(np.complex128 if complex_ else np.float64)
+    caster = None
+    if not complex_ and out.name != "float64":
+        caster = Caster(_dt.lookup("float64"), out, p.options.overflow)
+    # In flight per step: each source's piece (twice, while it is cut to size), the
+    # accumulator, one term and the result: about one chunk budget in all.
+    n = len(p.sources)
+    per_element = 2 * n * src.fixed_itemsize + 2 * acc_dtype.itemsize + out.fixed_itemsize
+    step = max(1, p.options.chunk_bytes // per_element)
+    read_bytes = step * src.fixed_itemsize
+    readers = [
+        _aligned(s.ckpt.iter_chunks(t.name, read_bytes, extents=extents), step) for s in p.sources
+    ]
+    stream = (
+        w.stream_slice(t.new_name, out.name, t.info.shape, extents, shard=shard)
+        if extents
+        else w.stream(t.new_name, out.name, t.info.shape, shard=shard)
+    )
+    with stream:
+        for parts in zip(*readers, strict=True):
+            acc = weighted_mean(parts, p.weights, acc_dtype)
+            if caster is not None:
+                result = caster(acc)
+            elif complex_:
+                result = acc.astype(out.array_dtype)
+            else:
+                result = acc
+            stream.write(result)
+            if progress:
+                progress(sum(x.nbytes for x in parts))
+    return caster.counts if caster is not None else None
+
+
+def _parts(a: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The real arrays to scale: a complex array's real and imaginary parts, each alone
+    (a complex product with ``w + 0j`` would turn an infinite part into NaN)."""
+    return (a.real, a.imag) if a.dtype.kind == "c" else (a,)
+
+
+def weighted_mean(parts: Sequence[np.ndarray], weights: Sequence[float], wide) -> np.ndarray:
+    """``(w_1 x_1 + ... + w_n x_n) / (w_1 + ... + w_n)`` element-wise, in ``wide``
+    (float64 or complex128), summed in source order.
+
+    Where that sum overflows although the mean would not (float64 sources near their
+    largest values), those elements are summed again with each weight divided first.
+    """
+    total = math.fsum(weights)
+    acc = np.empty(parts[0].size, dtype=wide)
+    term = np.empty_like(acc)
+    with np.errstate(all="ignore"):
+        for k, (x, weight) in enumerate(zip(parts, weights)):
+            target = acc if k == 0 else term
+            np.copyto(target, x, casting="unsafe")
+            if weight != 1.0:
+                for part in _parts(target):
+                    part *= weight
+            if k:
+                acc += term
+        for part in _parts(acc):
+            part /= total
+        over = ~np.isfinite(acc)
+        if over.any():
+            terms = []
+            for x, weight in zip(parts, weights):
+                term = x[over].astype(wide)
+                for part in _parts(term):
+                    part *= weight / total
+                terms.append(term)
+            again = terms[0]  # not from zeros: -0.0 stays -0.0
+            for term in terms[1:]:
+                again += term
+            acc[over] = again
+    return acc
+
+
+def _copy_tensor(
+    ckpt: Checkpoint,
+    w: BundleWriter,
+    t: AveragedTensor,
+    extents,
+    shard: int | None,
+    chunk_bytes: int,
+    progress: Callable[[int], None] | None,
+) -> None:
+    """Copy one tensor (or slice) of the newest source unchanged."""
+    dtype = _dt.lookup(t.info.dtype)
+    read_bytes = max(chunk_bytes // 8, 1 << 16)
+    done = 0
+    if dtype is _dt.STRING and (extents or not t.info.slices):
+        stream = (
+            w.stream_slice(t.new_name, dtype.name, t.info.shape, extents, shard=shard)
+            if extents
+            else w.stream(t.new_name, dtype.name, t.info.shape, shard=shard)
+        )
+        assert isinstance(stream, StringStream)
+        with stream:
+            for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
+                if kind == "lengths":
+                    stream.write_lengths(part)
+                else:
+                    stream.write_data(part)
+                done += nbytes
+    elif dtype is _dt.STRING:  # a partitioned string tensor written whole
+        w.add(t.new_name, ckpt[t.name], dtype.name, shard=shard)
+        done = t.info.nbytes
+    elif dtype.numpy is None:
+        if ckpt.header.endianness != w.endianness:
+            raise UnsupportedCheckpointError(
+                f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
+                "be rewritten",
+                path=ckpt.prefix,
+                tensor=t.name,
+            )
+        data = ckpt.read_bytes(t.name, extents)
+        shape = (
+            t.info.shape
+            if not extents
+            else tuple(d if n is None else n for d, (_, n) in zip(t.info.shape, extents))
+        )
+        w.add_raw(
+            t.new_name,
+            dtype.name,
+            shape,
+            data,
+            extents=extents,
+            full_shape=t.info.shape if extents else None,
+            shard=shard,
+        )
+        done = len(data)
+    else:
+        stream = (
+            w.stream_slice(t.new_name, dtype.name, t.info.shape, extents, shard=shard)
+            if extents
+            else w.stream(t.new_name, dtype.name, t.info.shape, shard=shard)
+        )
+        with stream:
+            for chunk in ckpt.iter_chunks(t.name, read_bytes, extents=extents):
+                stream.write(chunk)
+                done += chunk.nbytes
+    if progress:
+        progress(done)
+
+
+__all__ = ["average", "plan_average", "write_average", "last_checkpoints", "AveragePlan"]
