@@ -61,3 +61,12 @@ class CastOverflowError(CheckpointError):
             f"nothing written (use overflow='clip' or 'inf'): {listed}",
             path=dst,
         )
+
+
+class KerasWeightsError(CheckpointError):
+    """A Keras model's weights and a checkpoint do not match (missing or misshapen);
+    nothing was assigned. ``report`` is the :class:`tfckpt.keras.LoadReport` so far."""
+
+    def __init__(self, message: str, *, report, path: str | None = None):
+        self.report = report
+        super().__init__(message, path=path)
