@@ -74,6 +74,23 @@ def emb_lstm(k):
     return k.Model(x, k.layers.Dense(2, name="head")(h), name="emb_lstm")
 
 
+def subclassed(k):
+    """No layer list in the checkpoint: the layers are attributes."""
+
+    class Net(k.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.hidden = k.layers.Dense(6, activation="relu", name="hidden")
+            self.head = k.layers.Dense(2, name="head")
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    model = Net()
+    model(np.zeros((1, 3), "float32"))
+    return model
+
+
 def tf1_keras(k):
     """The Keras form of the TF1 graph written by :func:`write_tf1`."""
     return k.Sequential(
@@ -86,7 +103,14 @@ def tf1_keras(k):
     )
 
 
-MODELS = {"seq": seq_bn, "shared": shared, "cnn": cnn, "nested": nested, "lstm": emb_lstm}
+MODELS = {
+    "seq": seq_bn,
+    "shared": shared,
+    "cnn": cnn,
+    "nested": nested,
+    "lstm": emb_lstm,
+    "sub": subclassed,
+}
 
 
 def inputs(case: str) -> list[np.ndarray]:

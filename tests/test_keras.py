@@ -229,9 +229,12 @@ def test_overflow_clip(out):
 
 
 def test_checkpoint_without_a_keras_model_is_a_clean_error(out):
-    error = _result(out, "no-model")[0]["error"]
-    assert error["type"] == "CheckpointError"
-    assert "plain/ckpt" in error["message"] and "assignment_map" in error["message"]
+    record = _result(out, "no-model")[0]
+    error = record["error"]
+    assert error["type"] == "KerasWeightsError"
+    assert "plain/ckpt" in error["message"] and "no tensor for seq/d1/kernel" in error["message"]
+    assert "assignment_map" in error["message"]
+    assert sorted(record["unchanged"]) == sorted(record["dtypes"])
 
 
 def test_keras_3_on_tensorflow_loads_tf_keras_weights(out):

@@ -258,15 +258,19 @@ class _GraphMatcher:
         self.why: dict[str, str] = {}
 
     def match_model(self, model):
-        root = self._model_node()
-        if root is None:
-            raise CheckpointError(
-                "found no Keras model in the object graph (no layer_with_weights-N or "
-                "_operations objects); load by name with assignment_map",
-                path=self.label,
-            )
-        node, where = root
-        self._match(model, node, where)
+        found = self._model_node()
+        if found is not None:
+            self._match(model, *found)
+        else:
+            # No layer list (a subclassed model): the variables pair by name, in order.
+            children = self._children(0)
+            node, where = (children["model"], "model") if "model" in children else (0, "")
+            self._leaf(model, node, where)
+            for path in self.why:
+                self.why[path] += (
+                    " (the checkpoint has no layer_with_weights-N or _operations objects: "
+                    "variables were matched by name; load by name with assignment_map)"
+                )
         return self.pairs, self.why
 
     # The checkpoint's side.
@@ -277,43 +281,41 @@ class _GraphMatcher:
             out.setdefault(c.local_name, c.node_id)
         return out
 
-    def _container(self, node_id: int) -> int | None:
-        """The node whose children are the model's layers, if ``node_id`` is a model."""
+    def _container(self, node_id: int, where: str) -> tuple[int, str] | None:
+        """The node whose children are the model's layers, and its path, if it is a model."""
         seen = set()
         while node_id not in seen:
             seen.add(node_id)
             children = self._children(node_id)
             if any(_LAYER_WITH_WEIGHTS.match(n) for n in children) or "_operations" in children:
-                return node_id
+                return node_id, where
             if "_functional" not in children:  # Keras 3's Sequential wraps a Functional
                 return None
-            node_id = children["_functional"]
+            node_id, where = children["_functional"], _join(where, "_functional")
         return None
 
     def _model_node(self) -> tuple[int, str] | None:
-        if self._container(0) is not None:
+        if self._container(0, "") is not None:
             return 0, ""
         children = self._children(0)
-        if "model" in children and self._container(children["model"]) is not None:
+        if "model" in children and self._container(children["model"], "") is not None:
             return children["model"], "model"
-        found = [(i, n) for n, i in children.items() if self._container(i) is not None]
+        found = [(i, n) for n, i in children.items() if self._container(i, "") is not None]
         return (found[0][0], escape_local_name(found[0][1])) if len(found) == 1 else None
 
-    def _layers(self, node_id: int, where: str) -> list[tuple[int, str]]:
+    def _layers(self, container: int, where: str) -> list[tuple[int, str]]:
         """The model's layers that hold weights, in the model's order, with their paths."""
-        container = self._container(node_id)
-        assert container is not None
         children = self._children(container)
         numbered = sorted(
             (int(m[1]), i, n) for n, i in children.items() if (m := _LAYER_WITH_WEIGHTS.match(n))
         )
         if numbered:
             return [(i, _join(where, n)) for _, i, n in numbered]
+        where = _join(where, "_operations")
         ops = self._children(children["_operations"])
         ordered = sorted((int(n), i) for n, i in ops.items() if n.isdigit())
-        base = _join(where, "_operations") if container == node_id else where
         return [
-            (i, _join(base, str(k)))
+            (i, _join(where, str(k)))
             for k, i in ordered
             if next(self._variables(i, ""), None) is not None
         ]
@@ -341,9 +343,10 @@ class _GraphMatcher:
         return isinstance(layer, self.keras.Model) and hasattr(layer, "layers")
 
     def _match(self, layer, node_id: int, where: str) -> None:
-        if self._is_model(layer) and self._container(node_id) is not None:
+        container = self._container(node_id, where) if self._is_model(layer) else None
+        if container is not None:
             mine = [sub for sub in layer.layers if sub.weights]
-            theirs = self._layers(node_id, where)
+            theirs = self._layers(*container)
             for k, sub in enumerate(mine):
                 if k < len(theirs):
                     self._match(sub, *theirs[k])
@@ -351,9 +354,12 @@ class _GraphMatcher:
                     for var in sub.weights:
                         self.why[var.path] = (
                             f"layer {sub.name!r} is layer with weights {k} of "
-                            f"{layer.name!r}; the checkpoint's has {len(theirs)}"
+                            f"{layer.name!r}; the checkpoint has {len(theirs)} there"
                         )
             return
+        self._leaf(layer, node_id, where)
+
+    def _leaf(self, layer, node_id: int, where: str) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
         for name, path, tensor in self._variables(node_id, where):
             groups.setdefault(name, []).append((path, tensor))
