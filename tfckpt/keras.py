@@ -19,7 +19,8 @@ that have weights pair in order with the checkpoint's ``layer_with_weights-N``
 objects (tf.keras 2.x) or with the weight-holding entries of ``_operations``
 (Keras 3 on TensorFlow); a nested model recurses; within one layer the
 variables pair by name (the last object name, ``_kernel`` as ``kernel``), in
-order where a name repeats. Name-based checkpoints map tensor names to
+order where a name repeats; a checkpoint without such layer lists (a subclassed
+model's) pairs all the model's variables so. Name-based checkpoints map tensor names to
 ``variable.path`` through ``assignment_map``.
 """
 
@@ -42,6 +43,7 @@ from .planner import _compile_rules, _new_name
 from .reader import Checkpoint
 
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_SHOWN = 10  # problems named in an error message; the report has them all
 _LAYER_WITH_WEIGHTS = re.compile(r"layer_with_weights-(\d+)\Z")
 # Edges that never lead to a layer's weights: optimizers (a compiled nested model
 # has its own) and Keras 3's seed generators, whose state is a variable but no weight.
@@ -179,8 +181,11 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
             for p, (t, a, b) in report.mismatched.items()
         ]
     if problems:
+        shown = problems[:_SHOWN] + (
+            [f"{len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else []
+        )
         raise KerasWeightsError(
-            f"cannot load into {model.name!r}, nothing assigned: " + "; ".join(problems),
+            f"cannot load into {model.name!r}, nothing assigned: " + "; ".join(shown),
             report=report,
             path=label,
         )
@@ -195,8 +200,8 @@ def _converted(
     array: np.ndarray, source: str, target: str, overflow: OverflowPolicy, path, tensor
 ) -> tuple[np.ndarray, int]:
     """``array`` as ``target`` and how many values overflowed on the way."""
-    if source == target:
-        return np.array(array), 0
+    if source == target:  # a view of the file until assigned, when it is mapped
+        return np.asarray(array), 0
     src, tgt = _dt.lookup(source), _dt.lookup(target)
     if src.is_floating and tgt.is_floating:
         caster = Caster(src, tgt, overflow)
