@@ -252,6 +252,9 @@ def _jobs():
     yield "overflow", "tf1-big", tf1_keras, tf1_map, "float16"
     yield "overflow-clip", "tf1-big", tf1_keras, {**tf1_map, "overflow": "clip"}, "float16"
     yield "no-model", "plain", seq_bn, {}, None
+    by_layer = {"layer_with_weights-0/": "d1/", "layer_with_weights-1/": "bn/"}
+    yield "by-name", "seq-k2w", seq_bn, {"assignment_map": {**by_layer, "l.*-2/": "out/"}}, None
+    yield "by-name-clash", "seq-k2w", seq_bn, {"assignment_map": {r"l\w+-\d/": "d1/"}}, None
     for policy in ("float16", "bfloat16", "mixed_float16"):
         yield policy, "seq-k2w", seq_bn, {}, policy
     yield "missing", "seq-k2w", lambda k: seq_bn(k, extra=True), {}, None

@@ -247,3 +247,24 @@ def test_keras_3_on_tensorflow_loads_tf_keras_weights(out):
         np.testing.assert_array_equal(arrays[path], _tf_value(out, "seq-k2w", tensor))
     want = np.load(out / "seq-k2w" / "io.npz")["pred"]
     np.testing.assert_allclose(arrays["__pred__"], want, rtol=RTOL, atol=ATOL)
+
+
+def test_tf2_checkpoint_by_name_through_assignment_map(out):
+    record, arrays = _result(out, "by-name")
+    report = _loaded(record)
+    assert report["loaded"]["seq/out/kernel"] == (
+        "layer_with_weights-2/kernel/.ATTRIBUTES/VARIABLE_VALUE"
+    )
+    assert sorted(report["loaded"]) == sorted(record["dtypes"])
+    for path, tensor in report["loaded"].items():
+        np.testing.assert_array_equal(arrays[path], _tf_value(out, "seq-k2w", tensor))
+
+
+def test_two_tensors_mapped_to_one_variable_is_an_error(out):
+    record = _result(out, "by-name-clash")[0]
+    error = record["error"]
+    assert error["type"] == "CheckpointError"
+    assert "both 'layer_with_weights-0/bias/.ATTRIBUTES/VARIABLE_VALUE' and " in error["message"]
+    assert "map to the variable 'seq/d1/bias'" in error["message"]
+    assert "seq-k2w/ckpt" in error["message"]
+    assert sorted(record["unchanged"]) == sorted(record["dtypes"])
