@@ -252,6 +252,7 @@ def _jobs():
     yield "overflow", "tf1-big", tf1_keras, tf1_map, "float16"
     yield "overflow-clip", "tf1-big", tf1_keras, {**tf1_map, "overflow": "clip"}, "float16"
     yield "no-model", "plain", seq_bn, {}, None
+    yield "tf1-no-map", "tf1", tf1_keras, {}, None
     by_layer = {"layer_with_weights-0/": "d1/", "layer_with_weights-1/": "bn/"}
     yield "by-name", "seq-k2w", seq_bn, {"assignment_map": {**by_layer, "l.*-2/": "out/"}}, None
     yield "by-name-clash", "seq-k2w", seq_bn, {"assignment_map": {r"l\w+-\d/": "d1/"}}, None

@@ -268,3 +268,15 @@ def test_two_tensors_mapped_to_one_variable_is_an_error(out):
     assert "map to the variable 'seq/d1/bias'" in error["message"]
     assert "seq-k2w/ckpt" in error["message"]
     assert sorted(record["unchanged"]) == sorted(record["dtypes"])
+
+
+def test_tf1_checkpoint_without_assignment_map_names_what_is_missing(out):
+    record = _result(out, "tf1-no-map")[0]
+    error = record["error"]
+    assert error["type"] == "KerasWeightsError"
+    assert "tf1/ckpt" in error["message"]
+    assert (
+        "no tensor for tf1_model/hidden/kernel (no tensor's name (no assignment_map given)"
+        in (error["message"])
+    )
+    assert sorted(record["unchanged"]) == sorted(record["dtypes"])

@@ -146,27 +146,23 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
         pairs, why = _GraphMatcher(keras, graph, ckpt, label).match_model(model)
 
     report = LoadReport(path=label)
-    values: list[tuple[Any, np.ndarray]] = []
-    overflows: dict[str, int] = {}
     paired = {id(v): t for v, t in pairs}
+    matched = []
     for var in weights:
         tensor = paired.get(id(var))
+        if tensor is not None and tensor not in ckpt:
+            why[var.path] = f"the object graph names {tensor!r}, which the checkpoint lacks"
+            tensor = None
         if tensor is None:
             report.missing.append(var.path)
             continue
-        info = ckpt.info(tensor)
+        shape = tuple(ckpt.info(tensor).shape)
         want = tuple(int(d) for d in var.shape)
-        if tuple(info.shape) != want:
-            report.mismatched[var.path] = (tensor, tuple(info.shape), want)
-            continue
-        target = keras.backend.standardize_dtype(var.dtype)
-        value, counts = _converted(ckpt[tensor], info.dtype, target, overflow, label, tensor)
-        if info.dtype != target:
-            report.cast[var.path] = (info.dtype, target)
-        if counts and overflow == "error":
-            overflows[var.path] = counts
-        values.append((var, value))
-        report.loaded[var.path] = tensor
+        if shape != want:
+            report.mismatched[var.path] = (tensor, shape, want)
+        else:
+            matched.append((var, tensor))
+            report.loaded[var.path] = tensor
     taken = set(report.loaded.values()) | {t for t, _, _ in report.mismatched.values()}
     report.unused = [k for k in ckpt.keys() if k != OBJECT_GRAPH_KEY and k not in taken]
 
@@ -189,6 +185,17 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
             report=report,
             path=label,
         )
+    values = []
+    overflows: dict[str, int] = {}
+    for var, tensor in matched:
+        source = ckpt.info(tensor).dtype
+        target = keras.backend.standardize_dtype(var.dtype)
+        value, counts = _converted(ckpt[tensor], source, target, overflow, label, tensor)
+        if source != target:
+            report.cast[var.path] = (source, target)
+        if counts and overflow == "error":
+            overflows[var.path] = counts
+        values.append((var, value))
     if overflows:
         raise CastOverflowError(overflows, label)
     for var, value in values:
@@ -245,7 +252,13 @@ def _match_by_name(model, ckpt, assignment_map, label):
                 path=label,
             )
         pairs[id(var)] = (var, name)
-    return list(pairs.values()), {}
+    how = "after assignment_map" if rules else "(no assignment_map given)"
+    why = {
+        v.path: f"no tensor's name {how} is {v.path!r} or the path below {model.name!r}"
+        for v in model.weights
+        if id(v) not in pairs
+    }
+    return list(pairs.values()), why
 
 
 # -- object-graph matching
