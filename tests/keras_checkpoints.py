@@ -6,7 +6,7 @@ Run as a script, in two roles, each in a process of its own (see tests/test_kera
   each model, save it (``save_weights`` in TF format, ``tf.train.Checkpoint``), and
   store its inputs and predictions next to the checkpoint; plus a TF1 name-based
   checkpoint with a partitioned variable.
-- ``load OUT``: Keras 3 on JAX, in a process where TensorFlow cannot be imported,
+- ``load OUT`` (``load-numpy OUT``): Keras 3 on JAX (on NumPy, a few models), in a process where TensorFlow cannot be imported,
   builds the same architectures, loads every checkpoint with
   ``tfckpt.keras.load_weights``, and stores its predictions, weights and reports.
 
@@ -270,16 +270,21 @@ def _jobs():
     yield "mismatch-skipped", "seq-k3", lambda k: seq_bn(k, width=9), {"skip_mismatch": True}, None
 
 
-def load(out: Path) -> None:
+NUMPY_JOBS = ("seq-k2w", "nested-k2", "lstm-k3")  # a few, on Keras's NumPy backend too
+
+
+def load(out: Path, backend: str = "jax") -> None:
     sys.meta_path.insert(0, _NoTensorFlow())
-    os.environ["KERAS_BACKEND"] = "jax"
+    os.environ["KERAS_BACKEND"] = backend
     import keras
 
     import tfckpt.keras
 
-    results = out / "results"
+    results = out / ("results" if backend == "jax" else f"results-{backend}")
     results.mkdir()
     for name, source, build, kwargs, policy in _jobs():
+        if backend != "jax" and name not in NUMPY_JOBS:
+            continue
         keras.config.set_dtype_policy(policy or "float32")
         model = build(keras)
         keras.config.set_dtype_policy("float32")
@@ -313,4 +318,4 @@ def load(out: Path) -> None:
 
 if __name__ == "__main__":
     role, where = sys.argv[1], Path(sys.argv[2])
-    {"write": write, "load": load}[role](where)
+    {"write": write, "load": load, "load-numpy": lambda d: load(d, "numpy")}[role](where)

@@ -57,12 +57,13 @@ def out(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("keras")
     _run("write", d)
     _run("load", d, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    _run("load-numpy", d, KERAS_BACKEND="numpy")
     return d
 
 
-def _result(out: Path, name: str) -> tuple[dict, dict[str, np.ndarray]]:
-    record = json.loads((out / "results" / f"{name}.json").read_text())
-    with np.load(out / "results" / f"{name}.npz") as z:
+def _result(out: Path, name: str, results="results") -> tuple[dict, dict[str, np.ndarray]]:
+    record = json.loads((out / results / f"{name}.json").read_text())
+    with np.load(out / results / f"{name}.npz") as z:
         arrays = {k: z[k] for k in z.files}
     return record, arrays
 
@@ -90,6 +91,19 @@ def test_predictions_and_weights_equal_the_original(out, name):
     report = _loaded(record)
     assert sorted(report["loaded"]) == sorted(record["dtypes"])
     assert report["missing"] == [] and report["mismatched"] == {} and report["cast"] == {}
+    for path, tensor in report["loaded"].items():
+        np.testing.assert_array_equal(arrays[path], _tf_value(out, name, tensor), err_msg=path)
+    want = np.load(out / name / "io.npz")["pred"]
+    np.testing.assert_allclose(arrays["__pred__"], want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", kc.NUMPY_JOBS)
+def test_numpy_backend(out, name):
+    summary = json.loads((out / "results-numpy" / "summary.json").read_text())
+    assert summary == {"backend": "numpy", "tensorflow_imported": []}
+    record, arrays = _result(out, name, "results-numpy")
+    report = _loaded(record)
+    assert sorted(report["loaded"]) == sorted(record["dtypes"])
     for path, tensor in report["loaded"].items():
         np.testing.assert_array_equal(arrays[path], _tf_value(out, name, tensor), err_msg=path)
     want = np.load(out / name / "io.npz")["pred"]
