@@ -66,3 +66,12 @@ class CastOverflowError(CheckpointError):
 class CheckpointPathWarning(UserWarning):
     """A path was found other than where it was written: a state file naming checkpoints
     by paths of another machine or directory, taken from beside the state file instead."""
+
+
+class KerasWeightsError(CheckpointError):
+    """A Keras model's weights and a checkpoint do not match (missing or misshapen);
+    nothing was assigned. ``report`` is the :class:`tfckpt.keras.LoadReport` so far."""
+
+    def __init__(self, message: str, *, report, path: str | None = None):
+        self.report = report
+        super().__init__(message, path=path)

@@ -1,0 +1,396 @@
+"""Load TensorFlow-format checkpoints into Keras 3 models, on any Keras backend.
+
+Keras 3 reads only its own ``.weights.h5`` files, so weights that tf.keras 2.x
+saved with ``model.save_weights(prefix)``, ``tf.train.Checkpoint(model=...)``
+saves, and name-based (TF1) checkpoints are loaded here, from the files alone:
+
+>>> import keras, tfckpt.keras
+>>> model = build_model()  # the same architecture, built (its weights exist)
+>>> report = tfckpt.keras.load_weights(model, "train/ckpt-12")
+>>> report.unused[:1]
+['optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE']
+
+Keras is imported when a function here is called (never by ``import tfckpt``)
+and TensorFlow is never imported by this module: Keras imports it only when it
+is Keras's own backend.
+
+Matching follows the object graph as tf.keras restores it: a model's layers
+that have weights pair in order with the checkpoint's ``layer_with_weights-N``
+objects (tf.keras 2.x) or with the weight-holding entries of ``_operations``
+(Keras 3 on TensorFlow); a nested model recurses; within one layer the
+variables pair by name (the last object name, ``_kernel`` as ``kernel``), in
+order where a name repeats; a checkpoint without such layer lists (a subclassed
+model's) pairs all the model's variables so. Name-based checkpoints map tensor names to
+``variable.path`` through ``assignment_map``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import dtypes as _dt
+from .cast import OVERFLOW_POLICIES, Caster, OverflowPolicy
+from .errors import CastOverflowError, CheckpointError, KerasWeightsError
+from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
+from .options import RenameRules
+from .planner import _compile_rules, _new_name
+from .reader import Checkpoint
+
+VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_SHOWN = 10  # problems named in an error message; the report has them all
+_LAYER_WITH_WEIGHTS = re.compile(r"layer_with_weights-(\d+)\Z")
+# Edges that never lead to a layer's weights: optimizers (a compiled nested model
+# has its own) and Keras 3's seed generators, whose state is a variable but no weight.
+_NOT_WEIGHTS = re.compile(r"optimizer\Z|_?seed_generator")
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_weights` did.
+
+    ``loaded`` maps each assigned variable's ``path`` to its tensor; ``missing``
+    lists variables no tensor matched; ``mismatched`` maps a variable to
+    ``(tensor, checkpoint shape, variable shape)``; ``unused`` lists the
+    checkpoint's tensors nothing took (optimizer slots, counters, extra
+    layers); ``cast`` maps a variable to ``(checkpoint dtype, variable dtype)``
+    where the values were cast.
+    """
+
+    path: str
+    loaded: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    mismatched: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict
+    )
+    unused: list[str] = field(default_factory=list)
+    cast: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["mismatched"] = {
+            k: {"tensor": t, "checkpoint_shape": list(a), "variable_shape": list(b)}
+            for k, (t, a, b) in self.mismatched.items()
+        }
+        out["cast"] = {k: {"from": a, "to": b} for k, (a, b) in self.cast.items()}
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadReport({self.path!r}: {len(self.loaded)} loaded, {len(self.missing)} missing, "
+            f"{len(self.mismatched)} mismatched, {len(self.unused)} unused, "
+            f"{len(self.cast)} cast)"
+        )
+
+
+def load_weights(
+    model,
+    path,
+    *,
+    assignment_map: RenameRules | None = None,
+    allow_missing: bool = False,
+    skip_mismatch: bool = False,
+    overflow: OverflowPolicy = "error",
+) -> LoadReport:
+    """Load a TensorFlow checkpoint into a built Keras 3 ``model``; return a :class:`LoadReport`.
+
+    ``path`` is anything :func:`tfckpt.open` takes, or an open
+    :class:`~tfckpt.Checkpoint`. A TF2 checkpoint (tf.keras ``save_weights``
+    in TF format, ``tf.train.Checkpoint(model=...)`` of a tf.keras or Keras 3
+    model) is matched through its object graph. With ``assignment_map``, or
+    for a checkpoint without an object graph (TF1), tensors are matched by
+    name instead: ``assignment_map`` is ``{regex: replacement}`` (or pairs),
+    matched at the start of each tensor name, the first match applying, as in
+    :func:`tfckpt.rename`; a tensor whose new name (without a trailing
+    ``/.ATTRIBUTES/VARIABLE_VALUE``) is a variable's ``path``, or its path
+    below the model's name, loads into it. A plain prefix is such a regex:
+    ``{"bert/encoder/": "encoder/"}``.
+
+    Every variable is checked before any is assigned: a variable without a
+    tensor raises :class:`~tfckpt.errors.KerasWeightsError` unless
+    ``allow_missing``; a shape that differs raises it unless
+    ``skip_mismatch`` (the variable is then left as it is). Values are cast to
+    each variable's dtype (a float32 checkpoint into a float16 or bfloat16
+    model) as ``tf.cast`` does; ``overflow`` says what values beyond the
+    target's range do (``'error'``: :class:`~tfckpt.CastOverflowError`,
+    ``'clip'``, ``'inf'``). Partitioned tensors are reassembled.
+
+    >>> report = tfckpt.keras.load_weights(model, "tf1/model.ckpt-900",
+    ...                                     assignment_map={"old_scope/": ""})
+    """
+    if overflow not in OVERFLOW_POLICIES:
+        raise CheckpointError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
+    keras = importlib.import_module("keras")
+    if isinstance(path, Checkpoint):
+        return _load(keras, model, path, assignment_map, allow_missing, skip_mismatch, overflow)
+    with Checkpoint(path) as ckpt:
+        return _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow)
+
+
+def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow):
+    label = ckpt.prefix
+    weights = list(model.weights)
+    if not weights:
+        raise CheckpointError(
+            f"the model {model.name!r} has no weights: build it before loading", path=label
+        )
+    if assignment_map is not None or OBJECT_GRAPH_KEY not in ckpt:
+        pairs, why = _match_by_name(model, ckpt, assignment_map, label)
+    else:
+        graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=label)
+        pairs, why = _GraphMatcher(keras, graph, ckpt, label).match_model(model)
+
+    report = LoadReport(path=label)
+    paired = {id(v): t for v, t in pairs}
+    matched = []
+    for var in weights:
+        tensor = paired.get(id(var))
+        if tensor is not None and tensor not in ckpt:
+            why[var.path] = f"the object graph names {tensor!r}, which the checkpoint lacks"
+            tensor = None
+        if tensor is None:
+            report.missing.append(var.path)
+            continue
+        shape = tuple(ckpt.info(tensor).shape)
+        want = tuple(int(d) for d in var.shape)
+        if shape != want:
+            report.mismatched[var.path] = (tensor, shape, want)
+        else:
+            matched.append((var, tensor))
+            report.loaded[var.path] = tensor
+    taken = set(report.loaded.values()) | {t for t, _, _ in report.mismatched.values()}
+    report.unused = [k for k in ckpt.keys() if k != OBJECT_GRAPH_KEY and k not in taken]
+
+    problems = []
+    if report.missing and not allow_missing:
+        problems += [
+            f"no tensor for {p}" + (f" ({why[p]})" if p in why else "") for p in report.missing
+        ]
+    if report.mismatched and not skip_mismatch:
+        problems += [
+            f"{p}: the checkpoint's {t!r} has shape {list(a)}, the variable {list(b)}"
+            for p, (t, a, b) in report.mismatched.items()
+        ]
+    if problems:
+        shown = problems[:_SHOWN] + (
+            [f"{len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else []
+        )
+        raise KerasWeightsError(
+            f"cannot load into {model.name!r}, nothing assigned: " + "; ".join(shown),
+            report=report,
+            path=label,
+        )
+    values = []
+    overflows: dict[str, int] = {}
+    for var, tensor in matched:
+        source = ckpt.info(tensor).dtype
+        target = keras.backend.standardize_dtype(var.dtype)
+        value, counts = _converted(ckpt[tensor], source, target, overflow, label, tensor)
+        if source != target:
+            report.cast[var.path] = (source, target)
+        if counts and overflow == "error":
+            overflows[var.path] = counts
+        values.append((var, value))
+    if overflows:
+        raise CastOverflowError(overflows, label)
+    for var, value in values:
+        var.assign(value)
+    return report
+
+
+def _converted(
+    array: np.ndarray, source: str, target: str, overflow: OverflowPolicy, path, tensor
+) -> tuple[np.ndarray, int]:
+    """``array`` as ``target`` and how many values overflowed on the way."""
+    if source == target:  # a view of the file until assigned, when it is mapped
+        return np.asarray(array), 0
+    src, tgt = _dt.lookup(source), _dt.lookup(target)
+    if src.is_floating and tgt.is_floating:
+        caster = Caster(src, tgt, overflow)
+        out = caster(np.asarray(array))
+        return out, caster.counts.overflow
+    if tgt.numpy is not None and src.kind in ("int", "uint", "bool") and tgt.kind != "float":
+        out = np.asarray(array).astype(tgt.numpy)
+        if np.array_equal(out.astype(array.dtype), array):
+            return out, 0
+    raise CheckpointError(
+        f"cannot load {source} values into a {target} variable without changing them",
+        path=path,
+        tensor=tensor,
+    )
+
+
+# -- name-based matching
+
+
+def _match_by_name(model, ckpt, assignment_map, label):
+    rules = _compile_rules(assignment_map)
+    targets: dict[str, Any] = {}
+    prefix = f"{model.name}/"
+    for var in model.weights:
+        targets.setdefault(var.path, var)
+        if var.path.startswith(prefix):
+            targets.setdefault(var.path[len(prefix) :], var)
+    pairs: dict[int, tuple[Any, str]] = {}
+    for name in ckpt.keys():
+        if name == OBJECT_GRAPH_KEY:
+            continue
+        new = _new_name(name, {}, rules)
+        if new.endswith(VARIABLE_SUFFIX):
+            new = new[: -len(VARIABLE_SUFFIX)]
+        var = targets.get(new)
+        if var is None:
+            continue
+        if id(var) in pairs:
+            raise CheckpointError(
+                f"both {pairs[id(var)][1]!r} and {name!r} map to the variable {var.path!r}",
+                path=label,
+            )
+        pairs[id(var)] = (var, name)
+    how = "after assignment_map" if rules else "(no assignment_map given)"
+    why = {
+        v.path: f"no tensor's name {how} is {v.path!r} or the path below {model.name!r}"
+        for v in model.weights
+        if id(v) not in pairs
+    }
+    return list(pairs.values()), why
+
+
+# -- object-graph matching
+
+
+class _GraphMatcher:
+    """Walks a Keras model's layers and the checkpoint's object graph together."""
+
+    def __init__(self, keras, graph: ObjectGraph, ckpt, label: str):
+        self.keras = keras
+        self.nodes = graph.nodes
+        self.ckpt = ckpt
+        self.label = label
+        self.pairs: list[tuple[Any, str]] = []
+        self.why: dict[str, str] = {}
+
+    def match_model(self, model):
+        found = self._model_node()
+        if found is not None:
+            self._match(model, *found)
+        else:
+            # No layer list (a subclassed model): the variables pair by name, in order.
+            children = self._children(0)
+            node, where = (children["model"], "model") if "model" in children else (0, "")
+            self._leaf(model, node, where)
+            for path in self.why:
+                self.why[path] += (
+                    " (the checkpoint has no layer_with_weights-N or _operations objects: "
+                    "variables were matched by name; load by name with assignment_map)"
+                )
+        return self.pairs, self.why
+
+    # The checkpoint's side.
+
+    def _children(self, node_id: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.nodes[node_id].children:
+            out.setdefault(c.local_name, c.node_id)
+        return out
+
+    def _container(self, node_id: int, where: str) -> tuple[int, str] | None:
+        """The node whose children are the model's layers, and its path, if it is a model."""
+        seen = set()
+        while node_id not in seen:
+            seen.add(node_id)
+            children = self._children(node_id)
+            if any(_LAYER_WITH_WEIGHTS.match(n) for n in children) or "_operations" in children:
+                return node_id, where
+            if "_functional" not in children:  # Keras 3's Sequential wraps a Functional
+                return None
+            node_id, where = children["_functional"], _join(where, "_functional")
+        return None
+
+    def _model_node(self) -> tuple[int, str] | None:
+        if self._container(0, "") is not None:
+            return 0, ""
+        children = self._children(0)
+        if "model" in children and self._container(children["model"], "") is not None:
+            return children["model"], "model"
+        found = [(i, n) for n, i in children.items() if self._container(i, "") is not None]
+        return (found[0][0], escape_local_name(found[0][1])) if len(found) == 1 else None
+
+    def _layers(self, container: int, where: str) -> list[tuple[int, str]]:
+        """The model's layers that hold weights, in the model's order, with their paths."""
+        children = self._children(container)
+        numbered = sorted(
+            (int(m[1]), i, n) for n, i in children.items() if (m := _LAYER_WITH_WEIGHTS.match(n))
+        )
+        if numbered:
+            return [(i, _join(where, n)) for _, i, n in numbered]
+        where = _join(where, "_operations")
+        ops = self._children(children["_operations"])
+        ordered = sorted((int(n), i) for n, i in ops.items() if n.isdigit())
+        return [
+            (i, _join(where, str(k)))
+            for k, i in ordered
+            if next(self._variables(i, ""), None) is not None
+        ]
+
+    def _variables(self, node_id: int, where: str) -> Iterator[tuple[str, str, str]]:
+        """``(name, object path, tensor)`` of every variable below ``node_id``, depth first."""
+        seen = {node_id}
+        stack = [(node_id, where, "")]
+        while stack:
+            i, path, name = stack.pop()
+            for attr in self.nodes[i].attributes:
+                if attr.name == "VARIABLE_VALUE":
+                    yield name.lstrip("_"), path, attr.checkpoint_key
+            todo = []
+            for c in self.nodes[i].children:
+                if c.node_id in seen or _NOT_WEIGHTS.match(c.local_name):
+                    continue
+                seen.add(c.node_id)
+                todo.append((c.node_id, _join(path, escape_local_name(c.local_name)), c.local_name))
+            stack.extend(reversed(todo))
+
+    # Both sides.
+
+    def _is_model(self, layer) -> bool:
+        return isinstance(layer, self.keras.Model) and hasattr(layer, "layers")
+
+    def _match(self, layer, node_id: int, where: str) -> None:
+        container = self._container(node_id, where) if self._is_model(layer) else None
+        if container is not None:
+            mine = [sub for sub in layer.layers if sub.weights]
+            theirs = self._layers(*container)
+            for k, sub in enumerate(mine):
+                if k < len(theirs):
+                    self._match(sub, *theirs[k])
+                else:
+                    for var in sub.weights:
+                        self.why[var.path] = (
+                            f"layer {sub.name!r} is layer with weights {k} of "
+                            f"{layer.name!r}; the checkpoint has {len(theirs)} there"
+                        )
+            return
+        self._leaf(layer, node_id, where)
+
+    def _leaf(self, layer, node_id: int, where: str) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for name, path, tensor in self._variables(node_id, where):
+            groups.setdefault(name, []).append((path, tensor))
+        for var in layer.weights:
+            found = groups.get(var.name)
+            if found:
+                self.pairs.append((var, found.pop(0)[1]))
+            else:
+                self.why[var.path] = f"no variable {var.name!r} under {where or 'the root'!r}"
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}/{b}" if a else b
+
+
+__all__ = ["LoadReport", "load_weights", "KerasWeightsError"]
