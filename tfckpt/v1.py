@@ -47,6 +47,7 @@ from .format import (
     slice_shape,
 )
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from .slicing import Region, assemble_region, region_index
 from .storage import Reader, Storage, normalize, storage_for
 from .table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
 
@@ -545,6 +546,23 @@ class V1Checkpoint(Checkpoint):
         for s in t.slices:
             out[slice_index(s)] = self._slice_values(t, s)
         return out
+
+    def _read_region(self, name: str, region: Region) -> np.ndarray:
+        """A region of a tensor: each stored slice it meets is parsed whole (values are
+        protobuf fields, not byte ranges), the others are not read."""
+        t = self._tensor(name)
+        if not self._partitioned(t):
+            return self._slice_values(t, t.slices[0])[region_index(region)]
+        self._check_disjoint_v1(t)
+        return assemble_region(
+            t.shape,
+            t.dtype,
+            t.slices,
+            region,
+            lambda extents, local: self._slice_values(t, extents)[region_index(local)],
+            path=self.prefix,
+            tensor=name,
+        )
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         t = self._tensor(name)
