@@ -18,6 +18,7 @@ from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpo
 from .format import format_slice
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from .storage import StorageOptions, takes_storage_options
 
 
 def scope_of(name: str) -> str:
@@ -461,7 +462,13 @@ class _Moments:
 # --- verify ------------------------------------------------------------------
 
 
-def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+@takes_storage_options()
+def verify(
+    path,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    storage_options: StorageOptions | None = None,
+) -> dict:
     """A full integrity check: ``{"prefix", "tensors", "bytes", "problems", "warnings"}``.
 
     Checks every index block checksum, every tensor's CRC32C, that every entry

@@ -54,7 +54,7 @@ from .format import (
     slice_shape,
 )
 from .slicing import Region, TensorSlice, assemble_region, region_counts, region_index
-from .storage import Reader, storage_for
+from .storage import Reader, StorageOptions, current_options, storage_for, takes_storage_options
 from .table import TableReader, crc32c, unmask_crc
 
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -114,7 +114,15 @@ class Checkpoint(collections.abc.Mapping):
     format = "bundle v2"
     _resolved: str | None = None
 
-    def __new__(cls, path=None, *, verify: bool = True, mmap: bool = True):
+    @takes_storage_options()
+    def __new__(
+        cls,
+        path=None,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+    ):
         # A path that designates no bundle may designate a V1 checkpoint, read by the
         # subclass of tfckpt.v1 through this same API.
         prefix = None
@@ -134,8 +142,17 @@ class Checkpoint(collections.abc.Mapping):
         obj._resolved = prefix  # resolved once: on object stores each look is a request
         return obj
 
-    def __init__(self, path, *, verify: bool = True, mmap: bool = True):
+    @takes_storage_options()
+    def __init__(
+        self,
+        path,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+    ):
         resolved, self._resolved = self._resolved, None
+        self.storage_options = current_options()
         self.prefix = resolved or paths.resolve_prefix(path)
         self.verify = verify
         self.mmap = mmap

@@ -48,7 +48,15 @@ from .format import (
 )
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from .slicing import Region, assemble_region, region_index
-from .storage import Reader, Storage, normalize, storage_for
+from .storage import (
+    Reader,
+    Storage,
+    StorageOptions,
+    current_options,
+    normalize,
+    storage_for,
+    takes_storage_options,
+)
 from .table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
 
 FORMAT_NAME = "V1 (tensor slices)"
@@ -271,7 +279,16 @@ class V1Checkpoint(Checkpoint):
 
     format = FORMAT_NAME
 
-    def __init__(self, path, *, verify: bool = True, mmap: bool = True):
+    @takes_storage_options()
+    def __init__(
+        self,
+        path,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+    ):
+        self.storage_options = current_options()
         resolved = resolve_files(path)
         if resolved is None:
             raise CheckpointNotFoundError("no V1 checkpoint found", path=normalize(path))
