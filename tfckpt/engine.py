@@ -594,7 +594,8 @@ def transform(
     :func:`~tfckpt.plan`, then :func:`execute`. ``options`` is an
     :class:`~tfckpt.Options` (every option and its default is described there);
     keyword arguments build or amend it. ``sources`` and ``dst`` may be fsspec
-    URLs; ``progress`` is called with source bytes done.
+    URLs, opened with ``storage_options`` (endpoint, credentials, ``anon=True``...);
+    ``progress`` is called with source bytes done.
 
     >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
     >>> tfckpt.transform(["a/ckpt", "b/ckpt"], "c/", tfckpt.Options(prefer="last"))
