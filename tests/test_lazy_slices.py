@@ -292,3 +292,17 @@ def test_dump_tensor_name_with_brackets(tmp_path):
     assert [(t["name"], t["values"]) for t in out] == [("b", 6)]
     out = json.loads(run_ok("dump", prefix, "--tensor", "^[b]", "--json"))["tensors"]
     assert [t["name"] for t in out] == ["b"]
+
+
+def test_requests_larger_than_a_chunk(tmp_path):
+    """Runs of rows are cut at about a chunk (16 MiB) and read apart; the parts join up."""
+    value = np.arange(5000 * 1100, dtype=np.float32).reshape(5000, 1100)
+    prefix = str(tmp_path / "huge")
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=["x"], shape_and_slices=[""], tensors=[tf.constant(value)]
+    )
+    want = tf.train.load_checkpoint(prefix).get_tensor("x")
+    with tfckpt.open(prefix) as ckpt:
+        part = ckpt.get_slice("x")
+        for key in [np.s_[10:4990], np.s_[::3, 7], np.s_[4999:0:-2, 1:-1:5], np.s_[..., -1]]:
+            same(part[key], want[key])

@@ -584,7 +584,8 @@ class Checkpoint(collections.abc.Mapping):
     def _read_entry_region(self, entry: _Entry, region: Region) -> np.ndarray:
         """A region of one stored entry. Each run of rows (axis 0) is one byte range,
         from the region's first element in the run's first row to its last one in the
-        last row; rows further apart than :data:`COALESCE_BYTES` are runs of their own."""
+        last row; rows whose spans lie further apart than :data:`COALESCE_BYTES` are
+        runs of their own, and a run holds at most about a chunk."""
         dtype, shape, counts = entry.dtype, entry.shape, region_counts(region)
         if dtype is _dt.STRING or not shape:
             return self._decode(entry)[region_index(region)]
@@ -603,11 +604,14 @@ class Checkpoint(collections.abc.Mapping):
             ends = [s + (c - 1) * st for s, c, st in region[1:]]
             last = int(np.ravel_multi_index(ends, shape[1:]))
         start, count, step = region[0]
-        if count == 1 or (step - 1) * row * itemsize <= COALESCE_BYTES:
-            runs = [(0, count)]
-        else:
-            runs = [(k, k + 1) for k in range(count)]
-        for k0, k1 in runs:
+        # Between two rows' spans lies a gap: read through it when it is small, but
+        # never hold more than a chunk of rows at once.
+        gap = (step * row - (last - first + 1)) * itemsize
+        per_run = (
+            1 if gap > COALESCE_BYTES else max(1, DEFAULT_CHUNK_BYTES // (step * row * itemsize))
+        )
+        for k0 in range(0, count, per_run):
+            k1 = min(count, k0 + per_run)
             r0, r1 = start + k0 * step, start + (k1 - 1) * step + 1
             base = r0 * row * itemsize
             lo, hi = (r0 * row + first) * itemsize, ((r1 - 1) * row + last + 1) * itemsize
