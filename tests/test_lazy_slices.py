@@ -306,3 +306,20 @@ def test_requests_larger_than_a_chunk(tmp_path):
         part = ckpt.get_slice("x")
         for key in [np.s_[10:4990], np.s_[::3, 7], np.s_[4999:0:-2, 1:-1:5], np.s_[..., -1]]:
             same(part[key], want[key])
+
+
+def test_variant_tensors_have_no_numpy_form(tmp_path):
+    prefix = str(tmp_path / "v")
+    tensor_list = tf.raw_ops.TensorListFromTensor(
+        tensor=tf.constant([1.0, 2.0]), element_shape=tf.constant([], tf.int32)
+    )
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=["tl"], shape_and_slices=[""], tensors=[tensor_list]
+    )
+    with tfckpt.open(prefix) as ckpt:
+        part = ckpt.get_slice("tl")
+        assert (part.shape, part.dtype, part.get_dtype()) == ((), None, "variant")
+        with pytest.raises(
+            tfckpt.UnsupportedCheckpointError, match="variant tensors have no numpy"
+        ):
+            part[...]

@@ -114,6 +114,14 @@ def test_open_with_storage_options_only(s3, tf_checkpoints):
     report = verify(url, storage_options=s3.opts)
     assert report["problems"] == [] and report["tensors"] == 4
 
+    with tfckpt.open(case.prefix) as want:
+        variables = {n: tf.Variable(np.zeros_like(want[n])) for n in want.keys()}
+        with pytest.raises(tfckpt.CheckpointError, match="NoCredentialsError"):
+            tfckpt.restore(variables, url)
+        tfckpt.restore(variables, url, storage_options=s3.opts)
+        for n, v in variables.items():
+            np.testing.assert_array_equal(v.numpy(), want[n])
+
 
 def test_write_and_transform_with_storage_options(s3, tf_checkpoints, tmp_path):
     """save, convert (tasks in spawned processes), export and import, to and from S3."""
