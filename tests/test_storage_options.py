@@ -144,6 +144,9 @@ def test_write_and_transform_with_storage_options(s3, tf_checkpoints, tmp_path):
             storage_options=s3.opts,
         )
     assert remote_files(s3, f"{s3.url}/fp16") == files(tmp_path / "fp16")
+    with tfckpt.open(f"{s3.url}/saved/m", storage_options=s3.opts) as src:
+        tfckpt.convert(src, tmp_path / "again" / "m", "float16")  # the source's options
+    assert files(tmp_path / "again") == files(tmp_path / "fp16")
     assert tfckpt.latest_checkpoint(f"{s3.url}/fp16") is None  # fsspec: False on any error
     assert tfckpt.latest_checkpoint(f"{s3.url}/fp16", storage_options=s3.opts) == f"{s3.url}/fp16/m"
 

@@ -401,4 +401,15 @@ def plan(
             pt.new_name,
         )
     )
-    return Plan(srcs, dst, planned, dropped, graph_bytes, options, current_options())
+    # Without options of its own, the plan takes those of the sources opened with some.
+    opened = [s.ckpt.storage_options for s in srcs if s.ckpt.storage_options is not None]
+    given = current_options()
+    return Plan(
+        srcs,
+        dst,
+        planned,
+        dropped,
+        graph_bytes,
+        options,
+        given if given is not None else next(iter(opened), None),
+    )

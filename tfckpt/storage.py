@@ -118,6 +118,8 @@ def takes_storage_options(
             options = kwargs.get("storage_options")
             if options is None and default is not None:
                 options = default(*args, **kwargs)
+            if options is None:
+                return fn(*args, **kwargs)
             with using_options(options):
                 return fn(*args, **kwargs)
 
