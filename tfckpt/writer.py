@@ -581,6 +581,9 @@ class BundleWriter(_Adder):
     ``max_shard_bytes`` would be exceeded; passing ``shard=`` places a tensor in a
     given shard instead (to keep a source checkpoint's layout).
 
+    ``prefix`` may be an fsspec URL; ``storage_options`` (endpoint, credentials...) go to
+    fsspec with it, and the writer keeps them until it is finished.
+
     >>> with BundleWriter("out/model") as w:
     ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
     """
@@ -743,7 +746,8 @@ def save(
 
     Arrays of numeric dtypes keep their dtype; object arrays of ``bytes`` (or
     ``bytes``/``str`` values) become string tensors. Tensors are written in
-    name order, so the same input always gives the same bytes.
+    name order, so the same input always gives the same bytes. ``prefix`` may be an
+    fsspec URL, opened with ``storage_options`` (as for :class:`BundleWriter`).
 
     >>> tfckpt.save({"w": np.zeros((2, 3), np.float16)}, "out/model")
     'out/model'
