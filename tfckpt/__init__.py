@@ -30,6 +30,7 @@ from .options import Options
 from .paths import latest_checkpoint
 from .planner import Plan, plan
 from .reader import Checkpoint
+from .slicing import TensorSlice
 from .writer import BundleWriter, save
 
 __version__ = "0.1.0"
@@ -47,7 +48,7 @@ def restore(target, path, **options):
     return _restore(target, path, **options)
 
 
-def verify_with_tf(path, *, reference=None) -> dict:
+def verify_with_tf(path, *, reference=None, storage_options=None) -> dict:
     """Compare every tensor with TensorFlow's own reader (and casts with ``tf.cast``).
 
     See :func:`tfckpt.tf.verify_with_tf`. Imports TensorFlow.
@@ -58,10 +59,12 @@ def verify_with_tf(path, *, reference=None) -> dict:
     """
     from .tf import verify_with_tf as _verify
 
-    return _verify(path, reference=reference)
+    return _verify(path, reference=reference, storage_options=storage_options)
 
 
-def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa: A001 - mirrors safetensors' safe_open
+def open(  # noqa: A001 - mirrors safetensors' safe_open
+    path, *, verify: bool = True, mmap: bool = True, storage_options=None
+) -> Checkpoint:
     """Open a checkpoint for reading.
 
     ``path`` may be a prefix (``train/model.ckpt-7``), its ``.index`` file, a
@@ -72,12 +75,14 @@ def open(path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:  # noqa
     index block checksums are always checked. With ``mmap`` (the default),
     ``ckpt[name]`` of a local checkpoint views the mapped file (zero-copy); such
     an array dies with SIGBUS if the file is truncated later. ``mmap=False``
-    reads into memory of its own.
+    reads into memory of its own. ``storage_options`` go to fsspec with a URL
+    (endpoint, credentials, ``anon=True``...). ``ckpt.get_slice(name)[0:10]`` reads
+    a part of a tensor (see :class:`~tfckpt.slicing.TensorSlice`).
 
     >>> ckpt = tfckpt.open("train")
     >>> ckpt.keys()[:2], ckpt.info("dense/kernel").dtype
     """
-    return Checkpoint(path, verify=verify, mmap=mmap)
+    return Checkpoint(path, verify=verify, mmap=mmap, storage_options=storage_options)
 
 
 __all__ = [
@@ -99,6 +104,7 @@ __all__ = [
     "Plan",
     "Summary",
     "Checkpoint",
+    "TensorSlice",
     "BundleWriter",
     "TensorInfo",
     "Header",

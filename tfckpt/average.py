@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,9 +36,15 @@ from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointErr
 from .format import TensorInfo
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
-from .planner import DtypePolicy, Source, open_sources, resolve_destination
+from .planner import (
+    DtypePolicy,
+    Source,
+    open_sources,
+    plan_storage_options,
+    resolve_destination,
+)
 from .reader import Checkpoint
-from .storage import storage_for
+from .storage import StorageOptions, kept_options, storage_for, takes_storage_options
 from .writer import BundleWriter, StringStream
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
@@ -81,6 +87,7 @@ class AveragePlan:
     dropped: list[tuple[str, str]]  # (name, reason)
     object_graph: bytes | None
     options: Options
+    storage_options: dict | None = field(default=None, repr=False, compare=False)
 
     def close(self) -> None:
         """Close the sources (the plan cannot be written after)."""
@@ -248,6 +255,7 @@ def _cut_nodes(graph: ObjectGraph, ids: set[int]) -> set[str]:
     return graph.prune()
 
 
+@takes_storage_options()
 def plan_average(
     sources,
     dst,
@@ -256,6 +264,7 @@ def plan_average(
     weights: Sequence[float] | None = None,
     use_ema: bool = False,
     last: int | None = None,
+    storage_options: StorageOptions | None = None,
     **changes,
 ) -> AveragePlan:
     """Decide what :func:`average` writes, from the sources' indexes alone."""
@@ -376,7 +385,9 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         )
     )
     dropped = [(n, gone[n]) for n in names if n in gone]
-    return AveragePlan(srcs, w, dst, tensors, dropped, graph_bytes, options)
+    return AveragePlan(
+        srcs, w, dst, tensors, dropped, graph_bytes, options, plan_storage_options(srcs)
+    )
 
 
 def _same_slices(srcs: list[Source], name: str) -> bool:
@@ -406,6 +417,7 @@ def _aligned(chunks: Iterator[np.ndarray], step: int) -> Iterator[np.ndarray]:
         yield pending[0] if len(pending) == 1 else np.concatenate(pending)
 
 
+@takes_storage_options()
 def average(
     sources,
     dst,
@@ -415,6 +427,7 @@ def average(
     use_ema: bool = False,
     last: int | None = None,
     progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions | None = None,
     **changes,
 ) -> Summary:
     """Write the element-wise (weighted) mean of several checkpoints of one model.
@@ -440,7 +453,13 @@ def average(
         p.close()
 
 
-def write_average(p: AveragePlan, *, progress: Callable[[int], None] | None = None) -> Summary:
+@takes_storage_options(kept_options)
+def write_average(
+    p: AveragePlan,
+    *,
+    progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions | None = None,
+) -> Summary:
     """Write a planned average and commit it atomically (see :func:`average`)."""
     start = time.perf_counter()
     opts = p.options

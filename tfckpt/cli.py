@@ -13,6 +13,7 @@ JSON alone on stdout, names exact.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -37,6 +38,7 @@ from .commands import (
 from .display import emit
 from .errors import CheckpointError, CheckpointPathWarning
 from .options import BACKENDS, DEFAULTS, PREFER
+from .storage import using_options
 
 EXIT_ERROR = 2
 
@@ -237,13 +239,67 @@ the last checkpoint given (with --last: the state file's latest) is the newest""
 
 
 def _sub(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    return sub.add_parser(
+    p = sub.add_parser(
         name,
         help=help,
         description=description,
         epilog=EXAMPLES[name],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument(
+        "--storage-option",
+        dest="storage_options",
+        metavar="KEY=VALUE",
+        type=_parse_storage_option,
+        action="append",
+        default=[],
+        help="an fsspec option for every URL (repeatable): true/false, numbers and JSON "
+        "are typed, a dotted KEY sets a nested one, e.g. anon=true, "
+        "endpoint_url=http://127.0.0.1:9000, client_kwargs.region_name=eu-west-1",
+    )
+    return p
+
+
+def _parse_storage_option(text: str) -> tuple[list[str], object]:
+    """``KEY=VALUE`` as (the dotted key's parts, the typed value)."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise argparse.ArgumentTypeError(f"not KEY=VALUE: {text!r}")
+    value: object = raw
+    lowered = raw.strip().lower()
+    if lowered in ("true", "false"):
+        value = lowered == "true"
+    elif lowered in ("none", "null"):
+        value = None
+    elif re.fullmatch(r"[+-]?\d+", raw.strip()):
+        value = int(raw)
+    elif raw.strip()[:1] in ("{", "[") or re.fullmatch(
+        r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?", raw.strip()
+    ):
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{key}: not JSON: {e}") from None
+    return parts, value
+
+
+def _storage_options(pairs: list[tuple[list[str], object]]) -> dict | None:
+    """The ``--storage-option`` pairs as one (nested) dict; None without any."""
+    if not pairs:
+        return None
+    out: dict = {}
+    for parts, value in pairs:
+        level = out
+        for i, part in enumerate(parts[:-1]):
+            level = level.setdefault(part, {})
+            if not isinstance(level, dict):
+                raise CheckpointError(
+                    f"--storage-option {'.'.join(parts)}: {'.'.join(parts[: i + 1])} "
+                    "is set to a value, not to options"
+                )
+        level[parts[-1]] = value
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor",
         metavar="NAME_OR_REGEX",
         action="append",
-        help="print the values of these tensors (repeatable)",
+        help="print the values of these tensors (repeatable); NAME[INDEX] prints a part, "
+        "reading only its bytes, e.g. 'emb[0:5]' or 'kernel[..., -1]'",
     )
     p.add_argument("--full", action="store_true", help="with --tensor, print every element")
     p.add_argument(
@@ -572,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), using_options(_storage_options(args.storage_options)):
             warnings.simplefilter("default", CheckpointPathWarning)
             warnings.showwarning = _show_warning(warnings.showwarning)
             return args.func(args)

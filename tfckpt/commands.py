@@ -21,6 +21,7 @@ from .options import Options
 from .orderedcode import encode_name
 from .planner import Plan, plan
 from .reader import Checkpoint
+from .slicing import parse_index, split_expression
 
 
 def _print_dump(data: dict) -> None:
@@ -58,26 +59,48 @@ def _print_dump(data: dict) -> None:
     table(rows, right={1, 2, 3})
 
 
-def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[str]:
-    """The tensors ``dump --tensor`` asks for: exact names, else regex matches; each once."""
-    names = []
+def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[tuple[str, str | None]]:
+    """The tensors ``dump --tensor`` asks for, each once, with the index asked for (or
+    None): an exact name; else a tensor's name followed by ``[index]`` (``emb[0:5]``);
+    else the names a regex matches."""
+    names: list[tuple[str, str | None]] = []
     for p in patterns:
         if p in ckpt:
-            names.append(p)
+            names.append((p, None))
+            continue
+        split = split_expression(p)
+        if split is not None and split[0] in ckpt:
+            names.append((split[0], p[len(split[0]) + 1 : -1]))
             continue
         matched = [n for n in ckpt.keys() if re.search(p, n)]
         if not matched:
             raise CheckpointError(f"no tensor matches {p!r}", path=ckpt.prefix)
-        names.extend(matched)
+        names.extend((n, None) for n in matched)
     return list(dict.fromkeys(names))
+
+
+def _value(ckpt: Checkpoint, name: str, index: str | None) -> np.ndarray:
+    """The tensor's value, or the part of it ``index`` asks for (only that part is read)."""
+    if index is None:
+        return ckpt[name]
+    part = ckpt.get_slice(name)
+    try:
+        return np.asarray(part[parse_index(index)])
+    except (IndexError, ValueError, TypeError) as e:
+        raise CheckpointError(
+            f"cannot index shape {list(part.shape)} with [{index}]: {e}",
+            path=ckpt.prefix,
+            tensor=name,
+        ) from None
 
 
 def _print_values(ckpt: Checkpoint, patterns: list[str], full: bool) -> None:
     threshold = sys.maxsize if full else 1000
-    for name in _value_names(ckpt, patterns):
+    for name, index in _value_names(ckpt, patterns):
         info = ckpt.info(name)
-        value = ckpt[name]
-        emit(f"{name} ({info.dtype} {shape_text(info.shape)})")
+        value = _value(ckpt, name, index)
+        label = name if index is None else f"{name}[{index}]"
+        emit(f"{label} ({info.dtype} {shape_text(value.shape)})")
         # --full prints each float in its shortest form that reads back exactly.
         if value.dtype == object and not full:
             value = np.vectorize(
@@ -130,14 +153,16 @@ def _json_values(value: np.ndarray, dtype: str) -> dict:
 
 def _dump_values_json(ckpt: Checkpoint, patterns: list[str]) -> None:
     tensors = []
-    for name in _value_names(ckpt, patterns):
+    for name, index in _value_names(ckpt, patterns):
         info = ckpt.info(name)
+        value = _value(ckpt, name, index)
         tensors.append(
             {
                 "name": name,
+                **({} if index is None else {"index": index}),
                 "dtype": info.dtype,
-                "shape": list(info.shape),
-                **_json_values(ckpt[name], info.dtype),
+                "shape": list(value.shape),
+                **_json_values(value, info.dtype),
             }
         )
     print_json({"prefix": ckpt.prefix, "tensors": tensors})

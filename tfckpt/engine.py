@@ -48,7 +48,13 @@ from .pipeline import (
 )
 from .planner import Plan, PlannedTensor, Source, plan
 from .reader import Checkpoint
-from .storage import storage_for
+from .storage import (
+    StorageOptions,
+    current_options,
+    kept_options,
+    storage_for,
+    takes_storage_options,
+)
 from .table import encode_varint
 from .writer import ShardWriter, StringStream
 
@@ -108,11 +114,13 @@ def _tf_converter(backend: str):
     return tf_cast.converter()
 
 
+@takes_storage_options(kept_options)
 def execute(
     p: Plan,
     options: Options | None = None,
     *,
     progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions | None = None,
     **changes,
 ) -> Summary:
     """Write the planned checkpoint: one task per output shard, then the index.
@@ -227,6 +235,7 @@ class ShardTask:
     chunk_bytes: int
     backend: str
     durable: bool
+    storage_options: dict | None = field(default=None, repr=False)  # for sources and path
 
     @property
     def bytes_in(self) -> int:
@@ -335,6 +344,7 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
             options.chunk_bytes,
             options.backend,
             options.durable,
+            p.storage_options if current_options() is None else current_options(),
         )
         for k, items in enumerate(items_of)
     ]
@@ -373,6 +383,7 @@ def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     return results
 
 
+@takes_storage_options(kept_options)
 def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardResult:
     """Write one shard: its tensors, read from the sources and cast, in plan order.
 
@@ -575,12 +586,14 @@ def _write_state_file(p: Plan) -> None:
     write_state_file(directory, store.basename(p.dst))
 
 
+@takes_storage_options()
 def transform(
     sources,
     dst,
     options: Options | None = None,
     *,
     progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions | None = None,
     **changes,
 ) -> Summary:
     """Select, rename and cast the tensors of one or more checkpoints into a new one.
@@ -588,7 +601,8 @@ def transform(
     :func:`~tfckpt.plan`, then :func:`execute`. ``options`` is an
     :class:`~tfckpt.Options` (every option and its default is described there);
     keyword arguments build or amend it. ``sources`` and ``dst`` may be fsspec
-    URLs; ``progress`` is called with source bytes done.
+    URLs, opened with ``storage_options`` (endpoint, credentials, ``anon=True``...);
+    ``progress`` is called with source bytes done.
 
     >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
     >>> tfckpt.transform(["a/ckpt", "b/ckpt"], "c/", tfckpt.Options(prefer="last"))
@@ -596,7 +610,16 @@ def transform(
     return execute(plan(sources, dst, options, **changes), progress=progress)
 
 
-def convert(src, dst, dtype: str, options: Options | None = None, **changes) -> Summary:
+@takes_storage_options()
+def convert(
+    src,
+    dst,
+    dtype: str,
+    options: Options | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Summary:
     """Cast every floating-point tensor to ``dtype`` (see :func:`transform`).
 
     >>> tfckpt.convert("train/model.ckpt-7", "fp16/", "float16")
@@ -605,7 +628,16 @@ def convert(src, dst, dtype: str, options: Options | None = None, **changes) -> 
     return transform(src, dst, options, cast=dtype, **changes)
 
 
-def rename(src, dst, rules: RenameRules, options: Options | None = None, **changes) -> Summary:
+@takes_storage_options()
+def rename(
+    src,
+    dst,
+    rules: RenameRules,
+    options: Options | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Summary:
     """Rename tensors by ordered ``{regex: replacement}`` rules (see :func:`transform`).
 
     >>> tfckpt.rename("pre/model", "new/model", {"simple-conv1/": "complex-conv1/"})
@@ -613,7 +645,15 @@ def rename(src, dst, rules: RenameRules, options: Options | None = None, **chang
     return transform(src, dst, options, rename=rules, **changes)
 
 
-def select(src, dst, options: Options | None = None, **changes) -> Summary:
+@takes_storage_options()
+def select(
+    src,
+    dst,
+    options: Options | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Summary:
     """Keep only some tensors or objects: ``include``, ``exclude``, ``drop_objects``
     (see :func:`transform`).
 
@@ -622,7 +662,15 @@ def select(src, dst, options: Options | None = None, **changes) -> Summary:
     return transform(src, dst, options, **changes)
 
 
-def merge(sources: Sequence, dst, options: Options | None = None, **changes) -> Summary:
+@takes_storage_options()
+def merge(
+    sources: Sequence,
+    dst,
+    options: Options | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Summary:
     """Combine several checkpoints into one; ``prefer`` picks the winner of a shared
     name (see :func:`transform`).
 

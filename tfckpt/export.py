@@ -38,7 +38,13 @@ from .options import Options
 from .pipeline import prefetch
 from .planner import DtypePolicy, Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
 from .reader import Checkpoint
-from .storage import ReaderFile, normalize, storage_for
+from .storage import (
+    ReaderFile,
+    StorageOptions,
+    normalize,
+    storage_for,
+    takes_storage_options,
+)
 from .writer import ShardWriter
 
 # TF2 keys end in this for a variable's value; the rest is the object path.
@@ -427,11 +433,13 @@ def _export_chunks(
         yield caster(chunk) if caster is not None else chunk
 
 
+@takes_storage_options()
 def export(
     sources,
     out,
     options: Options | None = None,
     *,
+    storage_options: StorageOptions | None = None,
     format: str | None = None,
     permute: Permutes = (),
     keep_keys: bool = False,
@@ -649,11 +657,13 @@ def _file_reader(src: str):
     return read, reader.close
 
 
+@takes_storage_options()
 def import_(
     src,
     out_prefix,
     options: Options | None = None,
     *,
+    storage_options: StorageOptions | None = None,
     permute: Permutes = (),
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,

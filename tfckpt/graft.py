@@ -37,9 +37,11 @@ from .planner import (
     _patterns,
     open_sources,
     plan,
+    plan_storage_options,
     resolve_destination,
 )
 from .reader import Checkpoint
+from .storage import StorageOptions, takes_storage_options
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 
@@ -114,8 +116,16 @@ def _as_list(sources) -> list:
     return list(sources)
 
 
+@takes_storage_options()
 def plan_graft(
-    template, sources, dst, options: Options | None = None, *, allow_missing=False, **changes
+    template,
+    sources,
+    dst,
+    options: Options | None = None,
+    *,
+    allow_missing=False,
+    storage_options: StorageOptions | None = None,
+    **changes,
 ) -> Plan:
     """Plan :func:`graft`; reads no tensor data. The plan's first source is the template.
 
@@ -283,9 +293,10 @@ def plan_graft(
             pt.new_name,
         )
     )
-    return Plan(srcs, dst, planned, dropped, graph_bytes, options)
+    return Plan(srcs, dst, planned, dropped, graph_bytes, options, plan_storage_options(srcs))
 
 
+@takes_storage_options()
 def graft(
     template,
     sources,
@@ -294,6 +305,7 @@ def graft(
     *,
     allow_missing: bool = False,
     progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions | None = None,
     **changes,
 ) -> Summary:
     """Write the TF2 ``template`` with its values taken by name from ``sources``.
@@ -321,7 +333,15 @@ def graft(
     )
 
 
-def plan_flatten(src, dst, options: Options | None = None, **changes) -> Plan:
+@takes_storage_options()
+def plan_flatten(
+    src,
+    dst,
+    options: Options | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Plan:
     """Plan :func:`flatten`; reads no tensor data.
 
     >>> p = tfckpt.plan_flatten("tf2/ckpt-3", "tf1/model.ckpt")
@@ -352,12 +372,14 @@ def plan_flatten(src, dst, options: Options | None = None, **changes) -> Plan:
     return p
 
 
+@takes_storage_options()
 def flatten(
     src,
     dst,
     options: Options | None = None,
     *,
     progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions | None = None,
     **changes,
 ) -> Summary:
     """Write a TF2 checkpoint as a name-based one, named by flat names, without the

@@ -18,7 +18,7 @@ from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpo
 from .format import format_slice
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
-from .storage import normalize, storage_for
+from .storage import StorageOptions, normalize, storage_for, takes_storage_options
 
 
 def scope_of(name: str) -> str:
@@ -462,7 +462,8 @@ class _Moments:
 # --- every checkpoint of a directory --------------------------------------------
 
 
-def checkpoints(directory) -> dict:
+@takes_storage_options()
+def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> dict:
     """Every checkpoint in a directory: ``{"directory", "state_file", "latest",
     "checkpoints": [{"prefix", "name", "step", "format", "tensors", "bytes",
     "in_state_file", "latest", "error"}]}``.
@@ -532,7 +533,13 @@ def _file_bytes(files: list[str]) -> int:
 # --- verify ------------------------------------------------------------------
 
 
-def verify(path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+@takes_storage_options()
+def verify(
+    path,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    storage_options: StorageOptions | None = None,
+) -> dict:
     """A full integrity check: ``{"prefix", "tensors", "bytes", "problems", "warnings"}``.
 
     Checks every index block checksum, every tensor's CRC32C, that every entry

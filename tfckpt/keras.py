@@ -41,6 +41,7 @@ from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
 from .options import RenameRules
 from .planner import _compile_rules, _new_name
 from .reader import Checkpoint
+from .storage import StorageOptions, takes_storage_options
 
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SHOWN = 10  # problems named in an error message; the report has them all
@@ -88,6 +89,7 @@ class LoadReport:
         )
 
 
+@takes_storage_options()
 def load_weights(
     model,
     path,
@@ -96,6 +98,7 @@ def load_weights(
     allow_missing: bool = False,
     skip_mismatch: bool = False,
     overflow: OverflowPolicy = "error",
+    storage_options: StorageOptions | None = None,
 ) -> LoadReport:
     """Load a TensorFlow checkpoint into a built Keras 3 ``model``; return a :class:`LoadReport`.
 

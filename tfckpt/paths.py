@@ -15,7 +15,7 @@ from .errors import (
     CheckpointPathWarning,
     CorruptCheckpointError,
 )
-from .storage import Storage, normalize, storage_for
+from .storage import Storage, StorageOptions, normalize, storage_for, takes_storage_options
 
 STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
@@ -41,7 +41,10 @@ def parse_data_filename(path: str) -> tuple[str, int, int] | None:
     return m["prefix"], int(m["shard"]), int(m["num"])
 
 
-def read_state_file(directory: str) -> CheckpointState | None:
+@takes_storage_options()
+def read_state_file(
+    directory: str, *, storage_options: StorageOptions | None = None
+) -> CheckpointState | None:
     """The ``checkpoint`` state file of ``directory``, or None when there is none."""
     store = storage_for(directory)
     path = store.join(directory, STATE_FILENAME)
@@ -53,7 +56,10 @@ def read_state_file(directory: str) -> CheckpointState | None:
         raise CorruptCheckpointError(f"unreadable checkpoint state file: {e}", path=path) from None
 
 
-def latest_checkpoint(directory: str) -> str | None:
+@takes_storage_options()
+def latest_checkpoint(
+    directory: str, *, storage_options: StorageOptions | None = None
+) -> str | None:
     """The prefix the state file of ``directory`` names as latest, as
     ``tf.train.latest_checkpoint`` finds it: None when there is no state file or the
     checkpoint it names has no ``.index``. A state file that names no checkpoint or
@@ -194,7 +200,8 @@ def _did_you_mean(store: Storage, p: str) -> str:
     return f"; did you mean {', '.join(shown)}{more}?"
 
 
-def resolve_prefix(path) -> str:
+@takes_storage_options()
+def resolve_prefix(path, *, storage_options: StorageOptions | None = None) -> str:
     """The checkpoint prefix that ``path`` designates.
 
     ``path`` may be a prefix, its ``.index`` or a data file, a directory with a

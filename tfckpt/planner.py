@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import dtypes as _dt
 from . import paths
@@ -20,7 +20,13 @@ from .format import TensorInfo
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 from .options import Options, RenameRules
 from .reader import Checkpoint
-from .storage import normalize, storage_for
+from .storage import (
+    StorageOptions,
+    current_options,
+    normalize,
+    storage_for,
+    takes_storage_options,
+)
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -68,6 +74,8 @@ class Plan:
     dropped: list[tuple[str, str, str]]  # (source label, name, reason)
     object_graph: bytes | None
     options: Options  # those it was planned with; execute() writes with them
+    # Those its paths were opened with; execute() writes with them too.
+    storage_options: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def bytes_in(self) -> int:
@@ -316,7 +324,15 @@ def _root_object_owners(srcs: list[Source], prefer: str | None) -> dict[str, int
     return owners
 
 
-def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
+@takes_storage_options()
+def plan(
+    sources,
+    dst,
+    options: Options | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Plan:
     """Decide every output tensor from the sources' indexes; reads no tensor data.
 
     ``options`` (see :class:`~tfckpt.Options`), amended by keyword arguments,
@@ -492,4 +508,14 @@ def plan(sources, dst, options: Options | None = None, **changes) -> Plan:
             pt.new_name,
         )
     )
-    return Plan(srcs, dst, planned, dropped, graph_bytes, options)
+    return Plan(srcs, dst, planned, dropped, graph_bytes, options, plan_storage_options(srcs))
+
+
+def plan_storage_options(srcs: list[Source]) -> dict | None:
+    """The storage options a plan keeps for writing: those current while planning, else
+    those of the first source opened with some."""
+    given = current_options()
+    if given is not None:
+        return given
+    opened = (s.ckpt.storage_options for s in srcs if s.ckpt.storage_options is not None)
+    return next(opened, None)

@@ -53,10 +53,14 @@ from .format import (
     slice_index,
     slice_shape,
 )
-from .storage import Reader, storage_for
+from .slicing import Region, TensorSlice, assemble_region, region_counts, region_index
+from .storage import Reader, StorageOptions, current_options, storage_for, takes_storage_options
 from .table import TableReader, crc32c, unmask_crc
 
 DEFAULT_CHUNK_BYTES = 16 << 20
+# Rows of a lazy slice closer than this are read as one range: a gap costs less to read
+# than another request (an object store's latency is worth far more than this).
+COALESCE_BYTES = 256 << 10
 _decode_name = orderedcode.decode_name
 _encode_name = orderedcode.encode_name
 
@@ -110,7 +114,15 @@ class Checkpoint(collections.abc.Mapping):
     format = "bundle v2"
     _resolved: str | None = None
 
-    def __new__(cls, path=None, *, verify: bool = True, mmap: bool = True):
+    @takes_storage_options()
+    def __new__(
+        cls,
+        path=None,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+    ):
         # A path that designates no bundle may designate a V1 checkpoint, read by the
         # subclass of tfckpt.v1 through this same API.
         prefix = None
@@ -130,8 +142,17 @@ class Checkpoint(collections.abc.Mapping):
         obj._resolved = prefix  # resolved once: on object stores each look is a request
         return obj
 
-    def __init__(self, path, *, verify: bool = True, mmap: bool = True):
+    @takes_storage_options()
+    def __init__(
+        self,
+        path,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+    ):
         resolved, self._resolved = self._resolved, None
+        self.storage_options = current_options()
         self.prefix = resolved or paths.resolve_prefix(path)
         self.verify = verify
         self.mmap = mmap
@@ -531,6 +552,75 @@ class Checkpoint(collections.abc.Mapping):
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         """The value of one stored slice of a partitioned tensor."""
         return self._decode(self._slice_entry(self._full_entry(name), tuple(extents)))
+
+    def get_slice(self, name: str) -> TensorSlice:
+        """Tensor ``name`` as a :class:`~tfckpt.slicing.TensorSlice`: ``shape`` and
+        ``dtype`` without reading; indexing it reads only the bytes that cover the
+        request (not checksummed unless the request is the whole tensor).
+
+        >>> ckpt.get_slice("emb")[0:10, ::2]
+        """
+        return TensorSlice(self, name)
+
+    def _read_region(self, name: str, region: Region) -> np.ndarray:
+        """A region of tensor ``name`` (see :mod:`tfckpt.slicing`): of a partitioned
+        tensor, only the slices it meets are read."""
+        entry = self._full_entry(name)
+        if not entry.slices:
+            return self._read_entry_region(entry, region)
+        self._check_disjoint(entry)
+        return assemble_region(
+            entry.shape,
+            entry.dtype,
+            entry.slices,
+            region,
+            lambda extents, local: self._read_entry_region(
+                self._slice_entry(entry, extents), local
+            ),
+            path=self.prefix,
+            tensor=name,
+        )
+
+    def _read_entry_region(self, entry: _Entry, region: Region) -> np.ndarray:
+        """A region of one stored entry. Each run of rows (axis 0) is one byte range,
+        from the region's first element in the run's first row to its last one in the
+        last row; rows whose spans lie further apart than :data:`COALESCE_BYTES` are
+        runs of their own, and a run holds at most about a chunk."""
+        dtype, shape, counts = entry.dtype, entry.shape, region_counts(region)
+        if dtype is _dt.STRING or not shape:
+            return self._decode(entry)[region_index(region)]
+        if dtype.numpy is None:
+            return self._decode(entry)  # raises: no numpy form
+        out = np.empty(counts, dtype=dtype.numpy)
+        if not out.size:
+            return out
+        reader = self._check_extent(entry)
+        itemsize, row = dtype.fixed_itemsize, num_elements(shape[1:])
+        inner = region_index(region[1:])
+        # The region's first and last element within a row, as flat offsets in the row.
+        first = last = 0
+        if inner:
+            first = int(np.ravel_multi_index([s for s, _, _ in region[1:]], shape[1:]))
+            ends = [s + (c - 1) * st for s, c, st in region[1:]]
+            last = int(np.ravel_multi_index(ends, shape[1:]))
+        start, count, step = region[0]
+        # Between two rows' spans lies a gap: read through it when it is small, but
+        # never hold more than a chunk of rows at once.
+        gap = (step * row - (last - first + 1)) * itemsize
+        per_run = (
+            1 if gap > COALESCE_BYTES else max(1, DEFAULT_CHUNK_BYTES // (step * row * itemsize))
+        )
+        for k0 in range(0, count, per_run):
+            k1 = min(count, k0 + per_run)
+            r0, r1 = start + k0 * step, start + (k1 - 1) * step + 1
+            base = r0 * row * itemsize
+            lo, hi = (r0 * row + first) * itemsize, ((r1 - 1) * row + last + 1) * itemsize
+            buf = np.empty((r1 - r0) * row * itemsize, dtype=np.uint8)
+            at = entry.proto.offset + lo
+            self._pread_into(reader, buf.data[lo - base : hi - base], at, entry)
+            rows = self._to_array(buf, dtype, (r1 - r0,) + shape[1:])
+            out[k0:k1] = rows[(slice(None, None, step),) + inner]
+        return out
 
     def _decode(self, entry: _Entry) -> np.ndarray:
         dtype = entry.dtype

@@ -13,17 +13,28 @@ Remote calls are retried a bounded number of times and time out (see
 :func:`remote_options`); whatever still fails leaves this module as a
 :class:`CheckpointError` naming the object, never as the client library's own
 exception.
+
+Storage options (``storage_options=``: endpoint, credentials, ``anon=True`` ...) are
+handed to fsspec with every URL. Public functions take them as a keyword argument and
+make them current for the duration of the call (:func:`takes_storage_options`), so
+the code beneath asks :func:`storage_for` for a path and gets them without passing
+them along; objects that outlive the call (a checkpoint, a writer) keep their own.
+Tasks that run elsewhere carry them (they are plain, picklable values).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
+import functools
 import io
 import mmap
 import os
 import posixpath
 import stat
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from .errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
 
@@ -44,11 +55,83 @@ def is_url(path) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def storage_for(path) -> Storage:
-    """The storage that holds ``path``."""
+StorageOptions = Mapping[str, Any]
+_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "tfckpt_storage_options", default=None
+)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def storage_for(path, storage_options: StorageOptions | None = None) -> Storage:
+    """The storage that holds ``path``: for a URL, its fsspec file system made with
+    ``storage_options`` (by default, the current ones: :func:`using_options`). Local
+    paths ignore them."""
     if is_url(path):
-        return RemoteStorage.for_url(os.fspath(path))
+        if storage_options is None:
+            storage_options = _OPTIONS.get()
+        return RemoteStorage.for_url(os.fspath(path), storage_options)
     return LOCAL
+
+
+def check_options(storage_options) -> dict | None:
+    """``storage_options`` as a dict of its own; ``TypeError`` unless a mapping of str keys."""
+    if storage_options is None:
+        return None
+    if not isinstance(storage_options, Mapping) or not all(
+        isinstance(k, str) for k in storage_options
+    ):
+        raise TypeError("storage_options must be a mapping of option names (str) to values")
+    return dict(storage_options)
+
+
+def current_options() -> dict | None:
+    """The storage options that URLs opened now get (None: fsspec's defaults)."""
+    return _OPTIONS.get()
+
+
+@contextlib.contextmanager
+def using_options(storage_options: StorageOptions | None):
+    """Within the block (in this thread), URLs opened without options of their own get
+    ``storage_options``; None keeps the current ones."""
+    if storage_options is None:
+        yield
+        return
+    token = _OPTIONS.set(check_options(storage_options))
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+def takes_storage_options(
+    default: Callable[..., StorageOptions | None] | None = None,
+) -> Callable[[_F], _F]:
+    """Decorate a function with a keyword-only ``storage_options`` parameter: during the
+    call, those options are current (:func:`using_options`). Without them,
+    ``default(*args, **kwargs)`` (if given) names the options to use, e.g. those an
+    object or a task keeps.
+    """
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            options = kwargs.get("storage_options")
+            if options is None and default is not None:
+                options = default(*args, **kwargs)
+            if options is None:
+                return fn(*args, **kwargs)
+            with using_options(options):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def kept_options(holder, *args, **kwargs) -> StorageOptions | None:
+    """The storage options an object keeps (``holder.storage_options``): a ``default`` of
+    :func:`takes_storage_options` for its methods, or for functions of a plan or task."""
+    return holder.storage_options
 
 
 class Storage:
@@ -341,7 +424,7 @@ class RemoteStorage(Storage):
         self.protocol = protocol
 
     @classmethod
-    def for_url(cls, url: str) -> RemoteStorage:
+    def for_url(cls, url: str, storage_options: StorageOptions | None = None) -> RemoteStorage:
         try:
             import fsspec
         except ImportError:
@@ -352,6 +435,11 @@ class RemoteStorage(Storage):
             ) from None
         protocol = url.split("://", 1)[0]
         retries, options = remote_options(protocol)
+        for key, value in (check_options(storage_options) or {}).items():
+            default = options.get(key)  # given options win; nested ones key by key
+            if isinstance(value, Mapping) and isinstance(default, Mapping):
+                value = {**default, **value}
+            options[key] = value
         try:
             fs, _ = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError, TypeError) as e:

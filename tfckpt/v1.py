@@ -47,7 +47,16 @@ from .format import (
     slice_shape,
 )
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
-from .storage import Reader, Storage, normalize, storage_for
+from .slicing import Region, assemble_region, region_index
+from .storage import (
+    Reader,
+    Storage,
+    StorageOptions,
+    current_options,
+    normalize,
+    storage_for,
+    takes_storage_options,
+)
 from .table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
 
 FORMAT_NAME = "V1 (tensor slices)"
@@ -270,7 +279,16 @@ class V1Checkpoint(Checkpoint):
 
     format = FORMAT_NAME
 
-    def __init__(self, path, *, verify: bool = True, mmap: bool = True):
+    @takes_storage_options()
+    def __init__(
+        self,
+        path,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+    ):
+        self.storage_options = current_options()
         resolved = resolve_files(path)
         if resolved is None:
             raise CheckpointNotFoundError("no V1 checkpoint found", path=normalize(path))
@@ -545,6 +563,23 @@ class V1Checkpoint(Checkpoint):
         for s in t.slices:
             out[slice_index(s)] = self._slice_values(t, s)
         return out
+
+    def _read_region(self, name: str, region: Region) -> np.ndarray:
+        """A region of a tensor: each stored slice it meets is parsed whole (values are
+        protobuf fields, not byte ranges), the others are not read."""
+        t = self._tensor(name)
+        if not self._partitioned(t):
+            return self._slice_values(t, t.slices[0])[region_index(region)]
+        self._check_disjoint_v1(t)
+        return assemble_region(
+            t.shape,
+            t.dtype,
+            t.slices,
+            region,
+            lambda extents, local: self._slice_values(t, extents)[region_index(local)],
+            path=self.prefix,
+            tensor=name,
+        )
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         t = self._tensor(name)

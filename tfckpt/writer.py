@@ -45,7 +45,14 @@ from .format import (
     string_tensor_nbytes,
 )
 from .orderedcode import encode_name, encode_slice_key
-from .storage import normalize, storage_for
+from .storage import (
+    StorageOptions,
+    current_options,
+    kept_options,
+    normalize,
+    storage_for,
+    takes_storage_options,
+)
 from .table import crc32c, mask_crc
 
 _WRITEBACK_STEP = 32 << 20
@@ -574,10 +581,14 @@ class BundleWriter(_Adder):
     ``max_shard_bytes`` would be exceeded; passing ``shard=`` places a tensor in a
     given shard instead (to keep a source checkpoint's layout).
 
+    ``prefix`` may be an fsspec URL; ``storage_options`` (endpoint, credentials...) go to
+    fsspec with it, and the writer keeps them until it is finished.
+
     >>> with BundleWriter("out/model") as w:
     ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
     """
 
+    @takes_storage_options()
     def __init__(
         self,
         prefix,
@@ -586,7 +597,9 @@ class BundleWriter(_Adder):
         overwrite: bool = False,
         endianness: Endianness = "little",
         durable: bool = True,
+        storage_options: StorageOptions | None = None,
     ):
+        self.storage_options = current_options()
         if max_shard_bytes is not None and max_shard_bytes <= 0:
             raise ValueError("max_shard_bytes must be positive")
         if endianness not in ("little", "big"):
@@ -619,6 +632,7 @@ class BundleWriter(_Adder):
 
     # -- shards
 
+    @takes_storage_options(kept_options)
     def _shard(self, shard_id: int) -> ShardWriter:
         while len(self._shards) <= shard_id:
             self._shards.append(
@@ -676,6 +690,7 @@ class BundleWriter(_Adder):
         else:
             self.abort()
 
+    @takes_storage_options(kept_options)
     def abort(self) -> None:
         """Discard everything written; nothing is left at the destination."""
         self.index.done = True
@@ -684,6 +699,7 @@ class BundleWriter(_Adder):
         discard([f"{self._tmp_base}.index"])
         self._store.remove_dirs(self._created_dirs)  # only those still empty
 
+    @takes_storage_options(kept_options)
     def finish(self) -> str:
         """Write the index and move everything into place; returns the prefix."""
         if self.index.done:
@@ -715,6 +731,7 @@ class BundleWriter(_Adder):
         return self.prefix
 
 
+@takes_storage_options()
 def save(
     tensors: Mapping[str, object],
     prefix,
@@ -723,12 +740,14 @@ def save(
     overwrite: bool = False,
     endianness: Endianness = "little",
     durable: bool = True,
+    storage_options: StorageOptions | None = None,
 ) -> str:
     """Write ``{name: array}`` as a checkpoint that TensorFlow reads bit-for-bit.
 
     Arrays of numeric dtypes keep their dtype; object arrays of ``bytes`` (or
     ``bytes``/``str`` values) become string tensors. Tensors are written in
-    name order, so the same input always gives the same bytes.
+    name order, so the same input always gives the same bytes. ``prefix`` may be an
+    fsspec URL, opened with ``storage_options`` (as for :class:`BundleWriter`).
 
     >>> tfckpt.save({"w": np.zeros((2, 3), np.float16)}, "out/model")
     'out/model'

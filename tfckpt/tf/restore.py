@@ -20,6 +20,7 @@ from ..cast import Caster, OverflowPolicy
 from ..errors import CheckpointError
 from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
 from ..reader import Checkpoint
+from ..storage import StorageOptions
 from ._tf import tensorflow
 
 
@@ -61,6 +62,7 @@ def restore(
     allow_missing: bool = False,
     overflow: OverflowPolicy = "error",
     reshape: bool = False,
+    storage_options: StorageOptions | None = None,
 ) -> RestoreReport:
     """Restore ``path`` into ``target``, casting every value to its variable's dtype.
 
@@ -89,7 +91,7 @@ def restore(
     >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
     """
     tf = tensorflow()
-    with Checkpoint(path) as ckpt:
+    with Checkpoint(path, storage_options=storage_options) as ckpt:
         if isinstance(target, (list, tuple, dict)):
             pairs, report = _match_by_name(tf, target, ckpt, assignment_map, reshape)
         else:

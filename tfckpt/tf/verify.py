@@ -7,6 +7,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..cast import Caster
 from ..reader import Checkpoint
+from ..storage import StorageOptions
 from ._tf import tensorflow
 
 
@@ -85,7 +86,7 @@ def _tf_value(tf, reader, prefix: str, name: str, info, ckpt: Checkpoint) -> np.
     return out
 
 
-def verify_with_tf(path, *, reference=None) -> dict:
+def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | None = None) -> dict:
     """Read every tensor with TensorFlow's own reader and compare it bit-exactly with tfckpt's.
 
     With ``reference`` (the checkpoint a conversion started from), every tensor
@@ -101,7 +102,7 @@ def verify_with_tf(path, *, reference=None) -> dict:
     mismatches: list[str] = []
     differences: list[dict] = []
     cast_checked = 0
-    with Checkpoint(path) as ckpt:
+    with Checkpoint(path, storage_options=storage_options) as ckpt:
         try:
             reader = tf.train.load_checkpoint(ckpt.prefix)
             tf_names = sorted(reader.get_variable_to_shape_map())
@@ -164,7 +165,7 @@ def verify_with_tf(path, *, reference=None) -> dict:
             if not _same_bits(ckpt[name], theirs):
                 mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader")
         if reference is not None:
-            with Checkpoint(reference) as ref:
+            with Checkpoint(reference, storage_options=storage_options) as ref:
                 for name in ckpt.keys():
                     if name not in ref:
                         continue

@@ -1,0 +1,283 @@
+"""Storage options: endpoint and credentials given as ``storage_options=`` (library) or
+``--storage-option KEY=VALUE`` (command line), and nowhere else.
+
+A moto S3 server runs on 127.0.0.1. Unlike the other S3 tests, nothing points the
+client at it from the environment: no ``AWS_*`` credentials or endpoint, no fsspec
+configuration, shared config files replaced by ``/dev/null`` and instance-metadata
+lookups off (so a client without options fails at once, and nothing leaves this
+machine). Checkpoints are written by TensorFlow during the run; tasks run in other
+processes (a spawned pool, ``--executor processes:1``) to show the options travel with
+them. A lazy slice of a remote tensor is counted in the bytes S3 sent (botocore's own
+``after-call`` event of the real client).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+fsspec = pytest.importorskip("fsspec")
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+import cli_helpers as ch  # noqa: E402
+
+import tfckpt  # noqa: E402
+from tfckpt import cli  # noqa: E402
+from tfckpt.inspection import verify  # noqa: E402
+
+BUCKET = "tfckpt-options"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """The server, and the options that reach it: ``.opts``, ``.url``, ``.fs``."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    mp = pytest.MonkeyPatch()
+    for k in list(os.environ):
+        if k.startswith(("AWS_", "FSSPEC_")):
+            mp.delenv(k)
+    for k, v in {
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "TFCKPT_REMOTE_RETRIES": "0",
+    }.items():
+        mp.setenv(k, v)
+    mp.delitem(fsspec.config.conf, "s3", raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()
+    opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    fs = fsspec.filesystem("s3", **opts)
+    try:
+        fs.mkdir(BUCKET)
+    except FileExistsError:
+        pass
+    try:
+        yield type(
+            "S3", (), {"opts": opts, "url": f"s3://{BUCKET}", "fs": fs, "endpoint": endpoint}
+        )
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        mp.undo()
+        server.stop()
+
+
+def upload(s3, local_dir: Path, name: str) -> str:
+    """The checkpoint files of ``local_dir`` (not the state file: it names local paths)."""
+    for p in sorted(Path(local_dir).iterdir()):
+        if p.name != "checkpoint":
+            s3.fs.put_file(str(p), f"{BUCKET}/{name}/{p.name}")
+    return f"{s3.url}/{name}"
+
+
+def same_checkpoint(got: tfckpt.Checkpoint, want: tfckpt.Checkpoint) -> None:
+    assert got.keys() == want.keys()
+    for n in want.keys():
+        a, b = got[n], want[n]
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes() if a.dtype != object else a.tolist() == b.tolist(), n
+
+
+def files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name != "checkpoint"}
+
+
+def remote_files(s3, url: str) -> dict[str, bytes]:
+    s3.fs.invalidate_cache()
+    key = url[len("s3://") :]
+    found = {p.rsplit("/", 1)[1]: p for p in s3.fs.find(key)}
+    return {n: s3.fs.cat_file(p) for n, p in found.items() if n != "checkpoint"}
+
+
+def test_open_with_storage_options_only(s3, tf_checkpoints):
+    case = tf_checkpoints("tf1_sharded")
+    url = upload(s3, Path(case.prefix).parent, "sharded")
+    with pytest.raises(tfckpt.CheckpointError, match="NoCredentialsError"):
+        tfckpt.open(url)
+    with (
+        tfckpt.open(url, storage_options=s3.opts) as got,
+        tfckpt.open(case.prefix) as want,
+    ):
+        assert got.prefix == f"{url}/sharded.ckpt"
+        same_checkpoint(got, want)
+    report = verify(url, storage_options=s3.opts)
+    assert report["problems"] == [] and report["tensors"] == 4
+
+    with tfckpt.open(case.prefix) as want:
+        variables = {n: tf.Variable(np.zeros_like(want[n])) for n in want.keys()}
+        with pytest.raises(tfckpt.CheckpointError, match="NoCredentialsError"):
+            tfckpt.restore(variables, url)
+        tfckpt.restore(variables, url, storage_options=s3.opts)
+        for n, v in variables.items():
+            np.testing.assert_array_equal(v.numpy(), want[n])
+
+
+def test_write_and_transform_with_storage_options(s3, tf_checkpoints, tmp_path):
+    """save, convert (tasks in spawned processes), export and import, to and from S3."""
+    case = tf_checkpoints("tf1_sharded")
+    values = {n: v for n, v in tfckpt.open(case.prefix).items()}
+    tfckpt.save(values, f"{s3.url}/saved/m", storage_options=s3.opts)
+    tfckpt.save(values, tmp_path / "saved" / "m")
+    assert remote_files(s3, f"{s3.url}/saved") == files(tmp_path / "saved")
+
+    tfckpt.convert(tmp_path / "saved" / "m", tmp_path / "fp16" / "m", "float16")
+    with pytest.raises(tfckpt.CheckpointError, match="NoCredentialsError"):
+        tfckpt.convert(case.prefix, f"{s3.url}/fail/m", "float16")
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        tfckpt.convert(
+            f"{s3.url}/saved/m",
+            f"{s3.url}/fp16/m",
+            "float16",
+            executor=pool,
+            storage_options=s3.opts,
+        )
+    assert remote_files(s3, f"{s3.url}/fp16") == files(tmp_path / "fp16")
+    with tfckpt.open(f"{s3.url}/saved/m", storage_options=s3.opts) as src:
+        tfckpt.convert(src, tmp_path / "again" / "m", "float16")  # the source's options
+    assert files(tmp_path / "again") == files(tmp_path / "fp16")
+    assert tfckpt.latest_checkpoint(f"{s3.url}/fp16") is None  # fsspec: False on any error
+    assert tfckpt.latest_checkpoint(f"{s3.url}/fp16", storage_options=s3.opts) == f"{s3.url}/fp16/m"
+
+    sm = tfckpt.export(f"{s3.url}/fp16/m", f"{s3.url}/st/m.safetensors", storage_options=s3.opts)
+    assert len(sm.tensors) == 4
+    tfckpt.import_(f"{s3.url}/st/m.safetensors", tmp_path / "back" / "m", storage_options=s3.opts)
+    with tfckpt.open(tmp_path / "back" / "m") as got, tfckpt.open(tmp_path / "fp16" / "m") as want:
+        same_checkpoint(got, want)
+
+
+def test_cli_storage_option(s3, tf_checkpoints, tmp_path):
+    case = tf_checkpoints("tf1_sharded")
+    url = upload(s3, Path(case.prefix).parent, "cli")
+    given = [
+        "--storage-option",
+        f"endpoint_url={s3.endpoint}",
+        "--storage-option",
+        "key=testing",
+        "--storage-option",
+        "secret=testing",
+        "--storage-option",
+        "config_kwargs.connect_timeout=5",
+    ]
+    rc, out, err = ch.in_process("dump", url, "--json", *given)
+    assert rc == 0, err
+    assert json.loads(out)["tensor_count"] == 4
+    ch.assert_cli_error(ch.in_process("dump", url), "NoCredentialsError")
+
+    # Another process, whose tasks run in processes of their own.
+    proc = ch.run_text(
+        "convert", url, f"{s3.url}/cli-out/m", "--dtype", "float16",
+        "--executor", "processes:1", *given,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    tfckpt.convert(case.prefix, tmp_path / "m", "float16")
+    assert remote_files(s3, f"{s3.url}/cli-out") == files(tmp_path)
+
+
+def test_storage_option_values():
+    parse = cli._parse_storage_option
+    pairs = [
+        parse(t)
+        for t in (
+            "anon=true",
+            "use_ssl=False",
+            "endpoint_url=http://127.0.0.1:9000",
+            "client_kwargs.region_name=eu-west-1",
+            'config_kwargs={"connect_timeout": 5}',
+            "config_kwargs.read_timeout=2.5",
+            "default_block_size=1048576",
+            "profile=prod",
+            "requester_pays=null",
+        )
+    ]
+    assert cli._storage_options(pairs) == {
+        "anon": True,
+        "use_ssl": False,
+        "endpoint_url": "http://127.0.0.1:9000",
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "config_kwargs": {"connect_timeout": 5, "read_timeout": 2.5},
+        "default_block_size": 1048576,
+        "profile": "prod",
+        "requester_pays": None,
+    }
+    rc, _, err = ch.in_process("dump", "x", "--storage-option", "no-value")
+    assert rc == 2 and "not KEY=VALUE" in err
+    ch.assert_cli_error(
+        ch.in_process("dump", "x", "--storage-option", "a=1", "--storage-option", "a.b=2"),
+        "a is set to a value",
+    )
+    with pytest.raises(TypeError, match="storage_options"):
+        tfckpt.open("s3://b/x", storage_options=["anon"])
+
+
+def test_remote_slice_fetches_only_its_bytes(s3, tf_checkpoints, tmp_path):
+    big = np.random.default_rng(3).standard_normal((2048, 256)).astype(np.float32)
+    tf.raw_ops.SaveV2(
+        prefix=str(tmp_path / "big"),
+        tensor_names=["emb"],
+        shape_and_slices=[""],
+        tensors=[tf.constant(big)],
+    )
+    url = upload(s3, tmp_path, "big")
+    parted = tf_checkpoints("tf1_partitioned")
+    parted_url = upload(s3, Path(parted.prefix).parent, "parted")
+    want = tf.train.load_checkpoint(parted.prefix).get_tensor("emb/table")
+    for path, name, key, nbytes, expect in [
+        (f"{url}/big", "emb", np.s_[100:110], 10 * 256 * 4, big[100:110]),
+        (f"{url}/big", "emb", np.s_[7, 8:24], 16 * 4, big[7, 8:24]),
+        (f"{url}/big", "emb", np.s_[2000::-500, 0], 5 * 4, big[2000::-500, 0]),  # 5 requests
+        (f"{parted_url}/partitioned.ckpt", "emb/table", np.s_[5], 4 * 4, want[5]),
+    ]:
+        with tfckpt.open(path, storage_options=s3.opts) as ckpt:
+            fetched: list[int] = []
+
+            def count(parsed=None, **_):
+                fetched.append(parsed["ContentLength"])
+
+            ckpt.storage.fs.s3.meta.events.register("after-call.s3.GetObject", count)
+            try:
+                got = ckpt.get_slice(name)[key]
+            finally:
+                ckpt.storage.fs.s3.meta.events.unregister("after-call.s3.GetObject", count)
+        np.testing.assert_array_equal(got, expect)
+        assert sum(fetched) == nbytes, (key, fetched)
+        assert len(fetched) <= 5, (key, fetched)
+
+
+def test_average_graft_flatten_and_listing_with_storage_options(s3, tf_checkpoints, tmp_path):
+    """The commands that came with their own planners take the options too, and write
+    what they write locally."""
+    case = tf_checkpoints("keras_manager")
+    local = Path(case.prefix)
+    url = upload(s3, local.parent, "manager") + "/" + local.name
+    with pytest.raises(tfckpt.CheckpointError, match="NoCredentialsError"):
+        tfckpt.average([url, url], f"{s3.url}/avg/m")
+
+    tfckpt.average([url, url], f"{s3.url}/avg/m", weights=[1, 3], storage_options=s3.opts)
+    tfckpt.average([local, local], tmp_path / "avg" / "m", weights=[1, 3])
+    assert remote_files(s3, f"{s3.url}/avg") == files(tmp_path / "avg")
+
+    tfckpt.flatten(url, f"{s3.url}/flat/m", storage_options=s3.opts)
+    tfckpt.flatten(local, tmp_path / "flat" / "m")
+    assert remote_files(s3, f"{s3.url}/flat") == files(tmp_path / "flat")
+
+    tfckpt.graft(url, [f"{s3.url}/flat/m"], f"{s3.url}/graft/m", storage_options=s3.opts)
+    tfckpt.graft(local, [tmp_path / "flat" / "m"], tmp_path / "graft" / "m")
+    assert remote_files(s3, f"{s3.url}/graft") == files(tmp_path / "graft")
+
+    listed = tfckpt.list_checkpoints(f"{s3.url}/flat", storage_options=s3.opts)
+    assert [c["name"] for c in listed["checkpoints"]] == ["m"]
+    assert listed["checkpoints"][0]["bytes"] == sum(
+        len(b) for b in files(tmp_path / "flat").values()
+    )
