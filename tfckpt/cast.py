@@ -10,6 +10,9 @@ TensorFlow itself carries them differently on different paths.
 The rounding itself is pluggable (``convert``): numpy/ml-dtypes by default,
 ``tf.cast`` on an accelerator from :mod:`tfckpt.tf`; everything after it
 (overflow policy, NaNs, counts) is shared, so both give the same bits.
+Where NumKong is installed and the CPU has its SIMD kernels, it rounds the
+pairs in ``SIMD_PAIRS`` instead of numpy (whose wheels round half floats in
+software, several times slower); ``TFCKPT_CAST=reference`` turns it off.
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ OverflowPolicy = Literal["error", "clip", "inf"]
 CastTarget = Literal["float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
 OVERFLOW_POLICIES: tuple[OverflowPolicy, ...] = get_args(OverflowPolicy)
 CAST_TARGETS: tuple[CastTarget, ...] = get_args(CastTarget)
+
+# Source and target pairs NumKong rounds (ties to even, subnormals kept) bit for bit
+# as numpy/ml-dtypes do for every non-NaN float32 pattern; NaNs are made canonical
+# afterwards anyway. A float64 source is rounded to float32 by numpy first.
+SIMD_PAIRS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("float32", "float16"),
+        ("float32", "bfloat16"),
+        ("float16", "float32"),
+        ("bfloat16", "float32"),
+    }
+)
+CAST_ENV = "TFCKPT_CAST"  # "reference": never the SIMD rounding (tests, benchmarks)
 
 
 @dataclass
@@ -91,6 +107,17 @@ class Caster:
         self._bits = np.dtype(f"u{tgt.itemsize}")
         self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
         self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]
+        rounded = "float32" if self._via32 else self.source.name
+        self._simd = None
+        if self.convert is None and (rounded, self.target.name) in SIMD_PAIRS:
+            self._simd = _numkong()
+
+    @property
+    def rounding(self) -> str:
+        """What rounds the values: ``'numkong'`` (SIMD), ``'numpy'`` or ``'convert'``."""
+        if self.convert is not None:
+            return "convert"
+        return "numkong" if self._simd is not None else "numpy"
 
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
@@ -122,6 +149,9 @@ class Caster:
             src = chunk.astype(np.float32) if self._via32 else chunk
             if self.convert is not None:
                 out[...] = self.convert(src, self._target_np)
+            elif self._simd is not None and src.dtype.isnative:
+                # NaNs come out as anything (inf, even -0.0): _special makes them canonical.
+                self._simd.astype(src, self.target.name, out=out)
             else:
                 np.copyto(out, src, casting="unsafe")
             # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
@@ -136,12 +166,15 @@ class Caster:
     def _count_small(self, out: np.ndarray, chunk: np.ndarray, counts: CastCounts) -> None:
         """Count zeros and subnormals from the output's bits (integer compares only)."""
         mag = np.bitwise_and(out.view(self._bits), self._abs_mask)
-        small = int(np.count_nonzero(mag < self._tiny_bits))
-        if small:
-            zeros = int(np.count_nonzero(mag == 0))
-            counts.subnormal += small - zeros
+        # Few values are this small: look only at those, not at the whole chunk again.
+        small = np.flatnonzero(mag < self._tiny_bits)
+        if small.size:
+            zero = mag[small] == 0
+            zeros = int(np.count_nonzero(zero))
+            counts.subnormal += small.size - zeros
             if zeros:
-                counts.to_zero += zeros - int(np.count_nonzero(chunk == 0))
+                was_zero = chunk.reshape(-1)[small[zero]] == 0
+                counts.to_zero += zeros - int(np.count_nonzero(was_zero))
 
     def _special(self, chunk: np.ndarray, out: np.ndarray, c: CastCounts) -> None:
         """The general path, for chunks with NaN, inf or values near the overflow point."""
@@ -179,6 +212,27 @@ def _pool() -> ThreadPoolExecutor:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tfckpt-cast")
     return _POOL
+
+
+_NUMKONG: Any = None  # the module once looked for; False when unusable
+
+
+def _numkong() -> Any:
+    """NumKong, or None when it is missing, turned off or without SIMD kernels here."""
+    global _NUMKONG
+    if os.environ.get(CAST_ENV, "").lower() == "reference":
+        return None
+    if _NUMKONG is None:
+        try:
+            import numkong
+
+            caps = numkong.get_capabilities()
+        except (ImportError, AttributeError, OSError):
+            _NUMKONG = False
+        else:
+            # Its portable C kernels are exact too, but no faster than numpy's.
+            _NUMKONG = numkong if any(on for k, on in caps.items() if k != "serial") else False
+    return _NUMKONG or None
 
 
 def _finfo(npdtype: np.dtype) -> Any:
