@@ -65,7 +65,8 @@ def main(argv=None) -> int:
                 return 1
             print(
                 f"float32 -> {target} ({overflow}): {checked} patterns identical, "
-                f"counts {simd.counts}, {time.perf_counter() - t:.0f} s"
+                f"counts {simd.counts}, {time.perf_counter() - t:.0f} s",
+                flush=True,
             )
     return 0
 
