@@ -191,12 +191,14 @@ def floors(src: str, work: str, dtype: str, cast_mib: int) -> list[tuple]:
     values = np.random.default_rng(0).standard_normal(cast_mib << 18, dtype=np.float32) * 0.05
     step = 2 << 20  # the engine's chunk: 8 MiB of float32
     ring = [np.empty(step * 2, np.uint8) for _ in range(3)]
+    turn = iter(range(1 << 40))
+
+    def buffers(nbytes: int) -> np.ndarray:
+        return ring[next(turn) % len(ring)][:nbytes]
+
     for mode in ("", "reference"):
         os.environ[CAST_ENV] = mode
-        turn = iter(range(1 << 40))
-        caster = Caster(
-            _dt.lookup("float32"), _dt.lookup(dtype), buffers=lambda n: ring[next(turn) % 3][:n]
-        )
+        caster = Caster(_dt.lookup("float32"), _dt.lookup(dtype), buffers=buffers)
         caster(values[:step])
         t = time.perf_counter()
         for i in range(0, values.size, step):
