@@ -228,7 +228,8 @@ def crc32c_alone(mib: str) -> None:
 def cast_alone(how: str, target: str, mib: str, chunk_mib: str = "8") -> None:
     """float32 -> ``target`` in-process, chunk by chunk into reused buffers, after imports
     and data generation. ``how``: ``simd`` (tfckpt's default Caster), ``reference`` (its
-    numpy/ml-dtypes path), ``simd-1thread`` (NumKong alone on one core), ``tf-cast``
+    numpy/ml-dtypes path, on both cores), ``simd-1thread`` (NumKong alone, no checks, on
+    one core), ``simd-2threads`` (the same, each chunk split over two threads), ``tf-cast``
     (``tf.cast`` on the CPU, whole chunks), ``tf-backend`` (the Caster with tfckpt's
     ``tf.cast`` converter on the CPU, what ``--backend tf`` runs)."""
     import numpy as np
@@ -258,6 +259,19 @@ def cast_alone(how: str, target: str, mib: str, chunk_mib: str = "8") -> None:
 
         def cast(chunk):
             return numkong.astype(chunk, target, out=buffers(chunk.size * 2).view(tgt.numpy))
+    elif how == "simd-2threads":
+        from concurrent.futures import ThreadPoolExecutor
+
+        import numkong
+
+        pool = ThreadPoolExecutor(2)
+
+        def cast(chunk):
+            out = buffers(chunk.size * 2).view(tgt.numpy)
+            h = chunk.size // 2
+            parts = [(chunk[:h], out[:h]), (chunk[h:], out[h:])]
+            list(pool.map(lambda p: numkong.astype(p[0], target, out=p[1]), parts))
+            return out
     elif how == "tf-cast":
         tf = _tf()
         dtype = tf.as_dtype(target)

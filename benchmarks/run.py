@@ -205,9 +205,10 @@ def cases(inputs: Inputs, work: str, sizes: dict) -> dict:
         return {
             name: ["cast_alone", how, target, cast_mib]
             for name, how in [
-                ("tfckpt (SIMD, both cores)", "simd"),
-                ("SIMD, one core", "simd-1thread"),
-                ("tfckpt reference (numpy)", "reference"),
+                ("tfckpt (SIMD)", "simd"),
+                ("NumKong alone, one core", "simd-1thread"),
+                ("NumKong alone, two threads", "simd-2threads"),
+                ("tfckpt reference (numpy, two threads)", "reference"),
                 ("tf.cast (CPU)", "tf-cast"),
                 ("tfckpt --backend tf (CPU)", "tf-backend"),
             ]

@@ -98,7 +98,7 @@ def assert_same(simd: Caster, ref: Caster, values: np.ndarray, chunk: int) -> No
 @pytest.mark.parametrize("overflow", OVERFLOW_POLICIES)
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
 def test_float32_patterns_equal_reference(patterns, monkeypatch, target, overflow):
-    """In chunks big enough to be split over the cores, then in small ones."""
+    """In chunks of the engine's size (the reference splits them over the cores), then small."""
     simd, ref = both(monkeypatch, "float32", target, overflow)
     values = patterns.view(np.float32)
     assert values.size > 2 * _PARALLEL_MIN

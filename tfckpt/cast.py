@@ -127,8 +127,10 @@ class Caster:
             out = np.empty(n, dtype=self._target_np)
         flat = chunk.reshape(-1)
         workers = _workers()
-        if self.convert is None and n >= _PARALLEL_MIN and workers > 1:
-            # numpy's casts release the GIL: split big chunks over the cores.
+        if self.convert is None and self._simd is None and n >= _PARALLEL_MIN and workers > 1:
+            # numpy's casts release the GIL: split big chunks over the cores. The SIMD
+            # cast needs no help: it keeps up with reading on one core, and the other
+            # is the pipeline's (reading, checksums, writing).
             step = -(-n // workers)
             parts = list(
                 _pool().map(
