@@ -84,6 +84,7 @@ def convert_breakdown(src: str, dst: str, dtype: str, durable: bool) -> list[tup
     timed(storage.LocalReader, "readinto", "read: page cache -> ring buffers (preadv)")
     timed(storage.LocalReader, "view", "read: mapped views")
     timed(reader, "crc32c", "CRC32C of the source")
+    timed(cast.Caster, "__post_init__", "cast set-up (the first imports NumKong, ml-dtypes)")
     timed(cast.Caster, "__call__", "cast (rounding and checks)")
     timed(writer, "crc32c", "CRC32C of the output")
     timed(writer.ShardWriter, "_write", "write: into the page cache (with writeback starts)")
@@ -104,6 +105,7 @@ def convert_breakdown(src: str, dst: str, dtype: str, durable: bool) -> list[tup
     for phase, busy in BUSY.items():
         rows.append((f"  {phase}", busy, f"{CALLS[phase]} calls"))
     rows.append(("  page faults during the run", None, f"{minflt} minor, {majflt} major"))
+    rows.append(("  tensors", None, f"{len(p.tensors)}"))
     rows.append(("total, from process start", (STARTUP or 0) + time.perf_counter() - T_SCRIPT, ""))
     rows.append(("(rounding by)", None, _rounding(dtype)))
     return rows
