@@ -126,25 +126,26 @@ class Caster:
         else:
             out = np.empty(n, dtype=self._target_np)
         flat = chunk.reshape(-1)
-        workers = _workers()
-        if self.convert is None and self._simd is None and n >= _PARALLEL_MIN and workers > 1:
+        if self.convert is None and self._simd is None and n >= _PARALLEL_MIN and _workers() > 1:
             # numpy's casts release the GIL: split big chunks over the cores. The SIMD
             # cast needs no help: it keeps up with reading on one core, and the other
             # is the pipeline's (reading, checksums, writing).
-            step = -(-n // workers)
+            step = -(-n // _workers())
             parts = list(
                 _pool().map(
-                    lambda a: self._part(flat[a : a + step], out[a : a + step]), range(0, n, step)
+                    lambda a: self._part(flat[a : a + step], out[a : a + step], CastCounts()),
+                    range(0, n, step),
                 )
             )
+            for p in parts:
+                self.counts.add(p)
         else:
-            parts = [self._part(flat, out)]
-        for p in parts:
-            self.counts.add(p)
+            self._part(flat, out, self.counts)  # many small tensors: no per-call extras
         return out.reshape(chunk.shape)
 
-    def _part(self, chunk: np.ndarray, out: np.ndarray) -> CastCounts:
-        counts = CastCounts(elements=chunk.size)
+    def _part(self, chunk: np.ndarray, out: np.ndarray, counts: CastCounts) -> CastCounts:
+        """Cast ``chunk`` into ``out``, adding to ``counts`` (returned)."""
+        counts.elements += chunk.size
         # The SIMD rounding is so fast that the checks after it would dominate, unless
         # they find the block it just wrote still in the core's cache.
         step = _SIMD_BLOCK if self._simd is not None else max(chunk.size, 1)
