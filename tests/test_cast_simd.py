@@ -109,7 +109,8 @@ def test_float32_patterns_equal_reference(patterns, monkeypatch, target, overflo
 
 
 def test_nan_is_canonical_with_its_sign(monkeypatch):
-    """NaNs whose payload sits below the 16 kept bits must not come out as inf."""
+    """NaNs whose payload sits below the kept bits must not come out as inf, nor those whose
+    rounding carries into the sign bit as ±0 (NumKong's bfloat16 gives both)."""
     nan_bits = np.array(
         [0x7F800001, 0x7F800100, 0x7F80FFFF, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF], np.uint32
     )
