@@ -148,6 +148,151 @@ def cp_data(src: str, dst: str) -> None:
     _report(seconds, 0)
 
 
+def _data_files(src: str) -> list[str]:
+    d, base = os.path.dirname(src), os.path.basename(src)
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith(base + ".data-"))
+
+
+def cp_durable(src: str, dst: str) -> None:
+    """The durable floor: copy the same files, then fsync each copy and the directory (what
+    tfckpt's default does for its output)."""
+    t = time.perf_counter()
+    out = os.path.dirname(dst)
+    os.makedirs(out, exist_ok=True)
+    d, base = os.path.dirname(src), os.path.basename(src)
+    copied = 0
+    for f in os.listdir(d):
+        if f.startswith(base + "."):
+            target = os.path.join(out, f)
+            shutil.copyfile(os.path.join(d, f), target)
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            copied += 1
+    fd = os.open(out, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    seconds = time.perf_counter() - t
+    _check(0 if copied else 1, f"no files of {src}\n")
+    _report(seconds, 0)
+
+
+def read_data(src: str, chunk_mib: str = "8") -> None:
+    """The read floor: every data file, from the page cache, into one reused buffer."""
+    files = _data_files(src)
+    _check(0 if files else 1, f"no data files of {src}\n")
+    buf = bytearray(int(chunk_mib) << 20)
+    t = time.perf_counter()
+    n = 0
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                got = f.readinto(buf)
+                if not got:
+                    break
+                n += got
+    _report(time.perf_counter() - t, n, throughput=n)
+
+
+def write_data(dst: str, mib: str, fsync: str = "no", chunk_mib: str = "8") -> None:
+    """The write floor: ``mib`` MiB from one reused buffer into a new file (then fsync)."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    buf = os.urandom(int(chunk_mib) << 20)
+    total = int(mib) << 20
+    t = time.perf_counter()
+    with open(dst, "wb", buffering=0) as f:
+        done = 0
+        while done < total:
+            done += f.write(buf[: total - done])
+        if fsync == "fsync":
+            os.fsync(f.fileno())
+    _report(time.perf_counter() - t, total, throughput=total)
+
+
+def crc32c_alone(mib: str) -> None:
+    """CRC32C over ``mib`` MiB in 8 MiB pieces (the check on read, the checksum on write)."""
+    import crc32c
+    import numpy as np
+
+    data = np.random.default_rng(0).integers(0, 256, int(mib) << 20, dtype=np.uint8)
+    step = 8 << 20
+    t = time.perf_counter()
+    crc = 0
+    for i in range(0, data.size, step):
+        crc = crc32c.crc32c(data[i : i + step], crc)
+    _report(time.perf_counter() - t, data.nbytes, throughput=data.nbytes)
+
+
+def cast_alone(how: str, target: str, mib: str, chunk_mib: str = "8") -> None:
+    """float32 -> ``target`` in-process, chunk by chunk into reused buffers, after imports
+    and data generation. ``how``: ``simd`` (tfckpt's default Caster), ``reference`` (its
+    numpy/ml-dtypes path, on both cores), ``simd-1thread`` (NumKong alone, no checks, on
+    one core), ``simd-2threads`` (the same, each chunk split over two threads), ``tf-cast``
+    (``tf.cast`` on the CPU, whole chunks), ``tf-backend`` (the Caster with tfckpt's
+    ``tf.cast`` converter on the CPU, what ``--backend tf`` runs)."""
+    import numpy as np
+
+    if how == "reference":
+        os.environ["TFCKPT_CAST"] = "reference"
+    from tfckpt import dtypes as _dt
+    from tfckpt.cast import Caster
+
+    values = np.random.default_rng(0).standard_normal(int(mib) << 18, dtype=np.float32) * 0.05
+    step = (int(chunk_mib) << 20) // 4
+    src, tgt = _dt.lookup("float32"), _dt.lookup(target)
+    ring = [np.empty(step * tgt.fixed_itemsize, np.uint8) for _ in range(3)]
+    turn = [0]
+
+    def buffers(nbytes: int) -> np.ndarray:
+        turn[0] += 1
+        return ring[turn[0] % len(ring)][:nbytes]
+
+    if how in ("simd", "reference"):
+        caster = Caster(src, tgt, buffers=buffers)
+        expect = "numkong" if how == "simd" else "numpy"
+        _check(0 if caster.rounding == expect else 1, f"{how}: rounding is {caster.rounding}\n")
+        cast = caster
+    elif how == "simd-1thread":
+        import numkong
+
+        def cast(chunk):
+            return numkong.astype(chunk, target, out=buffers(chunk.size * 2).view(tgt.numpy))
+    elif how == "simd-2threads":
+        from concurrent.futures import ThreadPoolExecutor
+
+        import numkong
+
+        pool = ThreadPoolExecutor(2)
+
+        def cast(chunk):
+            out = buffers(chunk.size * 2).view(tgt.numpy)
+            h = chunk.size // 2
+            parts = [(chunk[:h], out[:h]), (chunk[h:], out[h:])]
+            list(pool.map(lambda p: numkong.astype(p[0], target, out=p[1]), parts))
+            return out
+    elif how == "tf-cast":
+        tf = _tf()
+        dtype = tf.as_dtype(target)
+
+        def cast(chunk):
+            with tf.device("/CPU:0"):
+                return tf.cast(tf.constant(chunk), dtype).numpy()
+    elif how == "tf-backend":
+        _tf()
+        from tfckpt.tf import cast as tf_cast
+
+        cast = Caster(src, tgt, convert=tf_cast.converter("/CPU:0"), buffers=buffers)
+    else:
+        _check(2, f"unknown cast {how}\n")
+    cast(values[:step])  # warm: pools, kernels, buffers
+    t = time.perf_counter()
+    for i in range(0, values.size, step):
+        cast(values[i : i + step])
+    _report(time.perf_counter() - t, values.nbytes, throughput=values.nbytes)
+
+
 def tfckpt_read_all(src: str) -> None:
     import tfckpt
 

@@ -59,3 +59,67 @@ def test_contender_whose_work_fails_is_not_timed(harness, tmp_path, contender):
     with pytest.raises(harness.ContenderFailed) as e:
         harness.measured(args)
     assert missing in str(e.value)
+
+
+def test_cases_are_selectable_and_scaled(harness, capsys):
+    """--only picks cases by name (several allowed); names carry the scaled sizes, so a
+    quick run with small inputs is labelled as such. Listing writes no inputs."""
+    args = ["--list", "--only", "GiB", "--only", "small tensors", "--many", "2000"]
+    assert harness.main(args + ["--huge-big-mib", "2048", "--out", "/nonexistent"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert "convert float32->float16 (4 GiB)" in listed
+    assert "convert float32->bfloat16 (1 GiB)" in listed
+    assert "convert 2000 small tensors to float16" in listed
+    assert not [c for c in listed if "dump" in c or "cast alone" in c]
+    assert harness.main(["--list", "--big-mib", "16", "--medium", "0"]) == 0
+    assert "convert float32->float16 (16 MiB)" in capsys.readouterr().out.splitlines()
+
+
+def test_table_compares_like_with_like(harness):
+    """tfckpt's default (fsync) against a durable copy, --no-fsync against plain cp, and
+    the scaled cases against their smaller twins."""
+
+    def row(wall):
+        return {"wall": wall, "inner": wall, "rss": 2**20}
+
+    one, four = "convert float32->float16 (1 GiB)", "convert float32->float16 (4 GiB)"
+    results = {
+        one: {
+            "tfckpt": row(3.0),
+            "cp + fsync": row(2.0),
+            "tfckpt --no-fsync": row(1.5),
+            "cp": row(1.0),
+            "tensorflow": row(10.0),
+        },
+        four: {"tfckpt": row(12.0), "cp + fsync": row(8.0)},
+        "cast alone": {"x": {**row(1.0), "throughput": 4e9}},
+    }
+    machine = {"cpu": "c", "cores": 2, "memory_gib": 1, "python": "3", "numpy": "2"}
+    out = harness.table(
+        {"machine": machine, "repeat": 1, "sizes": harness.SIZES, "results": results}
+    )
+    lines = out.splitlines()
+    assert any(
+        ln.startswith(f"| {one} | tfckpt | 3.00 s | 0.30× | 1.50× cp + fsync |") for ln in lines
+    )
+    assert any(
+        ln.startswith(f"| {one} | tfckpt --no-fsync | 1.50 s | 0.15× | 1.50× cp |") for ln in lines
+    )
+    assert any("| cast alone | x |" in ln and "| 4.00 |" in ln for ln in lines)
+    assert f"- {four} / {one}, tfckpt: 4.00× the time (linear: 4×)" in lines
+
+
+@pytest.mark.parametrize(
+    "contender,says",
+    [
+        (["cp_durable", "{missing}", "{out}/model"], "no files of"),
+        (["read_data", "{missing}"], "no data files of"),
+    ],
+)
+def test_floor_contender_without_input_is_not_timed(harness, tmp_path, contender, says):
+    (tmp_path / "absent").mkdir()
+    missing = str(tmp_path / "absent" / "model")
+    args = [a.format(missing=missing, out=tmp_path / "out") for a in contender]
+    with pytest.raises(harness.ContenderFailed) as e:
+        harness.measured(args)
+    assert f"{says} {missing}" in str(e.value)

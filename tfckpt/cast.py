@@ -10,6 +10,9 @@ TensorFlow itself carries them differently on different paths.
 The rounding itself is pluggable (``convert``): numpy/ml-dtypes by default,
 ``tf.cast`` on an accelerator from :mod:`tfckpt.tf`; everything after it
 (overflow policy, NaNs, counts) is shared, so both give the same bits.
+Where NumKong is installed and the CPU has its SIMD kernels, it rounds the
+pairs in ``SIMD_PAIRS`` instead of numpy (whose wheels round half floats in
+software, several times slower); ``TFCKPT_CAST=reference`` turns it off.
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ OverflowPolicy = Literal["error", "clip", "inf"]
 CastTarget = Literal["float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
 OVERFLOW_POLICIES: tuple[OverflowPolicy, ...] = get_args(OverflowPolicy)
 CAST_TARGETS: tuple[CastTarget, ...] = get_args(CastTarget)
+
+# Source and target pairs NumKong rounds (ties to even, subnormals kept) bit for bit
+# as numpy/ml-dtypes do for every non-NaN float32 pattern; NaNs are made canonical
+# afterwards anyway. A float64 source is rounded to float32 by numpy first.
+SIMD_PAIRS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("float32", "float16"),
+        ("float32", "bfloat16"),
+        ("float16", "float32"),
+        ("bfloat16", "float32"),
+    }
+)
+CAST_ENV = "TFCKPT_CAST"  # "reference": never the SIMD rounding (tests, benchmarks)
 
 
 @dataclass
@@ -91,6 +107,17 @@ class Caster:
         self._bits = np.dtype(f"u{tgt.itemsize}")
         self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
         self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]
+        rounded = "float32" if self._via32 else self.source.name
+        self._simd = None
+        if self.convert is None and (rounded, self.target.name) in SIMD_PAIRS:
+            self._simd = _numkong()
+
+    @property
+    def rounding(self) -> str:
+        """What rounds the values: ``'numkong'`` (SIMD), ``'numpy'`` or ``'convert'``."""
+        if self.convert is not None:
+            return "convert"
+        return "numkong" if self._simd is not None else "numpy"
 
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
@@ -99,49 +126,62 @@ class Caster:
         else:
             out = np.empty(n, dtype=self._target_np)
         flat = chunk.reshape(-1)
-        workers = _workers()
-        if self.convert is None and n >= _PARALLEL_MIN and workers > 1:
-            # numpy's casts release the GIL: split big chunks over the cores.
-            step = -(-n // workers)
+        if self.convert is None and self._simd is None and n >= _PARALLEL_MIN and _workers() > 1:
+            # numpy's casts release the GIL: split big chunks over the cores. The SIMD
+            # cast needs no help: it keeps up with reading on one core, and the other
+            # is the pipeline's (reading, checksums, writing).
+            step = -(-n // _workers())
             parts = list(
                 _pool().map(
-                    lambda a: self._part(flat[a : a + step], out[a : a + step]), range(0, n, step)
+                    lambda a: self._part(flat[a : a + step], out[a : a + step], CastCounts()),
+                    range(0, n, step),
                 )
             )
+            for p in parts:
+                self.counts.add(p)
         else:
-            parts = [self._part(flat, out)]
-        for p in parts:
-            self.counts.add(p)
+            self._part(flat, out, self.counts)  # many small tensors: no per-call extras
         return out.reshape(chunk.shape)
 
-    def _part(self, chunk: np.ndarray, out: np.ndarray) -> CastCounts:
-        counts = CastCounts(elements=chunk.size)
-        if not chunk.size:
-            return counts
+    def _part(self, chunk: np.ndarray, out: np.ndarray, counts: CastCounts) -> CastCounts:
+        """Cast ``chunk`` into ``out``, adding to ``counts`` (returned)."""
+        counts.elements += chunk.size
+        # The SIMD rounding is so fast that the checks after it would dominate, unless
+        # they find the block it just wrote still in the core's cache.
+        step = _SIMD_BLOCK if self._simd is not None else max(chunk.size, 1)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            src = chunk.astype(np.float32) if self._via32 else chunk
-            if self.convert is not None:
-                out[...] = self.convert(src, self._target_np)
-            else:
-                np.copyto(out, src, casting="unsafe")
-            # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
-            lo, hi = float(src.min()), float(src.max())
-            if -self._overflow_at < lo and hi < self._overflow_at:
-                if not self._exact:
-                    self._count_small(out, chunk, counts)
-            else:
-                self._special(chunk, out, counts)
+            for a in range(0, chunk.size, step):
+                self._block(chunk[a : a + step], out[a : a + step], counts)
         return counts
+
+    def _block(self, chunk: np.ndarray, out: np.ndarray, counts: CastCounts) -> None:
+        src = chunk.astype(np.float32) if self._via32 else chunk
+        if self.convert is not None:
+            out[...] = self.convert(src, self._target_np)
+        elif self._simd is not None and src.dtype.isnative:
+            # NaNs come out as anything (inf, even -0.0): _special makes them canonical.
+            self._simd.astype(src, self.target.name, out=out)
+        else:
+            np.copyto(out, src, casting="unsafe")
+        # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
+        lo, hi = float(src.min()), float(src.max())
+        if -self._overflow_at < lo and hi < self._overflow_at:
+            if not self._exact:
+                self._count_small(out, chunk, counts)
+        else:
+            self._special(chunk, out, counts)
 
     def _count_small(self, out: np.ndarray, chunk: np.ndarray, counts: CastCounts) -> None:
         """Count zeros and subnormals from the output's bits (integer compares only)."""
         mag = np.bitwise_and(out.view(self._bits), self._abs_mask)
+        least = mag.min()  # one cheap pass rules out the counting passes below
+        if least >= self._tiny_bits:
+            return
         small = int(np.count_nonzero(mag < self._tiny_bits))
-        if small:
-            zeros = int(np.count_nonzero(mag == 0))
-            counts.subnormal += small - zeros
-            if zeros:
-                counts.to_zero += zeros - int(np.count_nonzero(chunk == 0))
+        zeros = int(np.count_nonzero(mag == 0)) if least == 0 else 0
+        counts.subnormal += small - zeros
+        if zeros:
+            counts.to_zero += zeros - int(np.count_nonzero(chunk == 0))
 
     def _special(self, chunk: np.ndarray, out: np.ndarray, c: CastCounts) -> None:
         """The general path, for chunks with NaN, inf or values near the overflow point."""
@@ -167,6 +207,7 @@ class Caster:
 
 
 _PARALLEL_MIN = 1 << 20  # elements; smaller chunks are cast on the calling thread
+_SIMD_BLOCK = 1 << 17  # elements: input, output and the checks' temporaries fit in L2
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -179,6 +220,27 @@ def _pool() -> ThreadPoolExecutor:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tfckpt-cast")
     return _POOL
+
+
+_NUMKONG: Any = None  # the module once looked for; False when unusable
+
+
+def _numkong() -> Any:
+    """NumKong, or None when it is missing, turned off or without SIMD kernels here."""
+    global _NUMKONG
+    if os.environ.get(CAST_ENV, "").lower() == "reference":
+        return None
+    if _NUMKONG is None:
+        try:
+            import numkong
+
+            caps = numkong.get_capabilities()
+        except (ImportError, AttributeError, OSError):
+            _NUMKONG = False
+        else:
+            # Its portable C kernels are exact too, but no faster than numpy's.
+            _NUMKONG = numkong if any(on for k, on in caps.items() if k != "serial") else False
+    return _NUMKONG or None
 
 
 def _finfo(npdtype: np.dtype) -> Any:

@@ -203,10 +203,11 @@ class Storage:
 
     def writeback(self, file, start: int, n: int) -> bool:
         """Start writing bytes [start, start + n) of a file out (Linux); False if not done."""
-        if _SYNC_FILE_RANGE is None:
+        sync_file_range = _sync_file_range()
+        if sync_file_range is None:
             return False
         file.flush()
-        _SYNC_FILE_RANGE(file.fileno(), start, n, _SYNC_FILE_RANGE_WRITE)
+        sync_file_range(file.fileno(), start, n, _SYNC_FILE_RANGE_WRITE)
         return True
 
     def replace(self, src: str, dst: str) -> None:
@@ -394,19 +395,28 @@ class LocalReader:
 
 def _load_sync_file_range():
     """Linux's sync_file_range, to start writing dirty pages out early; None elsewhere."""
+    if os.name != "posix":
+        return None
     try:
-        import ctypes
-        import ctypes.util
+        import ctypes  # on first write only: ctypes costs start-up time that reads never need
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
+        # The process's own symbols include the C library's.
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
         fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
         return fn
     except (OSError, AttributeError):
         return None
 
 
-_SYNC_FILE_RANGE = _load_sync_file_range() if os.name == "posix" else None
+_SYNC_FILE_RANGE: list = []  # [sync_file_range or None] once looked up
+
+
+def _sync_file_range():
+    if not _SYNC_FILE_RANGE:
+        _SYNC_FILE_RANGE.append(_load_sync_file_range())
+    return _SYNC_FILE_RANGE[0]
+
+
 _SYNC_FILE_RANGE_WRITE = 2
 
 LOCAL = Storage()
