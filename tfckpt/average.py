@@ -132,7 +132,9 @@ def last_checkpoints(directory, n: int) -> list[str]:
 
     In the order of its ``all_model_checkpoint_paths`` (TensorFlow's ``Saver`` and
     ``CheckpointManager`` list them oldest first), ending with the latest; only
-    checkpoints whose ``.index`` exists count.
+    checkpoints that exist count (a bundle's ``.index``, a V1 file). Paths that are
+    gone (a moved directory, another machine's) are found beside the state file, as
+    :func:`tfckpt.latest_checkpoint` finds them.
 
     >>> from tfckpt.average import last_checkpoints
     >>> last_checkpoints("train", 3)
@@ -142,22 +144,16 @@ def last_checkpoints(directory, n: int) -> list[str]:
         raise CheckpointError(f"the number of checkpoints to average must be positive, not {n}")
     directory = str(directory)
     store = storage_for(directory)
-    state = paths.read_state_file(directory)
     state_path = store.join(directory, paths.STATE_FILENAME)
-    if state is None:
+    # Paths from another machine or a moved directory are found beside the state file.
+    listed = paths.state_file_checkpoints(directory)
+    if listed is None:
         raise CheckpointError(
             "no checkpoint state file to take the newest checkpoints from", path=state_path
         )
-    listed = list(state.all_model_checkpoint_paths)
-    if state.model_checkpoint_path:
-        if state.model_checkpoint_path in listed:
-            listed.remove(state.model_checkpoint_path)
-        listed.append(state.model_checkpoint_path)
-    found = []
-    for p in listed:
-        prefix = p if store.isabs(p) else store.join(directory, p)
-        if store.isfile(paths.index_filename(prefix)) and prefix not in found:
-            found.append(prefix)
+    prefixes, latest = listed
+    found = [p for p in prefixes if p != latest] + [latest]
+    found = [p for p in found if paths._exists(store, p)]
     if len(found) < n:
         raise CheckpointError(
             f"asked for the {n} newest checkpoints, but the state file lists "
@@ -173,8 +169,12 @@ def _weights(weights: Sequence[float] | None, count: int) -> list[float]:
     weights = [float(w) for w in weights]
     if len(weights) != count:
         raise CheckpointError(f"{len(weights)} weights for {count} source checkpoints")
-    if not all(math.isfinite(w) for w in weights) or math.fsum(weights) == 0:
-        raise CheckpointError("the weights must be finite numbers with a non-zero sum")
+    try:
+        total = math.fsum(weights) if all(math.isfinite(w) for w in weights) else math.nan
+    except OverflowError:  # finite weights whose sum is not
+        total = math.inf
+    if not math.isfinite(total) or total == 0:
+        raise CheckpointError("the weights must be finite numbers with a finite, non-zero sum")
     return weights
 
 

@@ -1,0 +1,121 @@
+"""average, graft, flatten, dtype rules and friendly paths used as a demanding user would:
+moved and V1 training runs, odd arguments, directories named as they are typed.
+
+Every checkpoint is written by TensorFlow during the run; values are checked against
+TensorFlow's own reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from cli_helpers import assert_cli_error, in_process  # noqa: E402
+
+import tfckpt  # noqa: E402
+
+STEPS = 3
+
+
+def _saver_run(directory, version) -> list[str]:
+    """A TF1 Saver saving after each of STEPS steps (absolute paths in its state file)."""
+    v1 = tf.compat.v1
+    prefixes = []
+    directory.mkdir()
+    with tf.Graph().as_default():
+        v = v1.get_variable("v", initializer=np.arange(6, dtype=np.float32) / 3)
+        step = v1.train.get_or_create_global_step()
+        train = tf.group(v.assign(v * 1.5 + 0.25), step.assign_add(1))
+        saver = v1.train.Saver(max_to_keep=STEPS, write_version=version)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for i in range(1, STEPS + 1):
+                sess.run(train)
+                prefixes.append(saver.save(sess, str(directory / "model.ckpt"), global_step=i))
+    return prefixes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A V2 and a V1 Saver run of the same steps, and the V2 run's values."""
+    root = tmp_path_factory.mktemp("review_runs")
+    v2 = _saver_run(root / "v2", tf.compat.v1.train.SaverDef.V2)
+    v1 = _saver_run(root / "v1", tf.compat.v1.train.SaverDef.V1)
+    values = {p: tf.train.load_checkpoint(p).get_tensor("v") for p in v2}
+    return {"root": root, "v2": v2, "v1": v1, "values": values}
+
+
+def _moved(runs, tmp_path, windows: bool) -> str:
+    """The V2 run copied to tmp_path, its state file naming paths that are not there."""
+    d = tmp_path / "run"
+    shutil.copytree(runs["root"] / "v2", d)
+    state = (d / "checkpoint").read_text()
+    gone = "C:\\\\Users\\\\me\\\\train" if windows else "/nonexistent/train"
+    (d / "checkpoint").write_text(state.replace(str(runs["root"] / "v2"), gone))
+    assert tfckpt.latest_checkpoint(str(d)) is not None  # found beside it
+    assert tf.train.latest_checkpoint(str(d)) is None  # TensorFlow finds nothing
+    return str(d)
+
+
+@pytest.mark.parametrize("windows", [False, True], ids=["posix", "windows"])
+def test_average_last_follows_a_state_file_from_elsewhere(runs, tmp_path, windows):
+    directory = _moved(runs, tmp_path, windows)
+    rc, _, err = in_process("average", "--last", "2", directory, "-o", f"{tmp_path}/avg/")
+    assert rc == 0, err
+    assert err.startswith("tfckpt: note: ") and "beside it" in err.splitlines()[0]
+    got = tf.train.load_checkpoint(str(tmp_path / "avg" / "model.ckpt-3")).get_tensor("v")
+    a, b = (runs["values"][p] for p in runs["v2"][-2:])
+    want = tf.cast((a.astype(np.float64) + b) / 2, tf.float32).numpy()
+    assert got.tobytes() == want.tobytes()
+
+
+def test_average_last_of_a_v1_run(runs, tmp_path):
+    directory = os.path.dirname(runs["v1"][0])
+    rc, _, err = in_process("average", "--last", "2", directory, "-o", f"{tmp_path}/avg/")
+    assert rc == 0, err
+    got = tf.train.load_checkpoint(str(tmp_path / "avg" / "model.ckpt-3")).get_tensor("v")
+    # The V1 run computed what the V2 run did, step by step.
+    a, b = (runs["values"][p] for p in runs["v2"][-2:])
+    want = tf.cast((a.astype(np.float64) + b) / 2, tf.float32).numpy()
+    assert got.tobytes() == want.tobytes()
+
+
+def test_average_weights_whose_sum_overflows(runs, tmp_path):
+    a, b = runs["v2"][-2:]
+    assert_cli_error(
+        in_process("average", a, b, "-o", tmp_path / "o", "--weights", "1e308", "1e308"),
+        "finite, non-zero sum",
+    )
+    assert not os.path.exists(tmp_path / "o.index")
+
+
+def test_dump_all_of_a_saver_run_named_relatively(runs, monkeypatch):
+    """A Saver's state file names absolute paths; DIR typed relative lists each once."""
+    monkeypatch.chdir(runs["root"])
+    rc, out, err = in_process("dump", "v2", "--all", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)["checkpoints"]
+    assert [(r["name"], r["in_state_file"], r["latest"]) for r in rows] == [
+        ("model.ckpt-1", True, False),
+        ("model.ckpt-2", True, False),
+        ("model.ckpt-3", True, True),
+    ]
+    rc, out, err = in_process("dump", "v2", "--all")
+    assert rc == 0, err
+    assert "not in the state file" not in out
+
+
+def test_dump_all_names_a_missing_data_file(runs, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(runs["root"] / "v2", d)
+    (d / "model.ckpt-2.data-00000-of-00001").unlink()
+    rows = tfckpt.list_checkpoints(str(d))["checkpoints"]
+    (broken,) = [r for r in rows if r["error"]]
+    assert broken["name"] == "model.ckpt-2"
+    assert "model.ckpt-2.data-00000-of-00001" in broken["error"]
