@@ -119,3 +119,16 @@ def test_dump_all_names_a_missing_data_file(runs, tmp_path):
     (broken,) = [r for r in rows if r["error"]]
     assert broken["name"] == "model.ckpt-2"
     assert "model.ckpt-2.data-00000-of-00001" in broken["error"]
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [{"^v$": None}, [("^v$", None)], "^v$=bfloat16", [("^v$", "bfloat16", "x")], ["^v$"]],
+    ids=["dict-none", "pair-none", "string", "triple", "bare-regex"],
+)
+def test_malformed_dtype_rules_are_errors(runs, tmp_path, rules):
+    """``{regex: None}`` must not mean float64 (numpy's reading of None), nor a string
+    a rule per character."""
+    with pytest.raises(tfckpt.CheckpointError, match="dtype rule"):
+        tfckpt.convert(runs["v2"][-1], str(tmp_path / "out"), "float16", dtype_rules=rules)
+    assert not os.path.exists(tmp_path / "out.index")
