@@ -30,8 +30,16 @@ def _saver_run(directory, version) -> list[str]:
     directory.mkdir()
     with tf.Graph().as_default():
         v = v1.get_variable("v", initializer=np.arange(6, dtype=np.float32) / 3)
+        emb = v1.get_variable(
+            "emb",
+            [6, 2],
+            initializer=v1.ones_initializer(),
+            partitioner=v1.fixed_size_partitioner(2),
+        )
         step = v1.train.get_or_create_global_step()
-        train = tf.group(v.assign(v * 1.5 + 0.25), step.assign_add(1))
+        train = tf.group(
+            v.assign(v * 1.5 + 0.25), step.assign_add(1), *[p.assign(p * 3) for p in emb]
+        )
         saver = v1.train.Saver(max_to_keep=STEPS, write_version=version)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
@@ -132,3 +140,16 @@ def test_malformed_dtype_rules_are_errors(runs, tmp_path, rules):
     with pytest.raises(tfckpt.CheckpointError, match="dtype rule"):
         tfckpt.convert(runs["v2"][-1], str(tmp_path / "out"), "float16", dtype_rules=rules)
     assert not os.path.exists(tmp_path / "out.index")
+
+
+def test_average_cast_of_a_partitioned_variable_warns_as_convert(runs, tmp_path):
+    """float16 slices restore only into the same partitions: the summary says so."""
+    directory = os.path.dirname(runs["v2"][0])
+    rc, _, err = in_process(
+        "average", "--last", "2", directory, "-o", f"{tmp_path}/avg/", "--dtype", "float16"
+    )
+    assert rc == 0, err
+    (warning,) = [line for line in err.splitlines() if line.startswith("tfckpt: warning: ")]
+    assert "stay partitioned in float16 (emb)" in warning
+    with tfckpt.open(str(tmp_path / "avg" / "model.ckpt-3")) as ckpt:
+        assert ckpt.info("emb").dtype == "float16" and len(ckpt.info("emb").slices) == 2

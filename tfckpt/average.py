@@ -31,12 +31,12 @@ from . import dtypes as _dt
 from . import paths
 from .cast import CastCounts, Caster
 from .commit import remove_stale_temporaries, write_state_file
-from .engine import TF_SLICE_COPYABLE, Summary
+from .engine import TF_SLICE_COPYABLE, Summary, _restore_warnings
 from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
 from .format import TensorInfo
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
-from .planner import DtypePolicy, Source, open_sources, resolve_destination
+from .planner import DtypePolicy, Plan, PlannedTensor, Source, open_sources, resolve_destination
 from .reader import Checkpoint
 from .storage import storage_for
 from .writer import BundleWriter, StringStream
@@ -475,7 +475,7 @@ def write_average(p: AveragePlan, *, progress: Callable[[int], None] | None = No
         overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
         if opts.overflow == "error" and overflowed:
             raise CastOverflowError(overflowed, p.dst)
-    warnings = []
+    warnings = _restore_warnings(_sliced_as_plan(p))
     try:
         directory = store.dirname(p.dst) or "."
         if not any(
@@ -500,6 +500,18 @@ def write_average(p: AveragePlan, *, progress: Callable[[int], None] | None = No
         warnings=warnings,
         dtype_rules=p.dtype_rule_counts(),
     )
+
+
+def _sliced_as_plan(p: AveragePlan) -> Plan:
+    """The tensors written in slices, as a plan reading them from the newest source:
+    what TensorFlow can restore of them is what it can of a convert's."""
+    newest = len(p.sources) - 1
+    planned = [
+        PlannedTensor(newest, t.name, t.new_name, t.info, t.new_dtype, t.bytes_out)
+        for t in p.tensors
+        if t.sliced
+    ]
+    return Plan(p.sources, p.dst, planned, [], p.object_graph, p.options)
 
 
 def _file_order(info: TensorInfo) -> tuple[int, int]:
