@@ -16,6 +16,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+import average_checkpoints as ac  # noqa: E402
 from cli_helpers import assert_cli_error, in_process  # noqa: E402
 
 import tfckpt  # noqa: E402
@@ -153,3 +154,22 @@ def test_average_cast_of_a_partitioned_variable_warns_as_convert(runs, tmp_path)
     assert "stay partitioned in float16 (emb)" in warning
     with tfckpt.open(str(tmp_path / "avg" / "model.ckpt-3")) as ckpt:
         assert ckpt.info("emb").dtype == "float16" and len(ckpt.info("emb").slices) == 2
+
+
+def test_average_use_ema_dtype_rules_match_the_variables_names(tmp_path):
+    """With --use-ema a variable's value comes from its shadow; a rule naming the
+    variable (anchored, as users write them) still decides its dtype."""
+    run = ac.write_tf1_run(tmp_path / "run")
+    out = tmp_path / "avg"
+    flags = ["--use-ema", "--dtype", "float16", "--dtype-rule", "dense/bias$=bfloat16"]
+    rc, _, err = in_process("average", "--last", "2", run["dir"], "-o", out, *flags)
+    assert rc == 0, err
+    assert "dtype rule dense/bias$=bfloat16: 1 tensors" in err
+    reader = tf.train.load_checkpoint(str(out))
+    assert reader.get_variable_to_dtype_map()["dense/bias"] == tf.bfloat16
+    shadows = [
+        tf.train.load_checkpoint(p).get_tensor("dense/bias/ExponentialMovingAverage")
+        for p in run["prefixes"][-2:]
+    ]
+    want = tf.cast((shadows[0].astype(np.float64) + shadows[1]) / 2, tf.bfloat16).numpy()
+    assert reader.get_tensor("dense/bias").tobytes() == want.tobytes()

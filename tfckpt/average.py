@@ -356,7 +356,8 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         info = newest.ckpt.info(name)
         dtype = _dt.lookup(info.dtype)
         averaged = dtype.kind in ("float", "complex")
-        new_dtype, dtype_by = policy.decide(name, dtype)
+        # By the variable's name: with use_ema its value is read from its shadow's.
+        new_dtype, dtype_by = policy.decide(new, dtype)
         sliced = bool(info.slices) and _same_slices(srcs, name)
         if info.slices and not sliced and info.partial:
             raise CheckpointError(
