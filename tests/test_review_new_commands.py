@@ -223,7 +223,7 @@ def _hostile(base, name: str, shape: str, n: int) -> str:
     return prefix
 
 
-def test_flatten_and_graft_of_a_deep_chain_stay_small(tf2_base, tmp_path):
+def test_flatten_graft_export_of_a_deep_chain_stay_small(tf2_base, tmp_path):
     import tracemalloc
 
     prefix = _hostile(tf2_base, "chain", "chain", 10_000)
@@ -240,9 +240,19 @@ def test_flatten_and_graft_of_a_deep_chain_stay_small(tf2_base, tmp_path):
     tfckpt.graft(prefix, [str(tmp_path / "flat")], str(tmp_path / "back"))
     with tfckpt.open(str(tmp_path / "back")) as ckpt:
         assert ckpt["v/.ATTRIBUTES/VARIABLE_VALUE"].tolist() == [1.0, 2.0]
+    safetensors = pytest.importorskip("safetensors.numpy")
+    tracemalloc.start()
+    try:
+        tfckpt.export(prefix, str(tmp_path / "model.safetensors"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    (name,) = safetensors.load_file(str(tmp_path / "model.safetensors"))
+    assert name == "/".join(["c"] * 10_001)
 
 
-def test_flatten_and_graft_of_doubling_slot_paths_are_errors(tf2_base, tmp_path):
+def test_flatten_graft_export_of_doubling_slot_paths_are_errors(tf2_base, tmp_path):
     prefix = _hostile(tf2_base, "doubling", "doubling", 60)
     assert_cli_error(in_process("flatten", prefix, tmp_path / "flat"), prefix, "too long")
     assert_cli_error(
@@ -250,4 +260,5 @@ def test_flatten_and_graft_of_doubling_slot_paths_are_errors(tf2_base, tmp_path)
         prefix,
         "too long",
     )
+    assert_cli_error(in_process("export", prefix, tmp_path / "m.safetensors"), prefix, "too long")
     assert os.listdir(tmp_path) == []
