@@ -262,3 +262,33 @@ def test_flatten_graft_export_of_doubling_slot_paths_are_errors(tf2_base, tmp_pa
     )
     assert_cli_error(in_process("export", prefix, tmp_path / "m.safetensors"), prefix, "too long")
     assert os.listdir(tmp_path) == []
+
+
+def test_average_complex_overflow_follows_the_policy(tmp_path):
+    """Extrapolating weights can take a mean beyond complex64's range: as for float32,
+    an error naming the tensor (one line, no numpy warning), or clipped part by part."""
+    for i, x in enumerate((3e38, -3e38)):
+        tf.raw_ops.SaveV2(
+            prefix=str(tmp_path / f"m-{i}"),
+            tensor_names=["c", "f"],
+            shape_and_slices=["", ""],
+            tensors=[
+                tf.constant([x + 0.5j, 1 + 1j], tf.complex64),
+                tf.constant([x, 1.0], tf.float32),
+            ],
+        )
+    srcs = [tmp_path / "m-0", tmp_path / "m-1"]
+    line = assert_cli_error(
+        in_process("average", *srcs, "-o", tmp_path / "out", "--weights", "-1", "2"),
+        "c (1 values)",
+    )
+    assert "f (1 values)" in line
+    rc, _, err = in_process(
+        "average", *srcs, "-o", tmp_path / "out", "--weights", "-1", "2", "--overflow", "clip"
+    )
+    assert rc == 0, err
+    reader = tf.train.load_checkpoint(str(tmp_path / "out"))
+    top = np.finfo(np.float32).max
+    want = np.array([-top + 0.5j, 1 + 1j], np.complex64)
+    assert reader.get_tensor("c").tobytes() == want.tobytes()
+    assert reader.get_tensor("f").tobytes() == np.array([-top, 1], np.float32).tobytes()

@@ -533,7 +533,10 @@ def _average_tensor(
     complex_ = src.kind == "complex"
     acc_dtype = np.dtype(np.complex128 if complex_ else np.float64)
     caster = None
-    if not complex_ and out.name != "float64":
+    if complex_ and out.name == "complex64":
+        # Each part rounded as a float32 is, overflow policy and counts included.
+        caster = Caster(_dt.lookup("float64"), _dt.lookup("float32"), p.options.overflow)
+    elif not complex_ and out.name != "float64":
         caster = Caster(_dt.lookup("float64"), out, p.options.overflow)
     # In flight per step: each source's piece (twice, while it is cut to size), the
     # accumulator, one term and the result: about one chunk budget in all.
@@ -552,12 +555,14 @@ def _average_tensor(
     with stream:
         for parts in zip(*readers, strict=True):
             acc = weighted_mean(parts, p.weights, acc_dtype)
-            if caster is not None:
-                result = caster(acc)
-            elif complex_:
-                result = acc.astype(out.array_dtype)
-            else:
+            if caster is None:
                 result = acc
+            elif complex_:
+                result = np.empty(acc.size, out.array_dtype)
+                result.real = caster(np.ascontiguousarray(acc.real))
+                result.imag = caster(np.ascontiguousarray(acc.imag))
+            else:
+                result = caster(acc)
             stream.write(result)
             if progress:
                 progress(sum(x.nbytes for x in parts))
