@@ -292,3 +292,27 @@ def test_average_complex_overflow_follows_the_policy(tmp_path):
     want = np.array([-top + 0.5j, 1 + 1j], np.complex64)
     assert reader.get_tensor("c").tobytes() == want.tobytes()
     assert reader.get_tensor("f").tobytes() == np.array([-top, 1], np.float32).tobytes()
+
+
+def test_average_copies_the_newest_slices_whatever_the_others_are(tmp_path):
+    """A pre-sliced integer tensor is copied from the newest source: older sources that
+    store other slices of it are no reason to fail."""
+    ids = np.arange(12, dtype=np.int64).reshape(4, 3)
+    for i, spec in enumerate(("4 3 0,2:-", "4 3 2,2:-")):
+        rows = ids[:2] if i == 0 else ids[2:]
+        tf.raw_ops.SaveV2(
+            prefix=str(tmp_path / f"m-{i}"),
+            tensor_names=["ids", "w"],
+            shape_and_slices=[spec, ""],
+            tensors=[tf.constant(rows), tf.constant([float(i), 2.0 * i], tf.float32)],
+        )
+    rc, _, err = in_process("average", tmp_path / "m-0", tmp_path / "m-1", "-o", tmp_path / "out")
+    assert rc == 0, err
+    got = tf.raw_ops.RestoreV2(
+        prefix=str(tmp_path / "out"),
+        tensor_names=["ids", "w"],
+        shape_and_slices=["4 3 2,2:-", ""],
+        dtypes=[tf.int64, tf.float32],
+    )
+    assert got[0].numpy().tobytes() == ids[2:].tobytes()
+    assert got[1].numpy().tolist() == [0.5, 1.0]
