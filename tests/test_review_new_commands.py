@@ -316,3 +316,55 @@ def test_average_copies_the_newest_slices_whatever_the_others_are(tmp_path):
     )
     assert got[0].numpy().tobytes() == ids[2:].tobytes()
     assert got[1].numpy().tolist() == [0.5, 1.0]
+
+
+@pytest.fixture(scope="module")
+def v1_sharded(tmp_path_factory):
+    """A TF1 Saver(V1, sharded=True) over two CPU devices: its state file names each
+    save by the pattern of its files (model.ckpt-3-?????-of-00002)."""
+    v1 = tf.compat.v1
+    d = tmp_path_factory.mktemp("v1_sharded")
+    saved = []
+    with tf.Graph().as_default():
+        with tf.device("/cpu:0"):
+            a = v1.get_variable("a", initializer=np.arange(3, dtype=np.float32))
+        with tf.device("/cpu:1"):
+            b = v1.get_variable("b", initializer=np.ones(2, np.float32))
+        train = tf.group(a.assign(a * 2 + 1), b.assign(b * 3))
+        saver = v1.train.Saver(write_version=v1.train.SaverDef.V1, sharded=True, max_to_keep=3)
+        config = v1.ConfigProto(device_count={"CPU": 2})
+        with v1.Session(config=config) as sess:
+            sess.run(v1.global_variables_initializer())
+            for i in range(1, 4):
+                sess.run(train)
+                saved.append(saver.save(sess, str(d / "model.ckpt"), global_step=i))
+    assert saved[-1].endswith("model.ckpt-3-?????-of-00002")
+    return str(d), saved
+
+
+def test_sharded_v1_run_listed_and_averaged(v1_sharded, tmp_path):
+    directory, saved = v1_sharded
+    rows = tfckpt.list_checkpoints(directory)["checkpoints"]
+    assert [(r["step"], r["tensors"], r["error"]) for r in rows] == [
+        (1, 2, None),
+        (2, 2, None),
+        (3, 2, None),
+    ]
+    moved = tmp_path / "moved"
+    shutil.copytree(directory, moved)
+    state = (moved / "checkpoint").read_text().replace(directory, "/gone/train")
+    (moved / "checkpoint").write_text(state)
+    for source in (directory, str(moved)):
+        out = tmp_path / f"avg-{len(os.listdir(tmp_path))}"
+        rc, _, err = in_process("average", "--last", "2", source, "-o", f"{out}/")
+        assert rc == 0, err
+        assert len(err.splitlines()) == (2 if source == str(moved) else 1), err
+        reader = tf.train.load_checkpoint(str(out / "model.ckpt-3"))
+        for name in ("a", "b"):
+            x, y = (tf.train.load_checkpoint(p).get_tensor(name) for p in saved[-2:])
+            want = tf.cast((x.astype(np.float64) + y) / 2, tf.float32).numpy()
+            assert reader.get_tensor(name).tobytes() == want.tobytes()
+    rc, _, err = in_process("dump", moved)
+    assert rc == 0, err
+    (note,) = err.splitlines()  # one note, however often the path is resolved
+    assert note.startswith("tfckpt: note: ") and "beside it" in note

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import re
 import warnings
 
@@ -21,7 +22,8 @@ STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
 # An absolute path of some machine: POSIX, or Windows with a drive or a UNC share.
 _ROOTED_RE = re.compile(r"^(?:[/\\]|[A-Za-z]:[/\\])")
-_STEP_RE = re.compile(r"-(\d+)$")
+# The step ends the name, before the file pattern of a sharded V1 save, if any.
+_STEP_RE = re.compile(r"-(\d+)(?:-\?{5}-of-\d{5,})?$")
 SUGGESTIONS = 5  # how many "did you mean" candidates a message lists
 
 
@@ -112,8 +114,18 @@ def state_file_checkpoints(directory: str) -> tuple[list[str], str] | None:
 
 
 def _exists(store: Storage, prefix: str) -> bool:
-    # A bundle's .index, or the file of a single-file V1 checkpoint.
-    return store.isfile(index_filename(prefix)) or store.isfile(prefix)
+    # A bundle's .index, the file of a single-file V1 checkpoint, or a file of the
+    # pattern a sharded V1 save is named by (model.ckpt-5-?????-of-00002).
+    if store.isfile(index_filename(prefix)) or store.isfile(prefix):
+        return True
+    pattern = store.basename(prefix)
+    if "?" not in pattern:
+        return False
+    try:
+        names = store.listdir(store.dirname(prefix) or ".")
+    except (OSError, CheckpointError):
+        return False
+    return any(fnmatch.fnmatchcase(n, pattern) for n in names)
 
 
 def _locate(store: Storage, directory: str, name: str) -> tuple[str, bool]:
