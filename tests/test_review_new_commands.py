@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import average_checkpoints as ac  # noqa: E402
-from cli_helpers import assert_cli_error, in_process  # noqa: E402
+from cli_helpers import assert_cli_error, in_process, user_env  # noqa: E402
 
 import tfckpt  # noqa: E402
 
@@ -368,3 +370,42 @@ def test_sharded_v1_run_listed_and_averaged(v1_sharded, tmp_path):
     assert rc == 0, err
     (note,) = err.splitlines()  # one note, however often the path is resolved
     assert note.startswith("tfckpt: note: ") and "beside it" in note
+
+
+# Killed (SIGKILL) as it commits: at the rename of its temporary index into place.
+KILLED_AT_COMMIT = """
+import os, signal, sys
+def kill_at_index(fn):
+    def call(src, dst, *a, **k):
+        if ".tfckpt-tmp-" in os.fspath(src) and os.fspath(src).endswith(".index"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(src, dst, *a, **k)
+    return call
+os.link, os.replace, os.rename = map(kill_at_index, (os.link, os.replace, os.rename))
+from tfckpt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_at_its_commit_leaves_nothing_a_reader_takes(runs, tmp_path):
+    from tfckpt.commit import TMP_MARK
+
+    out = tmp_path / "out"
+    argv = ["convert", runs["v2"][-1], str(out / "model"), "--dtype", "float16"]
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_COMMIT, *argv], env=user_env())
+    assert proc.returncode == -9
+    left = [f for f in os.listdir(out) if TMP_MARK in f and f.endswith(".index")]
+    assert left, os.listdir(out)
+    with pytest.raises(tfckpt.CheckpointNotFoundError):
+        tfckpt.open(str(out))
+    assert tfckpt.list_checkpoints(str(out))["checkpoints"] == []
+    rc, _, err = in_process("dump", out / "model")
+    assert rc == 2 and TMP_MARK not in err, err
+    # Beside a checkpoint, that checkpoint is the directory's only one.
+    for f in os.listdir(os.path.dirname(runs["v2"][-1])):
+        if f.startswith("model.ckpt-3.") and not f.endswith(".meta"):
+            shutil.copy(os.path.join(os.path.dirname(runs["v2"][-1]), f), out / f)
+    with tfckpt.open(str(out)) as ckpt:
+        assert ckpt.prefix == str(out / "model.ckpt-3")
+    rows = tfckpt.list_checkpoints(str(out))["checkpoints"]
+    assert [r["name"] for r in rows] == ["model.ckpt-3"]

@@ -172,10 +172,18 @@ def _natural(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
+def _index_names(store: Storage, directory: str) -> list[str]:
+    """The ``.index`` files in ``directory``, but those of a run's temporaries: a run
+    killed as it commits leaves one, which no reader may take for a checkpoint."""
+    from .commit import TMP_MARK  # commit, which writes temporaries, imports this module
+
+    return [n for n in store.listdir(directory) if n.endswith(".index") and TMP_MARK not in n]
+
+
 def bundle_prefixes(directory: str) -> list[str]:
     """Every prefix with an ``.index`` file in ``directory``, steps in numeric order."""
     store = storage_for(directory)
-    names = [n[: -len(".index")] for n in store.listdir(directory) if n.endswith(".index")]
+    names = [n[: -len(".index")] for n in _index_names(store, directory)]
     return [store.join(directory, n) for n in sorted(names, key=_natural)]
 
 
@@ -190,7 +198,7 @@ def _did_you_mean(store: Storage, p: str) -> str:
         if not base or not store.isdir(directory or "."):
             return ""
         names = sorted(
-            (n[: -len(".index")] for n in store.listdir(directory or ".") if n.endswith(".index")),
+            (n[: -len(".index")] for n in _index_names(store, directory or ".")),
             key=_natural,
         )
     except (OSError, CheckpointError):
@@ -256,7 +264,7 @@ def _resolve_directory(store: Storage, directory: str) -> str:
     ):
         if store.isfile(index_filename(candidate)):
             return candidate
-    indexes = sorted(f for f in store.listdir(directory) if f.endswith(".index"))
+    indexes = sorted(_index_names(store, directory))
     if len(indexes) == 1:
         return store.join(directory, indexes[0][: -len(".index")])
     found = f"; found {len(indexes)} .index files: {', '.join(indexes[:5])}" if indexes else ""
