@@ -409,3 +409,11 @@ def test_a_run_killed_at_its_commit_leaves_nothing_a_reader_takes(runs, tmp_path
         assert ckpt.prefix == str(out / "model.ckpt-3")
     rows = tfckpt.list_checkpoints(str(out))["checkpoints"]
     assert [r["name"] for r in rows] == ["model.ckpt-3"]
+
+
+def test_latest_checkpoint_of_v1_runs_is_tensorflows(runs, v1_sharded):
+    """A V1 save has no .index: its file, or the pattern of its shards, is the latest."""
+    for directory in (os.path.dirname(runs["v1"][0]), v1_sharded[0]):
+        want = tf.train.latest_checkpoint(directory)
+        assert want is not None
+        assert tfckpt.latest_checkpoint(directory) == want

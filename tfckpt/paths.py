@@ -70,7 +70,7 @@ def latest_checkpoint(directory: str) -> str | None:
     'train/model.ckpt-7'
     """
     prefix = _state_file_latest(directory)
-    if prefix is None or not storage_for(directory).isfile(index_filename(prefix)):
+    if prefix is None or not _exists(storage_for(directory), prefix):
         return None
     return prefix
 
