@@ -31,13 +31,15 @@ from . import dtypes as _dt
 from . import paths
 from .cast import CastCounts, Caster
 from .commit import remove_stale_temporaries, write_state_file
-from .engine import TF_SLICE_COPYABLE, Summary
+from .engine import TF_SLICE_COPYABLE, Summary, _restore_warnings
 from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
 from .format import TensorInfo
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
 from .planner import (
     DtypePolicy,
+    Plan,
+    PlannedTensor,
     Source,
     open_sources,
     plan_storage_options,
@@ -139,7 +141,9 @@ def last_checkpoints(directory, n: int) -> list[str]:
 
     In the order of its ``all_model_checkpoint_paths`` (TensorFlow's ``Saver`` and
     ``CheckpointManager`` list them oldest first), ending with the latest; only
-    checkpoints whose ``.index`` exists count.
+    checkpoints that exist count (a bundle's ``.index``, a V1 file). Paths that are
+    gone (a moved directory, another machine's) are found beside the state file, as
+    :func:`tfckpt.latest_checkpoint` finds them.
 
     >>> from tfckpt.average import last_checkpoints
     >>> last_checkpoints("train", 3)
@@ -149,22 +153,16 @@ def last_checkpoints(directory, n: int) -> list[str]:
         raise CheckpointError(f"the number of checkpoints to average must be positive, not {n}")
     directory = str(directory)
     store = storage_for(directory)
-    state = paths.read_state_file(directory)
     state_path = store.join(directory, paths.STATE_FILENAME)
-    if state is None:
+    # Paths from another machine or a moved directory are found beside the state file.
+    listed = paths.state_file_checkpoints(directory)
+    if listed is None:
         raise CheckpointError(
             "no checkpoint state file to take the newest checkpoints from", path=state_path
         )
-    listed = list(state.all_model_checkpoint_paths)
-    if state.model_checkpoint_path:
-        if state.model_checkpoint_path in listed:
-            listed.remove(state.model_checkpoint_path)
-        listed.append(state.model_checkpoint_path)
-    found = []
-    for p in listed:
-        prefix = p if store.isabs(p) else store.join(directory, p)
-        if store.isfile(paths.index_filename(prefix)) and prefix not in found:
-            found.append(prefix)
+    prefixes, latest = listed
+    found = [p for p in prefixes if p != latest] + [latest]
+    found = [p for p in found if paths._exists(store, p)]
     if len(found) < n:
         raise CheckpointError(
             f"asked for the {n} newest checkpoints, but the state file lists "
@@ -180,8 +178,12 @@ def _weights(weights: Sequence[float] | None, count: int) -> list[float]:
     weights = [float(w) for w in weights]
     if len(weights) != count:
         raise CheckpointError(f"{len(weights)} weights for {count} source checkpoints")
-    if not all(math.isfinite(w) for w in weights) or math.fsum(weights) == 0:
-        raise CheckpointError("the weights must be finite numbers with a non-zero sum")
+    try:
+        total = math.fsum(weights) if all(math.isfinite(w) for w in weights) else math.nan
+    except OverflowError:  # finite weights whose sum is not
+        total = math.inf
+    if not math.isfinite(total) or total == 0:
+        raise CheckpointError("the weights must be finite numbers with a finite, non-zero sum")
     return weights
 
 
@@ -365,8 +367,10 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         info = newest.ckpt.info(name)
         dtype = _dt.lookup(info.dtype)
         averaged = dtype.kind in ("float", "complex")
-        new_dtype, dtype_by = policy.decide(name, dtype)
-        sliced = bool(info.slices) and _same_slices(srcs, name)
+        # By the variable's name: with use_ema its value is read from its shadow's.
+        new_dtype, dtype_by = policy.decide(new, dtype)
+        # A copied tensor is the newest's alone: the others' slicing does not matter.
+        sliced = bool(info.slices) and (not averaged or _same_slices(srcs, name))
         if info.slices and not sliced and info.partial:
             raise CheckpointError(
                 "the sources store different slices of this pre-sliced tensor",
@@ -494,7 +498,7 @@ def write_average(
         overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
         if opts.overflow == "error" and overflowed:
             raise CastOverflowError(overflowed, p.dst)
-    warnings = []
+    warnings = _restore_warnings(_sliced_as_plan(p))
     try:
         directory = store.dirname(p.dst) or "."
         if not any(
@@ -521,6 +525,18 @@ def write_average(
     )
 
 
+def _sliced_as_plan(p: AveragePlan) -> Plan:
+    """The tensors written in slices, as a plan reading them from the newest source:
+    what TensorFlow can restore of them is what it can of a convert's."""
+    newest = len(p.sources) - 1
+    planned = [
+        PlannedTensor(newest, t.name, t.new_name, t.info, t.new_dtype, t.bytes_out)
+        for t in p.tensors
+        if t.sliced
+    ]
+    return Plan(p.sources, p.dst, planned, [], p.object_graph, p.options)
+
+
 def _file_order(info: TensorInfo) -> tuple[int, int]:
     return (info.shard or 0, info.offset or 0)
 
@@ -539,7 +555,10 @@ def _average_tensor(
     complex_ = src.kind == "complex"
     acc_dtype = np.dtype(np.complex128 if complex_ else np.float64)
     caster = None
-    if not complex_ and out.name != "float64":
+    if complex_ and out.name == "complex64":
+        # Each part rounded as a float32 is, overflow policy and counts included.
+        caster = Caster(_dt.lookup("float64"), _dt.lookup("float32"), p.options.overflow)
+    elif not complex_ and out.name != "float64":
         caster = Caster(_dt.lookup("float64"), out, p.options.overflow)
     # In flight per step: each source's piece (twice, while it is cut to size), the
     # accumulator, one term and the result: about one chunk budget in all.
@@ -558,12 +577,14 @@ def _average_tensor(
     with stream:
         for parts in zip(*readers, strict=True):
             acc = weighted_mean(parts, p.weights, acc_dtype)
-            if caster is not None:
-                result = caster(acc)
-            elif complex_:
-                result = acc.astype(out.array_dtype)
-            else:
+            if caster is None:
                 result = acc
+            elif complex_:
+                result = np.empty(acc.size, out.array_dtype)
+                result.real = caster(np.ascontiguousarray(acc.real))
+                result.imag = caster(np.ascontiguousarray(acc.imag))
+            else:
+                result = caster(acc)
             stream.write(result)
             if progress:
                 progress(sum(x.nbytes for x in parts))

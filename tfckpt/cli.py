@@ -596,9 +596,13 @@ def _add_export_options(p: argparse.ArgumentParser) -> None:
 def _show_warning(default):
     """Library warnings about paths as one ``tfckpt: note:`` line on stderr; others as usual."""
 
+    shown: set[str] = set()  # one note per fact, however many times a path is resolved
+
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, CheckpointPathWarning):
-            emit(f"tfckpt: note: {message}", err=True)
+            if str(message) not in shown:
+                shown.add(str(message))
+                emit(f"tfckpt: note: {message}", err=True)
         else:
             default(message, category, filename, lineno, file, line)
 

@@ -258,7 +258,7 @@ def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[s
         if len(kept_edges) != len(node.children):
             del node.children[:]
             node.children.extend(kept_edges)
-    found = graph.paths(limit=1 << 30)
+    found = graph.full_paths(i for i, node in enumerate(graph.nodes) if node.attributes)
     names: dict[str, str] = {}
     optimizer: set[str] = set()
     for i, node in enumerate(graph.nodes):

@@ -74,12 +74,15 @@ def flat_names(graph: ObjectGraph, present: set[str]) -> dict[str, str]:
         if len(kept) != len(node.children):
             del node.children[:]
             node.children.extend(kept)
-    found = ObjectGraph(cut).paths(limit=1 << 30)
-    found.pop(0, None)  # the root's attributes keep their keys' paths
     slot_of: dict[int, tuple[int, str]] = {}
     for node in nodes:
         for s in node.slot_variables:
             slot_of.setdefault(s.slot_variable_node_id, (s.original_variable_node_id, s.slot_name))
+    # Only the paths names are built on: a deep or doubling graph costs no more.
+    holders = {i for i, node in enumerate(nodes) if node.attributes and i not in slot_of}
+    originals = {slot_of[i][0] for i, node in enumerate(nodes) if node.attributes and i in slot_of}
+    found = ObjectGraph(cut, graph.path).full_paths(holders | originals)
+    found.pop(0, None)  # the root's attributes keep their keys' paths
     full: dict[int, str] | None = None
 
     def variable_path(i: int) -> str:
@@ -90,7 +93,7 @@ def flat_names(graph: ObjectGraph, present: set[str]) -> dict[str, str]:
             if a.name == "VARIABLE_VALUE":
                 return tensor_path(a.checkpoint_key)
         if full is None:
-            full = graph.paths(limit=1 << 30)
+            full = graph.full_paths(originals - set(found))
         return full.get(i, str(i))
 
     out: dict[str, str] = {}

@@ -486,7 +486,11 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
     directory = store.dir_path(directory)
     listed = paths.state_file_checkpoints(directory)
     in_state, latest = listed if listed is not None else ([], None)
-    prefixes = list(dict.fromkeys(in_state + paths.bundle_prefixes(directory)))
+    # A Saver's state file names absolute paths: the directory's own files are the
+    # same checkpoints however the directory was named.
+    listed_at = {store.realpath(p) for p in in_state}
+    others = [p for p in paths.bundle_prefixes(directory) if store.realpath(p) not in listed_at]
+    prefixes = list(dict.fromkeys(in_state + others))
     rows = []
     for prefix in prefixes:
         row: dict = {
@@ -509,7 +513,10 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
                 )
                 row.update(format=ckpt.format, tensors=len(ckpt), bytes=_file_bytes(files))
         except (CheckpointError, OSError) as e:
-            row["error"] = str(e) if isinstance(e, CheckpointError) else f"{e.strerror or e}"
+            if isinstance(e, CheckpointError):
+                row["error"] = str(e)
+            else:  # a data file the index needs, gone or unreadable
+                row["error"] = f"{e.filename}: {e.strerror}" if e.filename else str(e)
         rows.append(row)
     return {
         "directory": directory,

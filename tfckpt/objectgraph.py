@@ -41,6 +41,7 @@ SPEC_SUFFIXES = (("-keys", "-values"), ("_STATE",))
 # elements per variable); within them every command stays linear in the graph.
 MAX_ELEMENTS = 500_000  # nodes + child edges + attributes + slot variables
 PATH_CHARS = 512  # a longer path is shown as "…" and its last characters
+SLOT_PATH_SEPARATOR = "/.OPTIMIZER_SLOT/"  # between a slot's variable's and optimizer's paths
 
 
 def attribute_tensors(key: str, present: Container[str]) -> tuple[str, ...]:
@@ -248,10 +249,63 @@ class ObjectGraph:
             else:
                 original, optimizer, slot_name = step
                 found[i] = cut(
-                    f"{found[original]}/.OPTIMIZER_SLOT/"
+                    f"{found[original]}{SLOT_PATH_SEPARATOR}"
                     f"{found[optimizer]}/{escape_local_name(slot_name)}"
                 )
         return found
+
+    def full_paths(self, wanted: Iterable[int], max_chars: int | None = None) -> dict[int, str]:
+        """The uncut paths (as :meth:`paths`) of the reachable nodes among ``wanted``.
+
+        Only those are built, so a deep chain costs what its wanted paths hold, not the
+        square of its depth. Their lengths are known before any is built: more than
+        ``max_chars`` characters in all (by default 32 times the graph's size plus
+        1 MiB; slot variables can double a path at every step) is an
+        :class:`UnsupportedCheckpointError`.
+        """
+        order, via = self._tree()
+        sep = len(SLOT_PATH_SEPARATOR)
+        length = {0: 0}
+        for i in order[1:]:
+            step = via[i]
+            if len(step) == 2:
+                parent, name = step
+                n = len(escape_local_name(name))
+                length[i] = length[parent] + 1 + n if parent else n
+            else:
+                original, optimizer, slot_name = step
+                n = len(escape_local_name(slot_name))
+                length[i] = length[original] + sep + length[optimizer] + 1 + n
+        targets = sorted({i for i in wanted if i in length})
+        budget = 32 * self.proto.ByteSize() + (1 << 20) if max_chars is None else max_chars
+        if sum(length[i] for i in targets) > budget:
+            raise UnsupportedCheckpointError(
+                f"the object graph's paths run to more than {budget} characters: "
+                "too long to name its tensors by",
+                path=self.path,
+                tensor=OBJECT_GRAPH_KEY,
+            )
+        out = {}
+        for target in targets:
+            pieces: list[str] = []
+            stack: list[int | str] = [target]
+            while stack:  # no recursion: chains may be 100 000 deep
+                item = stack.pop()
+                if isinstance(item, str):
+                    pieces.append(item)
+                    continue
+                step = via[item]
+                if len(step) == 2:
+                    parent, name = step
+                    stack.append(escape_local_name(name))
+                    if parent:
+                        stack += ["/", parent]
+                elif step:
+                    original, optimizer, slot_name = step
+                    stack += [escape_local_name(slot_name), "/", optimizer]
+                    stack += [SLOT_PATH_SEPARATOR, original]
+            out[target] = "".join(pieces)
+        return out
 
     # -- rewriting
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import re
 import warnings
 
@@ -21,7 +22,8 @@ STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
 # An absolute path of some machine: POSIX, or Windows with a drive or a UNC share.
 _ROOTED_RE = re.compile(r"^(?:[/\\]|[A-Za-z]:[/\\])")
-_STEP_RE = re.compile(r"-(\d+)$")
+# The step ends the name, before the file pattern of a sharded V1 save, if any.
+_STEP_RE = re.compile(r"-(\d+)(?:-\?{5}-of-\d{5,})?$")
 SUGGESTIONS = 5  # how many "did you mean" candidates a message lists
 
 
@@ -74,7 +76,7 @@ def latest_checkpoint(
     'train/model.ckpt-7'
     """
     prefix = _state_file_latest(directory)
-    if prefix is None or not storage_for(directory).isfile(index_filename(prefix)):
+    if prefix is None or not _exists(storage_for(directory), prefix):
         return None
     return prefix
 
@@ -118,8 +120,18 @@ def state_file_checkpoints(directory: str) -> tuple[list[str], str] | None:
 
 
 def _exists(store: Storage, prefix: str) -> bool:
-    # A bundle's .index, or the file of a single-file V1 checkpoint.
-    return store.isfile(index_filename(prefix)) or store.isfile(prefix)
+    # A bundle's .index, the file of a single-file V1 checkpoint, or a file of the
+    # pattern a sharded V1 save is named by (model.ckpt-5-?????-of-00002).
+    if store.isfile(index_filename(prefix)) or store.isfile(prefix):
+        return True
+    pattern = store.basename(prefix)
+    if "?" not in pattern:
+        return False
+    try:
+        names = store.listdir(store.dirname(prefix) or ".")
+    except (OSError, CheckpointError):
+        return False
+    return any(fnmatch.fnmatchcase(n, pattern) for n in names)
 
 
 def _locate(store: Storage, directory: str, name: str) -> tuple[str, bool]:
@@ -166,10 +178,18 @@ def _natural(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
+def _index_names(store: Storage, directory: str) -> list[str]:
+    """The ``.index`` files in ``directory``, but those of a run's temporaries: a run
+    killed as it commits leaves one, which no reader may take for a checkpoint."""
+    from .commit import TMP_MARK  # commit, which writes temporaries, imports this module
+
+    return [n for n in store.listdir(directory) if n.endswith(".index") and TMP_MARK not in n]
+
+
 def bundle_prefixes(directory: str) -> list[str]:
     """Every prefix with an ``.index`` file in ``directory``, steps in numeric order."""
     store = storage_for(directory)
-    names = [n[: -len(".index")] for n in store.listdir(directory) if n.endswith(".index")]
+    names = [n[: -len(".index")] for n in _index_names(store, directory)]
     return [store.join(directory, n) for n in sorted(names, key=_natural)]
 
 
@@ -184,7 +204,7 @@ def _did_you_mean(store: Storage, p: str) -> str:
         if not base or not store.isdir(directory or "."):
             return ""
         names = sorted(
-            (n[: -len(".index")] for n in store.listdir(directory or ".") if n.endswith(".index")),
+            (n[: -len(".index")] for n in _index_names(store, directory or ".")),
             key=_natural,
         )
     except (OSError, CheckpointError):
@@ -251,7 +271,7 @@ def _resolve_directory(store: Storage, directory: str) -> str:
     ):
         if store.isfile(index_filename(candidate)):
             return candidate
-    indexes = sorted(f for f in store.listdir(directory) if f.endswith(".index"))
+    indexes = sorted(_index_names(store, directory))
     if len(indexes) == 1:
         return store.join(directory, indexes[0][: -len(".index")])
     found = f"; found {len(indexes)} .index files: {', '.join(indexes[:5])}" if indexes else ""

@@ -156,8 +156,16 @@ class DtypePolicy:
             if isinstance(options.dtype_rules, Mapping)
             else options.dtype_rules
         )
+        if isinstance(items, (str, bytes)):
+            raise CheckpointError(f"dtype rules are (regex, dtype) pairs or a dict, not {items!r}")
         rules = []
-        for pattern, dtype in items:
+        for item in items:
+            try:
+                pattern, dtype = () if isinstance(item, (str, bytes)) else item
+            except (TypeError, ValueError):
+                raise CheckpointError(
+                    f"a dtype rule is a (regex, dtype) pair, not {item!r}"
+                ) from None
             what = f"dtype rule {f'{pattern}={dtype}'!r}"
             rules.append(
                 (_compile(pattern, what), _cast_target(dtype, what), f"rule {pattern}={dtype}")
@@ -208,8 +216,9 @@ def _compile(pattern: str, what: str) -> re.Pattern:
 
 def _cast_target(spec: str, what: str) -> _dt.DType:
     try:
-        target = _dt.lookup(spec)
-    except ValueError:
+        # Only a name or a dtype: numpy would read None as float64.
+        target = _dt.lookup(spec) if spec is not None else None
+    except (ValueError, TypeError):
         target = None
     if target is None or target.name not in CAST_TARGETS:
         raise CheckpointError(
