@@ -334,9 +334,10 @@ def graft(
     other dtypes must be equal. A template tensor without a source is an error
     naming it, except ``save_counter``; with ``allow_missing`` the template's
     value stays. A name in several sources is an error unless ``prefer``
-    (``'first'``/``'last'``) says which wins. ``drop_objects`` cuts objects
-    (e.g. ``optimizer``) from the template first; ``include``/``exclude``
-    choose source tensors. Source tensors no template tensor takes are listed
+    (``'first'``/``'last'``) says which wins; ``save_counter`` in several is the first
+    source's. ``drop_objects`` cuts objects (e.g. ``optimizer``) from the
+    template first; ``include``/``exclude`` choose source tensors (a TF2
+    source's by key or flat name). Source tensors no template tensor takes are listed
     in the plan's ``dropped``.
 
     >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",
