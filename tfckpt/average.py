@@ -44,6 +44,7 @@ from .planner import (
     open_sources,
     plan_storage_options,
     resolve_destination,
+    source_flat_names,
 )
 from .reader import Checkpoint
 from .storage import StorageOptions, kept_options, storage_for, takes_storage_options
@@ -299,6 +300,8 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
     names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
     present = set(names)
     graph = newest.graph
+    # Before the graph is cut: dtype rules match flat names too.
+    flat = source_flat_names(newest) if policy.labels else {}
     read_from = {n: n for n in names}
     gone: dict[str, str] = {}
 
@@ -368,7 +371,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         dtype = _dt.lookup(info.dtype)
         averaged = dtype.kind in ("float", "complex")
         # By the variable's name: with use_ema its value is read from its shadow's.
-        new_dtype, dtype_by = policy.decide(new, dtype)
+        new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new))
         # A copied tensor is the newest's alone: the others' slicing does not matter.
         sliced = bool(info.slices) and (not averaged or _same_slices(srcs, name))
         if info.slices and not sliced and info.partial:

@@ -35,10 +35,12 @@ from .planner import (
     _compile_rules,
     _new_name,
     _patterns,
+    matches,
     open_sources,
     plan,
     plan_storage_options,
     resolve_destination,
+    source_flat_names,
 )
 from .reader import Checkpoint
 from .storage import StorageOptions, takes_storage_options
@@ -199,13 +201,14 @@ def plan_graft(
     found: dict[str, dict[str, list[tuple[int, str]]]] = {}  # template name -> name -> hits
     for i, s in enumerate(srcs[1:], 1):
         local: dict[str, str] = {}
+        flat = source_flat_names(s) if includes or excludes else {}
         for n in s.ckpt.keys():
             if n == OBJECT_GRAPH_KEY:
                 continue
-            if includes and not any(rx.search(n) for rx in includes):
+            if includes and not any(matches(rx, n, flat.get(n)) for rx in includes):
                 dropped.append((s.label, n, "not included"))
                 continue
-            if any(rx.search(n) for rx in excludes):
+            if any(matches(rx, n, flat.get(n)) for rx in excludes):
                 dropped.append((s.label, n, "excluded"))
                 continue
             new = _new_name(n, exact, rules)
@@ -232,6 +235,14 @@ def plan_graft(
             else:
                 unmatched.append(t)
             continue
+        if tensor_path(t) == SAVE_COUNTER:
+            # Bookkeeping, not a value to choose: the first source's, as merge keeps it.
+            every = sorted((i, n, name) for name, where in hits.items() for i, n in where)
+            i, n, name = every[0]
+            dropped += [
+                (srcs[j].label, m, f"{t!r} taken from {srcs[i].label}") for j, m, _ in every[1:]
+            ]
+            hits = {name: [(i, n)]}
         if len(hits) > 1:
             listed = " and ".join(
                 f"{srcs[i].label} ({n!r})" for where in hits.values() for i, n in where[:1]
@@ -242,7 +253,8 @@ def plan_graft(
             if options.prefer is None:
                 raise CheckpointError(
                     f"{name!r} comes from both {srcs[where[0][0]].label} and "
-                    f"{srcs[where[1][0]].label}; choose with prefer='first' or 'last'"
+                    f"{srcs[where[1][0]].label}; choose with --prefer first|last "
+                    "(prefer='first' or 'last')"
                 )
             keep = where[0] if options.prefer == "first" else where[-1]
             dropped += [
@@ -322,9 +334,10 @@ def graft(
     other dtypes must be equal. A template tensor without a source is an error
     naming it, except ``save_counter``; with ``allow_missing`` the template's
     value stays. A name in several sources is an error unless ``prefer``
-    (``'first'``/``'last'``) says which wins. ``drop_objects`` cuts objects
-    (e.g. ``optimizer``) from the template first; ``include``/``exclude``
-    choose source tensors. Source tensors no template tensor takes are listed
+    (``'first'``/``'last'``) says which wins; ``save_counter`` in several is the first
+    source's. ``drop_objects`` cuts objects (e.g. ``optimizer``) from the
+    template first; ``include``/``exclude`` choose source tensors (a TF2
+    source's by key or flat name). Source tensors no template tensor takes are listed
     in the plan's ``dropped``.
 
     >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",

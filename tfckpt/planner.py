@@ -122,7 +122,9 @@ class DtypePolicy:
     """Which dtype each tensor is written in: ``keep_dtype``, then the first matching
     ``dtype_rules`` entry, then ``cast`` (narrowed by ``cast_from``).
 
-    Patterns are ``re.search``-ed on source names, as ``include``/``exclude`` are.
+    Patterns are ``re.search``-ed on source names, as ``include``/``exclude`` are:
+    a tensor of a TF2 source matches by its key or its flat name (see
+    :func:`source_flat_names`).
     Only floating-point tensors are ever cast; others keep their dtype whatever
     matches them. :meth:`decide` gives the dtype and the label of what decided it:
     ``'keep REGEX'``, ``'rule REGEX=DTYPE'``, ``'cast'``, or None (unchanged, nothing
@@ -190,21 +192,42 @@ class DtypePolicy:
                 counts[label] += 1
         return counts
 
-    def decide(self, name: str, dtype: _dt.DType) -> tuple[_dt.DType, str | None]:
+    def decide(
+        self, name: str, dtype: _dt.DType, flat: str | None = None
+    ) -> tuple[_dt.DType, str | None]:
         """The dtype a tensor named ``name`` (in its source) of ``dtype`` is written in,
-        and the label of what decided it."""
+        and the label of what decided it; a pattern matching ``flat`` (its flat name)
+        matches it too."""
         if not dtype.is_floating:
             return dtype, None
         for rx, label in self.keep:
-            if rx.search(name):
+            if matches(rx, name, flat):
                 return dtype, label
         for rx, target, label in self.rules:
-            if rx.search(name):
+            if matches(rx, name, flat):
                 return target, label
         if should_cast(dtype, self.target, self.cast_from):
             assert self.target is not None
             return self.target, "cast"
         return dtype, None
+
+
+def matches(rx: re.Pattern, name: str, flat: str | None = None) -> bool:
+    """Whether ``rx`` is found in a source tensor's name or, given, its flat name."""
+    return rx.search(name) is not None or (flat is not None and rx.search(flat) is not None)
+
+
+def source_flat_names(source: Source) -> dict[str, str]:
+    """Each tensor of a TF2 source and its flat name (see :mod:`tfckpt.graft`); {} for
+    a TF1 source. Patterns on source names match these too: Keras 3 keys a trained
+    model's weights by the optimizer's lists (``optimizer/_trainable_variables/N``),
+    its flat name follows the model (``model/_operations/2/gamma``).
+    """
+    if source.graph is None:
+        return {}
+    from .graft import flat_names  # graft plans with this module: imported when used
+
+    return flat_names(source.graph, set(source.ckpt.keys()))
 
 
 def _compile(pattern: str, what: str) -> re.Pattern:
@@ -371,8 +394,12 @@ def plan(
         )
     matched_specs: set[str] = set()
     winner = _root_object_owners(srcs, prefer)
+    # Built once per source, before its graph is cut, and only for patterns to match.
+    patterned = bool(includes or excludes or policy.labels)
+    flats = [source_flat_names(s) if patterned else {} for s in srcs]
     for i, s in enumerate(srcs):
         names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+        flat = flats[i]
         present = set(names)
         gone: set[str] = set()
 
@@ -411,10 +438,10 @@ def plan(
         for n in names:
             if n in gone:
                 continue
-            if includes and not any(rx.search(n) for rx in includes):
+            if includes and not any(matches(rx, n, flat.get(n)) for rx in includes):
                 dropped.append((s.label, n, "not included"))
                 continue
-            if any(rx.search(n) for rx in excludes):
+            if any(matches(rx, n, flat.get(n)) for rx in excludes):
                 dropped.append((s.label, n, "excluded"))
                 continue
             kept.append((n, _new_name(n, exact, rules)))
@@ -460,7 +487,8 @@ def plan(
                 if prefer is None:
                     raise CheckpointError(
                         f"{new!r} comes from both {srcs[j].label} ({other!r}) and "
-                        f"{srcs[i].label} ({old!r}); choose with prefer='first' or 'last'"
+                        f"{srcs[i].label} ({old!r}); choose with --prefer first|last "
+                        "(prefer='first' or 'last')"
                     )
                 if prefer == "first":
                     dropped.append((srcs[i].label, old, f"{new!r} taken from {srcs[j].label}"))
@@ -495,7 +523,7 @@ def plan(
     for new, (i, old) in chosen.items():
         info = srcs[i].ckpt.info(old)
         dtype = _dt.lookup(info.dtype)
-        new_dtype, dtype_by = policy.decide(old, dtype)
+        new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
         planned.append(
