@@ -9,6 +9,7 @@ slowed down, so that every stage holds a buffer when the reader asks for the nex
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -46,6 +47,21 @@ def source(tmp_path_factory):
 
 
 @pytest.fixture
+def pipeline_threads(monkeypatch):
+    """The pipeline threads started while the test runs."""
+    started: list[threading.Thread] = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        if getattr(getattr(self, "_target", None), "__module__", None) == pipeline.__name__:
+            started.append(self)
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return started
+
+
+@pytest.fixture
 def slow_writer(monkeypatch):
     real = ShardWriter._write
 
@@ -76,11 +92,15 @@ def test_ring_sizes_come_from_the_queue_depths():
 
 
 @pytest.mark.parametrize("cast", [None, "float16", "bfloat16"])
-def test_slow_writer_and_many_chunks_give_tensorflows_values(source, tmp_path, slow_writer, cast):
+def test_slow_writer_and_many_chunks_give_tensorflows_values(
+    source, tmp_path, slow_writer, pipeline_threads, cast
+):
+    """One reading and one writing thread for the whole task, every byte as TensorFlow's."""
     tf = pytest.importorskip("tensorflow")
     prefix, values = source
     dst = tmp_path / "out" / "model"
     tfckpt.transform(prefix, dst, cast=cast, chunk_bytes=CHUNK, durable=False)
+    assert len(pipeline_threads) == 2
     reader = tf.train.load_checkpoint(str(dst))
     for name, v in values.items():
         want = v if cast is None or v.dtype != np.float32 else tf.cast(v, cast).numpy()

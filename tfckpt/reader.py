@@ -202,10 +202,12 @@ class Checkpoint(collections.abc.Mapping):
         dtype = _dt.from_enum(proto.dtype, path=self.index_path, tensor=name)
         try:
             shape = entry_shape(proto)
-            slices = tuple(slice_from_proto(s) for s in proto.slices)
-            for extents in slices:
-                self._check_slice(extents, shape)
-            if not slices:
+            if proto.slices:
+                slices = tuple(slice_from_proto(s) for s in proto.slices)
+                for extents in slices:
+                    self._check_slice(extents, shape)
+            else:
+                slices = ()
                 check_entry_location(proto, dtype, shape, self.header.num_shards)
         except ValueError as e:
             raise self._corrupt(str(e), name) from None
