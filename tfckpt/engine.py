@@ -564,65 +564,67 @@ class _CastOutput:
 
 
 def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutput, counts) -> list:
-    """Cast a batch of small tensors, each run of one cast in one call."""
-    out.reserve(sum(i.bytes_out for i in items if caster_for(i) is not None))
+    """Cast a batch of small tensors, each run of one cast in one call.
+
+    Batched tensors are whole ones, so each name comes once: its counts are set.
+    """
+    casters = [caster_for(item) for item in items]
+    out.reserve(sum(item.bytes_out for item, c in zip(items, casters) if c is not None))
     result: list = []
     i = 0
     while i < len(items):
-        caster = caster_for(items[i])
+        caster = casters[i]
         j = i + 1
-        while j < len(items) and caster_for(items[j]) is caster:
+        while j < len(items) and casters[j] is caster:
             j += 1
         group = arrays[i:j]
         if caster is None:
             result += group
             i = j
             continue
+        src = group[0] if len(group) == 1 else np.concatenate(group)
         before = _snapshot(caster.counts)
-        cast = caster(group[0] if len(group) == 1 else np.concatenate(group))
-        after = _snapshot(caster.counts)
-        if after[:3] == before[:3]:
-            for item, a in zip(items[i:j], group):
-                _add_counts(counts, item.new_name, (0, 0, 0, a.size), (0, 0, 0, 0))
+        cast = caster(src)
+        sizes = [a.size for a in group]
+        if _snapshot(caster.counts)[:3] == before[:3]:
+            for item, size in zip(items[i:j], sizes):
+                counts[item.new_name] = (0, 0, 0, size)
         else:
             # Something to report: the tensors that may hold it are cast again, alone,
             # to count theirs; the others report nothing.
-            flagged = _maybe_counted(group, cast)
             alone = Caster(caster.source, caster.target, caster.overflow, convert=caster.convert)
-            for item, a, again in zip(items[i:j], group, flagged):
+            for item, a, again in zip(items[i:j], group, _maybe_counted(src, cast, sizes)):
                 if again:
                     alone.counts = CastCounts()
                     alone(a)
-                    after = _snapshot(alone.counts)
+                    counts[item.new_name] = _snapshot(alone.counts)
                 else:
-                    after = (0, 0, 0, a.size)
-                _add_counts(counts, item.new_name, after, (0, 0, 0, 0))
+                    counts[item.new_name] = (0, 0, 0, a.size)
         pos = 0
-        for a in group:
-            result.append(cast[pos : pos + a.size])
-            pos += a.size
+        for size in sizes:
+            result.append(cast[pos : pos + size])
+            pos += size
         i = j
     return result
 
 
-def _maybe_counted(group: list, cast: np.ndarray) -> list[bool]:
-    """Which arrays of ``group`` (cast together into ``cast``) may have values to count.
+def _maybe_counted(src: np.ndarray, cast: np.ndarray, sizes: list[int]) -> list[bool]:
+    """Which runs of ``sizes`` elements of ``src`` (cast into ``cast``) may have values to count.
 
-    A superset of what the cast counts: a non-zero value now below the smallest
+    A superset of what a cast counts: a non-zero value now below the smallest
     normal (subnormal or zero), any value not finite, any at the largest finite.
     """
     import ml_dtypes
 
     info = ml_dtypes.finfo(cast.dtype)
-    src = np.concatenate(group) if len(group) > 1 else group[0]
     mag = np.abs(cast.astype(np.float64 if cast.dtype.itemsize == 8 else np.float32))
     mask = mag < float(info.smallest_normal)
     mask &= src != 0
     mask |= ~np.isfinite(mag)
     mask |= mag >= float(info.max)
-    ends = np.cumsum([a.size for a in group])
     seen = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
-    return (seen[ends] > seen[ends - np.array([a.size for a in group])]).tolist()
+    ends = np.cumsum(sizes)
+    return (seen[ends] > seen[ends - np.asarray(sizes, dtype=np.int64)]).tolist()
 
 
 def _batchable(item: TaskItem, read_bytes: int) -> bool:
