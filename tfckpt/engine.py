@@ -632,6 +632,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
     return (
         item.extents is None
         and not item.partitioned
+        and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
         and dtype is not _dt.STRING
         and dtype.numpy is not None
         and item.bytes_in <= read_bytes // 2
