@@ -61,6 +61,21 @@ _decode_name = orderedcode.decode_name
 _encode_name = orderedcode.encode_name
 
 
+class _Stored:
+    """Where an entry's bytes are: the fields of its BundleEntryProto that reading uses.
+
+    Kept instead of the parsed message, which costs far more memory per entry.
+    """
+
+    __slots__ = ("shard_id", "offset", "size", "crc32c")
+
+    def __init__(self, proto: BundleEntryProto):
+        self.shard_id = proto.shard_id
+        self.offset = proto.offset
+        self.size = proto.size
+        self.crc32c = proto.crc32c
+
+
 class _Entry:
     """A parsed index entry plus what tfckpt derived and checked from it."""
 
@@ -70,7 +85,7 @@ class _Entry:
         self,
         key: bytes,
         name: str,
-        proto: BundleEntryProto,
+        proto: _Stored,
         dtype: _dt.DType,
         shape: tuple[int, ...],
         slices: tuple[Slice, ...],
@@ -211,7 +226,7 @@ class Checkpoint(collections.abc.Mapping):
                 check_entry_location(proto, dtype, shape, self.header.num_shards)
         except ValueError as e:
             raise self._corrupt(str(e), name) from None
-        entry = _Entry(key, name, proto, dtype, shape, slices)
+        entry = _Entry(key, name, _Stored(proto), dtype, shape, slices)
         self._parsed[key] = entry
         return entry
 
