@@ -711,9 +711,7 @@ class _ShardSink:
         if kind == "write":
             self._stream.write(op[2])
         elif kind == "batch":
-            for item, data in zip(t, op[2]):
-                with w.stream(item.new_name, item.new_dtype, item.shape) as s:
-                    s.write(data)
+            w.add_arrays([(i.new_name, i.new_dtype, i.shape, data) for i, data in zip(t, op[2])])
         elif kind == "open":
             if t.extents:
                 self._stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, t.extents)
