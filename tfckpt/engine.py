@@ -9,9 +9,11 @@ tensors through in bounded chunks and commits the output atomically.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,13 +39,13 @@ from .errors import (
 from .objectgraph import OBJECT_GRAPH_KEY
 from .options import BACKENDS, EXECUTION, Options, RenameRules
 from .pipeline import (
-    CAST_RING,
-    READ_RING,
     BufferRing,
     WriteBehind,
     cancel,
     cancelled,
+    cast_ring,
     prefetch,
+    read_ring,
     uncancel,
 )
 from .planner import Plan, PlannedTensor, Source, plan
@@ -56,7 +58,7 @@ from .storage import (
     takes_storage_options,
 )
 from .table import encode_varint
-from .writer import ShardWriter, StringStream
+from .writer import ShardWriter
 
 
 @dataclass
@@ -402,29 +404,10 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
 
     w = ShardWriter.create(task.path, durable=task.durable)
     try:
+        for source in sorted({item.source for item in task.items}):
+            ckpts[source] = Checkpoint(task.sources[source], mmap=False)
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
-        for item in task.items:
-            if item.source not in ckpts:
-                ckpts[item.source] = Checkpoint(task.sources[item.source], mmap=False)
-            caster = None
-            if item.dtype != item.new_dtype:
-                caster = Caster(
-                    _dt.lookup(item.dtype),
-                    _dt.lookup(item.new_dtype),
-                    task.overflow,
-                    convert=tf_convert if item.tf_cast else None,
-                    buffers=BufferRing(CAST_RING),
-                )
-            _copy(ckpts[item.source], w, item, caster, tick, task.chunk_bytes)
-            if caster is not None:
-                c = caster.counts
-                old = counts.get(item.new_name, (0, 0, 0, 0))
-                counts[item.new_name] = (
-                    old[0] + c.overflow,
-                    old[1] + c.to_zero,
-                    old[2] + c.subnormal,
-                    old[3] + c.elements,
-                )
+        _stream_task(task, ckpts, w, tf_convert, counts, tick)
         if task.object_graph is not None:
             w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
         entries = w.finish()
@@ -502,37 +485,222 @@ def _restore_warnings(p: Plan) -> list[str]:
     ]
 
 
-def _copy(
-    ckpt: Checkpoint, w: ShardWriter, t: TaskItem, caster, progress, chunk_bytes: int
+def _read_bytes(chunk_bytes: int) -> int:
+    """How many bytes one read takes: the budget covers every buffer of the rings."""
+    return max(chunk_bytes // 8, 1 << 16)
+
+
+def _stream_task(
+    task: ShardTask,
+    ckpts: dict[int, Checkpoint],
+    w: ShardWriter,
+    tf_convert,
+    counts: dict[str, tuple[int, int, int, int]],
+    tick: Callable[[int], None],
 ) -> None:
+    """Every tensor of the task through one pipeline: read ahead, cast here, write behind.
+
+    One reading thread and one writing thread serve the whole task (see
+    :mod:`tfckpt.pipeline`), so a tensor costs no thread of its own; small
+    tensors travel in batches, read together and cast together.
+    """
+    out = _CastOutput(cast_ring())
+    casters: dict[tuple[str, str, bool], Caster] = {}
+
+    def caster_for(item: TaskItem) -> Caster | None:
+        if item.dtype == item.new_dtype:
+            return None
+        key = (item.dtype, item.new_dtype, item.tf_cast)
+        caster = casters.get(key)
+        if caster is None:
+            caster = casters[key] = Caster(
+                _dt.lookup(item.dtype),
+                _dt.lookup(item.new_dtype),
+                task.overflow,
+                convert=tf_convert if item.tf_cast else None,
+                buffers=out,
+            )
+        return caster
+
+    def handle(event: tuple) -> None:
+        kind, item, payload, nbytes = event
+        if kind == "chunk":
+            caster = caster_for(item)
+            if caster is not None:
+                out.reserve(payload.size * caster.target.fixed_itemsize)
+                before = _snapshot(caster.counts)
+                payload = caster(payload)
+                _add_counts(counts, item.new_name, _snapshot(caster.counts), before)
+            writer.write(("write", item, payload))
+        elif kind == "batch":
+            writer.write(("batch", item, _cast_batch(item, payload, caster_for, out, counts)))
+        else:
+            if kind == "open" and caster_for(item) is not None:
+                counts.setdefault(item.new_name, (0, 0, 0, 0))
+            writer.write(event)
+        if nbytes is not None:
+            tick(nbytes)
+
+    reads = _reads(task, ckpts, _read_bytes(task.chunk_bytes), w.endianness)
+    with WriteBehind(_ShardSink(w)) as writer, contextlib.closing(prefetch(reads)) as events:
+        for event in events:
+            # In a function of its own, so that nothing here keeps a buffer past its turn.
+            handle(event)
+
+
+def _snapshot(c: CastCounts) -> tuple[int, int, int, int]:
+    return c.overflow, c.to_zero, c.subnormal, c.elements
+
+
+def _add_counts(counts: dict, name: str, after: tuple, before: tuple) -> None:
+    old = counts.get(name, (0, 0, 0, 0))
+    counts[name] = tuple(o + a - b for o, a, b in zip(old, after, before))
+
+
+class _CastOutput:
+    """Where cast results go: consecutive pieces of one buffer of the cast ring.
+
+    Each hand-over to the writer (a chunk, a batch) reserves one buffer, so the
+    cast ring's size holds whatever a batch mixes.
+    """
+
+    def __init__(self, ring: BufferRing):
+        self._ring = ring
+        self._buf = ring(0)
+        self._pos = 0
+
+    def reserve(self, nbytes: int) -> None:
+        self._buf = self._ring(nbytes)
+        self._pos = 0
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        piece = self._buf[self._pos : self._pos + nbytes]
+        if len(piece) != nbytes:
+            raise RuntimeError("a cast result is larger than the space reserved for it")
+        self._pos += nbytes
+        return piece
+
+
+def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutput, counts) -> list:
+    """Cast a batch of small tensors, each run of one cast in one call.
+
+    Batched tensors are whole ones, so each name comes once: its counts are set.
+    """
+    casters = [caster_for(item) for item in items]
+    out.reserve(sum(item.bytes_out for item, c in zip(items, casters) if c is not None))
+    result: list = []
+    i = 0
+    while i < len(items):
+        caster = casters[i]
+        j = i + 1
+        while j < len(items) and casters[j] is caster:
+            j += 1
+        group = arrays[i:j]
+        if caster is None:
+            result += group
+            i = j
+            continue
+        src = group[0] if len(group) == 1 else np.concatenate(group)
+        before = _snapshot(caster.counts)
+        cast = caster(src)
+        sizes = [a.size for a in group]
+        if _snapshot(caster.counts)[:3] == before[:3]:
+            for item, size in zip(items[i:j], sizes):
+                counts[item.new_name] = (0, 0, 0, size)
+        else:
+            # Something to report: the tensors that may hold it are cast again, alone,
+            # to count theirs; the others report nothing.
+            alone = Caster(caster.source, caster.target, caster.overflow, convert=caster.convert)
+            for item, a, again in zip(items[i:j], group, _maybe_counted(src, cast, sizes)):
+                if again:
+                    alone.counts = CastCounts()
+                    alone(a)
+                    counts[item.new_name] = _snapshot(alone.counts)
+                else:
+                    counts[item.new_name] = (0, 0, 0, a.size)
+        pos = 0
+        for size in sizes:
+            result.append(cast[pos : pos + size])
+            pos += size
+        i = j
+    return result
+
+
+def _maybe_counted(src: np.ndarray, cast: np.ndarray, sizes: list[int]) -> list[bool]:
+    """Which runs of ``sizes`` elements of ``src`` (cast into ``cast``) may have values to count.
+
+    A superset of what a cast counts: a non-zero value now below the smallest
+    normal (subnormal or zero), any value not finite, any at the largest finite.
+    """
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(cast.dtype)
+    mag = np.abs(cast.astype(np.float64 if cast.dtype.itemsize == 8 else np.float32))
+    mask = mag < float(info.smallest_normal)
+    mask &= src != 0
+    mask |= ~np.isfinite(mag)
+    mask |= mag >= float(info.max)
+    seen = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
+    ends = np.cumsum(sizes)
+    return (seen[ends] > seen[ends - np.asarray(sizes, dtype=np.int64)]).tolist()
+
+
+def _batchable(item: TaskItem, read_bytes: int) -> bool:
+    dtype = _dt.lookup(item.dtype)
+    return (
+        item.extents is None
+        and not item.partitioned
+        and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
+        and dtype is not _dt.STRING
+        and dtype.numpy is not None
+        and item.bytes_in <= read_bytes // 2
+    )
+
+
+def _reads(task: ShardTask, ckpts: dict[int, Checkpoint], read_bytes: int, endianness: str):
+    """What the reading thread hands on: ``(kind, item, payload, source bytes)``.
+
+    Small tensors that follow each other come as one ``batch`` (up to
+    ``read_bytes``), read together; others as ``open``, their pieces, ``close``.
+    Every buffer comes from one ring, whose size pipeline derives.
+    """
+    ring = read_ring()
+    batch: list[TaskItem] = []
+    size = 0
+    for item in task.items:
+        small = _batchable(item, read_bytes)
+        if batch and (
+            not small or item.source != batch[0].source or size + item.bytes_in > read_bytes
+        ):
+            names = [i.name for i in batch]
+            yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
+            batch, size = [], 0
+        if small:
+            batch.append(item)
+            size += item.bytes_in
+        else:
+            yield from _item_reads(ckpts[item.source], item, read_bytes, ring, endianness)
+    if batch:
+        names = [i.name for i in batch]
+        yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
+
+
+def _item_reads(ckpt: Checkpoint, t: TaskItem, read_bytes: int, ring: BufferRing, endianness):
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
-    read_bytes = max(chunk_bytes // 8, 1 << 16)
     if dtype is _dt.STRING:
         if t.partitioned and extents is None:  # a partitioned tensor made whole
-            w.add(t.new_name, ckpt[t.name], dtype.name)
-            if progress:
-                progress(t.bytes_in)
+            yield ("add", t, ckpt[t.name], t.bytes_in)
             return
         # Lengths, then element bytes, in bounded pieces; the writer frames them anew
         # (in its own byte order), which gives the bytes TensorFlow writes.
-        stream = (
-            w.stream_slice(t.new_name, dtype.name, t.shape, extents)
-            if extents
-            else w.stream(t.new_name, dtype.name, t.shape)
-        )
-        assert isinstance(stream, StringStream)
-        with stream:
-            for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
-                if kind == "lengths":
-                    stream.write_lengths(part)
-                else:
-                    stream.write_data(part)
-                if progress:
-                    progress(nbytes)
+        yield ("open", t, None, None)
+        for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
+            yield (kind, t, part, nbytes)
+        yield ("close", t, None, None)
         return
     if dtype.numpy is None:
-        if ckpt.header.endianness != w.endianness:
+        if ckpt.header.endianness != endianness:
             raise UnsupportedCheckpointError(
                 f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
                 "be rewritten",
@@ -540,35 +708,59 @@ def _copy(
                 tensor=t.name,
             )
         data = ckpt.read_bytes(t.name, extents)
-        shape = (
-            t.shape
-            if not extents
-            else tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
-        )
-        w.add_raw(
-            t.new_name,
-            dtype.name,
-            shape,
-            data,
-            extents=extents,
-            full_shape=t.shape if extents else None,
-        )
-        if progress:
-            progress(len(data))
+        yield ("raw", t, data, len(data))
         return
-    if extents:
-        stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, extents)
-    else:
-        stream = w.stream(t.new_name, t.new_dtype, t.shape)
-    # Read ahead, cast here (itself split over the cores), write behind: see pipeline.
-    with stream, WriteBehind(stream) as writer:
-        chunks = ckpt.iter_chunks(
-            t.name, read_bytes, extents=extents, buffers=BufferRing(READ_RING)
-        )
-        for chunk in prefetch(chunks):
-            writer.write(caster(chunk) if caster is not None else chunk)
-            if progress:
-                progress(chunk.nbytes)
+    yield ("open", t, None, None)
+    for chunk in ckpt.iter_chunks(t.name, read_bytes, extents=extents, buffers=ring):
+        yield ("chunk", t, chunk, chunk.nbytes)
+    yield ("close", t, None, None)
+
+
+class _ShardSink:
+    """The writing thread's side of a task: applies the hand-overs, in order."""
+
+    def __init__(self, w: ShardWriter):
+        self._w = w
+        self._stream: Any = None  # the open stream: a tensor's, or a string tensor's
+
+    def write(self, op: tuple) -> None:
+        kind, t = op[0], op[1]
+        w = self._w
+        if kind == "write":
+            self._stream.write(op[2])
+        elif kind == "batch":
+            w.add_arrays([(i.new_name, i.new_dtype, i.shape, data) for i, data in zip(t, op[2])])
+        elif kind == "open":
+            if t.extents:
+                self._stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, t.extents)
+            else:
+                self._stream = w.stream(t.new_name, t.new_dtype, t.shape)
+        elif kind == "close":
+            stream, self._stream = self._stream, None
+            stream.close()
+        elif kind == "lengths":
+            self._stream.write_lengths(op[2])
+        elif kind == "data":
+            self._stream.write_data(op[2])
+        elif kind == "add":
+            w.add(t.new_name, op[2], t.dtype)
+        elif kind == "raw":
+            extents = t.extents
+            shape = (
+                t.shape
+                if not extents
+                else tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
+            )
+            w.add_raw(
+                t.new_name,
+                t.dtype,
+                shape,
+                op[2],
+                extents=extents,
+                full_shape=t.shape if extents else None,
+            )
+        else:
+            raise AssertionError(kind)
 
 
 def _write_state_file(p: Plan) -> None:

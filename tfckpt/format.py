@@ -201,15 +201,19 @@ def parse_entry(raw: bytes) -> BundleEntryProto:
 
 def entry_shape(proto: BundleEntryProto) -> tuple[int, ...]:
     """The stored shape; ``ValueError`` saying why when no tensor can have it."""
-    if proto.shape.unknown_rank:
+    stored = proto.shape
+    if stored.unknown_rank:
         raise ValueError("stored shape has unknown rank")
-    shape = tuple([d.size for d in proto.shape.dim])
+    shape = tuple([d.size for d in stored.dim])
     if len(shape) > MAX_RANK:
         raise ValueError(f"rank {len(shape)} exceeds {MAX_RANK}")
-    if shape and min(shape) < 0:
+    if len(shape) > 1:  # of a scalar or a vector, the size checks below say it all
+        if min(shape) < 0:
+            raise ValueError(f"negative dimension in shape {list(shape)}")
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise ValueError(f"shape {list(shape)} has more than 2**63-1 elements")
+    elif shape and shape[0] < 0:
         raise ValueError(f"negative dimension in shape {list(shape)}")
-    if num_elements(shape) > MAX_ELEMENTS:
-        raise ValueError(f"shape {list(shape)} has more than 2**63-1 elements")
     return shape
 
 
@@ -217,16 +221,15 @@ def check_entry_location(
     proto: BundleEntryProto, dtype: _dt.DType, shape: tuple[int, ...], num_shards: int
 ) -> None:
     """``ValueError`` unless a whole tensor's entry points at bytes that can hold it."""
-    if proto.shard_id < 0 or proto.shard_id >= num_shards:
+    shard_id, offset, size, itemsize = proto.shard_id, proto.offset, proto.size, dtype.itemsize
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard id {shard_id} outside the {num_shards} shards of the checkpoint")
+    if offset < 0 or size < 0:
+        raise ValueError(f"negative offset {offset} or size {size}")
+    if itemsize is not None and size != math.prod(shape) * itemsize:
         raise ValueError(
-            f"shard id {proto.shard_id} outside the {num_shards} shards of the checkpoint"
-        )
-    if proto.offset < 0 or proto.size < 0:
-        raise ValueError(f"negative offset {proto.offset} or size {proto.size}")
-    if dtype.itemsize is not None and proto.size != num_elements(shape) * dtype.itemsize:
-        raise ValueError(
-            f"entry size {proto.size} bytes does not match shape {list(shape)} of "
-            f"{dtype.name} ({num_elements(shape) * dtype.itemsize} bytes)"
+            f"entry size {size} bytes does not match shape {list(shape)} of "
+            f"{dtype.name} ({num_elements(shape) * itemsize} bytes)"
         )
 
 

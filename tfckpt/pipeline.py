@@ -13,6 +13,7 @@ process poll to stop early.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -45,11 +46,24 @@ READ_RING = chunks_in_flight(read=True, write=True)
 CAST_RING = chunks_in_flight(read=False, write=True)
 
 
+def read_ring() -> BufferRing:
+    """The ring that a task's reads go into: each read buffer passes every stage."""
+    return BufferRing(READ_RING)
+
+
+def cast_ring() -> BufferRing:
+    """The ring that a task's cast results go into: they start at the consumer."""
+    return BufferRing(CAST_RING)
+
+
 class BufferRing:
     """``count`` byte buffers handed out in turn; a buffer grows to the largest request.
 
     Calling the ring returns ``nbytes`` of a buffer (a uint8 array), valid until
-    ``count - 1`` more have been taken.
+    ``count - 1`` more have been taken. A stage that keeps a buffer longer than
+    that would see its bytes overwritten; the ring refuses instead: a buffer of
+    which any view is still alive is not handed out again (RuntimeError). So a
+    ring too small for the stages it feeds fails the run, never corrupts output.
 
     >>> ring = BufferRing(READ_RING)
     >>> buf = ring(1 << 20)
@@ -64,11 +78,19 @@ class BufferRing:
 
     def __call__(self, nbytes: int) -> np.ndarray:
         i = self._next % self.count
-        self._next += 1
         if i == len(self._buffers):
             self._buffers.append(np.empty(nbytes, dtype=np.uint8))
-        elif len(self._buffers[i]) < nbytes:
-            self._buffers[i] = np.empty(nbytes, dtype=np.uint8)
+        else:
+            # Views keep their buffer referenced: the list and the call's argument
+            # are the only references of a buffer that no stage holds.
+            if sys.getrefcount(self._buffers[i]) > 2:
+                raise RuntimeError(
+                    f"a buffer of a ring of {self.count} is still in use when handed out "
+                    "again: the ring is smaller than the pipeline's stages need"
+                )
+            if len(self._buffers[i]) < nbytes:
+                self._buffers[i] = np.empty(nbytes, dtype=np.uint8)
+        self._next += 1
         return self._buffers[i][:nbytes]
 
 
@@ -80,22 +102,22 @@ _POLL = 0.05
 
 
 class WriteBehind:
-    """Writes to a tensor stream from a thread, ``WRITE_BEHIND_DEPTH`` items behind.
+    """Hands items to ``sink.write`` in a thread, ``WRITE_BEHIND_DEPTH`` items behind.
 
-    Leaving the block with an exception drops what is still queued: the tensor
-    is abandoned, so only the write under way is waited for.
+    One thread serves the whole block, however many items pass. Leaving the
+    block with an exception drops what is still queued: only the write under way
+    is waited for.
 
     >>> with stream, WriteBehind(stream) as writer:
     ...     for chunk in chunks:
     ...         writer.write(chunk)
     """
 
-    def __init__(self, stream):
-        self._stream = stream
+    def __init__(self, sink):
+        self._sink = sink
         self._items: queue.Queue = queue.Queue(maxsize=WRITE_BEHIND_DEPTH)
         self._error: BaseException | None = None
         self._cancelled = False
-        self._closing = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -104,24 +126,30 @@ class WriteBehind:
             try:
                 item = self._items.get(timeout=_POLL)
             except queue.Empty:
-                if self._closing:  # set after the last item was queued: all written
-                    return
                 continue
+            if item is _END:
+                return
             if self._error is None and not self._cancelled:
                 try:
-                    self._stream.write(item)
+                    self._sink.write(item)
                 except BaseException as e:  # raised in the producer's thread
                     self._error = e
+            del item  # the buffer is free once written
+
+    def _put(self, item) -> None:
+        while True:
+            try:
+                self._items.put(item, timeout=_POLL)
+                return
+            except queue.Full:
+                if not self._thread.is_alive():
+                    return
+                continue
 
     def write(self, data) -> None:
         if self._error is not None:
             raise self._error
-        while True:
-            try:
-                self._items.put(data, timeout=_POLL)
-                return
-            except queue.Full:
-                continue
+        self._put(data)
 
     def __enter__(self) -> WriteBehind:
         return self
@@ -129,10 +157,14 @@ class WriteBehind:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self._cancelled = True
-        self._closing = True
+        # Queued last, so the thread sees it only after every item before it.
+        self._put(_END)
         self._thread.join()
         if self._error is not None and exc_type is None:
             raise self._error
+
+
+_END = object()
 
 
 def prefetch(iterator: Iterator):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -65,6 +65,21 @@ _decode_name = orderedcode.decode_name
 _encode_name = orderedcode.encode_name
 
 
+class _Stored:
+    """Where an entry's bytes are: the fields of its BundleEntryProto that reading uses.
+
+    Kept instead of the parsed message, which costs far more memory per entry.
+    """
+
+    __slots__ = ("shard_id", "offset", "size", "crc32c")
+
+    def __init__(self, proto: BundleEntryProto):
+        self.shard_id = proto.shard_id
+        self.offset = proto.offset
+        self.size = proto.size
+        self.crc32c = proto.crc32c
+
+
 class _Entry:
     """A parsed index entry plus what tfckpt derived and checked from it."""
 
@@ -74,7 +89,7 @@ class _Entry:
         self,
         key: bytes,
         name: str,
-        proto: BundleEntryProto,
+        proto: _Stored,
         dtype: _dt.DType,
         shape: tuple[int, ...],
         slices: tuple[Slice, ...],
@@ -223,14 +238,16 @@ class Checkpoint(collections.abc.Mapping):
         dtype = _dt.from_enum(proto.dtype, path=self.index_path, tensor=name)
         try:
             shape = entry_shape(proto)
-            slices = tuple(slice_from_proto(s) for s in proto.slices)
-            for extents in slices:
-                self._check_slice(extents, shape)
-            if not slices:
+            if proto.slices:
+                slices = tuple(slice_from_proto(s) for s in proto.slices)
+                for extents in slices:
+                    self._check_slice(extents, shape)
+            else:
+                slices = ()
                 check_entry_location(proto, dtype, shape, self.header.num_shards)
         except ValueError as e:
             raise self._corrupt(str(e), name) from None
-        entry = _Entry(key, name, proto, dtype, shape, slices)
+        entry = _Entry(key, name, _Stored(proto), dtype, shape, slices)
         self._parsed[key] = entry
         return entry
 
@@ -918,6 +935,57 @@ class Checkpoint(collections.abc.Mapping):
         else:
             yield from self._iter_bands(entry, chunk_bytes)
 
+    def read_together(
+        self, names: Sequence[str], *, buffers: Callable[[int], np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """Whole tensors ``names`` as 1-D arrays, read with one positioned read per run.
+
+        For many small tensors: their entries are sorted by place, and those that
+        lie back to back (or a few bytes apart) in a shard are read in one go,
+        into one buffer (``buffers(n)``, as for :meth:`iter_chunks`), of which the
+        arrays are views. Each checksum is verified. Every name must be a whole,
+        unpartitioned tensor of a fixed-size dtype with a numpy form.
+
+        >>> a, b = ckpt.read_together(["layer_0/bias", "layer_1/bias"])
+        """
+        entries = [self._full_entry(n) for n in names]
+        for e in entries:
+            if e.slices or e.dtype is _dt.STRING or e.dtype.numpy is None:
+                raise ValueError(f"{e.name!r} cannot be read together with others")
+        # Runs of entries in place order; a run is one read, gaps within it included.
+        runs: list[list] = []  # [reader, start, end, entry indices]
+        gaps = 0
+        for i in sorted(range(len(entries)), key=lambda i: _place(entries[i])):
+            e = entries[i]
+            reader = self._check_extent(e)
+            start, end = e.proto.offset, e.proto.offset + e.proto.size
+            last = runs[-1] if runs else None
+            # Overlapping entries (a hostile index) are read apart: a big-endian
+            # tensor is swapped in place.
+            gap = start - last[2] if last is not None and last[0] is reader else -1
+            if last is not None and 0 <= gap <= _RUN_GAP and gaps + gap <= _RUN_GAPS:
+                gaps += gap
+                last[2] = end
+                last[3].append(i)
+                continue
+            runs.append([reader, start, end, [i]])
+        total = sum(end - start for _, start, end, _ in runs)
+        buf = np.empty(total, dtype=np.uint8) if buffers is None else buffers(total)
+        out: list = [None] * len(entries)
+        pos = 0
+        for reader, start, end, members in runs:
+            region = buf[pos : pos + end - start]
+            pos += end - start
+            self._pread_into(reader, region.data, start, entries[members[0]])
+            for i in members:
+                e = entries[i]
+                at = e.proto.offset - start
+                part = region[at : at + e.proto.size]
+                if self.verify:
+                    self._check_crc(e, crc32c(part))
+                out[i] = self._to_array(part, e.dtype, (e.proto.size // e.dtype.fixed_itemsize,))
+        return out
+
     def _iter_bands(self, entry: _Entry, chunk_bytes: int) -> Iterator[np.ndarray]:
         """Stream a partitioned tensor in bands of whole rows (axis 0).
 
@@ -985,6 +1053,16 @@ class Checkpoint(collections.abc.Mapping):
             yield self._to_array(buf, dtype, (n // itemsize,))
         if self.verify:
             self._check_crc(entry, crc)
+
+
+# Bytes between two tensors that a run still reads rather than start another read,
+# and how many of them all together.
+_RUN_GAP = 4096
+_RUN_GAPS = 1 << 20
+
+
+def _place(entry: _Entry) -> tuple[int, int]:
+    return entry.proto.shard_id, entry.proto.offset
 
 
 def _object_array(items: list) -> np.ndarray:

@@ -581,6 +581,10 @@ class V1Checkpoint(Checkpoint):
             tensor=name,
         )
 
+    def read_together(self, names, *, buffers=None) -> list[np.ndarray]:
+        """Whole tensors as 1-D arrays, each read on its own (V1 files hold few)."""
+        return [np.ascontiguousarray(self.read(name)).reshape(-1) for name in names]
+
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
         t = self._tensor(name)
         return self._slice_values(t, self._stored(t, extents))
