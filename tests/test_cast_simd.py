@@ -108,6 +108,24 @@ def test_float32_patterns_equal_reference(patterns, monkeypatch, target, overflo
     assert_same(small_simd, small_ref, values[::7], 4099)
 
 
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_misaligned_input_and_output(patterns, monkeypatch, target):
+    """A tensor's bytes sit at any offset of a file, so of a batched read, and casts to
+    several widths share one output buffer: both sides may be misaligned."""
+    values = np.ascontiguousarray(patterns.view(np.float32)[::97][:4099])
+    simd, ref = both(monkeypatch, "float32", target, "clip")
+    raw = np.zeros(values.nbytes + 3, np.uint8)
+    raw[1 : 1 + values.nbytes] = values.view(np.uint8)
+    src = raw[1 : 1 + values.nbytes].view(np.float32)
+    assert not src.flags.aligned
+    space = np.zeros(values.size * 2 + 1, np.uint8)
+    simd.buffers = lambda nbytes: space[1 : 1 + nbytes]
+    got = simd(src)
+    assert not got.flags.aligned
+    assert got.tobytes() == ref(values).tobytes()
+    assert simd.counts == ref.counts
+
+
 def test_nan_is_canonical_with_its_sign(monkeypatch):
     """NaNs whose payload sits below the kept bits must not come out as inf, nor those whose
     rounding carries into the sign bit as ±0 (NumKong's bfloat16 gives both)."""

@@ -160,7 +160,17 @@ class Caster:
             out[...] = self.convert(src, self._target_np)
         elif self._simd is not None and src.dtype.isnative:
             # NaNs come out as anything (inf, even -0.0): _special makes them canonical.
-            self._simd.astype(src, self.target.name, out=out)
+            # NumKong takes aligned arrays only, but a tensor's bytes sit at any offset of
+            # a file (so of a batched read), and casts to several widths share an output
+            # buffer: misaligned blocks (small ones) go through aligned copies.
+            if not src.flags.aligned:
+                src = src.copy()
+            if out.flags.aligned:
+                self._simd.astype(src, self.target.name, out=out)
+            else:
+                aligned = np.empty_like(out)
+                self._simd.astype(src, self.target.name, out=aligned)
+                out[...] = aligned
         else:
             np.copyto(out, src, casting="unsafe")
         # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.

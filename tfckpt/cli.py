@@ -61,15 +61,15 @@ def _add_dtype_rule_options(g) -> None:
         "--keep-dtype",
         metavar="REGEX",
         action="append",
-        help="tensors whose (source) name matches keep their dtype (repeatable; "
-        "before --dtype-rule and --dtype)",
+        help="tensors whose source name (TF2: key or model path) matches keep their dtype "
+        "(repeatable; before --dtype-rule and --dtype)",
     )
     g.add_argument(
         "--dtype-rule",
         metavar="REGEX=DTYPE",
         action="append",
-        help="cast floating-point tensors whose (source) name matches to DTYPE "
-        "(repeatable; the first matching rule wins, before --dtype)",
+        help="cast floating-point tensors whose source name (TF2: key or model path) matches "
+        "to DTYPE (repeatable; the first matching rule wins, before --dtype)",
     )
 
 
@@ -114,7 +114,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
         "--include",
         metavar="REGEX",
         action="append",
-        help="keep only tensors whose name matches (repeatable)",
+        help="keep only tensors whose name (TF2: key or model path) matches (repeatable)",
     )
     g.add_argument(
         "--exclude",
@@ -447,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
         "path (the key without /.ATTRIBUTES/VARIABLE_VALUE; a slot variable also as "
         "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
         "the template's dtype. A template tensor without a source is an error, except "
-        "save_counter. TF2 sources are matched by their keys.",
+        "save_counter (taken from the first source that has one). TF2 sources are matched "
+        "by their keys.",
     )
     p.add_argument("template")
     p.add_argument("sources", nargs="+", metavar="SRC")
