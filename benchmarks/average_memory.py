@@ -25,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from run import make_inputs  # noqa: E402
+from run import SIZES, Inputs  # noqa: E402
 
 
 def peak_rss(command: list[str]) -> tuple[int, float]:
@@ -49,16 +49,13 @@ def main(argv=None) -> int:
     ap.add_argument("--big-mib", type=int, default=512)
     ap.add_argument("--medium", type=int, default=64)
     ap.add_argument("--medium-mib", type=int, default=8)
-    ap.add_argument("--small", type=int, default=20000)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     args = ap.parse_args(argv)
     from tfckpt.cli import _parse_size
 
     budget = _parse_size(args.chunk_bytes)
-    inputs = make_inputs(
-        os.path.join(args.out, "inputs"), args.big_mib, args.medium, args.medium_mib, args.small
-    )
-    big = inputs["big"]
+    sizes = dict(SIZES, big_mib=args.big_mib, medium=args.medium, medium_mib=args.medium_mib)
+    big = Inputs(os.path.join(args.out, "inputs"), sizes).path("big")
     work = os.path.join(args.out, "average")
     shutil.rmtree(work, ignore_errors=True)
     sources = []

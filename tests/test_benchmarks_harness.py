@@ -123,3 +123,25 @@ def test_floor_contender_without_input_is_not_timed(harness, tmp_path, contender
     with pytest.raises(harness.ContenderFailed) as e:
         harness.measured(args)
     assert f"{says} {missing}" in str(e.value)
+
+
+def test_average_memory_script_runs_at_a_small_size(tmp_path):
+    """The averaging memory benchmark, at a few MiB: TensorFlow writes its input, tfckpt
+    averages the hard-linked copies, and the report sets the peak against the budget."""
+    pytest.importorskip("tensorflow")
+    import json
+    import subprocess
+
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    args = ["--sources", "3", "--chunk-bytes", "1M", "--big-mib", "4", "--medium", "2"]
+    args += ["--medium-mib", "1", "--out", str(tmp_path)]
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "average_memory.py"), *args],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    report = json.loads((tmp_path / "average_memory.json").read_text())
+    assert report["sources"] == 3 and report["peak_rss"] > 0
