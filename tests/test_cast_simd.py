@@ -240,3 +240,49 @@ def test_simd_path_equals_tf_cast(tmp_path, monkeypatch):
         got = th.tf_reader_values(summary.dst)["x"]
         bad = th.float_mismatches(got, tf.cast(tf.constant(values), target).numpy(), values)
         assert not bad, "\n".join(bad[:5])
+
+
+CONVERT_CHILD = """
+import sys
+from tfckpt.cli import main
+rc = main(sys.argv[1:])
+print("ml_dtypes imported:", "ml_dtypes" in sys.modules, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def test_bfloat16_conversion_does_not_import_ml_dtypes(tmp_path):
+    """ml-dtypes takes longer to import than a conversion of hundreds of MiB takes: the
+    SIMD path casts to bfloat16 as bits and writes them, and only NaN, inf or values near
+    overflow (the general path) need it. The bytes are the reference path's."""
+    pytest.importorskip("tensorflow")
+    import transform_helpers as th
+
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal(1 << 20).astype(np.float32)  # streamed in chunks
+    big[::1000] *= np.float32(1e-38)  # some become subnormal or zero: counted, from the bits
+    tensors = {"big": big, "small": rng.standard_normal((30, 7)).astype(np.float32)}
+    tensors["zeros"] = np.zeros(5, np.float32)  # small ones are batched
+    src = th.save_v2(tmp_path / "src" / "p", tensors)
+    env = {**{k: v for k, v in os.environ.items() if k != CAST_ENV}, "PYTHONPATH": str(ROOT)}
+    outputs = {}
+    for mode, extra in [("simd", {}), ("reference", {CAST_ENV: "reference"})]:
+        dst = tmp_path / mode / "p"
+        argv = ["convert", src, str(dst), "--dtype", "bfloat16", "--chunk-bytes", "1M"]
+        run = subprocess.run(
+            [sys.executable, "-c", CONVERT_CHILD, *argv],
+            capture_output=True,
+            text=True,
+            env={**env, **extra},
+        )
+        assert run.returncode == 0, run.stderr
+        outputs[mode] = (run.stderr, [p.read_bytes() for p in sorted(dst.parent.iterdir())])
+    assert "ml_dtypes imported: False" in outputs["simd"][0]
+    assert "ml_dtypes imported: True" in outputs["reference"][0]
+    assert outputs["simd"][1] == outputs["reference"][1]
+    import tfckpt
+
+    with tfckpt.open(tmp_path / "simd" / "p") as ckpt:  # read back: ml-dtypes' type, as ever
+        got = ckpt["big"]
+    assert got.dtype == NP["bfloat16"]
+    assert np.array_equal(got, big.astype(NP["bfloat16"]))

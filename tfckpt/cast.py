@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -73,7 +74,9 @@ class Caster:
     saturates to the largest finite value of the target, keeping the sign.
     With ``buffers``, results are written into ``buffers(nbytes)`` (a uint8
     array, e.g. a ring of reused buffers for streaming consumers) instead of
-    fresh memory.
+    fresh memory. With ``bits``, results come as the target's bit patterns
+    (unsigned integers of its size): then a cast to bfloat16 on the SIMD path
+    needs no ml-dtypes unless a chunk holds NaN, inf or values near overflow.
     """
 
     source: _dt.DType
@@ -82,19 +85,16 @@ class Caster:
     counts: CastCounts = field(default_factory=CastCounts)
     convert: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None
     buffers: Callable[[int], np.ndarray] | None = None
+    bits: bool = False
 
     def __post_init__(self):
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow policy must be one of {OVERFLOW_POLICIES}")
-        src_np, tgt = self.source.numpy, self.target.numpy
-        if src_np is None or tgt is None:
+        if self.source.spec is None or self.target.spec is None:
             raise ValueError(f"cannot cast {self.source} to {self.target}: not numeric")
-        self._target_np: np.dtype = tgt
-        self._via32 = self.source.name == "float64" and tgt.itemsize < 4
-        src, dst = _finfo(src_np), _finfo(tgt)
-        self._max = tgt.type(dst.max)
-        self._tiny = tgt.type(dst.smallest_normal)
-        self._nan = np.array(np.nan, dtype=tgt)
+        size = self.target.fixed_itemsize
+        self._via32 = self.source.name == "float64" and size < 4
+        src, dst = _finfo(self.source), _finfo(self.target)
         # Widening casts are exact: nothing to count.
         self._exact = (
             float(dst.max) >= float(src.max)
@@ -104,13 +104,31 @@ class Caster:
         # Magnitudes from max + ulp(max)/2 on round beyond the largest finite value.
         top = float(dst.max)
         self._overflow_at = top + math.ldexp(0.5, math.frexp(top)[1] - 1 - int(dst.nmant))
-        self._bits = np.dtype(f"u{tgt.itemsize}")
-        self._abs_mask = self._bits.type((1 << (8 * tgt.itemsize - 1)) - 1)
-        self._tiny_bits = np.array(self._tiny, dtype=tgt).view(self._bits)[()]
+        self._bits = np.dtype(f"u{size}")
+        self._abs_mask = self._bits.type((1 << (8 * size - 1)) - 1)
+        self._tiny_bits = self._bits.type(_bit_pattern(dst.smallest_normal, self.target))
         rounded = "float32" if self._via32 else self.source.name
-        self._simd = None
+        self._simd: Any = None
         if self.convert is None and (rounded, self.target.name) in SIMD_PAIRS:
             self._simd = _numkong()
+
+    @cached_property
+    def _target_np(self) -> np.dtype:
+        # Only the general path needs the target's numpy type (for bfloat16 and the
+        # float8 types, ml-dtypes, slow to import): the SIMD path works on its bits.
+        return self.target.array_dtype
+
+    @cached_property
+    def _max(self) -> Any:
+        return self._target_np.type(_finfo(self.target).max)
+
+    @cached_property
+    def _tiny(self) -> Any:
+        return self._target_np.type(_finfo(self.target).smallest_normal)
+
+    @cached_property
+    def _nan(self) -> np.ndarray:
+        return np.array(np.nan, dtype=self._target_np)
 
     @property
     def rounding(self) -> str:
@@ -122,9 +140,9 @@ class Caster:
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
         if self.buffers is not None:
-            out = self.buffers(n * self.target.fixed_itemsize).view(self.target.array_dtype)
+            out = self.buffers(n * self.target.fixed_itemsize).view(self._bits)
         else:
-            out = np.empty(n, dtype=self._target_np)
+            out = np.empty(n, dtype=self._bits)
         flat = chunk.reshape(-1)
         if self.convert is None and self._simd is None and n >= _PARALLEL_MIN and _workers() > 1:
             # numpy's casts release the GIL: split big chunks over the cores. The SIMD
@@ -141,7 +159,7 @@ class Caster:
                 self.counts.add(p)
         else:
             self._part(flat, out, self.counts)  # many small tensors: no per-call extras
-        return out.reshape(chunk.shape)
+        return (out if self.bits else out.view(self._target_np)).reshape(chunk.shape)
 
     def _part(self, chunk: np.ndarray, out: np.ndarray, counts: CastCounts) -> CastCounts:
         """Cast ``chunk`` into ``out``, adding to ``counts`` (returned)."""
@@ -157,7 +175,7 @@ class Caster:
     def _block(self, chunk: np.ndarray, out: np.ndarray, counts: CastCounts) -> None:
         src = chunk.astype(np.float32) if self._via32 else chunk
         if self.convert is not None:
-            out[...] = self.convert(src, self._target_np)
+            out.view(self._target_np)[...] = self.convert(src, self._target_np)
         elif self._simd is not None and src.dtype.isnative:
             # NaNs come out as anything (inf, even -0.0): _special makes them canonical.
             # NumKong takes aligned arrays only, but a tensor's bytes sit at any offset of
@@ -166,13 +184,13 @@ class Caster:
             if not src.flags.aligned:
                 src = src.copy()
             if out.flags.aligned:
-                self._simd.astype(src, self.target.name, out=out)
+                self._simd.astype(src, self.target.name, out=self._simd_view(out))
             else:
                 aligned = np.empty_like(out)
-                self._simd.astype(src, self.target.name, out=aligned)
+                self._simd.astype(src, self.target.name, out=self._simd_view(aligned))
                 out[...] = aligned
         else:
-            np.copyto(out, src, casting="unsafe")
+            np.copyto(out.view(self._target_np), src, casting="unsafe")
         # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
         lo, hi = float(src.min()), float(src.max())
         if -self._overflow_at < lo and hi < self._overflow_at:
@@ -180,6 +198,10 @@ class Caster:
                 self._count_small(out, chunk, counts)
         else:
             self._special(chunk, out, counts)
+
+    def _simd_view(self, out: np.ndarray) -> Any:
+        """``out``'s memory as NumKong's array of the target type (it checks the type)."""
+        return self._simd.from_pointer(out.ctypes.data, out.shape, self.target.name, owner=out)
 
     def _count_small(self, out: np.ndarray, chunk: np.ndarray, counts: CastCounts) -> None:
         """Count zeros and subnormals from the output's bits (integer compares only)."""
@@ -195,6 +217,7 @@ class Caster:
 
     def _special(self, chunk: np.ndarray, out: np.ndarray, c: CastCounts) -> None:
         """The general path, for chunks with NaN, inf or values near the overflow point."""
+        out = out.view(self._target_np)
         nan = np.isnan(chunk)
         if nan.any():
             out[nan] = np.where(np.signbit(chunk[nan]), -self._nan, self._nan)
@@ -253,13 +276,39 @@ def _numkong() -> Any:
     return _NUMKONG or None
 
 
-def _finfo(npdtype: np.dtype) -> Any:
+def _finfo(dtype: _dt.DType) -> Any:
+    if dtype.name == "bfloat16":
+        return _BFLOAT16_INFO
     try:
-        return np.finfo(npdtype)
+        return np.finfo(dtype.array_dtype)
     except ValueError:
         import ml_dtypes
 
-        return ml_dtypes.finfo(npdtype)
+        return ml_dtypes.finfo(dtype.array_dtype)
+
+
+def _float32(bits: int) -> float:
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max: float
+    smallest_normal: float
+    smallest_subnormal: float
+    nmant: int
+
+
+# bfloat16 is the upper half of float32: its limits are float32 patterns, known
+# without importing ml-dtypes.
+_BFLOAT16_INFO = _Limits(_float32(0x7F7F0000), _float32(0x00800000), _float32(0x00010000), 7)
+
+
+def _bit_pattern(value: Any, dtype: _dt.DType) -> int:
+    """The bits of ``value`` (exactly representable) as an element of ``dtype``."""
+    if dtype.name == "bfloat16":
+        return int(np.array(value, np.float32).view(np.uint32)) >> 16
+    return int(np.array(value, dtype=dtype.array_dtype).view(f"u{dtype.fixed_itemsize}"))
 
 
 def should_cast(

@@ -519,6 +519,7 @@ def _stream_task(
                 task.overflow,
                 convert=tf_convert if item.tf_cast else None,
                 buffers=out,
+                bits=True,
             )
         return caster
 
@@ -611,7 +612,8 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
             # Something to report: the tensors that may hold it are cast again, alone,
             # to count theirs; the others report nothing.
             alone = Caster(caster.source, caster.target, caster.overflow, convert=caster.convert)
-            for item, a, again in zip(items[i:j], group, _maybe_counted(src, cast, sizes)):
+            values = cast.view(caster.target.array_dtype)
+            for item, a, again in zip(items[i:j], group, _maybe_counted(src, values, sizes)):
                 if again:
                     alone.counts = CastCounts()
                     alone(a)

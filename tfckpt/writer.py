@@ -246,7 +246,7 @@ class _Adder:
         key = encode_name(name)
         self.index.check_open(key, name)
         dt = _dt.lookup(dtype)
-        if dt.numpy is None and dt is not _dt.STRING:
+        if dt.spec is None and dt is not _dt.STRING:  # spec: numpy would import ml-dtypes
             raise ValueError(f"{dt.name} tensors cannot be streamed")
         shape = shape_tuple(shape)
         return self._target(_stream_bytes(dt, shape), shard)._stream(key, dt, shape)
@@ -261,7 +261,7 @@ class _Adder:
         shape = slice_shape(full_shape, extents)
         key = self.index.slice_key(name, dt, full_shape, extents, shape)
         self.index.check_open(key, name)
-        if dt.numpy is None and dt is not _dt.STRING:
+        if dt.spec is None and dt is not _dt.STRING:  # spec: numpy would import ml-dtypes
             raise ValueError(f"{dt.name} tensors cannot be streamed")
         return self._target(_stream_bytes(dt, shape), shard)._stream(
             key, dt, shape, lambda: self.index.register_slice(name, dt, full_shape, extents)
@@ -271,6 +271,16 @@ class _Adder:
 def _nbytes(arr: np.ndarray, dt: _dt.DType) -> int:
     """The bytes a tensor takes in a data file."""
     return string_tensor_nbytes(arr) if dt is _dt.STRING else arr.size * dt.fixed_itemsize
+
+
+def _holds(values: np.ndarray, dt: _dt.DType) -> bool:
+    """Whether ``values`` are elements of ``dt``: of its numpy type, or a float type's
+    bit patterns as native unsigned integers of its size (what a cast to bfloat16 gives
+    without importing ml-dtypes; checked first, so that it imports nothing either)."""
+    d = values.dtype
+    if dt.is_floating and d.kind == "u" and d.isnative and d.itemsize == dt.itemsize:
+        return True
+    return d == dt.numpy
 
 
 def _data_bytes(values: np.ndarray, dt: _dt.DType, endianness: Endianness) -> np.ndarray:
@@ -351,7 +361,7 @@ class ShardWriter(_Adder):
             self.index.check_open(key, name)
             dt = _dt.lookup(dtype)
             shape = shape_tuple(shape)
-            if values.dtype != dt.numpy or values.size != num_elements(shape):
+            if not _holds(values, dt) or values.size != num_elements(shape):
                 raise ValueError(
                     f"{values.size} values of {values.dtype} for a {dt.name} tensor of shape "
                     f"{list(shape)}"
@@ -486,7 +496,7 @@ class _TensorStream:
 
     def write(self, chunk) -> None:
         arr = np.asarray(chunk)
-        if arr.dtype != self.dtype.numpy:
+        if not _holds(arr, self.dtype):
             raise ValueError(f"chunk of {arr.dtype} written to a {self.dtype.name} tensor")
         data = _data_bytes(arr, self.dtype, self._w.endianness)
         if self._written + data.nbytes > self._size:
