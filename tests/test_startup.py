@@ -1,0 +1,29 @@
+"""Start-up: ``import tfckpt`` and the command line load only the modules they use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run_python(code: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_import_loads_names_on_first_use():
+    run_python(
+        "import sys, types, tfckpt\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('tfckpt.') or m == 'numpy')\n"
+        "assert loaded == ['tfckpt.errors'], loaded\n"
+        # a submodule named like a public function leaves the function in place
+        "import tfckpt.graft, tfckpt.export\n"
+        "from tfckpt.average import plan_average\n"
+        "for name in ('graft', 'export', 'average'):\n"
+        "    assert isinstance(getattr(tfckpt, name), types.FunctionType), name\n"
+        "for name in tfckpt.__all__:\n"
+        "    exec(f'from tfckpt import {name}')\n"
+        "    assert not isinstance(getattr(tfckpt, name), types.ModuleType), name\n"
+        "assert set(tfckpt.__all__) <= set(dir(tfckpt))\n"
+        "assert not hasattr(tfckpt, 'no_such_name')\n"
+    )
