@@ -27,3 +27,15 @@ def test_import_loads_names_on_first_use():
         "assert set(tfckpt.__all__) <= set(dir(tfckpt))\n"
         "assert not hasattr(tfckpt, 'no_such_name')\n"
     )
+
+
+def test_dump_loads_no_transform_modules(tf_checkpoints):
+    path = tf_checkpoints("tf1_saver").path
+    run_python(
+        "import sys, io, contextlib, tfckpt.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert tfckpt.cli.main(['dump', '--json', {path!r}]) == 0\n"
+        "loaded = {'tfckpt.engine', 'tfckpt.planner', 'tfckpt.writer', 'tfckpt.commit'}\n"
+        "loaded &= set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
