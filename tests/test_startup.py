@@ -39,3 +39,17 @@ def test_dump_loads_no_transform_modules(tf_checkpoints):
         "loaded &= set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
+
+
+def test_version_loads_no_commands():
+    run_python(
+        "import sys, io, contextlib, tfckpt.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "        tfckpt.cli.main(['--version'])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0\n"
+        "assert out.getvalue().strip() == 'tfckpt ' + tfckpt.__version__, out.getvalue()\n"
+        "loaded = {'tfckpt.commands', 'tfckpt.reader', 'crc32c'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
