@@ -26,6 +26,7 @@ def test_import_loads_names_on_first_use():
         "    assert not isinstance(getattr(tfckpt, name), types.ModuleType), name\n"
         "assert set(tfckpt.__all__) <= set(dir(tfckpt))\n"
         "assert not hasattr(tfckpt, 'no_such_name')\n"
+        "assert tfckpt.inspection.dump is sys.modules['tfckpt.inspection'].dump\n"
     )
 
 

@@ -11,6 +11,7 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING
@@ -63,13 +64,15 @@ _LAZY["list_checkpoints"] = ("inspection", "checkpoints")
 
 
 def __getattr__(name: str):
-    try:
+    if name in _LAZY:
         module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f".{module}", __name__), attr)
-    globals()[name] = value
-    return value
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    # tfckpt.inspection.dump(...) and the like after a bare `import tfckpt`
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
