@@ -10,8 +10,12 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 
 from __future__ import annotations
 
-from .average import average
-from .engine import Summary, convert, execute, merge, rename, select, transform
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING
+
 from .errors import (
     CastOverflowError,
     CheckpointError,
@@ -22,16 +26,69 @@ from .errors import (
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
-from .export import ExportSummary, export, import_
-from .format import Header, TensorInfo, Version
-from .graft import flatten, graft, plan_flatten, plan_graft
-from .inspection import checkpoints as list_checkpoints
-from .options import Options
-from .paths import latest_checkpoint
-from .planner import Plan, plan
-from .reader import Checkpoint
-from .slicing import TensorSlice
-from .writer import BundleWriter, save
+
+if TYPE_CHECKING:
+    from .average import average
+    from .engine import Summary, convert, execute, merge, rename, select, transform
+    from .export import ExportSummary, export, import_
+    from .format import Header, TensorInfo, Version
+    from .graft import flatten, graft, plan_flatten, plan_graft
+    from .inspection import checkpoints as list_checkpoints
+    from .options import Options
+    from .paths import latest_checkpoint
+    from .planner import Plan, plan
+    from .reader import Checkpoint
+    from .slicing import TensorSlice
+    from .writer import BundleWriter, save
+
+# Public name -> (module, name there). Loaded on first use so that ``import tfckpt`` and the
+# command line start without importing every module (see __getattr__).
+_LAZY = {
+    name: (module, name)
+    for module, names in {
+        "average": "average",
+        "engine": "Summary convert execute merge rename select transform",
+        "export": "ExportSummary export import_",
+        "format": "Header TensorInfo Version",
+        "graft": "flatten graft plan_flatten plan_graft",
+        "options": "Options",
+        "paths": "latest_checkpoint",
+        "planner": "Plan plan",
+        "reader": "Checkpoint",
+        "slicing": "TensorSlice",
+        "writer": "BundleWriter save",
+    }.items()
+    for name in names.split()
+}
+_LAZY["list_checkpoints"] = ("inspection", "checkpoints")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    # tfckpt.inspection.dump(...) and the like after a bare `import tfckpt`
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY})
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value) -> None:
+        # Importing a submodule binds it on the package: tfckpt.average, .graft and .export
+        # must stay the functions of those names however their modules get imported.
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __version__ = "0.1.0"
 
@@ -82,6 +139,8 @@ def open(  # noqa: A001 - mirrors safetensors' safe_open
     >>> ckpt = tfckpt.open("train")
     >>> ckpt.keys()[:2], ckpt.info("dense/kernel").dtype
     """
+    from .reader import Checkpoint
+
     return Checkpoint(path, verify=verify, mmap=mmap, storage_options=storage_options)
 
 

@@ -25,17 +25,6 @@ import warnings
 
 from . import __version__
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
-from .commands import (
-    cmd_average,
-    cmd_diff,
-    cmd_dump,
-    cmd_export,
-    cmd_flatten,
-    cmd_graft,
-    cmd_stats,
-    cmd_transform,
-    cmd_verify,
-)
 from .display import emit
 from .errors import CheckpointError, CheckpointPathWarning
 from .options import BACKENDS, DEFAULTS, PREFER
@@ -173,7 +162,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
         metavar="SIZE",
         help="memory budget for tensor data in flight (default 64M)",
     )
-    p.set_defaults(func=cmd_transform)
+    p.set_defaults(func="cmd_transform")
 
 
 EXAMPLES = {
@@ -340,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="list every checkpoint in the directory PATH: the state file's in its "
         "order, then the others; step, tensors, size",
     )
-    p.set_defaults(func=cmd_dump)
+    p.set_defaults(func="cmd_dump")
 
     p = _sub(
         sub,
@@ -356,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--names-only", action="store_true", help="compare names, dtypes, shapes")
     p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_diff)
+    p.set_defaults(func="cmd_diff")
 
     p = _sub(
         sub,
@@ -369,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_stats)
+    p.set_defaults(func="cmd_stats")
 
     p = _sub(
         sub,
@@ -391,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         "must equal TensorFlow's tf.cast of it",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_verify)
+    p.set_defaults(func="cmd_verify")
 
     p = _sub(
         sub,
@@ -459,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the template's value where no source has the tensor",
     )
-    p.set_defaults(func=cmd_graft)
+    p.set_defaults(func="cmd_graft")
 
     p = _sub(
         sub,
@@ -473,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src")
     p.add_argument("dst")
     _add_transform_options(p)
-    p.set_defaults(func=cmd_flatten)
+    p.set_defaults(func="cmd_flatten")
 
     p = _sub(
         sub,
@@ -546,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--json", action="store_true", help="print the plan or summary as JSON")
-    p.set_defaults(func=cmd_average)
+    p.set_defaults(func="cmd_average")
 
     p = _sub(
         sub,
@@ -592,7 +581,7 @@ def _add_export_options(p: argparse.ArgumentParser) -> None:
         help="reorder the axes of tensors whose (new) name matches, e.g. 'kernel$=1,0' "
         "([in,out] -> [out,in]) or 'conv.*/kernel$=3,2,0,1' (HWIO -> OIHW); first match wins",
     )
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func="cmd_export")
 
 
 def _show_warning(default):
@@ -649,7 +638,10 @@ def _main(argv: list[str] | None) -> int:
         with warnings.catch_warnings(), using_options(_storage_options(args.storage_options)):
             warnings.simplefilter("default", CheckpointPathWarning)
             warnings.showwarning = _show_warning(warnings.showwarning)
-            return args.func(args)
+            # Commands load with their module, when one runs: --help and --version need none.
+            from . import commands
+
+            return getattr(commands, args.func)(args)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, like other Unix tools.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

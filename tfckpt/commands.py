@@ -9,19 +9,22 @@ import functools
 import json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import inspection as _inspect
 from .display import emit, fmt, human_bytes, print_json, shape_text, table, width
-from .engine import Summary, execute
 from .errors import CheckpointError, CheckpointNotFoundError
 from .options import Options
 from .orderedcode import encode_name
-from .planner import Plan, plan
 from .reader import Checkpoint
 from .slicing import parse_index, split_expression
+
+if TYPE_CHECKING:
+    from .engine import Summary
+    from .planner import Plan
 
 
 def _print_dump(data: dict) -> None:
@@ -550,6 +553,8 @@ def _executor(spec: str | None):
 
 
 def cmd_transform(args) -> int:
+    from .planner import plan  # the transforms' modules load when one runs, not for dump
+
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
@@ -560,6 +565,8 @@ def cmd_transform(args) -> int:
         else:
             _print_plan(p)
         return 0
+    from .engine import execute
+
     update, close = _progress(p.bytes_in)
     executor, shutdown = _executor(args.executor)
     try:
@@ -739,6 +746,8 @@ def _run_plan(args, p: Plan) -> int:
         else:
             _print_plan(p)
         return 0
+    from .engine import execute
+
     update, close = _progress(p.bytes_in)
     executor, shutdown = _executor(args.executor)
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import secrets
 from collections.abc import Mapping, Sequence
 
 from google.protobuf.text_format import MessageToString
@@ -34,7 +33,7 @@ TMP_MARK = ".tfckpt-tmp-"
 def temporary_base(prefix: str) -> str:
     """A name beside ``prefix`` for one run's temporaries; the process id in it lets a
     later run tell a killed run's leftovers (see :func:`remove_stale_temporaries`)."""
-    return f"{prefix}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{prefix}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def remove_stale_temporaries(prefix: str) -> None:
