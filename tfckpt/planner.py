@@ -441,7 +441,7 @@ def plan(
             if includes and not any(matches(rx, n, flat.get(n)) for rx in includes):
                 dropped.append((s.label, n, "not included"))
                 continue
-            if any(matches(rx, n, flat.get(n)) for rx in excludes):
+            if excludes and any(matches(rx, n, flat.get(n)) for rx in excludes):
                 dropped.append((s.label, n, "excluded"))
                 continue
             kept.append((n, _new_name(n, exact, rules)))
@@ -520,9 +520,12 @@ def plan(
             base += s.ckpt.header.num_shards
 
     planned: list[PlannedTensor] = []
+    dtypes: dict[str, _dt.DType] = {}  # a handful of names for any number of tensors
     for new, (i, old) in chosen.items():
         info = srcs[i].ckpt.info(old)
-        dtype = _dt.lookup(info.dtype)
+        dtype = dtypes.get(info.dtype)
+        if dtype is None:
+            dtype = dtypes[info.dtype] = _dt.lookup(info.dtype)
         new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
