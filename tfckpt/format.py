@@ -90,6 +90,36 @@ class TensorInfo:
         """Number of elements."""
         return num_elements(self.shape)
 
+    @classmethod
+    def _whole(
+        cls,
+        name: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        nbytes: int,
+        shard: int,
+        offset: int,
+        crc32c: int,
+    ) -> TensorInfo:
+        """The info of a whole (unpartitioned) tensor, built for an index's every entry.
+
+        A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``;
+        filling the instance's dict directly takes a third of the time.
+        """
+        info = object.__new__(cls)
+        d = info.__dict__
+        d["name"] = name
+        d["dtype"] = dtype
+        d["shape"] = shape
+        d["nbytes"] = nbytes
+        d["shard"] = shard
+        d["offset"] = offset
+        d["crc32c"] = crc32c
+        d["slices"] = ()
+        d["extents"] = None
+        d["stored_elements"] = math.prod(shape)
+        return info
+
 
 def num_elements(shape: Sequence[int]) -> int:
     return math.prod(shape)

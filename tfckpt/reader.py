@@ -354,7 +354,7 @@ class Checkpoint(collections.abc.Mapping):
                 entry.slices,
                 stored_elements=coverage(entry.slices, entry.shape)[0],
             )
-        return TensorInfo(
+        return TensorInfo._whole(
             entry.name,
             entry.dtype.name,
             entry.shape,
@@ -362,8 +362,6 @@ class Checkpoint(collections.abc.Mapping):
             p.shard_id,
             p.offset,
             unmask_crc(p.crc32c),
-            (),
-            stored_elements=num_elements(entry.shape),
         )
 
     def slice_info(self, name: str) -> list[TensorInfo]:
