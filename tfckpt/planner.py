@@ -535,8 +535,13 @@ def plan(
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for pt in planned:
-        infos = srcs[pt.source].ckpt.slice_info(pt.name) if pt.info.slices else [pt.info]
-        needed.setdefault(pt.source, set()).update(x.shard or 0 for x in infos)
+        ids = needed.get(pt.source)
+        if ids is None:
+            ids = needed[pt.source] = set()
+        if pt.info.slices:
+            ids.update(x.shard or 0 for x in srcs[pt.source].ckpt.slice_info(pt.name))
+        else:
+            ids.add(pt.info.shard or 0)
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.
