@@ -95,7 +95,8 @@ def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
     """The index entries of shards written separately: shard ids set, slices joined.
 
     ``shards[k]`` are the entries :meth:`~tfckpt.writer.ShardWriter.finish` returned
-    for shard ``k``; a partitioned tensor's slices may be spread over several.
+    for shard ``k``; a partitioned tensor's slices may be spread over several. A whole
+    tensor's entry is taken, not copied: its shard id is set in place.
     """
     merged: dict[bytes, BundleEntryProto] = {}
     for shard_id, entries in enumerate(shards):
@@ -113,10 +114,8 @@ def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
                 continue
             if key in merged:
                 raise ValueError(f"tensor {orderedcode.decode_name(key)!r} written to two shards")
-            e = BundleEntryProto()
-            e.CopyFrom(entry)
-            e.shard_id = shard_id
-            merged[key] = e
+            entry.shard_id = shard_id
+            merged[key] = entry
     return merged
 
 

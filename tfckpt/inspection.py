@@ -47,24 +47,28 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     """
     tensors = []
     scopes: dict[str, list[int]] = {}
+    info_of = ckpt.info
     for name in _match(ckpt.keys(), filter):
-        info = ckpt.info(name)
+        info = info_of(name)
+        nbytes, stored = info.nbytes, info.stored_elements
         tensors.append(
             {
                 "name": name,
                 "dtype": info.dtype,
                 "shape": list(info.shape),
-                "bytes": info.nbytes,
+                "bytes": nbytes,
                 "shard": info.shard,
                 "offset": info.offset,
                 "crc32c": info.crc32c,
-                "slices": [[list(e) for e in s] for s in info.slices],
+                "slices": [[list(e) for e in s] for s in info.slices] if info.slices else [],
                 "elements": info.size,
-                "stored_elements": info.stored_elements,
+                "stored_elements": stored,
             }
         )
-        acc = scopes.setdefault(scope_of(name), [0, 0])
-        acc[0] += info.nbytes
+        acc = scopes.get(scope_of(name))
+        if acc is None:
+            acc = scopes[scope_of(name)] = [0, 0]
+        acc[0] += nbytes
         acc[1] += 1
     h = ckpt.header
     v1 = {"format": ckpt.format} if ckpt.format != Checkpoint.format else {}

@@ -441,7 +441,7 @@ def plan(
             if includes and not any(matches(rx, n, flat.get(n)) for rx in includes):
                 dropped.append((s.label, n, "not included"))
                 continue
-            if any(matches(rx, n, flat.get(n)) for rx in excludes):
+            if excludes and any(matches(rx, n, flat.get(n)) for rx in excludes):
                 dropped.append((s.label, n, "excluded"))
                 continue
             kept.append((n, _new_name(n, exact, rules)))
@@ -520,9 +520,12 @@ def plan(
             base += s.ckpt.header.num_shards
 
     planned: list[PlannedTensor] = []
+    dtypes: dict[str, _dt.DType] = {}  # a handful of names for any number of tensors
     for new, (i, old) in chosen.items():
         info = srcs[i].ckpt.info(old)
-        dtype = _dt.lookup(info.dtype)
+        dtype = dtypes.get(info.dtype)
+        if dtype is None:
+            dtype = dtypes[info.dtype] = _dt.lookup(info.dtype)
         new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
@@ -532,8 +535,13 @@ def plan(
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for pt in planned:
-        infos = srcs[pt.source].ckpt.slice_info(pt.name) if pt.info.slices else [pt.info]
-        needed.setdefault(pt.source, set()).update(x.shard or 0 for x in infos)
+        ids = needed.get(pt.source)
+        if ids is None:
+            ids = needed[pt.source] = set()
+        if pt.info.slices:
+            ids.update(x.shard or 0 for x in srcs[pt.source].ckpt.slice_info(pt.name))
+        else:
+            ids.add(pt.info.shard or 0)
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.

@@ -236,18 +236,20 @@ class Checkpoint(collections.abc.Mapping):
         except DecodeError:
             raise self._corrupt("index entry is not a BundleEntryProto", name) from None
         dtype = _dt.from_enum(proto.dtype, path=self.index_path, tensor=name)
+        stored = _Stored(proto)
         try:
             shape = entry_shape(proto)
-            if proto.slices:
-                slices = tuple(slice_from_proto(s) for s in proto.slices)
+            listed = proto.slices
+            if listed:
+                slices = tuple(slice_from_proto(s) for s in listed)
                 for extents in slices:
                     self._check_slice(extents, shape)
             else:
                 slices = ()
-                check_entry_location(proto, dtype, shape, self.header.num_shards)
+                check_entry_location(stored, dtype, shape, self.header.num_shards)
         except ValueError as e:
             raise self._corrupt(str(e), name) from None
-        entry = _Entry(key, name, _Stored(proto), dtype, shape, slices)
+        entry = _Entry(key, name, stored, dtype, shape, slices)
         self._parsed[key] = entry
         return entry
 
@@ -352,7 +354,7 @@ class Checkpoint(collections.abc.Mapping):
                 entry.slices,
                 stored_elements=coverage(entry.slices, entry.shape)[0],
             )
-        return TensorInfo(
+        return TensorInfo._whole(
             entry.name,
             entry.dtype.name,
             entry.shape,
@@ -360,8 +362,6 @@ class Checkpoint(collections.abc.Mapping):
             p.shard_id,
             p.offset,
             unmask_crc(p.crc32c),
-            (),
-            stored_elements=num_elements(entry.shape),
         )
 
     def slice_info(self, name: str) -> list[TensorInfo]:

@@ -385,15 +385,21 @@ class _BlockBuilder:
         if self.counter < self.restart_interval:
             last = self.last_key
             limit = min(len(last), len(key))
-            while shared < limit and last[shared] == key[shared]:
-                shared += 1
+            # The first differing byte is the highest set byte of the XOR of both
+            # prefixes read as big-endian numbers: one C-level pass, not a loop in Python.
+            diff = int.from_bytes(last[:limit], "big") ^ int.from_bytes(key[:limit], "big")
+            shared = limit - (diff.bit_length() + 7) // 8
         else:
             self.restarts.append(len(self.buffer))
             self.counter = 0
         buf = self.buffer
-        buf += encode_varint(shared)
-        buf += encode_varint(len(key) - shared)
-        buf += encode_varint(len(value))
+        non_shared, value_len = len(key) - shared, len(value)
+        if (shared | non_shared | value_len) < 0x80:  # nearly always: one byte each
+            buf += bytes((shared, non_shared, value_len))
+        else:
+            buf += encode_varint(shared)
+            buf += encode_varint(non_shared)
+            buf += encode_varint(value_len)
         buf += key[shared:]
         buf += value
         self.last_key = key
