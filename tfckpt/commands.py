@@ -558,26 +558,7 @@ def cmd_transform(args) -> int:
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
-    p = plan(sources, dst, options)
-    if args.dry_run:
-        if args.json:
-            print_json(p.to_dict())
-        else:
-            _print_plan(p)
-        return 0
-    from .engine import execute
-
-    update, close = _progress(p.bytes_in)
-    executor, shutdown = _executor(args.executor)
-    try:
-        summary = execute(p, progress=update, executor=executor)
-    finally:
-        close()
-        shutdown()
-    if args.json:
-        print_json(summary.to_dict())
-    _print_summary(summary)
-    return 0
+    return _run_plan(args, plan(sources, dst, options))
 
 
 def _options(args, **extra) -> Options:

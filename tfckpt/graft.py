@@ -35,10 +35,10 @@ from .planner import (
     _compile_rules,
     _new_name,
     _patterns,
+    finished_plan,
     matches,
     open_sources,
     plan,
-    plan_storage_options,
     resolve_destination,
     source_flat_names,
 )
@@ -294,21 +294,7 @@ def plan_graft(
         for s in srcs:
             s.shard_base = base
             base += s.ckpt.header.num_shards
-    needed: dict[int, set[int]] = {}
-    for pt in planned:
-        infos = srcs[pt.source].ckpt.slice_info(pt.name) if pt.info.slices else [pt.info]
-        needed.setdefault(pt.source, set()).update(x.shard or 0 for x in infos)
-    for i, shard_ids in needed.items():
-        srcs[i].ckpt.check_shard_files(shard_ids)
-    planned.sort(
-        key=lambda pt: (
-            pt.source,
-            pt.info.shard if pt.info.shard is not None else -1,
-            pt.info.offset or 0,
-            pt.new_name,
-        )
-    )
-    return Plan(srcs, dst, planned, dropped, graph_bytes, options, plan_storage_options(srcs))
+    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
 
 
 @takes_storage_options()

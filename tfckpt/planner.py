@@ -532,6 +532,29 @@ def plan(
         planned.append(
             PlannedTensor(i, old, new, info, new_dtype.name, out_bytes, dtype_by=dtype_by)
         )
+    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
+
+
+def plan_storage_options(srcs: list[Source]) -> dict | None:
+    """The storage options a plan keeps for writing: those current while planning, else
+    those of the first source opened with some."""
+    given = current_options()
+    if given is not None:
+        return given
+    opened = (s.ckpt.storage_options for s in srcs if s.ckpt.storage_options is not None)
+    return next(opened, None)
+
+
+def finished_plan(
+    srcs: list[Source],
+    dst: str,
+    planned: list[PlannedTensor],
+    dropped: list,
+    graph_bytes: bytes | None,
+    options: Options,
+) -> Plan:
+    """The plan of ``planned`` tensors, once every shard file they need is known to
+    exist, with its tensors in reading order."""
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for pt in planned:
@@ -554,13 +577,3 @@ def plan(
         )
     )
     return Plan(srcs, dst, planned, dropped, graph_bytes, options, plan_storage_options(srcs))
-
-
-def plan_storage_options(srcs: list[Source]) -> dict | None:
-    """The storage options a plan keeps for writing: those current while planning, else
-    those of the first source opened with some."""
-    given = current_options()
-    if given is not None:
-        return given
-    opened = (s.ckpt.storage_options for s in srcs if s.ckpt.storage_options is not None)
-    return next(opened, None)
