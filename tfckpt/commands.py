@@ -15,7 +15,17 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import inspection as _inspect
-from .display import emit, fmt, human_bytes, print_json, shape_text, table, width
+from .display import (
+    compact_json,
+    emit,
+    fmt,
+    human_bytes,
+    print_json,
+    print_json_text,
+    shape_text,
+    table,
+    width,
+)
 from .errors import CheckpointError, CheckpointNotFoundError
 from .options import Options
 from .orderedcode import encode_name
@@ -273,6 +283,9 @@ def cmd_dump(args) -> int:
                 print_json(data)
             else:
                 _print_object_graph(data)
+            return 0
+        if args.json and compact_json():  # the common case for programs, built in bulk
+            print_json_text(_inspect.dump_json(ckpt, filter=args.filter))
             return 0
         data = _inspect.dump(ckpt, filter=args.filter)
     if args.json:

@@ -114,15 +114,25 @@ def _json_safe(value):
     return value
 
 
+def compact_json() -> bool:
+    """JSON is printed compact (for programs) rather than indented (for a person)."""
+    return not sys.stdout.isatty()
+
+
 def print_json(data) -> None:
     # Indented for a person at a terminal; compact (and C-encoded: fast) for programs.
-    indent = 1 if sys.stdout.isatty() else None
+    indent = None if compact_json() else 1
     try:
         text = json.dumps(data, indent=indent, allow_nan=False)
     except ValueError:  # NaN or inf somewhere: spell them out, strict JSON has none
         text = json.dumps(_json_safe(data), indent=indent, allow_nan=False)
-    # ASCII-only (ensure_ascii), so no name can upset the output encoding; DEL, which
-    # json leaves raw, can only be inside a string, where \u007f means the same.
+    print_json_text(text)
+
+
+def print_json_text(text: str) -> None:
+    """Print JSON text that ``json.dumps`` (ASCII-only, the default) wrote, or its equal."""
+    # ASCII-only, so no name can upset the output encoding; DEL, which json leaves
+    # raw, can only be inside a string, where \u007f means the same.
     sys.stdout.write(text.replace("\x7f", "\\u007f") + "\n")
 
 

@@ -149,6 +149,24 @@ def from_enum(enum: int, *, path: str | None = None, tensor: str | None = None) 
         ) from None
 
 
+def bulk_itemsizes() -> tuple[np.ndarray, np.ndarray]:
+    """Indexed by DataType number: bytes per element (0 when variable) and whether known."""
+    return _BULK_ITEMSIZE, _BULK_KNOWN
+
+
+def bulk_names() -> list[str]:
+    """Indexed by DataType number: the type's name ("" for numbers tfckpt does not know)."""
+    return _BULK_NAMES
+
+
+_BULK_NAMES = [_BY_ENUM[e].name if e in _BY_ENUM else "" for e in range(max(_BY_ENUM) + 1)]
+_BULK_KNOWN = np.array([bool(n) for n in _BULK_NAMES])
+_BULK_ITEMSIZE = np.array(
+    [(_BY_ENUM[e].itemsize or 0) if e in _BY_ENUM else 0 for e in range(len(_BULK_NAMES))],
+    dtype=np.int64,
+)
+
+
 def lookup(spec) -> DType:
     """A DType from a TensorFlow name (``'float16'``, ``'half'``), a number,
     a numpy dtype, or a DType."""

@@ -121,6 +121,57 @@ class TensorInfo:
         return info
 
 
+@dataclass
+class TensorTable:
+    """The :class:`TensorInfo` of many tensors as columns: lists of one length, a row each.
+
+    What a listing of every tensor reads, without an object per tensor;
+    ``info(i)`` is row ``i`` as a :class:`TensorInfo`.
+    """
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    nbytes: list[int]
+    shards: list[int | None]
+    offsets: list[int | None]
+    crc32c: list[int | None]
+    slices: list[tuple[Slice, ...]]
+    elements: list[int]
+    stored_elements: list[int | None]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def info(self, i: int) -> TensorInfo:
+        return TensorInfo(
+            self.names[i],
+            self.dtypes[i],
+            self.shapes[i],
+            self.nbytes[i],
+            self.shards[i],
+            self.offsets[i],
+            self.crc32c[i],
+            self.slices[i],
+            stored_elements=self.stored_elements[i],
+        )
+
+    @classmethod
+    def of(cls, infos: Sequence[TensorInfo]) -> TensorTable:
+        return cls(
+            [i.name for i in infos],
+            [i.dtype for i in infos],
+            [i.shape for i in infos],
+            [i.nbytes for i in infos],
+            [i.shard for i in infos],
+            [i.offset for i in infos],
+            [i.crc32c for i in infos],
+            [i.slices for i in infos],
+            [i.size for i in infos],
+            [i.stored_elements for i in infos],
+        )
+
+
 def num_elements(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
@@ -227,6 +278,155 @@ def slice_from_proto(proto: TensorSliceProto) -> Slice:
 def parse_entry(raw: bytes) -> BundleEntryProto:
     """``DecodeError`` when ``raw`` is not an entry."""
     return BundleEntryProto.FromString(raw)
+
+
+# --- entries in bulk ---------------------------------------------------------
+#
+# An index of many entries is decoded column by column: each step below reads one
+# field of every entry at once. Only the encoding a whole tensor's entry has in
+# practice is taken (fields in order, each at most once, no slices, no unknown
+# field, no dimension name, rank up to BULK_MAX_RANK, values that need no sign or
+# truncation rules); any other entry is left to ``parse_entry``, entry by entry.
+
+BULK_MAX_RANK = 8
+_TAG_DTYPE, _TAG_SHAPE, _TAG_SHARD, _TAG_OFFSET, _TAG_SIZE, _TAG_CRC = (
+    0x08,  # field 1, varint
+    0x12,  # field 2, length-delimited
+    0x18,  # field 3, varint
+    0x20,  # field 4, varint
+    0x28,  # field 5, varint
+    0x35,  # field 6, fixed32
+)
+_TAG_DIM, _TAG_DIM_SIZE = 0x12, 0x08  # TensorShapeProto.dim (field 2), Dim.size (field 1)
+
+
+@dataclass(frozen=True)
+class EntryColumns:
+    """Index entries decoded together, one array per field, a row per entry.
+
+    Rows where ``ok`` is False were not decoded (see ``decode_entries``) and hold
+    zeros. ``crc32c`` is as stored (masked); ``dims`` is padded with zeros past ``rank``.
+    """
+
+    ok: np.ndarray  # bool
+    dtype: np.ndarray  # int64
+    rank: np.ndarray  # int64
+    dims: np.ndarray  # int64, (rows, BULK_MAX_RANK)
+    shard_id: np.ndarray  # int64
+    offset: np.ndarray  # int64
+    size: np.ndarray  # int64
+    crc32c: np.ndarray  # uint32
+
+
+def decode_entries(values: Sequence[bytes]) -> EntryColumns:
+    """Decode many serialized ``BundleEntryProto``s at once, as ``parse_entry`` would.
+
+    A row is ``ok`` only when its bytes are in the common encoding described above;
+    its fields are then exactly what ``parse_entry`` gives. Other rows (partitioned
+    tensors, unusual or broken encodings) are for ``parse_entry``, which also says
+    what is wrong with a broken one.
+    """
+    n = len(values)
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    ends = np.cumsum(lengths)
+    pos = ends - lengths
+    # Reads run at most 10 bytes past any position inside the data: the zeros keep
+    # them in bounds, and a row that reads past its own end is rejected.
+    buf = np.frombuffer(b"".join(values) + bytes(16), dtype=np.uint8)
+    ok = np.ones(n, dtype=bool)
+
+    def varint(at: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Value, length and whether it fits in ``max_bytes``, of the varint at each ``at``."""
+        value = np.zeros(n, dtype=np.uint64)
+        used = np.zeros(n, dtype=np.int64)
+        more = np.ones(n, dtype=bool)
+        for k in range(max_bytes):
+            b = buf[at + k]
+            value |= np.where(more, b & 0x7F, 0).astype(np.uint64) << np.uint64(7 * k)
+            used += more
+            more &= b >= 0x80
+            if not more.any():
+                break
+        return value, used, ~more
+
+    def field(tag: int, max_bytes: int) -> np.ndarray:
+        """An optional varint field with ``tag`` at ``pos``: its value (0 when absent)."""
+        nonlocal pos
+        here = ok & (pos < ends) & (buf[pos] == tag)
+        if not here.any():
+            return np.zeros(n, dtype=np.int64)
+        value, used, fits = varint(pos + 1, max_bytes)
+        ok[here & ~fits] = False
+        pos = np.where(here, np.minimum(pos + 1 + used, ends), pos)
+        ok[here & (pos > ends)] = False
+        return np.where(here, value, 0).astype(np.int64)
+
+    # Enum and int32 fields: below 2**31 (negative ones take ten bytes); int64 fields:
+    # below 2**63 (nine bytes at most), so no value needs a sign rule here.
+    dtype = field(_TAG_DTYPE, 5)
+    ok &= dtype < (1 << 31)
+
+    rank = np.zeros(n, dtype=np.int64)
+    dims = np.zeros((n, BULK_MAX_RANK), dtype=np.int64)
+    here = ok & (pos < ends) & (buf[pos] == _TAG_SHAPE)
+    if here.any():
+        length, used, fits = varint(pos + 1, 5)
+        ok &= ~here | fits
+        shape_end = np.where(here, pos + 1 + used + length.astype(np.int64), pos)
+        ok &= shape_end <= ends
+        pos = np.where(here & ok, pos + 1 + used, pos)
+        for r in range(BULK_MAX_RANK + 1):
+            inside = ok & here & (pos < shape_end)
+            if not inside.any():
+                break
+            if r == BULK_MAX_RANK:
+                ok &= ~inside
+                break
+            # A dimension: tag, a one-byte length, then nothing (size 0) or its size.
+            dim_len = buf[pos + 1].astype(np.int64)
+            ok &= ~inside | ((buf[pos] == _TAG_DIM) & (dim_len < 0x80))
+            sized = inside & ok & (dim_len > 0)
+            ok &= ~sized | (buf[pos + 2] == _TAG_DIM_SIZE)
+            value, used, fits = varint(pos + 3, 9)
+            ok &= ~sized | (fits & (used + 1 == dim_len))
+            dims[:, r] = np.where(sized & ok, value, 0).astype(np.int64)
+            rank += inside
+            pos = np.where(inside & ok, pos + 2 + dim_len, pos)
+        ok &= ~here | (pos == shape_end)
+        pos = np.where(here & ok, shape_end, pos)
+
+    shard_id = field(_TAG_SHARD, 5)
+    ok &= shard_id < (1 << 31)
+    offset = field(_TAG_OFFSET, 9)
+    size = field(_TAG_SIZE, 9)
+
+    crc = np.zeros(n, dtype=np.uint32)
+    here = ok & (pos < ends) & (buf[pos] == _TAG_CRC)
+    if here.any():
+        at = pos + 1
+        word = (
+            buf[at].astype(np.uint32)
+            | buf[at + 1].astype(np.uint32) << 8
+            | buf[at + 2].astype(np.uint32) << 16
+            | buf[at + 3].astype(np.uint32) << 24
+        )
+        crc = np.where(here, word, 0).astype(np.uint32)
+        pos = np.where(here, pos + 5, pos)
+    ok &= pos == ends  # anything left: slices, another field, a repeat, or too short
+
+    def keep(a: np.ndarray) -> np.ndarray:
+        return np.where(ok if a.ndim == 1 else ok[:, None], a, 0).astype(a.dtype)
+
+    return EntryColumns(
+        ok,
+        keep(dtype),
+        keep(rank),
+        keep(dims),
+        keep(shard_id),
+        keep(offset),
+        keep(size),
+        keep(crc),
+    )
 
 
 def entry_shape(proto: BundleEntryProto) -> tuple[int, ...]:

@@ -6,8 +6,13 @@ CLI's job.
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from itertools import groupby, repeat
+from json.encoder import encode_basestring_ascii
+from operator import itemgetter
 
 import numpy as np
 
@@ -15,7 +20,7 @@ from . import dtypes as _dt
 from . import paths
 from .cast import Caster
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
-from .format import format_slice
+from .format import TensorTable, format_slice
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from .storage import StorageOptions, normalize, storage_for, takes_storage_options
@@ -45,34 +50,34 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
     tensors. ``stored_elements`` is below ``elements`` for a pre-sliced tensor, of
     which only some slices are stored.
     """
-    tensors = []
-    scopes: dict[str, list[int]] = {}
-    info_of = ckpt.info
-    for name in _match(ckpt.keys(), filter):
-        info = info_of(name)
-        nbytes, stored = info.nbytes, info.stored_elements
-        tensors.append(
-            {
-                "name": name,
-                "dtype": info.dtype,
-                "shape": list(info.shape),
-                "bytes": nbytes,
-                "shard": info.shard,
-                "offset": info.offset,
-                "crc32c": info.crc32c,
-                "slices": [[list(e) for e in s] for s in info.slices] if info.slices else [],
-                "elements": info.size,
-                "stored_elements": stored,
-            }
-        )
-        acc = scopes.get(scope_of(name))
-        if acc is None:
-            acc = scopes[scope_of(name)] = [0, 0]
-        acc[0] += nbytes
-        acc[1] += 1
+    data, table = _dump(ckpt, filter)
+    data["tensors"] = [_record(table, i) for i in range(len(table))]
+    return data
+
+
+def dump_json(ckpt: Checkpoint, *, filter: str | None = None) -> str:
+    """``json.dumps(dump(ckpt, filter=filter))``, the same text, built without a dict per
+    tensor: an index of hundreds of thousands of tensors is listed in a fraction of the
+    time."""
+    data, table = _dump(ckpt, filter)
+    data["tensors"] = []
+    head, tail = json.dumps(data).split('"tensors": []', 1)
+    return f'{head}"tensors": [{_records_json(table)}]{tail}'
+
+
+def _dump(ckpt: Checkpoint, filter: str | None) -> tuple[dict, TensorTable]:
+    """``dump``'s data without its ``tensors``, and the table they come from."""
+    names = ckpt.keys()
+    table = ckpt.table(None if filter is None else _match(names, filter))
+    # Sorted names keep a scope's tensors together, nearly always: one sum per run.
+    row_scopes = list(map(itemgetter(0), map(str.partition, table.names, repeat("/"))))
+    counts = Counter(row_scopes)
+    sizes = dict.fromkeys(counts, 0)
+    for scope, rows in groupby(zip(row_scopes, table.nbytes), itemgetter(0)):
+        sizes[scope] += sum(map(itemgetter(1), rows))
     h = ckpt.header
     v1 = {"format": ckpt.format} if ckpt.format != Checkpoint.format else {}
-    return {
+    data = {
         "prefix": ckpt.prefix,
         **v1,
         "num_shards": h.num_shards,
@@ -82,14 +87,66 @@ def dump(ckpt: Checkpoint, *, filter: str | None = None) -> dict:
             "min_consumer": h.version.min_consumer,
             "bad_consumers": list(h.version.bad_consumers),
         },
-        "tensor_count": len(tensors),
-        "total_bytes": sum(t["bytes"] for t in tensors),
-        "tensors": tensors,
+        "tensor_count": len(table),
+        "total_bytes": sum(table.nbytes),
+        "tensors": None,
         "scopes": [
-            {"scope": s, "bytes": b, "tensors": n}
-            for s, (b, n) in sorted(scopes.items(), key=lambda kv: (-kv[1][0], kv[0]))
+            {"scope": s, "bytes": sizes[s], "tensors": counts[s]}
+            for s in sorted(sizes, key=lambda s: (-sizes[s], s))
         ],
     }
+    return data, table
+
+
+def _record(table: TensorTable, i: int) -> dict:
+    """Row ``i`` of ``table`` as a record of ``dump``: the one place its layout is written."""
+    slices = table.slices[i]
+    return {
+        "name": table.names[i],
+        "dtype": table.dtypes[i],
+        "shape": list(table.shapes[i]),
+        "bytes": table.nbytes[i],
+        "shard": table.shards[i],
+        "offset": table.offsets[i],
+        "crc32c": table.crc32c[i],
+        "slices": [[list(e) for e in s] for s in slices] if slices else [],
+        "elements": table.elements[i],
+        "stored_elements": table.stored_elements[i],
+    }
+
+
+def _records_json(table: TensorTable) -> str:
+    """``", ".join`` of ``json.dumps(_record(table, i))`` for every row, built in bulk.
+
+    A whole tensor's record is written as json.dumps writes ``_record``'s dict (keys
+    in order, default separators) from pieces: rows mostly share their dtype, shape
+    and size, so each distinct middle and end is formatted once and rows are joined
+    from them at C speed.
+    """
+    if any(table.slices) or None in table.offsets or None in table.crc32c:
+        # partitioned tensors, or a format without those fields: records one by one
+        return ", ".join(json.dumps(_record(table, i)) for i in range(len(table)))
+    middles = dict.fromkeys(zip(table.dtypes, table.shapes, table.nbytes, table.shards), "")
+    for dtype, shape, nbytes, shard in middles:
+        middles[dtype, shape, nbytes, shard] = (
+            f', "dtype": "{dtype}", "shape": [{", ".join(map(str, shape))}], '
+            f'"bytes": {nbytes}, "shard": {shard}, "offset": '
+        )
+    ends = dict.fromkeys(zip(table.elements, table.stored_elements), "")
+    for elements, stored in ends:
+        ends[elements, stored] = (
+            f', "slices": [], "elements": {elements}, "stored_elements": {stored}}}'
+        )
+    rows = zip(
+        repeat('{"name": '),
+        map(encode_basestring_ascii, table.names),
+        map(middles.__getitem__, zip(table.dtypes, table.shapes, table.nbytes, table.shards)),
+        map(str, table.offsets),
+        repeat(', "crc32c": '),
+        map(str, table.crc32c),
+        map(ends.__getitem__, zip(table.elements, table.stored_elements)),
+    )
+    return ", ".join(map("".join, rows))
 
 
 def _stored_chunks(ckpt: Checkpoint, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):

@@ -136,6 +136,16 @@ def decode_name(key: bytes) -> str:
     return key.decode("utf-8", errors="surrogateescape")
 
 
+def decode_names(keys: list[bytes]) -> list[str]:
+    """``decode_name`` of every key, decoded together."""
+    joined = b"\0".join(keys)
+    # Joined by a byte no key holds, keys decode as they do one by one: the byte
+    # is a character of its own and ends any broken sequence before it.
+    if joined.count(b"\0") != max(len(keys) - 1, 0):
+        return [decode_name(k) for k in keys]
+    return joined.decode("utf-8", errors="surrogateescape").split("\0") if keys else []
+
+
 Extent = tuple[int, "int | None"]
 
 

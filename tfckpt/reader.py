@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -27,6 +29,7 @@ from .errors import (
     UnsupportedCheckpointError,
 )
 from .format import (
+    BULK_MAX_RANK,
     HEADER_KEY,
     MAX_HOLES,
     NATIVE,
@@ -34,10 +37,12 @@ from .format import (
     Slice,
     StringFraming,
     TensorInfo,
+    TensorTable,
     VariantFraming,
     check_entry_location,
     check_slice_cover,
     coverage,
+    decode_entries,
     decode_header,
     decode_varints,
     describe_holes,
@@ -55,7 +60,7 @@ from .format import (
 )
 from .slicing import Region, TensorSlice, assemble_region, region_counts, region_index
 from .storage import Reader, StorageOptions, current_options, storage_for, takes_storage_options
-from .table import TableReader, crc32c, unmask_crc
+from .table import TableReader, crc32c, unmask_crc, unmask_crcs
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 # Rows of a lazy slice closer than this are read as one range: a gap costs less to read
@@ -182,16 +187,29 @@ class Checkpoint(collections.abc.Mapping):
                 f"cannot read index: {e.strerror or e}", path=self.index_path
             ) from None
         table = TableReader(data, self.index_path)
-        self._raw: dict[bytes, bytes] = dict(table.entries)
-        if len(self._raw) != len(table.entries):
-            raise CorruptCheckpointError("duplicate keys in index", path=self.index_path)
-        self.header = decode_header(self._raw.get(HEADER_KEY), self.index_path)
-        self._slice_keys = self._listed_slice_keys()
-        self._names = [_decode_name(k) for k, _ in table.entries if k and k not in self._slice_keys]
+        keys, values = table.keys, table.values  # sorted, each once (the table checks)
+        self._table_columns = keys, values
+        # The header's empty key sorts first, then every key that starts with a NUL
+        # byte (slice keys among them), then the other tensor names.
+        first = 1 if keys and keys[0] == HEADER_KEY else 0
+        self.header = decode_header(values[0] if first else None, self.index_path)
+        self._slice_keys = self._listed_slice_keys(keys[first : bisect_left(keys, b"\x01")])
+        if self._slice_keys:
+            listed = self._slice_keys
+            self._keys = [k for k in keys[first:] if k not in listed]
+            self._values = [self._raw[k] for k in self._keys]
+        else:
+            self._keys, self._values = keys[first:], values[first:]
+        self._names = orderedcode.decode_names(self._keys)
 
     # -- header and entries
 
-    def _listed_slice_keys(self) -> set[bytes]:
+    @functools.cached_property
+    def _raw(self) -> dict[bytes, bytes]:
+        """Every entry of the index by key (built on first use: a listing needs none)."""
+        return dict(zip(*self._table_columns))
+
+    def _listed_slice_keys(self, candidates: list[bytes]) -> set[bytes]:
         """The keys of the slices that their tensors' entries list.
 
         Those are the only keys TensorFlow leaves out when it lists a checkpoint:
@@ -200,7 +218,7 @@ class Checkpoint(collections.abc.Mapping):
         """
         listed: dict[bytes, set] = {}  # full tensor key -> the extents its entry lists
         out = set()
-        for key in self._raw:
+        for key in candidates:
             decoded = parse_slice_key(key) if key[:1] == b"\0" else None
             if decoded is None:
                 continue
@@ -363,6 +381,64 @@ class Checkpoint(collections.abc.Mapping):
             p.offset,
             unmask_crc(p.crc32c),
         )
+
+    def table(self, names: Sequence[str] | None = None) -> TensorTable:
+        """:meth:`info` of every tensor (or of ``names``), as columns: one pass in bulk.
+
+        Entries in the common encoding of a whole tensor are decoded and checked all
+        at once; the others (partitioned tensors, unusual or broken entries) one by
+        one, as :meth:`info` does, with the same errors.
+        """
+        if names is None:
+            names, keys = self._names, self._keys
+        else:
+            names = list(names)
+            keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
+        raws = self._values if keys is self._keys else [self._raw.get(k, b"") for k in keys]
+        cols = decode_entries(raws)
+        itemsize, known = _dt.bulk_itemsizes()
+        enum = np.where(cols.dtype < len(known), cols.dtype, 0)
+        fast = cols.ok & known[enum] & (cols.shard_id < self.header.num_shards)
+        in_rank = np.arange(BULK_MAX_RANK) < cols.rank[:, None]
+        # Element counts exactly in int64 wherever their float estimate is far from
+        # overflowing; other rows (and every check that fails) take the path of info().
+        fast &= np.prod(np.where(in_rank, cols.dims, 1), axis=1, dtype=np.float64) < 2.0**62
+        elements = np.prod(np.where(in_rank, cols.dims, 1), axis=1, dtype=np.int64)
+        fixed = itemsize[enum]
+        fast &= (fixed == 0) | (cols.size == elements * fixed)
+        if names is not self._names:
+            slice_keys = self._slice_keys
+            fast &= np.fromiter(
+                (k and k not in slice_keys and k in self._raw for k in keys), bool, len(keys)
+            )
+        dtype_names = np.array(_dt.bulk_names(), dtype=object)
+        shapes = np.empty(len(names), dtype=object)
+        shapes.fill(())
+        for r in range(1, BULK_MAX_RANK + 1):
+            rows = np.flatnonzero(fast & (cols.rank == r))
+            if len(rows):
+                dims = zip(*(cols.dims[rows, j].tolist() for j in range(r)))
+                shapes[rows] = np.fromiter(dims, dtype=object, count=len(rows))
+        elements_list = elements.tolist()
+        out = TensorTable(
+            list(names),
+            dtype_names[enum].tolist(),
+            shapes.tolist(),
+            cols.size.tolist(),
+            cols.shard_id.tolist(),
+            cols.offset.tolist(),
+            unmask_crcs(cols.crc32c).tolist(),
+            [()] * len(names),
+            elements_list,
+            list(elements_list),
+        )
+        for i in np.flatnonzero(~fast).tolist():
+            info = self._info(self._full_entry(names[i]))
+            out.dtypes[i], out.shapes[i], out.nbytes[i] = info.dtype, info.shape, info.nbytes
+            out.shards[i], out.offsets[i], out.crc32c[i] = info.shard, info.offset, info.crc32c
+            out.slices[i], out.elements[i] = info.slices, info.size
+            out.stored_elements[i] = info.stored_elements
+        return out
 
     def slice_info(self, name: str) -> list[TensorInfo]:
         """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty).

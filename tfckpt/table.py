@@ -15,9 +15,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import BinaryIO
 
 import crc32c as _crc32c
+import numpy as np
 
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError
 
@@ -53,6 +55,12 @@ def mask_crc(crc: int) -> int:
 def unmask_crc(masked: int) -> int:
     rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
     return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+def unmask_crcs(masked: np.ndarray) -> np.ndarray:
+    """``unmask_crc`` of every element of a uint32 array."""
+    rot = masked.astype(np.uint32) - np.uint32(_MASK_DELTA)  # wraps modulo 2**32
+    return (rot >> np.uint32(17)) | (rot << np.uint32(15))
 
 
 # --- varints ---------------------------------------------------------------
@@ -196,8 +204,22 @@ def snappy_decompress(data: bytes) -> bytes:
 # --- reading ---------------------------------------------------------------
 
 
-def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """Yield (key, value) of every entry of one block's contents.
+def parse_block(contents: bytes) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every entry of one block's contents."""
+    return list(zip(*block_columns(contents)))
+
+
+class KeyBudgetExceeded(ValueError):
+    """Keys decode to more bytes than the caller allowed."""
+
+
+def block_columns(
+    contents: bytes, key_budget: int | None = None
+) -> tuple[list[bytes], list[bytes]]:
+    """The keys and the values of every entry of one block's contents, in order.
+
+    With a ``key_budget``, ``KeyBudgetExceeded`` as soon as the keys decoded add up
+    to more bytes than that: prefix sharing lets a small block describe huge keys.
 
     The restart points are checked as well: TensorFlow's reader starts at the
     first and binary-searches the others, so a block whose restarts do not each
@@ -211,49 +233,65 @@ def parse_block(contents: bytes) -> Iterator[tuple[bytes, bytes]]:
         raise ValueError(f"block restart count {num_restarts} exceeds block size {n}")
     limit = n - 4 - 4 * num_restarts
     restarts = struct.unpack_from(f"<{num_restarts}I", contents, limit)
-    if limit and not num_restarts:
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    if not limit:
+        if restarts not in ((), (0,)):
+            raise _not_an_entry(restarts[0], limit)
+        return keys, values
+    if not num_restarts:
         raise ValueError("block has entries but no restart points")
-    if limit and restarts[0] != 0:
+    if restarts[0] != 0:
         raise ValueError(f"first restart offset is {restarts[0]}, not 0")
-    done = 0  # restart points reached so far
-    restart = restarts[0] if restarts else limit
-    pos = 0
+    add_key, add_value = keys.append, values.append
+    budget = (1 << 63) if key_budget is None else key_budget
     key = b""
-    while pos < limit:
-        at_restart = pos == restart
-        if at_restart:
-            done += 1
-            restart = restarts[done] if done < num_restarts else limit
-            if restart <= pos:
-                raise ValueError(f"restart offsets not increasing ({pos}, then {restart})")
-        elif pos > restart:
-            raise ValueError(f"restart offset {restart} points inside an entry")
-        # Fast path: all three varints fit in one byte each (nearly always).
-        shared = contents[pos]
-        non_shared = contents[pos + 1] if pos + 1 < limit else 0x80
-        value_len = contents[pos + 2] if pos + 2 < limit else 0x80
-        if (shared | non_shared | value_len) < 0x80:
-            pos += 3
-        else:
-            shared, pos = decode_varint(contents, pos, limit, 5)
-            non_shared, pos = decode_varint(contents, pos, limit, 5)
-            value_len, pos = decode_varint(contents, pos, limit, 5)
-        if shared > len(key) or (shared and at_restart):
-            raise ValueError(
-                f"entry shares {shared} bytes of a {len(key)}-byte key"
-                + (" at a restart point" if at_restart else "")
-            )
-        end = pos + non_shared + value_len
-        if end > limit:
-            raise ValueError("entry runs past the end of its block")
-        key = key[:shared] + contents[pos : pos + non_shared]
-        pos += non_shared
-        yield key, contents[pos:end]
-        pos = end
-    if done < num_restarts and (limit or restarts != (0,)):
-        raise ValueError(
-            f"restart offset {restarts[done]} is not the start of an entry (entries end at {limit})"
-        )
+    bounds = (*restarts, limit)
+    # One run of entries per restart point: it starts sharing nothing and ends
+    # exactly where the next one starts.
+    for run in range(num_restarts):
+        pos, stop = bounds[run], bounds[run + 1]
+        if stop <= pos:
+            if run + 1 < num_restarts:
+                raise ValueError(f"restart offsets not increasing ({pos}, then {stop})")
+            raise _not_an_entry(pos, limit)
+        first = True
+        while pos < stop and pos < limit:
+            # Fast path: all three varints fit in one byte each (nearly always).
+            shared, non_shared, value_len = contents[pos], contents[pos + 1], contents[pos + 2]
+            if (shared | non_shared | value_len) < 0x80 and pos + 3 <= limit:
+                pos += 3
+            else:
+                shared, pos = decode_varint(contents, pos, limit, 5)
+                non_shared, pos = decode_varint(contents, pos, limit, 5)
+                value_len, pos = decode_varint(contents, pos, limit, 5)
+            if shared > len(key) or (shared and first):
+                raise ValueError(
+                    f"entry shares {shared} bytes of a {len(key)}-byte key"
+                    + (" at a restart point" if first else "")
+                )
+            first = False
+            end = pos + non_shared + value_len
+            if end > limit:
+                raise ValueError("entry runs past the end of its block")
+            key = key[:shared] + contents[pos : pos + non_shared]
+            budget -= len(key)
+            if budget < 0:
+                raise KeyBudgetExceeded()
+            add_key(key)
+            add_value(contents[pos + non_shared : end])
+            pos = end
+        if pos != stop:
+            if pos >= limit:
+                raise _not_an_entry(stop, limit)
+            raise ValueError(f"restart offset {stop} points inside an entry")
+    return keys, values
+
+
+def _not_an_entry(restart: int, limit: int) -> ValueError:
+    return ValueError(
+        f"restart offset {restart} is not the start of an entry (entries end at {limit})"
+    )
 
 
 class TableReader:
@@ -266,7 +304,17 @@ class TableReader:
         self.path = path
         self._data = data
         # lazy: no entries held; walk them with iter_blocks, fetch with block_entries.
-        self.entries: list[tuple[bytes, bytes]] = [] if lazy else self._read_all()
+        self.keys: list[bytes] = []  # sorted, each once
+        self.values: list[bytes] = []
+        if not lazy:
+            for _, keys, values in self.iter_block_columns():
+                self.keys += keys
+                self.values += values
+
+    @property
+    def entries(self) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every entry, in order."""
+        return list(zip(self.keys, self.values))
 
     def _corrupt(self, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"corrupt index table: {what}", path=self.path)
@@ -308,9 +356,6 @@ class TableReader:
             path=self.path,
         )
 
-    def _read_all(self) -> list[tuple[bytes, bytes]]:
-        return [entry for _, block in self.iter_blocks() for entry in block]
-
     def block_entries(self, handle: BlockHandle) -> list[tuple[bytes, bytes]]:
         """The entries of one data block that :meth:`iter_blocks` yielded, read again."""
         try:
@@ -320,6 +365,11 @@ class TableReader:
 
     def iter_blocks(self) -> Iterator[tuple[BlockHandle, list[tuple[bytes, bytes]]]]:
         """Each data block's handle and entries, in file order, every check applied."""
+        for handle, keys, values in self.iter_block_columns():
+            yield handle, list(zip(keys, values))
+
+    def iter_block_columns(self) -> Iterator[tuple[BlockHandle, list[bytes], list[bytes]]]:
+        """Each data block's handle, keys and values, in file order, every check applied."""
         data = self._data
         if len(data) < FOOTER_SIZE:
             raise self._corrupt(f"file is {len(data)} bytes, shorter than the 48-byte footer")
@@ -335,10 +385,12 @@ class TableReader:
         budget = max(KEY_BYTES_PER_FILE_BYTE * len(data), 1 << 20)
         block_end = 0
         try:
-            for sep, handle_bytes in parse_block(index):
-                budget -= len(sep)
-                if budget < 0:
-                    raise self._too_many_key_bytes(len(data))
+            try:
+                seps, handles = block_columns(index, budget)
+            except KeyBudgetExceeded:
+                raise self._too_many_key_bytes(len(data)) from None
+            budget -= sum(map(len, seps))
+            for sep, handle_bytes in zip(seps, handles):
                 handle, _ = BlockHandle.decode(handle_bytes, 0, len(handle_bytes))
                 if handle.offset < block_end:
                     raise self._corrupt(
@@ -347,22 +399,38 @@ class TableReader:
                     )
                 block_end = handle.offset + handle.size + BLOCK_TRAILER_SIZE
                 block = self._read_block(handle, "data block")
-                entries: list[tuple[bytes, bytes]] = []
-                for key, value in parse_block(block):
-                    budget -= len(key)
-                    if budget < 0:
-                        raise self._too_many_key_bytes(len(data))
-                    if last_key is not None and key <= last_key:
-                        raise self._corrupt(
-                            f"key {key!r} is not after {last_key!r}: keys unsorted or duplicated"
-                        )
-                    if key > sep:
-                        raise self._corrupt(f"key {key!r} lies beyond its index entry {sep!r}")
-                    entries.append((key, value))
-                    last_key = key
-                yield handle, entries
+                try:
+                    keys, values = block_columns(block, budget)
+                except KeyBudgetExceeded:
+                    raise self._too_many_key_bytes(len(data)) from None
+                if keys:
+                    budget -= sum(map(len, keys))
+                    if (
+                        (last_key is not None and keys[0] <= last_key)
+                        or not all(map(bytes.__lt__, keys, islice(keys, 1, None)))
+                        or keys[-1] > sep
+                    ):
+                        budget += sum(map(len, keys))
+                        self._refuse_keys(keys, last_key, sep, budget)
+                    last_key = keys[-1]
+                yield handle, keys, values
         except ValueError as e:
             raise self._corrupt(str(e)) from None
+
+    def _refuse_keys(self, keys: list[bytes], last_key: bytes | None, sep: bytes, budget: int):
+        """The error for the first of a block's keys that breaks a rule, in key order."""
+        for key in keys:
+            budget -= len(key)
+            if budget < 0:
+                raise self._too_many_key_bytes(len(self._data))
+            if last_key is not None and key <= last_key:
+                raise self._corrupt(
+                    f"key {key!r} is not after {last_key!r}: keys unsorted or duplicated"
+                )
+            if key > sep:
+                raise self._corrupt(f"key {key!r} lies beyond its index entry {sep!r}")
+            last_key = key
+        raise AssertionError("no key breaks a rule")
 
 
 # --- writing ---------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -34,6 +34,7 @@ from .format import (
     Header,
     Slice,
     TensorInfo,
+    TensorTable,
     Version,
     check_slice_cover,
     coverage,
@@ -440,6 +441,9 @@ class V1Checkpoint(Checkpoint):
             slices,
             stored_elements=stored,
         )
+
+    def table(self, names: Sequence[str] | None = None) -> TensorTable:
+        return TensorTable.of([self.info(n) for n in (self.keys() if names is None else names)])
 
     def slice_info(self, name: str) -> list[TensorInfo]:
         t = self._tensor(name)
