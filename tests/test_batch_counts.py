@@ -197,21 +197,42 @@ sys.exit(rc)
 """
 
 
+def _convert_child(argv: list[str]) -> str:
+    """Convert in a fresh interpreter; its stderr, which says whether ml-dtypes was imported."""
+    env = {**{k: v for k, v in os.environ.items() if k != CAST_ENV}, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-c", CONVERT_CHILD, *argv], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stderr
+
+
 def test_float16_counts_need_no_ml_dtypes(written, tmp_path):
     """Counting a float16 batch's subnormals, zeros and overflows takes the limits the
     caster knows: ml-dtypes (slow to import) is not needed for a float16 conversion."""
-    prefix, values = written
-    env = {**{k: v for k, v in os.environ.items() if k != CAST_ENV}, "PYTHONPATH": str(ROOT)}
-    argv = ["convert", prefix, str(tmp_path / "out" / "ckpt"), "--dtype", "float16"]
-    run = subprocess.run(
-        [sys.executable, "-c", CONVERT_CHILD, *argv, "--overflow", "clip"],
-        capture_output=True,
-        text=True,
-        env=env,
+    prefix, _ = written
+    out = str(tmp_path / "out" / "ckpt")
+    err = _convert_child(["convert", prefix, out, "--dtype", "float16", "--overflow", "clip"])
+    assert "values became subnormal in" in err and "values became zero in" in err
+    assert "ml_dtypes imported: False" in err
+
+
+def test_bfloat16_counts_from_bits_need_no_ml_dtypes(tmp_path):
+    """Nor for a bfloat16 batch whose values only become subnormal or zero: the SIMD path
+    counts them from the bits it writes."""
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(5)
+    values = [rng.standard_normal(20).astype(np.float32) for _ in range(30)]
+    values[3][:2] = [1e-39, -(2.0**-140)]  # subnormal, zero
+    values[17][5] = 2.0**-127
+    prefix = tf.train.Checkpoint(w=[tf.Variable(v) for v in values]).write(
+        str(tmp_path / "src" / "ckpt")
     )
-    assert run.returncode == 0, run.stderr
-    assert "values became subnormal in" in run.stderr
-    assert "ml_dtypes imported: False" in run.stderr
+    out = str(tmp_path / "out" / "ckpt")
+    err = _convert_child(["convert", prefix, out, "--dtype", "bfloat16"])
+    assert "  2 values became subnormal in 2 tensors" in err
+    assert "  1 values became zero in 1 tensors" in err
+    assert "ml_dtypes imported: False" in err
 
 
 # ---------------------------------------------------------------- the method, on random runs

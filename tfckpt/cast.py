@@ -255,7 +255,7 @@ class Caster:
         smallest normal, or at least the largest finite) are classified, from the
         result's bits and the caster's limits.
 
-        >>> c = Caster(lookup("float32"), lookup("float16"))
+        >>> c = Caster(dtypes.lookup("float32"), dtypes.lookup("float16"))
         >>> c.count_segments(x, c(x), [256] * (x.size // 256))
         """
         sizes = np.asarray(sizes, dtype=np.int64)
