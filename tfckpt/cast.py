@@ -107,6 +107,7 @@ class Caster:
         self._bits = np.dtype(f"u{size}")
         self._abs_mask = self._bits.type((1 << (8 * size - 1)) - 1)
         self._tiny_bits = self._bits.type(_bit_pattern(dst.smallest_normal, self.target))
+        self._max_bits = self._bits.type(_bit_pattern(dst.max, self.target))
         rounded = "float32" if self._via32 else self.source.name
         self._simd: Any = None
         if self.convert is None and (rounded, self.target.name) in SIMD_PAIRS:
@@ -174,6 +175,18 @@ class Caster:
 
     def _block(self, chunk: np.ndarray, out: np.ndarray, counts: CastCounts) -> None:
         src = chunk.astype(np.float32) if self._via32 else chunk
+        self._round(src, out)
+        # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
+        lo, hi = float(src.min()), float(src.max())
+        if -self._overflow_at < lo and hi < self._overflow_at:
+            if not self._exact:
+                self._count_small(out, chunk, counts)
+        else:
+            self._special(chunk, out, counts)
+
+    def _round(self, src: np.ndarray, out: np.ndarray) -> None:
+        """Round ``src`` (float32 already when via float32) into the bits ``out``: IEEE
+        results, NaNs not yet canonical."""
         if self.convert is not None:
             out.view(self._target_np)[...] = self.convert(src, self._target_np)
         elif self._simd is not None and src.dtype.isnative:
@@ -191,13 +204,6 @@ class Caster:
                 out[...] = aligned
         else:
             np.copyto(out.view(self._target_np), src, casting="unsafe")
-        # Fast path: no NaN (min/max would be NaN), no inf, nothing near overflow.
-        lo, hi = float(src.min()), float(src.max())
-        if -self._overflow_at < lo and hi < self._overflow_at:
-            if not self._exact:
-                self._count_small(out, chunk, counts)
-        else:
-            self._special(chunk, out, counts)
 
     def _simd_view(self, out: np.ndarray) -> Any:
         """``out``'s memory as NumKong's array of the target type (it checks the type)."""
@@ -237,6 +243,58 @@ class Caster:
         np.less(mag, self._tiny, out=mask)
         mask &= mag > 0
         c.subnormal += int(np.count_nonzero(mask))
+
+    def count_segments(self, chunk: np.ndarray, out: np.ndarray, sizes: Any) -> np.ndarray:
+        """What casting each run of ``chunk`` alone would count: rows of
+        (overflow, to_zero, subnormal), one per run.
+
+        ``out`` is this caster's result for ``chunk`` (values or bits; NaNs canonical,
+        overflow clipped or not, as the policy says); ``sizes`` are the element
+        counts of the consecutive runs (e.g. the small tensors of a batch). No run is
+        cast again: only the few elements that can count (a result below the
+        smallest normal, or at least the largest finite) are classified, from the
+        result's bits and the caster's limits.
+
+        >>> c = Caster(dtypes.lookup("float32"), dtypes.lookup("float16"))
+        >>> c.count_segments(x, c(x), [256] * (x.size // 256))
+        """
+        sizes = np.asarray(sizes, dtype=np.int64)
+        ends = np.cumsum(sizes)
+        if (ends[-1] if ends.size else 0) != chunk.size or out.size != chunk.size:
+            raise ValueError("the runs' sizes must add up to the chunk's and the result's")
+        rows = np.zeros((sizes.size, 3), dtype=np.int64)
+        if self._exact or not chunk.size:
+            return rows
+        flat = chunk.reshape(-1)
+        mag = np.bitwise_and(out.reshape(-1).view(self._bits), self._abs_mask)
+        # Below the smallest normal or at least the largest finite, in one unsigned
+        # compare: the subtraction wraps the small ones to the top.
+        mag -= self._tiny_bits
+        at = np.flatnonzero(mag >= self._max_bits - self._tiny_bits)
+        if not at.size:
+            return rows
+        mag = mag[at] + self._tiny_bits
+        src = flat[at]
+        to_zero = (mag == 0) & (src != 0)
+        subnormal = (mag != 0) & (mag < self._tiny_bits)
+        over = np.isfinite(src)
+        if self.overflow != "clip":
+            over &= mag > self._max_bits
+        else:
+            # A saturated value looks like one that rounded to the largest finite
+            # value: those few are rounded again to tell them apart.
+            over &= mag == self._max_bits
+            again = np.flatnonzero(over)
+            if again.size:
+                bits = np.empty(again.size, dtype=self._bits)
+                picked = src[again]
+                with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                    self._round(picked.astype(np.float32) if self._via32 else picked, bits)
+                over[again] = np.bitwise_and(bits, self._abs_mask) > self._max_bits
+        run = np.searchsorted(ends, at, side="right")
+        for k, hit in enumerate((over, to_zero, subnormal)):
+            rows[:, k] = np.bincount(run[hit], minlength=sizes.size)
+        return rows
 
 
 _PARALLEL_MIN = 1 << 20  # elements; smaller chunks are cast on the calling thread

@@ -609,42 +609,15 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
             for item, size in zip(items[i:j], sizes):
                 counts[item.new_name] = (0, 0, 0, size)
         else:
-            # Something to report: the tensors that may hold it are cast again, alone,
-            # to count theirs; the others report nothing.
-            alone = Caster(caster.source, caster.target, caster.overflow, convert=caster.convert)
-            values = cast.view(caster.target.array_dtype)
-            for item, a, again in zip(items[i:j], group, _maybe_counted(src, values, sizes)):
-                if again:
-                    alone.counts = CastCounts()
-                    alone(a)
-                    counts[item.new_name] = _snapshot(alone.counts)
-                else:
-                    counts[item.new_name] = (0, 0, 0, a.size)
+            rows = caster.count_segments(src, cast, sizes).tolist()
+            for item, (over, to_zero, subnormal), size in zip(items[i:j], rows, sizes):
+                counts[item.new_name] = (over, to_zero, subnormal, size)
         pos = 0
         for size in sizes:
             result.append(cast[pos : pos + size])
             pos += size
         i = j
     return result
-
-
-def _maybe_counted(src: np.ndarray, cast: np.ndarray, sizes: list[int]) -> list[bool]:
-    """Which runs of ``sizes`` elements of ``src`` (cast into ``cast``) may have values to count.
-
-    A superset of what a cast counts: a non-zero value now below the smallest
-    normal (subnormal or zero), any value not finite, any at the largest finite.
-    """
-    import ml_dtypes
-
-    info = ml_dtypes.finfo(cast.dtype)
-    mag = np.abs(cast.astype(np.float64 if cast.dtype.itemsize == 8 else np.float32))
-    mask = mag < float(info.smallest_normal)
-    mask &= src != 0
-    mask |= ~np.isfinite(mag)
-    mask |= mag >= float(info.max)
-    seen = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
-    ends = np.cumsum(sizes)
-    return (seen[ends] > seen[ends - np.asarray(sizes, dtype=np.int64)]).tolist()
 
 
 def _batchable(item: TaskItem, read_bytes: int) -> bool:
