@@ -46,7 +46,6 @@ from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import cli, paths  # noqa: E402
 from tfckpt import inspection as tinspect  # noqa: E402
-from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
 from tfckpt.commit import TMP_MARK, commit_shards, merge_entries  # noqa: E402
 from tfckpt.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
 from tfckpt.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
@@ -488,9 +487,7 @@ def test_shard_tasks_and_manual_commit_to_memory(cases, mem, reference, tmp_path
 
     results = [run_shard_task(t) for t in reversed(tasks)][::-1]  # any order
     assert not fsspec.filesystem("memory").exists(f"{mem.root}/out/policy.index")
-    entries = merge_entries(
-        [{k: BundleEntryProto.FromString(v) for k, v in r.entries.items()} for r in results]
-    )
+    entries = merge_entries([r.entries for r in results])
     with pytest.raises(ValueError, match="final names"):
         commit_shards(p.dst, [t.path + ".tmp" for t in tasks], entries)
     assert commit_shards(p.dst, [t.path for t in tasks], entries) == p.dst

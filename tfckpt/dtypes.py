@@ -154,12 +154,18 @@ def bulk_itemsizes() -> tuple[np.ndarray, np.ndarray]:
     return _BULK_ITEMSIZE, _BULK_KNOWN
 
 
+def bulk_dtypes() -> list[DType | None]:
+    """Indexed by DataType number: the DType (None for numbers tfckpt does not know)."""
+    return _BULK_DTYPES
+
+
 def bulk_names() -> list[str]:
     """Indexed by DataType number: the type's name ("" for numbers tfckpt does not know)."""
     return _BULK_NAMES
 
 
-_BULK_NAMES = [_BY_ENUM[e].name if e in _BY_ENUM else "" for e in range(max(_BY_ENUM) + 1)]
+_BULK_DTYPES = [_BY_ENUM.get(e) for e in range(max(_BY_ENUM) + 1)]
+_BULK_NAMES = [d.name if d is not None else "" for d in _BULK_DTYPES]
 _BULK_KNOWN = np.array([bool(n) for n in _BULK_NAMES])
 _BULK_ITEMSIZE = np.array(
     [(_BY_ENUM[e].itemsize or 0) if e in _BY_ENUM else 0 for e in range(len(_BULK_NAMES))],

@@ -167,9 +167,7 @@ def execute(
         overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
         if options.overflow == "error" and overflowed:
             raise CastOverflowError(overflowed, p.dst)
-        entries = merge_entries(
-            [{k: BundleEntryProto.FromString(v) for k, v in r.entries.items()} for r in results]
-        )
+        entries = merge_entries([r.entries for r in results])
         commit_shards(
             p.dst,
             [t.path for t in tasks],
@@ -247,7 +245,7 @@ class ShardTask:
 @dataclass
 class ShardResult:
     shard_id: int
-    entries: dict[bytes, bytes]  # key -> serialized BundleEntryProto
+    entries: dict[bytes, BundleEntryProto]  # pickled as their bytes between processes
     counts: dict[str, tuple[int, int, int, int]]
     bytes_in: int
 
@@ -280,12 +278,33 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
         sizes[shard] = sizes.get(shard, 0) + item_bytes
         return shard
 
+    tf_threshold = options.tf_threshold
     for t in p.tensors:
         src = p.sources[t.source]
+        info = t.info
+        cast = info.dtype != t.new_dtype
+        if not info.slices:  # the common case, a whole tensor, without any extra
+            k = place(t.bytes_out, src.shard_base + (info.shard or 0) if follow else None)
+            shards[k].append(
+                TaskItem(
+                    t.source,
+                    t.name,
+                    t.new_name,
+                    info.dtype,
+                    t.new_dtype,
+                    info.shape,
+                    False,
+                    None,
+                    info.nbytes,
+                    t.bytes_out,
+                    cast and info.nbytes >= tf_threshold,
+                )
+            )
+            continue
         target = _dt.lookup(t.new_dtype)
-        parts = src.ckpt.slice_info(t.name) if t.info.slices else []
+        parts = src.ckpt.slice_info(t.name)
 
-        def item(extents, bytes_in: int, bytes_out: int, t=t, parts=parts) -> TaskItem:
+        def item(extents, bytes_in: int, bytes_out: int, t=t, cast=cast) -> TaskItem:
             return TaskItem(
                 t.source,
                 t.name,
@@ -293,23 +312,23 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
                 t.info.dtype,
                 t.new_dtype,
                 t.info.shape,
-                partitioned=bool(parts),
+                partitioned=True,
                 extents=extents,
                 bytes_in=bytes_in,
                 bytes_out=bytes_out,
-                tf_cast=t.cast and t.info.nbytes >= options.tf_threshold,
+                tf_cast=cast and t.info.nbytes >= tf_threshold,
             )
 
-        if parts and _keep_sliced(src, t):
+        if _keep_sliced(src, t):
             for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
-                out = sl.nbytes if not t.cast else sl.size * target.fixed_itemsize
+                out = sl.nbytes if not cast else sl.size * target.fixed_itemsize
                 k = place(out, src.shard_base + (sl.shard or 0) if follow else None)
                 shards[k].append(item(sl.extents, sl.nbytes, out))
             continue
         # A partitioned tensor written whole goes where its first slice was.
-        first = min(x.shard or 0 for x in parts) if parts else (t.info.shard or 0)
+        first = min(x.shard or 0 for x in parts)
         k = place(t.bytes_out, src.shard_base + first if follow else None)
-        shards[k].append(item(None, t.info.nbytes, t.bytes_out))
+        shards[k].append(item(None, info.nbytes, t.bytes_out))
     graph_shard = None
     if p.object_graph is not None:
         size = len(p.object_graph) + len(encode_varint(len(p.object_graph))) + 4
@@ -417,9 +436,7 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
     finally:
         for ckpt in ckpts.values():
             ckpt.close()
-    return ShardResult(
-        task.shard_id, {k: v.SerializeToString() for k, v in entries.items()}, counts, task.bytes_in
-    )
+    return ShardResult(task.shard_id, entries, counts, task.bytes_in)
 
 
 # Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list).

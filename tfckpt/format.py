@@ -156,6 +156,29 @@ class TensorTable:
             stored_elements=self.stored_elements[i],
         )
 
+    def infos(self) -> dict[str, TensorInfo]:
+        """Every row as a :class:`TensorInfo`, by name."""
+        whole = TensorInfo._whole
+        return {
+            name: (
+                whole(name, dtype, shape, nbytes, shard, offset, crc)
+                if not slices and shard is not None and crc is not None
+                else self.info(i)
+            )
+            for i, (name, dtype, shape, nbytes, shard, offset, crc, slices) in enumerate(
+                zip(
+                    self.names,
+                    self.dtypes,
+                    self.shapes,
+                    self.nbytes,
+                    self.shards,
+                    self.offsets,
+                    self.crc32c,
+                    self.slices,
+                )
+            )
+        }
+
     @classmethod
     def of(cls, infos: Sequence[TensorInfo]) -> TensorTable:
         return cls(

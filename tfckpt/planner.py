@@ -521,8 +521,12 @@ def plan(
 
     planned: list[PlannedTensor] = []
     dtypes: dict[str, _dt.DType] = {}  # a handful of names for any number of tensors
+    wanted: list[list[str]] = [[] for _ in srcs]  # per source, its tensors' old names
+    for i, old in chosen.values():
+        wanted[i].append(old)
+    infos = [srcs[i].ckpt.table(olds).infos() for i, olds in enumerate(wanted)]
     for new, (i, old) in chosen.items():
-        info = srcs[i].ckpt.info(old)
+        info = infos[i][old]
         dtype = dtypes.get(info.dtype)
         if dtype is None:
             dtype = dtypes[info.dtype] = _dt.lookup(info.dtype)

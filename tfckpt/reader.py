@@ -14,6 +14,7 @@ import dataclasses
 import functools
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -34,6 +35,7 @@ from .format import (
     MAX_HOLES,
     NATIVE,
     VARIANT,
+    EntryColumns,
     Slice,
     StringFraming,
     TensorInfo,
@@ -83,6 +85,23 @@ class _Stored:
         self.offset = proto.offset
         self.size = proto.size
         self.crc32c = proto.crc32c
+
+    @classmethod
+    def at(cls, shard_id: int, offset: int, size: int, crc32c: int) -> _Stored:
+        """The same from the fields' values (``crc32c`` masked, as stored)."""
+        stored = cls.__new__(cls)
+        stored.shard_id, stored.offset, stored.size, stored.crc32c = shard_id, offset, size, crc32c
+        return stored
+
+
+class _Bulk(NamedTuple):
+    """Entries decoded together (see ``Checkpoint._bulk``)."""
+
+    cols: EntryColumns
+    fast: np.ndarray  # bool: rows that passed every check of a whole tensor's entry
+    enum: np.ndarray  # DataType numbers, 0 where unknown
+    elements: np.ndarray
+    shapes: list[tuple[int, ...]]  # () for rows not fast
 
 
 class _Entry:
@@ -394,6 +413,58 @@ class Checkpoint(collections.abc.Mapping):
         else:
             names = list(names)
             keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
+        bulk = self._bulk(keys)
+        elements = bulk.elements.tolist()
+        cols = bulk.cols
+        out = TensorTable(
+            list(names),
+            np.array(_dt.bulk_names(), dtype=object)[bulk.enum].tolist(),
+            bulk.shapes,
+            cols.size.tolist(),
+            cols.shard_id.tolist(),
+            cols.offset.tolist(),
+            unmask_crcs(cols.crc32c).tolist(),
+            [()] * len(names),
+            elements,
+            list(elements),
+        )
+        for i in np.flatnonzero(~bulk.fast).tolist():
+            info = self._info(self._full_entry(names[i]))
+            out.dtypes[i], out.shapes[i], out.nbytes[i] = info.dtype, info.shape, info.nbytes
+            out.shards[i], out.offsets[i], out.crc32c[i] = info.shard, info.offset, info.crc32c
+            out.slices[i], out.elements[i] = info.slices, info.size
+            out.stored_elements[i] = info.stored_elements
+        return out
+
+    def _full_entries(self, names: Sequence[str]) -> list[_Entry]:
+        """``_full_entry`` of each name; those not parsed yet are decoded together."""
+        keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
+        parsed, slice_keys = self._parsed, self._slice_keys
+        todo = [i for i, k in enumerate(keys) if k not in parsed]
+        if len(todo) > 1:
+            bulk = self._bulk([keys[i] for i in todo])
+            dtypes = _dt.bulk_dtypes()
+            cols = bulk.cols
+            for j, i, enum, shard, offset, size, crc in zip(
+                np.flatnonzero(bulk.fast).tolist(),
+                np.array(todo)[bulk.fast].tolist(),
+                bulk.enum[bulk.fast].tolist(),
+                cols.shard_id[bulk.fast].tolist(),
+                cols.offset[bulk.fast].tolist(),
+                cols.size[bulk.fast].tolist(),
+                cols.crc32c[bulk.fast].tolist(),
+            ):
+                stored = _Stored.at(shard, offset, size, crc)
+                key = keys[i]
+                parsed[key] = _Entry(key, names[i], stored, dtypes[enum], bulk.shapes[j], ())
+        return [
+            self._full_entry(n) if k in slice_keys or k not in parsed else parsed[k]
+            for n, k in zip(names, keys)
+        ]
+
+    def _bulk(self, keys: list[bytes]) -> _Bulk:
+        """The entries of ``keys`` decoded together, and which pass, as whole tensors'
+        entries, every check ``_entry`` makes (rows that fail any are for ``_entry``)."""
         raws = self._values if keys is self._keys else [self._raw.get(k, b"") for k in keys]
         cols = decode_entries(raws)
         itemsize, known = _dt.bulk_itemsizes()
@@ -401,44 +472,25 @@ class Checkpoint(collections.abc.Mapping):
         fast = cols.ok & known[enum] & (cols.shard_id < self.header.num_shards)
         in_rank = np.arange(BULK_MAX_RANK) < cols.rank[:, None]
         # Element counts exactly in int64 wherever their float estimate is far from
-        # overflowing; other rows (and every check that fails) take the path of info().
-        fast &= np.prod(np.where(in_rank, cols.dims, 1), axis=1, dtype=np.float64) < 2.0**62
-        elements = np.prod(np.where(in_rank, cols.dims, 1), axis=1, dtype=np.int64)
+        # overflowing; other rows take the path of _entry.
+        dims = np.where(in_rank, cols.dims, 1)
+        fast &= np.prod(dims, axis=1, dtype=np.float64) < 2.0**62
+        elements = np.prod(dims, axis=1, dtype=np.int64)
         fixed = itemsize[enum]
         fast &= (fixed == 0) | (cols.size == elements * fixed)
-        if names is not self._names:
-            slice_keys = self._slice_keys
+        if keys is not self._keys:  # names given: only those of whole tensors listed
+            slice_keys, raw = self._slice_keys, self._raw
             fast &= np.fromiter(
-                (k and k not in slice_keys and k in self._raw for k in keys), bool, len(keys)
+                (bool(k) and k not in slice_keys and k in raw for k in keys), bool, len(keys)
             )
-        dtype_names = np.array(_dt.bulk_names(), dtype=object)
-        shapes = np.empty(len(names), dtype=object)
+        shapes = np.empty(len(keys), dtype=object)
         shapes.fill(())
         for r in range(1, BULK_MAX_RANK + 1):
             rows = np.flatnonzero(fast & (cols.rank == r))
             if len(rows):
-                dims = zip(*(cols.dims[rows, j].tolist() for j in range(r)))
-                shapes[rows] = np.fromiter(dims, dtype=object, count=len(rows))
-        elements_list = elements.tolist()
-        out = TensorTable(
-            list(names),
-            dtype_names[enum].tolist(),
-            shapes.tolist(),
-            cols.size.tolist(),
-            cols.shard_id.tolist(),
-            cols.offset.tolist(),
-            unmask_crcs(cols.crc32c).tolist(),
-            [()] * len(names),
-            elements_list,
-            list(elements_list),
-        )
-        for i in np.flatnonzero(~fast).tolist():
-            info = self._info(self._full_entry(names[i]))
-            out.dtypes[i], out.shapes[i], out.nbytes[i] = info.dtype, info.shape, info.nbytes
-            out.shards[i], out.offsets[i], out.crc32c[i] = info.shard, info.offset, info.crc32c
-            out.slices[i], out.elements[i] = info.slices, info.size
-            out.stored_elements[i] = info.stored_elements
-        return out
+                shaped = zip(*(cols.dims[rows, j].tolist() for j in range(r)))
+                shapes[rows] = np.fromiter(shaped, dtype=object, count=len(rows))
+        return _Bulk(cols, fast, enum, elements, shapes.tolist())
 
     def slice_info(self, name: str) -> list[TensorInfo]:
         """One :class:`TensorInfo` per stored slice of a partitioned tensor (else empty).
@@ -1024,7 +1076,7 @@ class Checkpoint(collections.abc.Mapping):
 
         >>> a, b = ckpt.read_together(["layer_0/bias", "layer_1/bias"])
         """
-        entries = [self._full_entry(n) for n in names]
+        entries = self._full_entries(names)
         for e in entries:
             if e.slices or e.dtype is _dt.STRING or e.dtype.numpy is None:
                 raise ValueError(f"{e.name!r} cannot be read together with others")
