@@ -271,17 +271,30 @@ def entry_proto(
     crc: int | None = None,
 ) -> BundleEntryProto:
     """The index entry of a tensor (``crc`` unmasked; None for a partitioned tensor's own)."""
+    key = (dtype.enum, tuple(shape))
+    template = _ENTRY_TEMPLATES.get(key)
+    if template is None:
+        template = BundleEntryProto()
+        template.dtype = dtype.enum  # type: ignore[assignment]  # a DataType number
+        template.shape.SetInParent()
+        for d in shape:
+            template.shape.dim.add().size = d
+        if len(_ENTRY_TEMPLATES) < _MAX_ENTRY_TEMPLATES:
+            _ENTRY_TEMPLATES[key] = template
+    # Copying a whole message costs half of filling in its dtype and shape anew.
     e = BundleEntryProto()
-    e.dtype = dtype.enum  # type: ignore[assignment]  # a DataType number, from dtypes
-    e.shape.SetInParent()
-    for d in shape:
-        e.shape.dim.add().size = d
+    e.CopyFrom(template)
     if crc is not None:
         e.shard_id = shard_id
         e.offset = offset
         e.size = size
         e.crc32c = mask_crc(crc)
     return e
+
+
+# Entries of one dtype and shape, of which checkpoints of many tensors hold many.
+_ENTRY_TEMPLATES: dict[tuple[int, tuple[int, ...]], BundleEntryProto] = {}
+_MAX_ENTRY_TEMPLATES = 4096
 
 
 def add_slice(proto: BundleEntryProto, extents: Slice) -> None:
@@ -604,8 +617,8 @@ def describe_holes(holes: list[Slice], missing: int) -> str:
 
 
 def shape_tuple(shape) -> tuple[int, ...]:
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
+    shape = tuple(map(int, shape))
+    if shape and min(shape) < 0:
         raise ValueError(f"negative dimension in shape {list(shape)}")
     return shape
 

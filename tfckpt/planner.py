@@ -525,12 +525,22 @@ def plan(
     for i, old in chosen.values():
         wanted[i].append(old)
     infos = [srcs[i].ckpt.table(olds).infos() for i, olds in enumerate(wanted)]
+    # Without patterns, a dtype decides alone: once per dtype, not once per tensor.
+    by_dtype: dict[_dt.DType, tuple[_dt.DType, str | None]] | None = (
+        None if policy.keep or policy.rules else {}
+    )
     for new, (i, old) in chosen.items():
         info = infos[i][old]
         dtype = dtypes.get(info.dtype)
         if dtype is None:
             dtype = dtypes[info.dtype] = _dt.lookup(info.dtype)
-        new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
+        if by_dtype is None:
+            new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
+        else:
+            decided = by_dtype.get(dtype)
+            if decided is None:
+                decided = by_dtype[dtype] = policy.decide(old, dtype)
+            new_dtype, dtype_by = decided
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
         planned.append(

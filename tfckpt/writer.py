@@ -76,7 +76,7 @@ class IndexEntries:
             raise ValueError("the writer is finished")
         if self.streaming:
             raise ValueError("another tensor is being streamed")
-        if not encode_name(name):
+        if not name:  # encode_name("") is the header's empty key
             raise ValueError("invalid tensor name '': the empty key is the bundle header")
         if key in self.entries:
             raise ValueError(f"duplicate tensor name {name!r}")
@@ -356,10 +356,11 @@ class ShardWriter(_Adder):
 
         >>> w.add_arrays([("b0", "float16", (4,), np.zeros(4, np.float16))])
         """
+        dtypes: dict[str, _dt.DType] = {}  # a handful of names for any number of tensors
         for name, dtype, shape, values in tensors:
             key = encode_name(name)
             self.index.check_open(key, name)
-            dt = _dt.lookup(dtype)
+            dt = dtypes.get(dtype) or dtypes.setdefault(dtype, _dt.lookup(dtype))
             shape = shape_tuple(shape)
             if not _holds(values, dt) or values.size != num_elements(shape):
                 raise ValueError(
