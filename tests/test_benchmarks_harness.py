@@ -135,7 +135,7 @@ def test_average_memory_script_runs_at_a_small_size(tmp_path):
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    args = ["--sources", "3", "--chunk-bytes", "1M", "--big-mib", "4", "--medium", "2"]
+    args = ["--sources", "3", "--chunk-bytes", "4M", "--big-mib", "16", "--medium", "2"]
     args += ["--medium-mib", "1", "--out", str(tmp_path)]
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "average_memory.py"), *args],

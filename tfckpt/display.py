@@ -133,7 +133,10 @@ def print_json_text(text: str) -> None:
     """Print JSON text that ``json.dumps`` (ASCII-only, the default) wrote, or its equal."""
     # ASCII-only, so no name can upset the output encoding; DEL, which json leaves
     # raw, can only be inside a string, where \u007f means the same.
-    sys.stdout.write(text.replace("\x7f", "\\u007f") + "\n")
+    if "\x7f" in text:
+        text = text.replace("\x7f", "\\u007f")
+    sys.stdout.write(text)
+    sys.stdout.write("\n")
 
 
 def fmt(v, digits: int = 6) -> str:
