@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .average import average
     from .engine import Summary, convert, execute, merge, rename, select, transform
     from .export import ExportSummary, export, import_
-    from .format import Header, TensorInfo, Version
+    from .format import Header, TensorInfo, TensorTable, Version
     from .graft import flatten, graft, plan_flatten, plan_graft
     from .inspection import checkpoints as list_checkpoints
     from .options import Options
@@ -49,7 +49,7 @@ _LAZY = {
         "average": "average",
         "engine": "Summary convert execute merge rename select transform",
         "export": "ExportSummary export import_",
-        "format": "Header TensorInfo Version",
+        "format": "Header TensorInfo TensorTable Version",
         "graft": "flatten graft plan_flatten plan_graft",
         "options": "Options",
         "paths": "latest_checkpoint",
@@ -166,6 +166,7 @@ __all__ = [
     "TensorSlice",
     "BundleWriter",
     "TensorInfo",
+    "TensorTable",
     "Header",
     "Version",
     "latest_checkpoint",
