@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from . import collector, paths
 from . import dtypes as _dt
-from . import paths
 from ._proto.tensor_bundle_pb2 import BundleEntryProto
 from .cast import CastCounts, Caster, OverflowPolicy
 from .commit import (
@@ -116,6 +116,7 @@ def _tf_converter(backend: str):
     return tf_cast.converter()
 
 
+@collector.paused()
 @takes_storage_options(kept_options)
 def execute(
     p: Plan,

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from . import collector, paths
 from . import dtypes as _dt
-from . import paths
 from .cast import CAST_TARGETS, should_cast
 from .errors import CheckpointError
 from .format import TensorInfo
@@ -356,6 +356,7 @@ def _root_object_owners(srcs: list[Source], prefer: str | None) -> dict[str, int
     return owners
 
 
+@collector.paused()
 @takes_storage_options()
 def plan(
     sources,
