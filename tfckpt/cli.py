@@ -13,7 +13,6 @@ JSON alone on stdout, names exact.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import threading
 import traceback
 import warnings
 
-from . import __version__
+from . import __version__, collector
 from .cast import CAST_TARGETS, OVERFLOW_POLICIES
 from .display import emit
 from .errors import CheckpointError, CheckpointPathWarning
@@ -600,11 +599,6 @@ def _show_warning(default):
     return show
 
 
-# Allocations between collections of the youngest generation, and how many collections
-# of each generation between those of the next.
-_GC_THRESHOLDS = (100_000, 50, 100)
-
-
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         # An output encoding narrower than UTF-8 (PYTHONIOENCODING=ascii) shows an escape
@@ -614,18 +608,13 @@ def main(argv: list[str] | None = None) -> int:
             and (stream.encoding or "").lower().replace("-", "") != "utf8"
         ):
             stream.reconfigure(errors="backslashreplace")
-    # A command builds a few objects per tensor (entries, records) and keeps them: at the
-    # default thresholds the cycle collector would walk them all, again and again, as
-    # they pile up (a third of a dump of 200 000 tensors). They hold no cycles to free.
-    thresholds = gc.get_threshold()
-    gc.set_threshold(*(max(t, m) for t, m in zip(thresholds, _GC_THRESHOLDS)))
     try:
-        return _main(argv)
+        with collector.paused():  # a command's records, by the hundred thousand
+            return _main(argv)
     except KeyboardInterrupt:
         print("tfckpt: interrupted", file=sys.stderr)
         return 130
     finally:
-        gc.set_threshold(*thresholds)
         if argv is None and threading.current_thread() is threading.main_thread():
             # The program itself (not a caller in-process): its work is over, and a
             # Ctrl-C from here on would only turn a finished run into a traceback.
