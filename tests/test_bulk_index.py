@@ -153,6 +153,15 @@ _MUTATIONS = st.lists(
         st.tuples(st.just("unknown"), st.integers(0, 10), st.sampled_from([7, 8, 15, 16, 1000])),
         st.tuples(st.just("wire"), st.integers(0, 10), st.sampled_from([0, 1, 2, 5])),
         st.tuples(st.just("insert"), st.integers(0, 200), st.binary(min_size=1, max_size=3)),
+        # a varint field's value as any unsigned number: past int32, the sign bit set, ...
+        st.tuples(
+            st.just("value"),
+            st.integers(0, 10),
+            st.one_of(
+                st.sampled_from([2**31, 2**32 - 1, 2**32, 2**35 - 1, 2**63, 2**64 - 1]),
+                st.integers(0, 2**64 - 1),
+            ),
+        ),
     ),
     max_size=3,
 )
@@ -169,6 +178,9 @@ def _mutated(fields: list[bytes], mutations) -> bytes:
         elif m[0] == "unknown":
             unknown = _tag(m[2], 0) + _varint(5) if m[2] != 16 else _delimited(m[2], b"xy")
             fields.insert(m[1] % (len(fields) + 1), unknown)
+        elif m[0] == "value" and fields:
+            i = m[1] % len(fields)
+            fields[i] = bytes([fields[i][0] & ~7]) + _varint(m[2])
         elif m[0] == "wire" and fields:
             i = m[1] % len(fields)
             fields[i] = bytes([fields[i][0] & ~7 | m[2]]) + fields[i][1:]
@@ -441,7 +453,10 @@ def _damaged_block(entries, interval, damage) -> bytes:
         if d[0] == "swap" and entries:  # unsorted or duplicated keys
             i, j = d[1] % len(entries), d[2] % len(entries)
             entries[i], entries[j] = entries[j], entries[i]
-    contents = _block(entries, interval)
+    return _damage_contents(_block(entries, interval), damage)
+
+
+def _damage_contents(contents: bytes, damage) -> bytes:
     for d in damage:
         if d[0] == "flip" and contents:
             i = d[1] % len(contents)
@@ -512,6 +527,20 @@ def test_table_reader_is_the_old_reader(case):
     _assert_table_reader_is_the_old_reader(table(blocks))
 
 
+@SETTINGS
+@given(_tables(), _BLOCK_DAMAGE)
+def test_table_reader_with_a_damaged_index_block(case, damage):
+    blocks, _ = case
+    data = table(blocks)
+    footer = Footer.decode(data[-FOOTER_SIZE:])
+    at, size = footer.index.offset, footer.index.size
+    contents = _damage_contents(data[at : at + size], damage)
+    from test_hostile_index import with_trailer
+
+    index = Footer(footer.metaindex, BlockHandle(at, len(contents))).encode()
+    _assert_table_reader_is_the_old_reader(data[:at] + with_trailer(contents) + index)
+
+
 def _assert_table_reader_is_the_old_reader(data: bytes) -> None:
     old = _outcome(lambda: _OldTableReader(data, "t.index").old_entries)
     new = _outcome(lambda: TableReader(data, "t.index"))
@@ -564,6 +593,11 @@ def test_which_error_of_a_table_comes_first():
         data = table(blocks, index_items=index_items)
         _assert_table_reader_is_the_old_reader(data)
         assert "unsorted" in _outcome(lambda: TableReader(data))[1]  # noqa: B023
+    # ... and stop the reading when those blocks are good.
+    blocks = [(b"b", _block(good[:2], 16)), (b"c", _block(good[2:], 16))]
+    data = table(blocks, index_items=[(0, b"b", 0), (9, b"c", 1)])
+    _assert_table_reader_is_the_old_reader(data)
+    assert "entry shares 9 bytes" in _outcome(lambda: TableReader(data))[1]
 
 
 # --- checkpoints TensorFlow writes: table, dump_json and dump --json ----------------
@@ -833,6 +867,11 @@ def _unknown_rank(p):
     p.shape.unknown_rank = True
 
 
+def _huge_empty(p):
+    _set_dims([2**32, 2**32])(p)  # 2**64 elements: 0 in int64 arithmetic
+    p.size = 0
+
+
 def _grow_size(p):
     p.size += 4
 
@@ -848,6 +887,8 @@ DAMAGES = {
     "negative dtype": ("a/matrix", _set("dtype", -5)),
     "invalid dtype": ("a/matrix", _set("dtype", 0)),
     "huge dims": ("a/matrix", _set_dims([2**40, 2**40])),
+    "huge dims of strings": ("d/text", _set_dims([2**40, 2**40])),
+    "huge dims, elements wrap to 0": ("a/matrix", _huge_empty),
     "rank 255": ("c/scalar", _set_dims([1] * 255)),
     "negative offset": ("b/vector", _set("offset", -1)),
     "negative size": ("d/text", _set("size", -7)),
