@@ -282,6 +282,32 @@ def test_canonical_whole_tensor_entries_take_the_fast_path(rows):
     assert _assert_rows_match_protobuf(raws).all()
 
 
+EDGES = [0, 1, 127, 128, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**35 - 1, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+def test_decode_entries_at_the_edges_of_each_field():
+    """Each varint field (and a dimension) holding values at the edges of int32 and
+    int64, written in as many bytes as they need and with needless bytes."""
+    fields = {
+        1: _tag(1, 0) + _varint(1),
+        2: _delimited(2, _delimited(2, _tag(1, 0) + _varint(3))),
+        3: b"",
+        4: _tag(4, 0) + _varint(8),
+        5: _tag(5, 0) + _varint(12),
+        6: _tag(6, 5) + b"\x01\x02\x03\x04",
+    }
+    raws = []
+    for value in EDGES:
+        for pad in (0, 1, 10 - len(_varint(value))):
+            for number in (1, 3, 4, 5):
+                edged = {**fields, number: _tag(number, 0) + _varint(value, pad)}
+                raws.append(b"".join(edged.values()))
+            dim = _delimited(2, _delimited(2, _tag(1, 0) + _varint(value, pad)))
+            raws.append(b"".join({**fields, 2: dim}.values()))
+    ok = _assert_rows_match_protobuf(raws)
+    assert ok.sum() > len(raws) // 3  # the fast path is taken for the values it can hold
+
+
 # --- names: decode_names against decode_name ----------------------------------------
 
 _FRAGMENTS = st.sampled_from(
