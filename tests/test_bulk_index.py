@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import run, run_process
+from cli_helpers import bytes_name, run, run_process, tf_keys
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -640,7 +640,8 @@ ODD_NAMES = [
     "scope/b/c",
     "zz/9",
 ]
-BYTES_NAMES = [b"bad\xff/utf8", b"cut\xe2\x82/x", b"sur\xed\xa0\x80"]  # not UTF-8
+# not UTF-8; a NUL first, as every slice key has (the key is still a name)
+BYTES_NAMES = [b"bad\xff/utf8", b"cut\xe2\x82/x", b"sur\xed\xa0\x80", b"\x00lead/nul"]
 
 
 def _old_dump(ckpt, filter=None) -> dict:
@@ -690,9 +691,13 @@ def _old_dump(ckpt, filter=None) -> dict:
     }
 
 
+def tf_module():
+    return pytest.importorskip("tensorflow")
+
+
 @pytest.fixture(scope="module")
 def tf():
-    return pytest.importorskip("tensorflow")
+    return tf_module()
 
 
 @pytest.fixture(scope="module")
@@ -779,6 +784,20 @@ def _assert_bulk_is_one_by_one(prefix: str, filters=()) -> None:
         some = [*names[::3], *names[:2]]  # repeated, out of order
         some_table = ckpt.table(some)
     with tfckpt.open(prefix) as ckpt:
+        if ckpt.format == Checkpoint.format:
+            # TensorFlow lists whole tensors by name, partitioned ones by their slices' keys
+            whole = {bytes_name(n) for n, s in zip(names, table.slices) if not s}
+            cut = {k for k in whole if b"\n" in k}  # its listing's lines cannot show these
+            pieces = {k.split(b"\n")[0] for k in cut} | ({b""} if cut else set())
+            assert set(tf_keys(prefix)) - pieces == (whole - cut) | ckpt._slice_keys
+            try:
+                shapes = tf_module().train.load_checkpoint(prefix).get_variable_to_shape_map()
+            except UnicodeDecodeError:  # a name that is not UTF-8: checked by keys above
+                shapes = None
+            if shapes is not None:
+                assert sorted(names) == sorted(shapes)
+                assert [list(s) for s in table.shapes] == [shapes[n] for n in names]
+        assert names == sorted(names, key=bytes_name)
         assert table.names == names
         assert table == TensorTable.of([ckpt.info(n) for n in names])
         for i, name in enumerate(names):
