@@ -606,6 +606,15 @@ def test_which_error_of_a_table_comes_first():
             (b"d", _block([(b"c", b""), (b"d", b"")], 16)[:-8] + struct.pack("<2I", 7, 2)),
         ],
     }
+    # Keys decoding to more bytes than the budget (a multiple of the file's size) ...
+    chain = [(i + 1, b"k", b"") for i in range(3000)]
+    from test_hostile_index import raw_block
+
+    cases["too many key bytes"] = [(b"z", raw_block([(0, b"a", b""), *chain], [0]))]
+    # ... after a key out of order: the key comes first.
+    cases["unsorted, then too many key bytes"] = [
+        (b"z", raw_block([(0, b"b", b""), (0, b"a", b""), *chain], [0]))
+    ]
     for what, blocks in cases.items():
         data = table(blocks)
         assert isinstance(_outcome(lambda: TableReader(data)), tuple), what  # noqa: B023
