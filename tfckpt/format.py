@@ -393,8 +393,9 @@ def decode_entries(values: Sequence[bytes]) -> EntryColumns:
             return np.zeros(n, dtype=np.int64)
         value, used, fits = varint(pos + 1, max_bytes)
         ok[here & ~fits] = False
+        # A varint that runs past its entry's end read the next entry's bytes.
+        ok[here & (pos + 1 + used > ends)] = False
         pos = np.where(here, np.minimum(pos + 1 + used, ends), pos)
-        ok[here & (pos > ends)] = False
         return np.where(here, value, 0).astype(np.int64)
 
     # Enum and int32 fields: below 2**31 (negative ones take ten bytes); int64 fields:

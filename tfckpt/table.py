@@ -214,12 +214,16 @@ class KeyBudgetExceeded(ValueError):
 
 
 def block_columns(
-    contents: bytes, key_budget: int | None = None
+    contents: bytes,
+    key_budget: int | None = None,
+    out: tuple[list[bytes], list[bytes]] | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
     """The keys and the values of every entry of one block's contents, in order.
 
     With a ``key_budget``, ``KeyBudgetExceeded`` as soon as the keys decoded add up
     to more bytes than that: prefix sharing lets a small block describe huge keys.
+    With ``out`` (two lists), entries are appended to those: after an error they
+    hold the entries before it, which a reader checks first, as it reads in order.
 
     The restart points are checked as well: TensorFlow's reader starts at the
     first and binary-searches the others, so a block whose restarts do not each
@@ -233,8 +237,7 @@ def block_columns(
         raise ValueError(f"block restart count {num_restarts} exceeds block size {n}")
     limit = n - 4 - 4 * num_restarts
     restarts = struct.unpack_from(f"<{num_restarts}I", contents, limit)
-    keys: list[bytes] = []
-    values: list[bytes] = []
+    keys, values = ([], []) if out is None else out
     if not limit:
         if restarts not in ((), (0,)):
             raise _not_an_entry(restarts[0], limit)
@@ -384,13 +387,19 @@ class TableReader:
         # not decode to more than a multiple of it.
         budget = max(KEY_BYTES_PER_FILE_BYTE * len(data), 1 << 20)
         block_end = 0
+        seps: list[bytes] = []
+        handles: list[bytes] = []
         try:
+            # An error in the index block comes after the data blocks listed before it.
             try:
-                seps, handles = block_columns(index, budget)
-            except KeyBudgetExceeded:
-                raise self._too_many_key_bytes(len(data)) from None
-            budget -= sum(map(len, seps))
+                block_columns(index, budget, (seps, handles))
+                index_error = None
+            except ValueError as e:
+                index_error = e
             for sep, handle_bytes in zip(seps, handles):
+                budget -= len(sep)
+                if budget < 0:
+                    raise self._too_many_key_bytes(len(data))
                 handle, _ = BlockHandle.decode(handle_bytes, 0, len(handle_bytes))
                 if handle.offset < block_end:
                     raise self._corrupt(
@@ -399,10 +408,13 @@ class TableReader:
                     )
                 block_end = handle.offset + handle.size + BLOCK_TRAILER_SIZE
                 block = self._read_block(handle, "data block")
+                keys: list[bytes] = []
+                values: list[bytes] = []
                 try:
-                    keys, values = block_columns(block, budget)
-                except KeyBudgetExceeded:
-                    raise self._too_many_key_bytes(len(data)) from None
+                    block_columns(block, budget, (keys, values))
+                except ValueError:  # the keys before the error break no rule first
+                    self._refuse_keys(keys, last_key, sep, budget)
+                    raise
                 if keys:
                     budget -= sum(map(len, keys))
                     if (
@@ -412,13 +424,19 @@ class TableReader:
                     ):
                         budget += sum(map(len, keys))
                         self._refuse_keys(keys, last_key, sep, budget)
+                        raise AssertionError("no key breaks a rule")
                     last_key = keys[-1]
                 yield handle, keys, values
+            if index_error is not None:
+                raise index_error
+        except KeyBudgetExceeded:
+            raise self._too_many_key_bytes(len(data)) from None
         except ValueError as e:
             raise self._corrupt(str(e)) from None
 
     def _refuse_keys(self, keys: list[bytes], last_key: bytes | None, sep: bytes, budget: int):
-        """The error for the first of a block's keys that breaks a rule, in key order."""
+        """The error for the first of a block's keys that breaks a rule, in key order
+        (none when they all keep them)."""
         for key in keys:
             budget -= len(key)
             if budget < 0:
@@ -430,7 +448,6 @@ class TableReader:
             if key > sep:
                 raise self._corrupt(f"key {key!r} lies beyond its index entry {sep!r}")
             last_key = key
-        raise AssertionError("no key breaks a rule")
 
 
 # --- writing ---------------------------------------------------------------
