@@ -130,11 +130,9 @@ def print_json(data) -> None:
 
 
 def print_json_text(text: str) -> None:
-    """Print JSON text that ``json.dumps`` (ASCII-only, the default) wrote, or its equal."""
-    # ASCII-only, so no name can upset the output encoding; DEL, which json leaves
-    # raw, can only be inside a string, where \u007f means the same.
-    if "\x7f" in text:
-        text = text.replace("\x7f", "\\u007f")
+    """Print JSON text that ``json.dumps`` wrote with ``ensure_ascii`` (the default), or
+    its equal: ASCII only, DEL and control characters escaped, so no name can upset
+    the output encoding or the terminal."""
     sys.stdout.write(text)
     sys.stdout.write("\n")
 
