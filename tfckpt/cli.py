@@ -608,17 +608,20 @@ def main(argv: list[str] | None = None) -> int:
             and (stream.encoding or "").lower().replace("-", "") != "utf8"
         ):
             stream.reconfigure(errors="backslashreplace")
+    program = argv is None and threading.current_thread() is threading.main_thread()
     try:
         with collector.paused():  # a command's records, by the hundred thousand
-            return _main(argv)
+            try:
+                return _main(argv)
+            finally:
+                if program:
+                    # The program itself (not a caller in-process): its work is over,
+                    # and a Ctrl-C from here on (the collector resuming, the exit)
+                    # would only turn a finished run into an interrupted one.
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:
         print("tfckpt: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if argv is None and threading.current_thread() is threading.main_thread():
-            # The program itself (not a caller in-process): its work is over, and a
-            # Ctrl-C from here on would only turn a finished run into a traceback.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -206,8 +206,10 @@ def _add_empty_shards(shard_paths: list[str], count: int, base: str, durable: bo
     try:
         while len(shard_paths) < count:
             path = f"{base}.data-{len(shard_paths)}"
-            _empty_shard(path, durable)
+            # Listed before it exists: an interrupt between the two leaves no file the
+            # clean-up does not know of.
             shard_paths.append(path)
+            _empty_shard(path, durable)
     except OSError as e:
         raise CheckpointWriteError(f"cannot create data file: {e.strerror}", path=base) from None
 

@@ -527,7 +527,7 @@ def plan(
         wanted[i].append(old)
     infos = [srcs[i].ckpt.table(olds).infos() for i, olds in enumerate(wanted)]
     # Without patterns, a dtype decides alone: once per dtype, not once per tensor.
-    by_dtype: dict[_dt.DType, tuple[_dt.DType, str | None]] | None = (
+    by_dtype: dict[str, tuple[_dt.DType, str | None]] | None = (
         None if policy.keep or policy.rules else {}
     )
     for new, (i, old) in chosen.items():
@@ -538,9 +538,9 @@ def plan(
         if by_dtype is None:
             new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
         else:
-            decided = by_dtype.get(dtype)
+            decided = by_dtype.get(info.dtype)
             if decided is None:
-                decided = by_dtype[dtype] = policy.decide(old, dtype)
+                decided = by_dtype[info.dtype] = policy.decide(old, dtype)
             new_dtype, dtype_by = decided
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
