@@ -324,8 +324,9 @@ def tfckpt_list(src: str) -> None:
     with redirect_stdout(io.StringIO()) as out:
         rc = cli.main(["dump", "--json", src])
     seconds = time.perf_counter() - t
-    _check(rc, out.getvalue())
-    _report(seconds, len(out.getvalue()))
+    text = out.getvalue()
+    _check(rc, text)
+    _report(seconds, len(text))
 
 
 def tf_list(src: str) -> None:

@@ -129,11 +129,12 @@ def print_json(data) -> None:
     print_json_text(text)
 
 
-def print_json_text(text: str) -> None:
+def print_json_text(*parts: str) -> None:
     """Print JSON text that ``json.dumps`` wrote with ``ensure_ascii`` (the default), or
-    its equal: ASCII only, DEL and control characters escaped, so no name can upset
-    the output encoding or the terminal."""
-    sys.stdout.write(text)
+    its equal, given whole or in consecutive parts: ASCII only, DEL and control
+    characters escaped, so no name can upset the output encoding or the terminal."""
+    for part in parts:
+        sys.stdout.write(part)
     sys.stdout.write("\n")
 
 

@@ -59,10 +59,15 @@ def dump_json(ckpt: Checkpoint, *, filter: str | None = None) -> str:
     """``json.dumps(dump(ckpt, filter=filter))``, the same text, built without a dict per
     tensor: an index of hundreds of thousands of tensors is listed in a fraction of the
     time."""
+    return "".join(dump_json_parts(ckpt, filter=filter))
+
+
+def dump_json_parts(ckpt: Checkpoint, *, filter: str | None = None) -> list[str]:
+    """The text of :func:`dump_json` in consecutive parts (to print without joining)."""
     data, table = _dump(ckpt, filter)
     data["tensors"] = []
     head, tail = json.dumps(data).split('"tensors": []', 1)
-    return f'{head}"tensors": [{_records_json(table)}]{tail}'
+    return [head, '"tensors": [', _records_json(table), "]", tail]
 
 
 def _dump(ckpt: Checkpoint, filter: str | None) -> tuple[dict, TensorTable]:
