@@ -220,8 +220,7 @@ def _assert_rows_match_protobuf(raws: list[bytes]) -> np.ndarray:
         except DecodeError:
             assert not cols.ok[i], (raw, row)
             continue
-        if not cols.ok[i]:
-            assert row == (0, 0, [0] * BULK_MAX_RANK, 0, 0, 0, 0), (raw, row)
+        if not cols.ok[i]:  # left to protobuf: its values mean nothing
             continue
         assert not p.slices and not p.shape.unknown_rank, raw
         assert all(d.name == "" for d in p.shape.dim), raw

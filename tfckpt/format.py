@@ -340,8 +340,9 @@ _TAG_DIM, _TAG_DIM_SIZE = 0x12, 0x08  # TensorShapeProto.dim (field 2), Dim.size
 class EntryColumns:
     """Index entries decoded together, one array per field, a row per entry.
 
-    Rows where ``ok`` is False were not decoded (see ``decode_entries``) and hold
-    zeros. ``crc32c`` is as stored (masked); ``dims`` is padded with zeros past ``rank``.
+    Rows where ``ok`` is False were not decoded (see ``decode_entries``): their values
+    mean nothing. ``crc32c`` is as stored (masked); ``dims`` is padded with zeros past
+    ``rank``.
     """
 
     ok: np.ndarray  # bool
@@ -451,19 +452,7 @@ def decode_entries(values: Sequence[bytes]) -> EntryColumns:
         pos = np.where(here, pos + 5, pos)
     ok &= pos == ends  # anything left: slices, another field, a repeat, or too short
 
-    def keep(a: np.ndarray) -> np.ndarray:
-        return np.where(ok if a.ndim == 1 else ok[:, None], a, 0).astype(a.dtype)
-
-    return EntryColumns(
-        ok,
-        keep(dtype),
-        keep(rank),
-        keep(dims),
-        keep(shard_id),
-        keep(offset),
-        keep(size),
-        keep(crc),
-    )
+    return EntryColumns(ok, dtype, rank, dims, shard_id, offset, size, crc)
 
 
 def entry_shape(proto: BundleEntryProto) -> tuple[int, ...]:

@@ -488,8 +488,17 @@ class Checkpoint(collections.abc.Mapping):
         for r in range(1, BULK_MAX_RANK + 1):
             rows = np.flatnonzero(fast & (cols.rank == r))
             if len(rows):
-                shaped = zip(*(cols.dims[rows, j].tolist() for j in range(r)))
-                shapes[rows] = np.fromiter(shaped, dtype=object, count=len(rows))
+                # One tuple per distinct shape, shared by the rows that have it.
+                dims = np.ascontiguousarray(cols.dims[rows, :r])
+                distinct, which = np.unique(
+                    dims.view(np.dtype((np.void, 8 * r))).ravel(), return_inverse=True
+                )
+                tuples = np.fromiter(
+                    map(tuple, distinct.view(np.int64).reshape(-1, r).tolist()),
+                    dtype=object,
+                    count=len(distinct),
+                )
+                shapes[rows] = tuples[which]
         return _Bulk(cols, fast, enum, elements, shapes.tolist())
 
     def slice_info(self, name: str) -> list[TensorInfo]:
