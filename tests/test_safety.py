@@ -95,12 +95,24 @@ def _convert_cmd(src, dst, *extra):
 def test_sigkill_at_timed_points(source, tmp_path, existing):
     dst = str(tmp_path / "out" / "model")
     seen = []
-    for delay in (0.05, 0.3, 0.5, 0.7, 0.9, 1.2, 1.6, 2.2):
+    # Before the run writes (start-up, planning), then at moments after its first
+    # temporary file appears: a faster run must not slip between fixed times.
+    for after_write, delay in [(False, 0.05)] + [
+        (True, d) for d in (0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4)
+    ]:
         if existing:
             tfckpt.transform(source, dst, overwrite=True)  # a float32 copy: the "old" one
         proc = subprocess.Popen(
             _convert_cmd(source, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
+        if after_write:
+            deadline = time.monotonic() + 30
+            while (
+                not _leftovers(os.path.dirname(dst))
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.001)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
