@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import tfckpt
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.format import BULK_MAX_RANK, TensorTable, decode_entries, parse_entry
-from tfckpt.inspection import dump, dump_json, scope_of
+from tfckpt.inspection import dump, dump_json
 from tfckpt.orderedcode import decode_name, decode_names
 from tfckpt.reader import Checkpoint
 from tfckpt.table import (
@@ -654,6 +654,11 @@ ODD_NAMES = [
 ]
 # not UTF-8; a NUL first, as every slice key has (the key is still a name)
 BYTES_NAMES = [b"bad\xff/utf8", b"cut\xe2\x82/x", b"sur\xed\xa0\x80", b"\x00lead/nul"]
+
+
+def scope_of(name: str) -> str:
+    """The old code's top-level scope of a tensor (``model`` of ``model/dense/kernel``)."""
+    return name.split("/", 1)[0] if "/" in name else name
 
 
 def _old_dump(ckpt, filter=None) -> dict:

@@ -284,26 +284,6 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
         src = p.sources[t.source]
         info = t.info
         cast = info.dtype != t.new_dtype
-        if not info.slices:  # the common case, a whole tensor, without any extra
-            k = place(t.bytes_out, src.shard_base + (info.shard or 0) if follow else None)
-            shards[k].append(
-                TaskItem(
-                    t.source,
-                    t.name,
-                    t.new_name,
-                    info.dtype,
-                    t.new_dtype,
-                    info.shape,
-                    False,
-                    None,
-                    info.nbytes,
-                    t.bytes_out,
-                    cast and info.nbytes >= tf_threshold,
-                )
-            )
-            continue
-        target = _dt.lookup(t.new_dtype)
-        parts = src.ckpt.slice_info(t.name)
 
         def item(extents, bytes_in: int, bytes_out: int, t=t, cast=cast) -> TaskItem:
             return TaskItem(
@@ -313,14 +293,20 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
                 t.info.dtype,
                 t.new_dtype,
                 t.info.shape,
-                partitioned=True,
-                extents=extents,
-                bytes_in=bytes_in,
-                bytes_out=bytes_out,
-                tf_cast=cast and t.info.nbytes >= tf_threshold,
+                bool(t.info.slices),
+                extents,
+                bytes_in,
+                bytes_out,
+                cast and t.info.nbytes >= tf_threshold,
             )
 
+        if not info.slices:  # the common case, a whole tensor
+            k = place(t.bytes_out, src.shard_base + (info.shard or 0) if follow else None)
+            shards[k].append(item(None, info.nbytes, t.bytes_out))
+            continue
+        parts = src.ckpt.slice_info(t.name)
         if _keep_sliced(src, t):
+            target = _dt.lookup(t.new_dtype)
             for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
                 out = sl.nbytes if not cast else sl.size * target.fixed_itemsize
                 k = place(out, src.shard_base + (sl.shard or 0) if follow else None)

@@ -179,6 +179,13 @@ class TensorTable:
             )
         }
 
+    def set(self, i: int, info: TensorInfo) -> None:
+        """Make row ``i`` describe ``info`` (the inverse of :meth:`info`)."""
+        self.names[i], self.dtypes[i], self.shapes[i] = info.name, info.dtype, info.shape
+        self.nbytes[i], self.shards[i], self.offsets[i] = info.nbytes, info.shard, info.offset
+        self.crc32c[i], self.slices[i], self.elements[i] = info.crc32c, info.slices, info.size
+        self.stored_elements[i] = info.stored_elements
+
     @classmethod
     def of(cls, infos: Sequence[TensorInfo]) -> TensorTable:
         return cls(

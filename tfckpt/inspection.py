@@ -26,11 +26,6 @@ from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from .storage import StorageOptions, normalize, storage_for, takes_storage_options
 
 
-def scope_of(name: str) -> str:
-    """The top-level scope a tensor belongs to (``model`` of ``model/dense/kernel``)."""
-    return name.split("/", 1)[0] if "/" in name else name
-
-
 def _match(names: Iterable[str], pattern: str | None) -> list[str]:
     if pattern is None:
         return list(names)
@@ -74,6 +69,7 @@ def _dump(ckpt: Checkpoint, filter: str | None) -> tuple[dict, TensorTable]:
     """``dump``'s data without its ``tensors``, and the table they come from."""
     names = ckpt.keys()
     table = ckpt.table(None if filter is None else _match(names, filter))
+    # A tensor's scope is its name up to the first "/" (model of model/dense/kernel).
     # Sorted names keep a scope's tensors together, nearly always: one sum per run.
     row_scopes = list(map(itemgetter(0), map(str.partition, table.names, repeat("/"))))
     counts = Counter(row_scopes)

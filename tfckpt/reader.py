@@ -429,11 +429,7 @@ class Checkpoint(collections.abc.Mapping):
             list(elements),
         )
         for i in np.flatnonzero(~bulk.fast).tolist():
-            info = self._info(self._full_entry(names[i]))
-            out.dtypes[i], out.shapes[i], out.nbytes[i] = info.dtype, info.shape, info.nbytes
-            out.shards[i], out.offsets[i], out.crc32c[i] = info.shard, info.offset, info.crc32c
-            out.slices[i], out.elements[i] = info.slices, info.size
-            out.stored_elements[i] = info.stored_elements
+            out.set(i, self._info(self._full_entry(names[i])))
         return out
 
     def _full_entries(self, names: Sequence[str]) -> list[_Entry]:
