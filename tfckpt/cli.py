@@ -553,6 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")
     g.add_argument("--with-optimizer", action="store_true", help="TF2: keep the optimizer's state")
     g.add_argument(
+        "--with-bookkeeping",
+        action="store_true",
+        help="keep save_counter / global_step (left out by default: not weights)",
+    )
+    g.add_argument(
         "--skip-unsupported",
         action="store_true",
         help="leave out tensors the format cannot hold (with a note) instead of failing",

@@ -710,6 +710,7 @@ def cmd_export(args) -> int:
             permute=permute,
             keep_keys=args.keep_keys,
             with_optimizer=args.with_optimizer,
+            with_bookkeeping=args.with_bookkeeping,
             skip_unsupported=args.skip_unsupported,
         )
         run = functools.partial(export, args.src, args.out, options, **kwargs)

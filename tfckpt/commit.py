@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from google.protobuf.text_format import MessageToString
 
@@ -42,18 +42,26 @@ def remove_stale_temporaries(prefix: str) -> None:
     Only where commits rename temporaries into place: elsewhere none are made.
     """
     store = storage_for(prefix)
+    base = store.basename(prefix)
+    remove_stale_temporaries_in(store.dirname(prefix), lambda name: name == base)
+
+
+def remove_stale_temporaries_in(directory: str, owns: Callable[[str], bool]) -> None:
+    """Delete the temporaries of processes now gone in ``directory`` whose final name
+    (the part before :data:`TMP_MARK`) ``owns`` accepts; local storage only."""
+    store = storage_for(directory or ".")
     if not store.atomic_rename:
         return
-    directory = store.dirname(prefix) or "."
-    start = store.basename(prefix) + TMP_MARK
+    directory = directory or "."
     try:
         names = store.listdir(directory)
     except OSError:
         return
     for name in names:
-        if not name.startswith(start):
+        final, mark, rest = name.partition(TMP_MARK)
+        if not mark or not owns(final):
             continue
-        pid = name[len(start) :].split("-", 1)[0]
+        pid = rest.split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid() or _process_alive(int(pid)):
             continue
         try:

@@ -30,12 +30,13 @@ from .commit import (
     discard,
     free_shard_count,
     remove_stale_temporaries,
+    remove_stale_temporaries_in,
     temporary_base,
 )
 from .errors import CastOverflowError, CheckpointError, CheckpointWriteError
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
-from .pipeline import prefetch
+from .pipeline import BufferRing, chunks_in_flight, prefetch
 from .planner import DtypePolicy, Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
 from .reader import Checkpoint
 from .storage import (
@@ -51,6 +52,14 @@ from .writer import ShardWriter
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 # The edges to an optimizer (tf.train.Checkpoint(optimizer=...), a Keras model's).
 OPTIMIZER_EDGES = frozenset({"optimizer"})
+# Training bookkeeping, not weights: TF2's checkpoint save counter, TF1's step.
+BOOKKEEPING = frozenset(
+    {
+        "save_counter/.ATTRIBUTES/VARIABLE_VALUE",
+        "global_step",
+        "global_step/.ATTRIBUTES/VARIABLE_VALUE",
+    }
+)
 
 Permutes = Sequence[tuple[str, Sequence[int]]]
 
@@ -314,6 +323,7 @@ class ExportPlan:
     files: list[tuple[str, list[_Out]]]  # final path, its tensors in order
     index: str | None  # the sharded index's path
     skipped: list[tuple[str, str]]
+    protected: frozenset[str] = frozenset()  # the sources' files (real paths)
 
     def summary(self) -> ExportSummary:
         ruled = self.plan.dtype_rule_counts() is not None
@@ -349,6 +359,7 @@ def plan_export(
     permute: Permutes = (),
     keep_keys: bool = False,
     with_optimizer: bool = False,
+    with_bookkeeping: bool = False,
     skip_unsupported: bool = False,
     **changes,
 ) -> ExportPlan:
@@ -363,8 +374,20 @@ def plan_export(
     # The planner's destination is a checkpoint prefix; an export's is its file.
     p = plan(sources, out, Options.of(options, max_shard_bytes=None))
     permuter = _Permuter(permute)
-    outs, skipped = [], []
+    outs, skipped, left_out = [], [], []
     for pt in p.tensors:
+        if pt.name in BOOKKEEPING and not (with_bookkeeping or with_optimizer):
+            left_out.append(
+                (pt.new_name, "training bookkeeping, not a weight (with_bookkeeping keeps it)")
+            )
+            continue
+        why = tfiles.unstorable_name(fmt, pt.new_name)
+        if why is not None:
+            raise CheckpointError(
+                f"{fmt} cannot hold this tensor's name: it {why}; rename it",
+                path=out,
+                tensor=pt.new_name,
+            )
         if not tfiles.supports(fmt, pt.new_dtype):
             skipped.append((pt.new_name, f"{pt.new_dtype} tensors cannot be stored in {fmt}"))
             continue
@@ -376,7 +399,28 @@ def plan_export(
             f"to leave them out): {listed}",
             path=p.sources[0].label,
         )
-    limit = options.max_shard_bytes
+    files, index = _file_names(store, out, _groups(outs, options.max_shard_bytes))
+    protected = frozenset(
+        s.ckpt.storage.realpath(f)
+        for s in p.sources
+        for f in list(s.ckpt.data_files) + [s.ckpt.index_path]
+    )
+    for path in [f for f, _ in files] + ([index] if index else []):
+        if store.realpath(path) in protected:
+            raise CheckpointError(
+                "the output would replace a source's file (sources are never modified)", path=path
+            )
+    if not options.overwrite:
+        # A single file and a sharded index at the same name: loaders prefer one of
+        # them, so either there counts as the output.
+        for path in [f for f, _ in files] + [out, out + ".index.json"]:
+            if store.exists(path):
+                raise CheckpointError("the output already exists (use overwrite)", path=path)
+    return ExportPlan(p, fmt, out, files, index, skipped + left_out, protected)
+
+
+def _groups(outs: list[_Out], limit: int | None) -> list[list[_Out]]:
+    """The tensors in files of at most ``limit`` bytes each (one file without a limit)."""
     groups: list[list[_Out]] = [[]]
     size = 0
     for o in outs:
@@ -385,37 +429,68 @@ def plan_export(
             size = 0
         groups[-1].append(o)
         size += o.pt.bytes_out
-    index = None
+    return groups
+
+
+def shard_pattern(out: str) -> re.Pattern:
+    """The names of the shards of a sharded export to ``out`` (a file name or path):
+    ``STEM-NNNNN-of-MMMMM.safetensors``, the count in group 2."""
+    name = out.replace("\\", "/").rsplit("/", 1)[-1]
+    stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else name
+    return re.compile(re.escape(stem) + r"-(\d{5,})-of-(\d{5,})\.safetensors")
+
+
+def _listing(store, directory: str) -> list[str]:
+    try:
+        return store.listdir(directory or ".")
+    except (OSError, CheckpointError):
+        return []
+
+
+def _file_names(store, out: str, groups: list[list[_Out]]):
+    """The files of the export and its index (None for one file).
+
+    Shards are named as Hugging Face names them, ``model-00001-of-00003.safetensors``,
+    unless files of that count are there already (those of a live export): then the
+    count in the names is the least larger one no file there has. So new shards never
+    replace the files a live index names, whatever the index says, until the new
+    index replaces it.
+    """
     if len(groups) == 1:
-        files = [(out, groups[0])]
-    else:
-        directory, name = store.dirname(out), store.basename(out)
-        stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else name
-        n = len(groups)
-        files = [
-            (store.join(directory, f"{stem}-{k + 1:05d}-of-{n:05d}.safetensors"), g)
-            for k, g in enumerate(groups)
-        ]
-        index = out + ".index.json"
-    if not options.overwrite:
-        # A single file and a sharded index at the same name: loaders prefer one of
-        # them, so either there counts as the output.
-        for path in [f for f, _ in files] + [out, out + ".index.json"]:
-            if store.exists(path):
-                raise CheckpointError("the output already exists (use overwrite)", path=path)
-    return ExportPlan(p, fmt, out, files, index, skipped)
+        return [(out, groups[0])], None
+    directory, name = store.dirname(out), store.basename(out)
+    rx = shard_pattern(name)
+    matches = (rx.fullmatch(n) for n in _listing(store, directory))
+    taken = {int(m[2]) for m in matches if m}
+    n = len(groups)
+    count = n
+    while count in taken:
+        count += 1
+    stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else name
+    files = [
+        (store.join(directory, f"{stem}-{k + 1:05d}-of-{count:05d}.safetensors"), g)
+        for k, g in enumerate(groups)
+    ]
+    return files, out + ".index.json"
 
 
 def _export_chunks(
-    ckpt: Checkpoint, o: _Out, caster: Caster | None, chunk_bytes: int
+    ckpt: Checkpoint,
+    o: _Out,
+    caster: Caster | None,
+    chunk_bytes: int,
+    read_bytes: int,
+    ring: BufferRing,
 ) -> Iterator[np.ndarray]:
+    """A tensor's output elements in pieces; whole tensors are read in pieces of
+    ``read_bytes`` into ``ring``, permuted ones in tiles of the chunk budget."""
     name, info = o.pt.name, o.pt.info
     if o.perm is None:
-        chunks: Iterator[np.ndarray] = prefetch(ckpt.iter_chunks(name, chunk_bytes))
+        chunks: Iterator[np.ndarray] = prefetch(ckpt.iter_chunks(name, read_bytes, buffers=ring))
     elif info.nbytes <= chunk_bytes // 2:
         chunks = iter([np.ascontiguousarray(ckpt[name].transpose(o.perm)).reshape(-1)])
     else:
-        for _ in ckpt.iter_chunks(name, chunk_bytes):  # the checksums, before reading in tiles
+        for _ in ckpt.iter_chunks(name, read_bytes, buffers=ring):  # the checksums first
             pass
         itemsize = _dt.lookup(info.dtype).fixed_itemsize
         a = o.perm[0]
@@ -431,6 +506,7 @@ def _export_chunks(
         )
     for chunk in chunks:
         yield caster(chunk) if caster is not None else chunk
+        del chunk
 
 
 @takes_storage_options()
@@ -444,6 +520,7 @@ def export(
     permute: Permutes = (),
     keep_keys: bool = False,
     with_optimizer: bool = False,
+    with_bookkeeping: bool = False,
     skip_unsupported: bool = False,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
@@ -479,6 +556,7 @@ def export(
         permute=permute,
         keep_keys=keep_keys,
         with_optimizer=with_optimizer,
+        with_bookkeeping=with_bookkeeping,
         skip_unsupported=skip_unsupported,
     )
     summary = ep.summary()
@@ -495,71 +573,25 @@ def export(
         "producer": f"tfckpt {__version__}",
     }
     ckpts = {i: s.ckpt for i, s in enumerate(ep.plan.sources)}
-    overflow: dict[str, int] = {}
-    written: list[tuple[str, str]] = []  # (temporary, final)
-    made = []
+    w = _Writing(store, ep, options, ckpts, metadata, progress)
     try:
-        made = store.makedirs(store.dirname(ep.out))
-        for path, outs in ep.files:
-            remove_stale_temporaries(path)
-            tmp = temporary_base(path)
-            written.append((tmp, path))
-            f = store.open_writer(tmp)
-            try:
-                w: tfiles.SafetensorsWriter | tfiles.NpzWriter
-                if ep.format == tfiles.SAFETENSORS:
-                    w = tfiles.SafetensorsWriter(f, [o.entry for o in outs], metadata)
-                else:
-                    w = tfiles.NpzWriter(f, [o.entry for o in outs])
-                for o in outs:
-                    caster = None
-                    if o.pt.cast:
-                        caster = Caster(
-                            _dt.lookup(o.pt.info.dtype),
-                            _dt.lookup(o.pt.new_dtype),
-                            options.overflow,
-                        )
-                    w.begin(o.pt.new_name)
-                    for chunk in _export_chunks(ckpts[o.pt.source], o, caster, options.chunk_bytes):
-                        w.write(chunk)
-                        if progress:
-                            progress(chunk.nbytes)
-                    w.end()
-                    if caster is not None and caster.counts.overflow:
-                        overflow[o.pt.new_name] = caster.counts.overflow
-                w.close()
-                f.flush()
-                if options.durable:
-                    store.fsync(f)
-            finally:
-                f.close()
-        if options.overflow == "error" and overflow:
-            raise CastOverflowError(overflow, ep.out)
-        if ep.index is not None:
-            index = {
-                "metadata": {"total_size": summary.bytes_out, **metadata},
-                "weight_map": {
-                    o.pt.new_name: store.basename(path) for path, outs in ep.files for o in outs
-                },
-            }
-            tmp = temporary_base(ep.index)
-            written.append((tmp, ep.index))
-            store.write_new(tmp, json.dumps(index, indent=2).encode(), durable=options.durable)
-        replaced = _replaced_files(store, ep)
-        for tmp, final in written:  # the index (if any) last
-            store.replace(tmp, final)
+        replaced = _replaced_files(store, ep) if options.overwrite else []
+        w.write_all()
+        if options.overflow == "error" and w.overflow:
+            raise CastOverflowError(w.overflow, ep.out)
+        w.commit()
     except OSError as e:
-        _discard(store, written, made)
+        w.discard()
         raise CheckpointWriteError(f"cannot write: {e.strerror or e}", path=ep.out) from None
     except BaseException:
-        _discard(store, written, made)
+        w.discard()
         raise
     finally:
         given = sources if isinstance(sources, (list, tuple)) else [sources]
         for s in ep.plan.sources:
             if not any(s.ckpt is g for g in given):
                 s.ckpt.close()
-    for stale in replaced:  # what the export replaced and no longer uses
+    for stale in replaced:  # the replaced export's files, after the commit
         try:
             store.remove(stale)
         except (OSError, CheckpointError):
@@ -567,32 +599,215 @@ def export(
     if options.durable:
         store.fsync_dir(store.dirname(ep.out) or ".")
     summary.seconds = time.perf_counter() - start
-    summary.cast_counts = overflow
+    summary.cast_counts = w.overflow
     return summary
 
 
+def _owned_names(out: str) -> Callable[[str], bool]:
+    """Whether a file name (in the export's directory) is one an export to ``out`` writes."""
+    name = out.replace("\\", "/").rsplit("/", 1)[-1]
+    rx = shard_pattern(name)
+    return lambda n: n in (name, name + ".index.json") or rx.fullmatch(n) is not None
+
+
+class _Writing:
+    """One export's files being written and committed; what to remove if it fails.
+
+    Locally every file is written under a temporary name beside its final one; the
+    commit renames them into place, shards first (under names no file has, see
+    :func:`_file_names`; linked, so a name taken meanwhile is an error), the index
+    (or the single file) last: replacing with ``overwrite``, else linked too, so an
+    export another run committed meanwhile is refused, never replaced. On an object
+    store, where an upload appears whole or not at all, files are uploaded under
+    their final names; the single file's upload, or the index's after the shards,
+    is the commit.
+    """
+
+    def __init__(self, store, ep: ExportPlan, options: Options, ckpts, metadata, progress):
+        self.store, self.ep, self.options = store, ep, options
+        self.ckpts, self.metadata, self.progress = ckpts, metadata, progress
+        self.local = store.atomic_rename
+        self.overflow: dict[str, int] = {}
+        self.fresh: list[str] = []  # this run's files, none of them live yet
+        self.temps: dict[str, str] = {}  # final -> temporary (locally)
+        self.made: list[str] = []
+        self.commit_check: Callable[[], bool] | None = None  # did the commit happen?
+        # Read ahead and cast into rings of reused buffers, as the engine does: the
+        # chunk budget covers them all (reads of an eighth of it each).
+        self.read_bytes = max(options.chunk_bytes // 8, 1 << 16)
+        self.read_ring = BufferRing(chunks_in_flight(read=True, write=False) + 1)
+        self.cast_ring = BufferRing(2)
+
+    def write_all(self) -> None:
+        store, ep = self.store, self.ep
+        directory = store.dirname(ep.out)
+        remove_stale_temporaries_in(directory, _owned_names(ep.out))
+        self.made = store.makedirs(directory)
+        for path, outs in ep.files:
+            if self.local:
+                where = self.temps[path] = temporary_base(path)
+                self.fresh.append(where)
+            else:
+                where = path
+                if ep.index is not None:  # a shard under a name no index uses yet
+                    self.fresh.append(where)
+            self._write_file(where, outs)
+        if ep.index is not None and self.local:
+            tmp = self.temps[ep.index] = temporary_base(ep.index)
+            self.fresh.append(tmp)
+            store.write_new(tmp, self._index_bytes(), durable=self.options.durable)
+
+    def _index_bytes(self) -> bytes:
+        ep, store = self.ep, self.store
+        index = {
+            "metadata": {
+                "total_size": sum(o.pt.bytes_out for _, outs in ep.files for o in outs),
+                **self.metadata,
+            },
+            "weight_map": {
+                o.pt.new_name: store.basename(path) for path, outs in ep.files for o in outs
+            },
+        }
+        return json.dumps(index, indent=2).encode()
+
+    def _write_file(self, where: str, outs: list[_Out]) -> None:
+        store, options = self.store, self.options
+        f = store.open_writer(where)
+        w: tfiles.SafetensorsWriter | tfiles.NpzWriter | None = None
+        try:
+            if self.ep.format == tfiles.SAFETENSORS:
+                w = tfiles.SafetensorsWriter(f, [o.entry for o in outs], self.metadata)
+            else:
+                w = tfiles.NpzWriter(f, [o.entry for o in outs])
+            for o in outs:
+                self._write_tensor(w, o)
+            w.close()
+            f.flush()
+            if options.durable:
+                store.fsync(f)
+        except BaseException:
+            if isinstance(w, tfiles.NpzWriter):
+                w.abandon()
+            if hasattr(f, "discard"):
+                f.discard()  # an upload: store nothing
+            else:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            raise
+        f.close()
+
+    def _write_tensor(self, w, o: _Out) -> None:
+        caster = None
+        if o.pt.cast:
+            caster = Caster(
+                _dt.lookup(o.pt.info.dtype),
+                _dt.lookup(o.pt.new_dtype),
+                self.options.overflow,
+                buffers=self.cast_ring,
+            )
+        w.begin(o.pt.new_name)
+        chunks = _export_chunks(
+            self.ckpts[o.pt.source],
+            o,
+            caster,
+            self.options.chunk_bytes,
+            self.read_bytes,
+            self.read_ring,
+        )
+        for chunk in chunks:
+            w.write(chunk)
+            if self.progress:
+                self.progress(chunk.nbytes)
+            del chunk  # the ring's buffer, free for the next one
+        w.end()
+        if caster is not None and caster.counts.overflow:
+            self.overflow[o.pt.new_name] = caster.counts.overflow
+
+    def commit(self) -> None:
+        store, ep, overwrite = self.store, self.ep, self.options.overwrite
+        if not self.local:
+            if ep.index is not None:
+                data = self._index_bytes()
+                self.commit_check = lambda: _holds(store, ep.index, data)
+                store.write_bytes(ep.index, data)  # one request: the commit
+            self.fresh = []
+            return
+        try:
+            if ep.index is not None:
+                for final, _ in ep.files:
+                    tmp = self.temps[final]
+                    self.fresh.append(final)  # before the move: never unlisted
+                    try:
+                        store.rename_noreplace(tmp, final)
+                    except FileExistsError:
+                        self.fresh.remove(final)  # another run's
+                        raise
+                    self.fresh.remove(tmp)
+            final = ep.index or ep.out
+            tmp = self.temps[final]
+            self.commit_check = lambda: not store.exists(tmp)
+            if overwrite:
+                store.replace(tmp, final)
+            else:
+                store.rename_noreplace(tmp, final)
+        except FileExistsError as e:
+            raise CheckpointWriteError(
+                "another run wrote an export here meanwhile (pass overwrite to replace it)",
+                path=e.filename or ep.out,
+            ) from None
+        self.fresh = []
+
+    def discard(self) -> None:
+        """After a failure: remove this run's files, unless its commit happened."""
+        check = self.commit_check
+        try:
+            committed = check is not None and check()
+        except BaseException:
+            committed = True  # unknown: keep what may be live
+        if not committed:
+            discard(self.fresh)
+        self.fresh = []
+        self.store.remove_dirs(self.made)
+
+
+def _holds(store, path: str, data: bytes) -> bool:
+    try:
+        return store.read_bytes(path) == data
+    except (OSError, CheckpointError):
+        return True  # cannot tell: it may
+
+
 def _replaced_files(store, ep: ExportPlan) -> list[str]:
-    """The files of an earlier export at the same name that this one does not rewrite:
-    a single file now sharded, or an index and shards now fewer or a single file."""
+    """The files of the export at ``ep.out`` this one replaces and does not rewrite, to
+    remove after the commit: the single file, the index and the shards it names.
+
+    Only files an export writes: the single file and the index by their names; a
+    shard only when a well-formed index at ``out`` names it, with the name of a
+    shard of ``out`` (``STEM-NNNNN-of-NNNNN.safetensors``) in the same directory.
+    Never a source's file, nor one this export writes.
+    """
+    index = ep.out + ".index.json"
+    old = [ep.out] if ep.index is not None else [index]  # the index is replaced itself
+    rx = shard_pattern(ep.out)
+    directory = store.dirname(ep.out)
+    try:
+        weight_map = json.loads(store.read_bytes(index))["weight_map"]
+        names = set(weight_map.values())
+    except (OSError, CheckpointError, ValueError, KeyError, TypeError, AttributeError):
+        names = set()  # not an index an export wrote: nothing it names is removed
+    old += [
+        store.join(directory, n)
+        for n in sorted(names, key=str)
+        if isinstance(n, str) and rx.fullmatch(n)
+    ]
     mine = {f for f, _ in ep.files} | ({ep.index} if ep.index else set())
-    old = [ep.out, ep.out + ".index.json"]
-    if store.isfile(ep.out + ".index.json"):
-        try:
-            weight_map = json.loads(store.read_bytes(ep.out + ".index.json"))["weight_map"]
-            directory = store.dirname(ep.out)
-            old += [store.join(directory, store.basename(f)) for f in set(weight_map.values())]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # not an index this export can read: its shards stay
-    return [f for f in dict.fromkeys(old) if f not in mine and store.isfile(f)]
-
-
-def _discard(store, written: list[tuple[str, str]], made: list[str]) -> None:
-    for tmp, _ in written:
-        try:
-            store.remove(tmp)
-        except (OSError, CheckpointError):
-            pass
-    store.remove_dirs(made)
+    return [
+        f
+        for f in old
+        if f not in mine and store.isfile(f) and store.realpath(f) not in ep.protected
+    ]
 
 
 # -- import

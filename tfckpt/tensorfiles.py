@@ -78,6 +78,32 @@ def supports(fmt: str, dtype: str) -> bool:
     return dtype in (SAFETENSORS_DTYPES if fmt == SAFETENSORS else NPZ_DTYPES)
 
 
+def unstorable_name(fmt: str, name: str) -> str | None:
+    """Why files of format ``fmt`` cannot hold a tensor named ``name`` so that it
+    reads back as the same name; None when they can.
+
+    Both formats spell names in UTF-8, which a name holding a byte that was not
+    UTF-8 in the checkpoint (read as U+DC80-U+DCFF) has no spelling in. A
+    safetensors header keeps ``__metadata__`` for itself. An npz member is a zip
+    file name: zip readers cut it at a NUL, and a name climbing out of a directory
+    (``..``) or starting at the root would be written outside it when unpacked.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds bytes that are not UTF-8, which a file name in the format cannot"
+    if fmt == SAFETENSORS:
+        return "is the safetensors header's own key" if name == "__metadata__" else None
+    if "\0" in name:
+        return "holds a NUL, at which zip readers cut member names"
+    parts = name.replace("\\", "/").split("/")
+    if parts[0] == "" and len(parts) > 1 or (len(parts[0]) > 1 and parts[0][1] == ":"):
+        return "starts at the root, which unpacking the zip would write outside its directory"
+    if ".." in parts:
+        return "has a '..' part, which unpacking the zip would write outside its directory"
+    return None
+
+
 @dataclass
 class Entry:
     """One tensor of a file: name, tfckpt dtype name, shape, bytes."""
@@ -259,6 +285,16 @@ class NpzWriter:
 
     def close(self) -> None:
         self._zip.close()
+
+    def abandon(self) -> None:
+        """Give up after a failure: let go of the file without raising, leaving nothing
+        for the zip's finalizer to write (its bytes are the caller's to remove)."""
+        member, self._member = self._member, None
+        for done in ((member.close,) if member is not None else ()) + (self._zip.close,):
+            try:
+                done()
+            except (OSError, ValueError, RuntimeError):
+                pass
 
 
 def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
