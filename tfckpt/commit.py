@@ -49,14 +49,25 @@ def remove_stale_temporaries(prefix: str) -> None:
 def remove_stale_temporaries_in(directory: str, owns: Callable[[str], bool]) -> None:
     """Delete the temporaries of processes now gone in ``directory`` whose final name
     (the part before :data:`TMP_MARK`) ``owns`` accepts; local storage only."""
+    for path in stale_temporaries(directory, owns):
+        try:
+            storage_for(path).remove(path)
+        except OSError:
+            pass
+
+
+def stale_temporaries(directory: str, owns: Callable[[str], bool]) -> list[str]:
+    """The temporaries in ``directory`` of processes now gone whose final name ``owns``
+    accepts (see :func:`remove_stale_temporaries_in`); none where nothing is renamed."""
     store = storage_for(directory or ".")
     if not store.atomic_rename:
-        return
+        return []
     directory = directory or "."
     try:
         names = store.listdir(directory)
     except OSError:
-        return
+        return []
+    out = []
     for name in names:
         final, mark, rest = name.partition(TMP_MARK)
         if not mark or not owns(final):
@@ -64,10 +75,8 @@ def remove_stale_temporaries_in(directory: str, owns: Callable[[str], bool]) -> 
         pid = rest.split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid() or _process_alive(int(pid)):
             continue
-        try:
-            store.remove(store.join(directory, name))
-        except OSError:
-            pass
+        out.append(store.join(directory, name))
+    return out
 
 
 def _process_alive(pid: int) -> bool:

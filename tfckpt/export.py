@@ -25,12 +25,13 @@ from . import paths
 from . import tensorfiles as tfiles
 from .cast import Caster
 from .commit import (
+    TMP_MARK,
     commit_shards,
     data_files,
     discard,
     free_shard_count,
     remove_stale_temporaries,
-    remove_stale_temporaries_in,
+    stale_temporaries,
     temporary_base,
 )
 from .errors import CastOverflowError, CheckpointError, CheckpointWriteError
@@ -603,6 +604,46 @@ def export(
     return summary
 
 
+def _indexed_shards(store, index: str, out: str) -> list[str]:
+    """The shards of an export to ``out`` that the index file ``index`` names: names of
+    the shard pattern (:func:`shard_pattern`), in the directory of ``out``; none when
+    ``index`` is not a well-formed index."""
+    try:
+        names = set(json.loads(store.read_bytes(index))["weight_map"].values())
+    except (OSError, CheckpointError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    rx = shard_pattern(out)
+    directory = store.dirname(out)
+    return [
+        store.join(directory, n)
+        for n in sorted(names, key=str)
+        if isinstance(n, str) and rx.fullmatch(n)
+    ]
+
+
+def _remove_killed_runs(store, ep: ExportPlan) -> None:
+    """Delete what exports to this name killed part-way left (locally): their temporaries,
+    and the shards an index temporary of theirs names (moved into place before a commit
+    that never came) that the live index does not name."""
+    stale = stale_temporaries(store.dirname(ep.out), _owned_names(ep.out))
+    if not stale:
+        return
+    index = ep.out + ".index.json"
+    live = set(_indexed_shards(store, index, ep.out))
+    mine = {f for f, _ in ep.files}
+    orphans = []
+    for path in stale:
+        if store.basename(path).startswith(store.basename(index) + TMP_MARK):
+            orphans += [f for f in _indexed_shards(store, path, ep.out) if f not in live | mine]
+    for path in orphans + stale:
+        if store.realpath(path) in ep.protected:
+            continue
+        try:
+            store.remove(path)
+        except OSError:
+            pass
+
+
 def _owned_names(out: str) -> Callable[[str], bool]:
     """Whether a file name (in the export's directory) is one an export to ``out`` writes."""
     name = out.replace("\\", "/").rsplit("/", 1)[-1]
@@ -641,7 +682,7 @@ class _Writing:
     def write_all(self) -> None:
         store, ep = self.store, self.ep
         directory = store.dirname(ep.out)
-        remove_stale_temporaries_in(directory, _owned_names(ep.out))
+        _remove_killed_runs(store, ep)
         self.made = store.makedirs(directory)
         for path, outs in ep.files:
             if self.local:
@@ -790,18 +831,7 @@ def _replaced_files(store, ep: ExportPlan) -> list[str]:
     """
     index = ep.out + ".index.json"
     old = [ep.out] if ep.index is not None else [index]  # the index is replaced itself
-    rx = shard_pattern(ep.out)
-    directory = store.dirname(ep.out)
-    try:
-        weight_map = json.loads(store.read_bytes(index))["weight_map"]
-        names = set(weight_map.values())
-    except (OSError, CheckpointError, ValueError, KeyError, TypeError, AttributeError):
-        names = set()  # not an index an export wrote: nothing it names is removed
-    old += [
-        store.join(directory, n)
-        for n in sorted(names, key=str)
-        if isinstance(n, str) and rx.fullmatch(n)
-    ]
+    old += _indexed_shards(store, index, ep.out)
     mine = {f for f, _ in ep.files} | ({ep.index} if ep.index else set())
     return [
         f
