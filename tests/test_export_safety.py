@@ -91,9 +91,11 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _old_export(source: str, out: Path, sharded: bool) -> None:
-    tfckpt.export(source, out, overwrite=True, max_shard_bytes=SHARD if sharded else None)
+def _old_export(source: str, out: Path, sharded: bool) -> list[str]:
+    """Export the old values over whatever is at ``out``; the files it wrote."""
+    sm = tfckpt.export(source, out, overwrite=True, max_shard_bytes=SHARD if sharded else None)
     assert which(loaded(out)) == "old" and temporaries(out.parent) == []
+    return sorted(Path(f).name for f in sm.files)
 
 
 @pytest.mark.parametrize(
@@ -113,8 +115,8 @@ def test_overwrite_interrupted_at_every_step_of_the_commit(
     seen = set()
     for at in range(1, 12):
         for sig, after in (("SIGINT", "0"), ("SIGKILL", "1")):
-            _old_export(source, out, old_sharded)
-            old_files = sorted(os.listdir(out.parent))
+            old_files = _old_export(source, out, old_sharded)
+            assert sorted(os.listdir(out.parent)) == old_files
             proc = subprocess.run(
                 [sys.executable, "-c", AT_NTH_OPERATION, *map(str, new)],
                 env=ch.user_env(AT=str(at), SIG=sig, AFTER=after),
@@ -133,8 +135,8 @@ def test_overwrite_interrupted_at_every_step_of_the_commit(
                 # Nothing of the old export was touched.
                 assert set(old_files) <= set(os.listdir(out.parent)), what
             # The next export (the old one again) leaves exactly its own files.
-            _old_export(source, out, old_sharded)
-            assert sorted(os.listdir(out.parent)) == old_files, what
+            again = _old_export(source, out, old_sharded)
+            assert sorted(os.listdir(out.parent)) == again, what
     assert seen == {"old", "new"}
 
 

@@ -592,11 +592,7 @@ def export(
         for s in ep.plan.sources:
             if not any(s.ckpt is g for g in given):
                 s.ckpt.close()
-    for stale in replaced:  # the replaced export's files, after the commit
-        try:
-            store.remove(stale)
-        except (OSError, CheckpointError):
-            pass
+    w.finish(replaced)
     if options.durable:
         store.fsync_dir(store.dirname(ep.out) or ".")
     summary.seconds = time.perf_counter() - start
@@ -673,6 +669,7 @@ class _Writing:
         self.temps: dict[str, str] = {}  # final -> temporary (locally)
         self.made: list[str] = []
         self.commit_check: Callable[[], bool] | None = None  # did the commit happen?
+        self.retired: str | None = None  # a copy of the replaced index, see _retire_index
         # Read ahead and cast into rings of reused buffers, as the engine does: the
         # chunk budget covers them all (reads of an eighth of it each).
         self.read_bytes = max(options.chunk_bytes // 8, 1 << 16)
@@ -786,6 +783,7 @@ class _Writing:
                         self.fresh.remove(final)  # another run's
                         raise
                     self.fresh.remove(tmp)
+            self._retire_index()
             final = ep.index or ep.out
             tmp = self.temps[final]
             self.commit_check = lambda: not store.exists(tmp)
@@ -799,6 +797,34 @@ class _Writing:
                 path=e.filename or ep.out,
             ) from None
         self.fresh = []
+
+    def _retire_index(self) -> None:
+        """Keep a copy of the index being replaced under a temporary name of this run until
+        the files it names are removed: a later run removes them if this one is killed
+        in between (see :func:`_remove_killed_runs`)."""
+        index = self.ep.out + ".index.json"
+        if not self.options.overwrite or not self.store.isfile(index):
+            return
+        retired = temporary_base(index)
+        self.fresh.append(retired)
+        self.store.write_new(retired, self.store.read_bytes(index))
+        self.retired = retired
+
+    def finish(self, replaced: list[str]) -> None:
+        """After the commit: remove the replaced export's files, then the retired index."""
+        interrupted = None
+        for stale in replaced + ([self.retired] if self.retired else []):
+            for _ in range(2):  # an interrupt: this one again, and the rest (quick)
+                try:
+                    self.store.remove(stale)
+                except (OSError, CheckpointError):
+                    pass
+                except KeyboardInterrupt as e:
+                    interrupted = e
+                    continue
+                break
+        if interrupted is not None:
+            raise interrupted
 
     def discard(self) -> None:
         """After a failure: remove this run's files, unless its commit happened."""
