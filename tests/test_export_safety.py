@@ -12,7 +12,6 @@ import json
 import os
 import re
 import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +37,12 @@ SHARD = 2 << 10
 def source(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("export_safety")
     return th.save_v2(d / "src" / "model", {**VALUES, "global_step": np.int64(7)})
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> str:
+    """The same without bookkeeping."""
+    return th.save_v2(tmp_path_factory.mktemp("export_weights") / "model", VALUES)
 
 
 def loaded(out: Path) -> dict[str, np.ndarray]:
@@ -104,11 +109,12 @@ def _old_export(source: str, out: Path, sharded: bool) -> list[str]:
     ids=["sharded-to-sharded", "sharded-to-single", "single-to-sharded"],
 )
 def test_overwrite_interrupted_at_every_step_of_the_commit(
-    source, tmp_path, old_sharded, new_sharded
+    weights, tmp_path, old_sharded, new_sharded
 ):
     """After SIGINT or SIGKILL at any file operation, a loader reads the old export whole
     or the new one; the next export removes every leftover of the killed run, whatever
     shard count either had, and only those."""
+    source = weights
     out = tmp_path / "hf" / "model.safetensors"
     new = ["export", source, out, "--dtype", "float16", "--overwrite"]
     new += ["--max-shard-bytes", str(SHARD // 2)] if new_sharded else []  # 4 shards
@@ -202,7 +208,8 @@ def test_a_source_is_never_removed_nor_replaced(tmp_path, name):
         assert (d / name).read_bytes() == data and temporaries(d) == []
 
 
-def test_concurrent_export_is_refused_not_replaced(source, tmp_path):
+def test_concurrent_export_is_refused_not_replaced(weights, tmp_path):
+    source = weights
     """An export another run committed while this one was writing stays; this one fails."""
     for sharded in (False, True):
         out = tmp_path / f"s{sharded}" / "model.safetensors"
@@ -294,12 +301,12 @@ def test_names_that_round_trip_through_npz(tmp_path, name):
 
 
 def test_bookkeeping_left_out_with_a_note(source, tmp_path):
-    proc = ch.run("export", source, tmp_path / "m.safetensors")
-    assert proc.returncode == 0, proc.stderr
-    assert "left out global_step: training bookkeeping" in proc.stderr
+    rc, _, err = ch.in_process("export", source, tmp_path / "m.safetensors")
+    assert rc == 0, err
+    assert "left out global_step: training bookkeeping" in err
     assert set(safetensors_numpy.load_file(str(tmp_path / "m.safetensors"))) == set(VALUES)
-    proc = ch.run("export", source, tmp_path / "b.npz", "--with-bookkeeping")
-    assert proc.returncode == 0 and "global_step" not in proc.stderr
+    rc, _, err = ch.in_process("export", source, tmp_path / "b.npz", "--with-bookkeeping")
+    assert rc == 0 and "global_step" not in err, err
     with np.load(tmp_path / "b.npz") as z:
         assert z["global_step"] == 7 and set(z.files) == set(VALUES) | {"global_step"}
 
