@@ -278,7 +278,16 @@ def test_export_and_import_follow_the_rules(bert, tmp_path):
     prefix, values = bert
     out = tmp_path / "model.safetensors"
     rc, text, err = in_process(
-        "export", prefix, out, "--dtype", "float16", "--keep-dtype", KEEP, "--dry-run", "--json"
+        "export",
+        prefix,
+        out,
+        "--dtype",
+        "float16",
+        "--keep-dtype",
+        KEEP,
+        "--dry-run",
+        "--json",
+        "--with-bookkeeping",  # global_step is one of the rules' cases
     )
     assert rc == 0, err
     planned = {t["name"]: (t["new_dtype"], t["dtype_by"]) for t in json.loads(text)["tensors"]}
@@ -286,7 +295,14 @@ def test_export_and_import_follow_the_rules(bert, tmp_path):
         "bert/pooler/dense/kernel": ("float16", "cast"),
         "bert/encoder/layer_0/intermediate/dense/kernel": ("float16", None),
     }
-    tfckpt.export(prefix, out, cast="float16", keep_dtype=[KEEP], dtype_rules=BERT_RULES)
+    tfckpt.export(
+        prefix,
+        out,
+        cast="float16",
+        keep_dtype=[KEEP],
+        dtype_rules=BERT_RULES,
+        with_bookkeeping=True,
+    )
     loaded = load_file(str(out))
     for name, (dtype, _) in BERT_WANT.items():
         want = tf_cast(values[name], dtype)
