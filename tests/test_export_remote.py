@@ -82,3 +82,24 @@ def test_failed_overwrite_keeps_the_old_export(s3, weights, failing, sharded):
         index = [i for i, (m, p, _) in enumerate(log) if m == "PUT" and p.endswith("index.json")]
         deleted = [i for i, (m, p, _) in enumerate(log) if m == "DELETE" and "-of-00003" in p]
         assert len(index) == 1 and max(puts) < index[0] < min(deleted)
+
+
+def test_ctrl_c_mid_export_leaves_nothing_new(s3, weights):
+    """SIGINT while the second shard uploads (the first one stored): the old export stays
+    byte for byte, the stored shard is deleted again and no temporary object is left."""
+    import os
+    import signal
+
+    out = f"{s3.url}/hf/model.safetensors"
+    tfckpt.export(weights, out, max_shard_bytes=SHARD)
+    before = s3.files("hf")
+    written = [0]
+
+    def progress(n):
+        written[0] += n
+        if written[0] > SHARD:  # into the second shard
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        tfckpt.export(weights, out, overwrite=True, max_shard_bytes=SHARD, progress=progress)
+    assert s3.files("hf") == before

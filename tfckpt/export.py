@@ -4,8 +4,9 @@
 work as for every transform), then streams each tensor chunk by chunk through
 the cast into the writers of :mod:`tfckpt.tensorfiles`; ``permute`` reorders
 axes tile by tile. Files are written under temporary names and renamed into
-place at the end, the index of a sharded export last. :func:`import_` reads
-such files into a V2 checkpoint with the engine's shard writer and commit.
+place at the end (see :class:`_Writing`), the index of a sharded export last.
+:func:`import_` reads such files into a V2 checkpoint with the engine's shard
+writer and commit.
 """
 
 from __future__ import annotations
@@ -540,9 +541,15 @@ def export(
     tile by tile when it exceeds the chunk budget. ``progress(n)`` is called as
     each ``n`` bytes are written (``bytes_out`` in all). Tensors the format cannot
     hold are an error listing them, or with ``skip_unsupported`` left out (listed
-    in ``skipped``). With ``max_shard_bytes`` (safetensors), files
+    in ``skipped``), as is training bookkeeping (``save_counter``, ``global_step``)
+    unless ``with_bookkeeping`` (or ``with_optimizer``). Names a format cannot hold
+    are an error naming the tensor. With ``max_shard_bytes`` (safetensors), files
     ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``
-    beside ``out`` as Hugging Face writes them.
+    beside ``out`` as Hugging Face writes them (under another count in the names
+    when files of that count are there: see :func:`_file_names`). The commit is
+    the index's (or the single file's) rename, after the shards'; ``overwrite``
+    then removes the old export's files (see :func:`_replaced_files`); without it
+    an export committed meanwhile is an error, never replaced.
 
     >>> tfckpt.export("bert/bert_model.ckpt", "hf/model.safetensors", rename_exact=m,
     ...               permute=[("dense/kernel$", (1, 0))], max_shard_bytes=2 << 30)
