@@ -345,3 +345,39 @@ def test_export_memory_is_bounded_like_convert(tmp_path):
     assert peaks["export"] <= peaks["convert"] + budget // 2, peaks
     with open(tmp_path / "e.safetensors", "rb") as f:
         assert re.search(rb'"big":\{"dtype":"F16"', f.read(200))
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
+def test_two_concurrent_export_processes_to_one_name(weights, tmp_path, sharded):
+    """Two real export processes held at a barrier before their commit, then racing: one
+    commits, the other fails with one error line and leaves nothing."""
+    from test_commit_safety import AT_BARRIER
+
+    out = tmp_path / "hf" / "model.safetensors"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    extra = ["--max-shard-bytes", str(SHARD)] if sharded else []
+    procs = {
+        dtype: subprocess.Popen(
+            [sys.executable, "-c", AT_BARRIER, "export", weights, str(out), "--dtype", dtype]
+            + extra,
+            env=ch.user_env(BARRIER=str(barrier)),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for dtype in ("float32", "float16")
+    }
+    done = {dtype: (p.wait(timeout=120), p.stderr.read()) for dtype, p in procs.items()}
+    assert len(os.listdir(barrier)) == 2  # both reached the commit before either went on
+    winners = [d for d, (code, _) in done.items() if code == 0]
+    assert len(winners) == 1, done
+    (loser,) = set(done) - set(winners)
+    ch.assert_cli_error((done[loser][0], "", done[loser][1]), "another run")
+    assert which(loaded(out)) == ("old" if winners == ["float32"] else "new")
+    assert temporaries(out.parent) == []
+    index = out.with_name(out.name + ".index.json")
+    listed = set(json.loads(index.read_text())["weight_map"].values()) if sharded else set()
+    assert sorted(os.listdir(out.parent)) == sorted(
+        listed | {index.name} if sharded else {out.name}
+    )
