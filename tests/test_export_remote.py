@@ -103,3 +103,20 @@ def test_ctrl_c_mid_export_leaves_nothing_new(s3, weights):
     with pytest.raises(KeyboardInterrupt):
         tfckpt.export(weights, out, overwrite=True, max_shard_bytes=SHARD, progress=progress)
     assert s3.files("hf") == before
+
+
+def test_server_gone_before_the_index_keeps_the_old_export(s3, weights):
+    """The connection lost for good when the new index is due: the old index still serves
+    the old shards, byte for byte (new shards the run could not delete again are named by
+    no index, so no loader reads them)."""
+    out = f"{s3.url}/hf/model.safetensors"
+    tfckpt.export(weights, out, max_shard_bytes=SHARD)
+    before = s3.files("hf")
+    s3.proxy.rules.append(on("PUT", "model.safetensors.index.json", "die"))
+    with pytest.raises(tfckpt.CheckpointError):
+        tfckpt.export(weights, out, cast="float16", overwrite=True, max_shard_bytes=SHARD // 2)
+    s3.proxy.reset()
+    after = s3.files("hf")
+    assert {k: after[k] for k in before} == before
+    assert all("-of-00004" in k for k in set(after) - set(before))
+    assert is_values(loaded(after), np.float32)
