@@ -465,7 +465,7 @@ class _GraphMatcher:
         self._leaf(layer, node_id, where)
 
     def _leaf(self, layer, node_id: int, where: str) -> None:
-        groups: dict[str, list[tuple[str, str]]] = {}
+        groups: dict[str, list[str]] = {}
         for name, tensor in self._variables(node_id):
             groups.setdefault(name, []).append(tensor)
         for var in layer.weights:
