@@ -407,11 +407,11 @@ class _GraphMatcher:
                 if i in self._memo:
                     add(self._memo[i])
                     continue
-                if frontier is not None:
-                    frontier.append(i)
-                    continue
-                if i not in self._entered:  # not on the way to it (a cycle): walk it here
-                    add(self._below(i))
+                if i not in self._entered:  # else on the way to it (a cycle): walk it here
+                    if frontier is not None:
+                        frontier.append(i)
+                    else:
+                        add(self._below(i))
                     continue
             todo = []
             for c in node.children:
@@ -431,9 +431,8 @@ class _GraphMatcher:
         self._entered.add(shared)
         while pending:
             top = pending[-1]
-            frontier: list[int] = []
-            self._walk(top, own=False, frontier=frontier)
-            new = [f for f in frontier if f not in self._entered]
+            new: list[int] = []
+            self._walk(top, own=False, frontier=new)
             if new:
                 self._entered.update(new)
                 pending.extend(new)
