@@ -144,16 +144,16 @@ def tiles(
     """The tensor ``read(start, count)`` gives (row-major elements) with axes
     permuted, as consecutive flat pieces of the result in its row-major order.
 
-    Each piece is a tile of the result: a run of its row-major order of at most
-    ``chunk_bytes / 2`` (the rows of one index of the leading axes, or part of one
-    row when a row is larger), read from the box of the source it covers in runs of
-    at most ``chunk_bytes / 2``; the piece and one run are all that is held. When the
-    box's runs are short (a transpose reads one run per source row), the box is
-    widened to whole axes when that lowers ``calls * READ_CALL_BYTES + bytes read``:
-    the part of the result that the tile does not need is read again for the next
-    tile, at most ``READ_CALL_BYTES`` more per read call saved. Axes that stay
-    adjacent and in order are one axis first, so ``(N, M) -> (1, 0)`` reads runs of
-    many source rows whatever ``M`` is. ``parts`` (a partitioned tensor's stored
+    Each piece is a tile: at most ``chunk_bytes / 2`` of the result's consecutive
+    elements (whole rows of its trailing axes where they fit, else part of one row),
+    filled from the box of the source it covers, read in runs of at most
+    ``chunk_bytes / 2``: a tile and one run are all that is held. A box's runs can be
+    short (a transpose reads one per source row); the box is then widened to whole
+    axes where that lowers ``read calls * READ_CALL_BYTES + bytes read``. That is the
+    trade-off: what a tile reads beyond its need (read again for the next tiles) is at
+    most ``READ_CALL_BYTES`` per read call it saves; ``(N, 3)`` by ``(1, 0)`` reads
+    whole source rows, each three times, half the budget a call. Axes that stay
+    adjacent and in order are merged first. ``parts`` (a partitioned tensor's stored
     slices), if given, are read instead of ``read``.
     """
     half = max(1, (chunk_bytes // 2) // max(itemsize, 1))
