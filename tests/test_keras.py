@@ -294,3 +294,82 @@ def test_tf1_checkpoint_without_assignment_map_names_what_is_missing(out):
         in (error["message"])
     )
     assert sorted(record["unchanged"]) == sorted(record["dtypes"])
+
+
+_COUNT_VISITS = r"""
+import json, sys
+import keras
+import numpy as np
+import tfckpt.keras
+from tfckpt.objectgraph import ObjectGraph
+
+class CountingNodes:  # the parsed graph's real nodes, each look-up counted
+    def __init__(self, nodes):
+        self.nodes, self.count = nodes, 0
+    def __len__(self):
+        return len(self.nodes)
+    def __getitem__(self, i):
+        self.count += 1
+        return self.nodes[i]
+
+made = []
+real = ObjectGraph.nodes.fget
+ObjectGraph.nodes = property(lambda self: made.append(CountingNodes(real(self))) or made[-1])
+prefix, layers = sys.argv[1], int(sys.argv[2])
+model = keras.Sequential([keras.Input((2,))] + [keras.layers.Dense(2) for _ in range(layers)])
+report = tfckpt.keras.load_weights(model, prefix)
+values = {v.path: np.asarray(v).tolist() for v in model.weights}
+print(json.dumps({"visits": sum(m.count for m in made), "loaded": report.loaded,
+                  "unused": report.unused, "values": values}))
+"""
+
+
+def _shared_chain_checkpoint(d: Path, layers: int, chain: int) -> str:
+    """A tf.keras-style layer list whose layers all hold one long shared chain of
+    objects, a variable at its end (a tied table, say)."""
+    head = node = tf.Module()
+    for _ in range(chain - 1):
+        node.next = tf.Module()
+        node = node.next
+    node.table = tf.Variable(np.arange(3, dtype=np.float32))
+    model = tf.Module()
+    for k in range(layers):
+        layer = tf.Module()
+        layer.kernel = tf.Variable(np.full((2, 2), k, dtype=np.float32))
+        layer.bias = tf.Variable(np.full((2,), -k, dtype=np.float32))
+        layer.shared = head
+        setattr(model, f"layer_with_weights-{k}", layer)
+    return tf.train.Checkpoint(model=model).write(str(d / "ckpt"))
+
+
+def test_layers_sharing_a_long_chain_load_in_one_walk(tmp_path):
+    layers = 30
+    visits = {}
+    for chain in (500, 1500):
+        prefix = _shared_chain_checkpoint(tmp_path / str(chain), layers, chain)
+        done = subprocess.run(
+            [sys.executable, "-c", _COUNT_VISITS, prefix, str(layers)],
+            env=dict(
+                os.environ,
+                PYTHONPATH=str(ROOT),
+                KERAS_BACKEND="jax",
+                JAX_PLATFORMS="cpu",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert len(got["loaded"]) == 2 * layers
+        kernels = [v for p, v in got["values"].items() if p.endswith("kernel")]
+        biases = [v for p, v in got["values"].items() if p.endswith("bias")]
+        assert kernels == [np.full((2, 2), k).tolist() for k in range(layers)]
+        assert biases == [np.full((2,), -k).tolist() for k in range(layers)]
+        assert [u for u in got["unused"] if "table" in u]  # below every layer, taken by none
+        visits[chain] = got["visits"]
+    nodes = {c: c + 2 + 3 * layers for c in visits}  # chain, root, model, layers' 3 each
+    for chain, n in visits.items():
+        assert n <= 4 * nodes[chain] + 10 * layers, visits  # was layers x chain
+    # a thousand more chain objects: a few thousand more look-ups, not layers thousand
+    assert visits[1500] - visits[500] <= 4 * 1000, visits

@@ -323,3 +323,159 @@ def test_variant_tensors_have_no_numpy_form(tmp_path):
             tfckpt.UnsupportedCheckpointError, match="variant tensors have no numpy"
         ):
             part[...]
+
+
+def same_kind(got, want) -> None:
+    """``got`` is what ``want`` is: the same type (array, numpy scalar or bytes), dtype,
+    shape and bits."""
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, (np.ndarray, np.generic)):
+        assert got.shape == want.shape and got.dtype == want.dtype, (got, want)
+        if want.dtype == object:
+            assert np.asarray(got).tolist() == np.asarray(want).tolist()
+        else:
+            assert got.tobytes() == want.tobytes(), (got, want)
+    else:
+        assert got == want
+
+
+INTS = [int, np.int64, np.int32, np.intp, np.uint8]
+
+
+@st.composite
+def any_basic_index(draw, shape):
+    """Every kind of basic index: ints (Python and numpy, in range or not), slices with
+    any step, ``None`` anywhere, at most one ``...`` (sometimes two), ``()``."""
+    items: list = []
+    for n in shape[: draw(st.integers(0, len(shape) + 1))]:  # one more: too many indices
+        kind = draw(st.sampled_from(["int", "slice", "newaxis"]))
+        if kind == "int":
+            value = draw(st.integers(-n - 1, n))  # sometimes out of bounds
+            make = draw(st.sampled_from(INTS))
+            items.append(
+                make(value) if make is int or value >= 0 or make is not np.uint8 else value
+            )
+        elif kind == "slice":
+            bound = st.none() | st.integers(-n - 2, n + 2)
+            step = st.none() | st.integers(-4, 4).filter(bool)
+            items.append(slice(draw(bound), draw(bound), draw(step)))
+        else:
+            items.append(None)
+    for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2]))):
+        items.insert(draw(st.integers(0, len(items))), Ellipsis)
+    for _ in range(draw(st.integers(0, 2))):
+        items.insert(draw(st.integers(0, len(items))), None)
+    if len(items) == 1 and draw(st.booleans()):
+        return items[0]
+    return tuple(items)
+
+
+@pytest.mark.parametrize("label", ["v2", "v1"])
+def test_every_basic_index_gives_what_numpy_gives(written, label):
+    prefix, _ = written[label]
+    with tfckpt.open(prefix) as ckpt:
+        names = sorted(n for n in ckpt.keys() if n in SHAPES or n in ("step", "half", "words"))
+        fulls = {n: ckpt[n] for n in names}
+
+        @settings(
+            max_examples=400,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture],
+        )
+        @given(
+            st.sampled_from(names).flatmap(
+                lambda n: st.tuples(st.just(n), any_basic_index(fulls[n].shape))
+            )
+        )
+        def check(case):
+            name, key = case
+            try:
+                want = fulls[name][key]
+            except (IndexError, TypeError, ValueError) as e:
+                with pytest.raises(type(e)):
+                    ckpt.get_slice(name)[key]
+                return
+            same_kind(ckpt.get_slice(name)[key], want)
+
+        check()
+
+
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("step", ()),
+        ("step", Ellipsis),
+        ("step", None),
+        ("step", (None, Ellipsis, None)),
+        ("words", (0, 1)),
+        ("words", (0, 1, ...)),
+        ("words", (None, 2, None, ..., 0)),
+        ("emb", (3, ..., 2)),
+        ("emb", (np.int64(-1), np.int32(0))),
+        ("emb", (np.newaxis, slice(None, None, -3), None)),
+        ("half", (8, 2, ...)),
+        ("vec", (..., 12)),
+    ],
+)
+def test_zero_d_results_and_newaxis(written, name, key):
+    prefix, _ = written["v2"]
+    with tfckpt.open(prefix) as ckpt:
+        same_kind(ckpt.get_slice(name)[key], ckpt[name][key])
+
+
+def test_index_types_numpy_refuses_or_lazy_slices_do_not_take(written):
+    prefix, _ = written["v2"]
+    with tfckpt.open(prefix) as ckpt:
+        part, full = ckpt.get_slice("emb"), ckpt["emb"]
+        for key in (1.5, "x", object(), (0, 2.0)):
+            with pytest.raises(IndexError):
+                full[key]
+            with pytest.raises(IndexError):
+                part[key]
+        for key in (slice(0.5, 2), slice("a", None)):
+            with pytest.raises(TypeError):
+                full[key]
+            with pytest.raises(TypeError):
+                part[key]
+        # Advanced indices numpy takes; a lazy slice says to read the tensor (documented).
+        for key in (True, np.True_, [0, 1], np.array([1, 2]), (0, [1])):
+            with pytest.raises(TypeError, match="basic indices"):
+                part[key]
+
+
+def test_zero_d_strings_and_add_slice_partitions(tmp_path):
+    """A 0-d string TensorFlow writes, and a tensor partitioned on both axes by
+    BundleWriter.add_slice, indexed by every kind of basic index."""
+    prefix = str(tmp_path / "s" / "ckpt")
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=["word"],
+        shape_and_slices=[""],
+        tensors=[tf.constant(b"hello")],
+    )
+    value = np.arange(6 * 5, dtype=np.float32).reshape(6, 5)
+    sliced = str(tmp_path / "p" / "ckpt")
+    with tfckpt.BundleWriter(sliced) as w:
+        for rows, cols in (((0, 4), (0, 2)), ((0, 4), (2, 3)), ((4, 2), (0, None))):
+            r, c = slice(rows[0], rows[0] + rows[1]), slice(cols[0], cols[0] + (cols[1] or 5))
+            w.add_slice("part", (6, 5), [rows, cols], value[r, c])
+    with tfckpt.open(prefix) as ckpt, tfckpt.open(sliced) as parts:
+        word = ckpt["word"]
+        for key in ((), Ellipsis, None, (None, ...)):
+            same_kind(ckpt.get_slice("word")[key], word[key])
+        assert ckpt.get_slice("word")[()] == b"hello"
+        assert np.array_equal(parts["part"], value)
+
+        @settings(max_examples=200, deadline=None, database=None)
+        @given(any_basic_index((6, 5)))
+        def check(key):
+            try:
+                want = value[key]
+            except (IndexError, TypeError, ValueError) as e:
+                with pytest.raises(type(e)):
+                    parts.get_slice("part")[key]
+                return
+            same_kind(parts.get_slice("part")[key], want)
+
+        check()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -277,6 +276,10 @@ class _GraphMatcher:
         self.label = label
         self.pairs: list[tuple[Any, str]] = []
         self.why: dict[str, str] = {}
+        self._reaches: set[int] | None = None  # nodes with a variable below
+        self._shared: set[int] = set()  # nodes more than one edge reaches
+        self._memo: dict[int, list[tuple[str, str]]] = {}  # shared node: variables below
+        self._entered: set[int] = set()  # shared nodes whose list is being made
 
     def match_model(self, model):
         found = self._model_node()
@@ -335,28 +338,108 @@ class _GraphMatcher:
         where = _join(where, "_operations")
         ops = self._children(children["_operations"])
         ordered = sorted((int(n), i) for n, i in ops.items() if n.isdigit())
-        return [
-            (i, _join(where, str(k)))
-            for k, i in ordered
-            if next(self._variables(i, ""), None) is not None
-        ]
+        return [(i, _join(where, str(k))) for k, i in ordered if self._has_variables(i)]
 
-    def _variables(self, node_id: int, where: str) -> Iterator[tuple[str, str, str]]:
-        """``(name, object path, tensor)`` of every variable below ``node_id``, depth first."""
-        seen = {node_id}
-        stack = [(node_id, where, "")]
+    def _index(self) -> None:
+        """One pass over the graph: which nodes lead to a variable, which are reached by
+        more than one edge (their variables are listed once, then reused)."""
+        if self._reaches is not None:
+            return
+        parents: dict[int, list[int]] = {}
+        has_value = []
+        for i in range(len(self.nodes)):
+            node = self.nodes[i]
+            if any(a.name == "VARIABLE_VALUE" for a in node.attributes):
+                has_value.append(i)
+            for c in node.children:
+                if not _NOT_WEIGHTS.match(c.local_name):
+                    parents.setdefault(c.node_id, []).append(i)
+        self._shared = {i for i, ps in parents.items() if len(ps) > 1}
+        reaches = set(has_value)
+        todo = list(has_value)
+        while todo:
+            for p in parents.get(todo.pop(), ()):
+                if p not in reaches:
+                    reaches.add(p)
+                    todo.append(p)
+        self._reaches = reaches
+
+    def _has_variables(self, node_id: int) -> bool:
+        self._index()
+        assert self._reaches is not None
+        return node_id in self._reaches
+
+    def _variables(self, node_id: int) -> list[tuple[str, str]]:
+        """``(name, tensor)`` of every variable below ``node_id``, depth first, each once.
+
+        What is below a node that more than one edge reaches (a shared object) is
+        walked once and reused, so loading is linear in the graph however many
+        layers share it."""
+        self._index()
+        return self._walk(node_id, own=True)
+
+    def _walk(self, root: int, own: bool, frontier: list[int] | None = None):
+        """The variables below ``root`` (and its own if ``own``), splicing in the
+        memoized lists of shared nodes; with ``frontier``, only collect into it the
+        shared nodes met that have no list yet."""
+        assert self._reaches is not None
+        out: list[tuple[str, str]] = []
+        taken: set[str] = set()
+
+        def add(entries) -> None:
+            for name, tensor in entries:
+                if tensor not in taken:
+                    taken.add(tensor)
+                    out.append((name, tensor))
+
+        seen = {root}
+        stack = [(root, "")]
         while stack:
-            i, path, name = stack.pop()
-            for attr in self.nodes[i].attributes:
-                if attr.name == "VARIABLE_VALUE":
-                    yield name.lstrip("_"), path, attr.checkpoint_key
+            i, name = stack.pop()
+            node = self.nodes[i]
+            if i != root or own:
+                add(
+                    (name.lstrip("_"), a.checkpoint_key)
+                    for a in node.attributes
+                    if a.name == "VARIABLE_VALUE"
+                )
+            if i != root and i in self._shared:
+                if i in self._memo:
+                    add(self._memo[i])
+                    continue
+                if i not in self._entered:  # else on the way to it (a cycle): walk it here
+                    if frontier is not None:
+                        frontier.append(i)
+                    else:
+                        add(self._below(i))
+                    continue
             todo = []
-            for c in self.nodes[i].children:
-                if c.node_id in seen or _NOT_WEIGHTS.match(c.local_name):
+            for c in node.children:
+                if c.node_id in seen or c.node_id not in self._reaches:
+                    continue
+                if _NOT_WEIGHTS.match(c.local_name):
                     continue
                 seen.add(c.node_id)
-                todo.append((c.node_id, _join(path, escape_local_name(c.local_name)), c.local_name))
+                todo.append((c.node_id, c.local_name))
             stack.extend(reversed(todo))
+        return out
+
+    def _below(self, shared: int) -> list[tuple[str, str]]:
+        """The memoized variables strictly below a shared node: the shared nodes it
+        meets are listed first (deepest first, without recursion), then it."""
+        pending = [shared]
+        self._entered.add(shared)
+        while pending:
+            top = pending[-1]
+            new: list[int] = []
+            self._walk(top, own=False, frontier=new)
+            if new:
+                self._entered.update(new)
+                pending.extend(new)
+                continue
+            self._memo[top] = self._walk(top, own=False)
+            pending.pop()
+        return self._memo[shared]
 
     # Both sides.
 
@@ -381,13 +464,13 @@ class _GraphMatcher:
         self._leaf(layer, node_id, where)
 
     def _leaf(self, layer, node_id: int, where: str) -> None:
-        groups: dict[str, list[tuple[str, str]]] = {}
-        for name, path, tensor in self._variables(node_id, where):
-            groups.setdefault(name, []).append((path, tensor))
+        groups: dict[str, list[str]] = {}
+        for name, tensor in self._variables(node_id):
+            groups.setdefault(name, []).append(tensor)
         for var in layer.weights:
             found = groups.get(var.name)
             if found:
-                self.pairs.append((var, found.pop(0)[1]))
+                self.pairs.append((var, found.pop(0)))
             else:
                 self.why[var.path] = f"no variable {var.name!r} under {where or 'the root'!r}"
 

@@ -1,10 +1,11 @@
 """Lazy slices of a tensor: ``ckpt.get_slice(name)[0:10, :, 3]`` reads only what covers
 the request.
 
-A numpy basic index (ints, slices with any step, ``...``) is split in two: a *region*,
+A numpy basic index (ints, slices with any step, ``...``, ``None``) is split in two: a *region*,
 per dimension the ascending progression of indices it touches, ``(start, count, step)``;
 and the small index that turns the region's block into what numpy would return
-(reversing a negative step, dropping the dimension of an int). Readers fetch regions
+(reversing a negative step, dropping the dimension of an int, adding one for
+``None``). Readers fetch regions
 (:meth:`tfckpt.Checkpoint._read_region`): a stored, row-major tensor as byte ranges,
 a partitioned one slice by slice, only the slices the region meets.
 """
@@ -24,23 +25,42 @@ from .format import Slice, num_elements
 Region = tuple[tuple[int, int, int], ...]  # per dimension: (start, count, step > 0)
 
 
+def _check_item(k) -> None:
+    """Raise for an index item that is not an int, a slice, ``...`` or ``None``: as
+    numpy does for what it refuses (``IndexError``), ``TypeError`` for the advanced
+    indices numpy takes and lazy slices do not (arrays, lists, booleans)."""
+    if k is None or k is Ellipsis or isinstance(k, slice):
+        return
+    advanced = isinstance(k, (bool, np.bool_, list, tuple)) or (
+        isinstance(k, np.ndarray) and (k.ndim or k.dtype.kind not in "iu")
+    )
+    if advanced:
+        raise TypeError(
+            f"a lazy slice takes basic indices only (integers, slices, '...', None), "
+            f"not {type(k).__name__}: read the whole tensor for numpy's advanced indexing"
+        )
+    if not hasattr(k, "__index__"):
+        raise IndexError(
+            "only integers, slices (`:`), ellipsis (`...`) and numpy.newaxis (`None`) "
+            f"index a lazy slice, not {type(k).__name__}"
+        )
+
+
 def normalize_key(key, shape: Sequence[int]) -> tuple[Region, tuple]:
     """(region, index into the region's block) of numpy basic index ``key``.
 
-    Raises ``IndexError`` / ``TypeError`` / ``ValueError`` as numpy does.
+    The second, applied to the block, gives what ``full[key]`` gives: the same
+    shape (``None`` adds an axis), a numpy scalar for an index of integers only and
+    a 0-d array where ``...`` is in it. Raises ``IndexError`` / ``TypeError`` /
+    ``ValueError`` as numpy does (see :func:`_check_item` for the exception).
     """
     items = list(key) if isinstance(key, tuple) else [key]
+    for k in items:
+        _check_item(k)
     ellipses = [i for i, k in enumerate(items) if k is Ellipsis]
     if len(ellipses) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    for k in items:
-        if k is Ellipsis or isinstance(k, slice):
-            continue
-        if isinstance(k, (bool, np.bool_)) or not hasattr(k, "__index__"):
-            raise TypeError(
-                f"only integers, slices and '...' index a lazy slice, not {type(k).__name__}"
-            )
-    given = len(items) - len(ellipses)
+    given = sum(1 for k in items if k is not None and k is not Ellipsis)
     if given > len(shape):
         raise IndexError(
             f"too many indices: the tensor has {len(shape)} dimensions, {given} were indexed"
@@ -52,7 +72,12 @@ def normalize_key(key, shape: Sequence[int]) -> tuple[Region, tuple]:
         items += fill
     region = []
     final: list = []
-    for axis, (k, n) in enumerate(zip(items, shape)):
+    axes = iter(enumerate(shape))
+    for k in items:
+        if k is None:
+            final.append(None)
+            continue
+        axis, n = next(axes)
         if isinstance(k, slice):
             r = range(*k.indices(n))
             if not r:
@@ -70,6 +95,8 @@ def normalize_key(key, shape: Sequence[int]) -> tuple[Region, tuple]:
                 raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
             region.append((i % n, 1, 1))
             final.append(0)
+    if ellipses:  # numpy gives a 0-d array, not a scalar, where '...' was given
+        final.append(Ellipsis)
     return tuple(region), tuple(final)
 
 
@@ -140,7 +167,8 @@ class TensorSlice:
 
     Returned by :meth:`tfckpt.Checkpoint.get_slice`. ``shape`` and ``dtype`` come
     from the index; ``slice[...]`` takes numpy's basic indexing (ints, slices with any
-    step, ``...``) and returns what numpy indexing of the whole value would, reading
+    step, ``...``, ``None``) and returns what numpy indexing of the whole value would
+    (the same type: array, numpy scalar or ``bytes``), reading
     only the bytes that cover the request. Such a partial read is not checksummed
     (the stored checksum covers the whole tensor); a request for all of the tensor
     is read and checked like ``ckpt[name]``. String tensors are read whole and then
