@@ -16,6 +16,7 @@ import json
 import re
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -610,6 +611,8 @@ class _In:
     file: str
     offset: int  # where the elements start (unless member)
     member: str | None = None  # a compressed npz member, read from its start
+    # A stored npz member's CRC-32 of its .npy header, and that of all its bytes.
+    crc: tuple[int, int] | None = None
 
 
 def _import_entries(src: str) -> list[_In]:
@@ -641,7 +644,12 @@ def _import_entries(src: str) -> list[_In]:
         finally:
             npz.close()
         # Members stored uncompressed are read by offset like safetensors' tensors.
-        return [_In(e, src, start or 0, m if start is None else None) for e, m, start in members]
+        return [
+            _In(m.entry, src, m.start, None, (m.header_crc, m.crc))
+            if m.start is not None
+            else _In(m.entry, src, 0, m.member)
+            for m in members
+        ]
     return _safetensors_entries(src)
 
 
@@ -900,5 +908,12 @@ def _import_chunks(
         yield from tiles(elements, e.shape, perm, dt.itemsize, chunk_bytes)
         return
     total = e.nbytes // dt.itemsize
+    crc = None if i.crc is None else i.crc[0]
     for s in range(0, total, piece):
-        yield elements(s, min(piece, total - s), sources.read_ring)
+        chunk = elements(s, min(piece, total - s), sources.read_ring)
+        if crc is not None:
+            crc = zlib.crc32(chunk, crc)
+        yield chunk
+    if i.crc is not None and crc != i.crc[1]:
+        # Read in order, a stored member is checked as zipfile would (permuted, it is not).
+        raise CorruptCheckpointError("npz member fails its CRC-32", path=i.file, tensor=e.name)

@@ -283,7 +283,7 @@ def _tensor_spec(name: str, spec, path: str) -> tuple[str, list[int], tuple[int,
         for key, value in spec:
             if key in fields:
                 raise CorruptCheckpointError(
-                    f"safetensors entry {name!r} gives {key!r} twice", path=path, tensor=name
+                    f"safetensors entry gives {key!r} twice", path=path, tensor=name
                 )
             fields[key] = value
     dtype, shape, offsets = (fields.get(k) for k in ("dtype", "shape", "data_offsets"))
@@ -296,9 +296,7 @@ def _tensor_spec(name: str, spec, path: str) -> tuple[str, list[int], tuple[int,
         or not all(_u64(x) for x in offsets)
     ):
         shown = json.dumps(fields, default=str)[:200] if fields else repr(spec)[:200]
-        raise CorruptCheckpointError(
-            f"bad safetensors entry for {name!r}: {shown}", path=path, tensor=name
-        )
+        raise CorruptCheckpointError(f"bad safetensors entry: {shown}", path=path, tensor=name)
     return dtype, shape, (offsets[0], offsets[1])
 
 
@@ -341,7 +339,7 @@ def parse_safetensors_header(
     for name, (code, shape, (begin, stop)) in ordered:
         if begin != end or stop < begin:
             raise CorruptCheckpointError(
-                f"safetensors entry {name!r}: offsets [{begin}, {stop}) leave a gap or "
+                f"safetensors offsets [{begin}, {stop}) leave a gap or "
                 f"overlap (the previous tensor ends at {end})",
                 path=path,
                 tensor=name,
@@ -353,7 +351,7 @@ def parse_safetensors_header(
         bits = count * _SAFETENSORS_BITS[code]
         if count >= _U64 or bits >= _U64 or bits % 8 or stop - begin != bits // 8:
             raise CorruptCheckpointError(
-                f"safetensors entry {name!r}: offsets [{begin}, {stop}) do not match its "
+                f"safetensors offsets [{begin}, {stop}) do not match the tensor's "
                 f"shape {shape} of {code}",
                 path=path,
                 tensor=name,
@@ -368,7 +366,7 @@ def parse_safetensors_header(
     for name, (code, shape, (begin, _)) in ordered:
         if code not in _FROM_SAFETENSORS:
             raise UnsupportedCheckpointError(
-                f"safetensors tensor {name!r} is {code}, which tfckpt cannot import",
+                f"safetensors dtype {code} is not one tfckpt can import",
                 path=path,
                 tensor=name,
             )
@@ -498,28 +496,28 @@ ZIP_ERRORS = (
 )
 
 
-def _member_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tuple[Entry, int]:
-    """A member's entry and the length of its .npy header, which must account for
-    every byte the zip says the member inflates to."""
+def _member_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tuple[Entry, int, int]:
+    """A member's entry, the length of its .npy header (which with the elements must
+    account for every byte the zip says the member inflates to) and the header's CRC-32."""
     name = info.filename[: -len(".npy")]
     try:
         with zf.open(info) as f:
             shape, fortran, dt = _read_npy_header(f)
             npy_header = f.tell()
+        with zf.open(info) as f:
+            header_crc = zlib.crc32(f.read(npy_header))
     except ZIP_ERRORS as e:
-        raise CorruptCheckpointError(
-            f"bad .npy member {info.filename!r}: {e}", path=path, tensor=name
-        ) from None
+        raise CorruptCheckpointError(f"bad .npy member: {e}", path=path, tensor=name) from None
     if fortran or dt.hasobject or dt.name not in NPZ_DTYPES:
         raise CorruptCheckpointError(
-            f"npz member {name!r}: {'Fortran order' if fortran else dt} is not supported",
+            f"npz member: {'Fortran order' if fortran else dt} is not supported",
             path=path,
             tensor=name,
         )
     if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
         # Members are read as little-endian elements, by offset or in pieces.
         raise UnsupportedCheckpointError(
-            f"npz member {name!r} is big-endian ({dt.str}); save it little-endian "
+            f"npz member is big-endian ({dt.str}); save it little-endian "
             "(array.astype(array.dtype.newbyteorder('<'))) to import it",
             path=path,
             tensor=name,
@@ -528,17 +526,29 @@ def _member_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tupl
     # Never inflate more than the header declares: a member's zip size is that, exactly.
     if info.file_size != npy_header + entry.nbytes:
         raise CorruptCheckpointError(
-            f"npz member {name!r} holds {info.file_size} bytes, not the "
+            f"npz member holds {info.file_size} bytes, not the "
             f"{npy_header + entry.nbytes} its header says",
             path=path,
             tensor=name,
         )
-    return entry, npy_header
+    return entry, npy_header, header_crc
 
 
-def npz_members(file, path: str) -> list[tuple[Entry, str, int | None]]:
-    """The .npy members of the npz in ``file`` (a seekable binary file):
-    (entry, member name, where its elements start in the file), in the zip's order.
+@dataclass
+class NpzMember:
+    """One .npy member of an npz: its tensor, its name in the zip, and for a member
+    stored uncompressed where its elements start in the file and the CRC-32 its bytes
+    must end at, starting from ``header_crc`` (that of its .npy header)."""
+
+    entry: Entry
+    member: str
+    start: int | None
+    header_crc: int
+    crc: int
+
+
+def npz_members(file, path: str) -> list[NpzMember]:
+    """The .npy members of the npz in ``file`` (a seekable binary file), in the zip's order.
 
     The start is known for members stored uncompressed (as ``numpy.savez``
     writes them): their elements can then be read by offset, in any order. It is
@@ -554,7 +564,7 @@ def npz_members(file, path: str) -> list[tuple[Entry, str, int | None]]:
         for info in zf.infolist():
             if not info.filename.endswith(".npy"):
                 continue
-            entry, npy_header = _member_entry(zf, info, path)
+            entry, npy_header, header_crc = _member_entry(zf, info, path)
             start = None
             if info.compress_type == zipfile.ZIP_STORED:
                 # The local header: 30 bytes, then the name and extra field it gives lengths of.
@@ -562,13 +572,13 @@ def npz_members(file, path: str) -> list[tuple[Entry, str, int | None]]:
                 local = file.read(30)
                 if len(local) != 30 or local[:4] != b"PK\x03\x04":
                     raise CorruptCheckpointError(
-                        f"npz member {entry.name!r}: bad local zip header",
+                        "npz member: bad local zip header",
                         path=path,
                         tensor=entry.name,
                     )
                 n, m = struct.unpack("<HH", local[26:30])
                 start = info.header_offset + 30 + n + m + npy_header
-            out.append((entry, info.filename, start))
+            out.append(NpzMember(entry, info.filename, start, header_crc, info.CRC))
     return out
 
 
@@ -587,11 +597,9 @@ def npz_chunks(
                 data = f.read(min(step, left))
                 if not data or len(data) % dt.itemsize:
                     raise CorruptCheckpointError(
-                        f"npz member {e.name!r} is truncated", path=path, tensor=e.name
+                        "npz member is truncated", path=path, tensor=e.name
                     )
                 left -= len(data)
                 yield np.frombuffer(data, dtype=dt)
     except ZIP_ERRORS as err:
-        raise CorruptCheckpointError(
-            f"npz member {e.name!r}: {err}", path=path, tensor=e.name
-        ) from None
+        raise CorruptCheckpointError(f"npz member: {err}", path=path, tensor=e.name) from None
