@@ -684,7 +684,7 @@ def _file_reader(src: str):
 
     def read(offset: int, nbytes: int, tensor: str, buffers=None) -> np.ndarray:
         buf = buffers(nbytes) if buffers is not None else np.empty(nbytes, dtype=np.uint8)
-        read_exactly(reader, memoryview(buf), offset, src, tensor)
+        read_exactly(reader, buf.data, offset, src, tensor)
         return buf
 
     return read, reader.close
@@ -912,7 +912,7 @@ def _import_chunks(
     for s in range(0, total, piece):
         chunk = elements(s, min(piece, total - s), sources.read_ring)
         if crc is not None:
-            crc = zlib.crc32(chunk, crc)
+            crc = zlib.crc32(chunk.data, crc)
         yield chunk
     if i.crc is not None and crc != i.crc[1]:
         # Read in order, a stored member is checked as zipfile would (permuted, it is not).

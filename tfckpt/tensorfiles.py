@@ -256,7 +256,7 @@ def parse_json(data, path: str, what: str):
     return value
 
 
-def safetensors_header_size(first: bytes, size: int, path: str) -> int:
+def safetensors_header_size(first: bytes | bytearray, size: int, path: str) -> int:
     """The header length a safetensors file's first 8 bytes give, checked against the
     package's limit and the file's ``size``."""
     if size < 8 or len(first) < 8:
