@@ -605,7 +605,7 @@ def _discard(store, written: list[tuple[str, str]], made: list[str]) -> None:
 # -- import
 
 
-@dataclass
+@dataclass(slots=True)
 class _In:
     entry: tfiles.Entry
     file: str

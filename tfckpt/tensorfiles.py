@@ -80,7 +80,7 @@ def supports(fmt: str, dtype: str) -> bool:
     return dtype in (SAFETENSORS_DTYPES if fmt == SAFETENSORS else NPZ_DTYPES)
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One tensor of a file: name, tfckpt dtype name, shape, bytes."""
 
@@ -212,8 +212,34 @@ def _json_float(text: str) -> float:
     return value
 
 
+class _Spec(tuple):
+    """A header entry recognised as it is parsed: (dtype code, shape, begin, end). Held
+    for every tensor until the header is checked, so smaller than its pairs."""
+
+
+_SPEC_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+_DTYPE_CODES = {code: code for code in _SAFETENSORS_BITS}
+
+
+def _json_object(pairs: list):
+    """An object as :class:`_Pairs`, or a well-formed tensor entry as a :class:`_Spec`."""
+    if len(pairs) == 3 and {k for k, _ in pairs} == _SPEC_KEYS:
+        fields = dict(pairs)
+        shape, offsets = fields["shape"], fields["data_offsets"]
+        if (
+            fields["dtype"] in _DTYPE_CODES
+            and type(shape) is list
+            and all(_u64(d) for d in shape)
+            and type(offsets) is list
+            and len(offsets) == 2
+            and all(_u64(x) for x in offsets)
+        ):
+            return _Spec((_DTYPE_CODES[fields["dtype"]], tuple(shape), offsets[0], offsets[1]))
+    return _Pairs(pairs)
+
+
 _DECODER = json.JSONDecoder(
-    object_pairs_hook=_Pairs,
+    object_pairs_hook=_json_object,
     parse_constant=_no_constant,
     parse_int=_json_int,
     parse_float=_json_float,
@@ -245,6 +271,9 @@ def parse_json(data, path: str, what: str):
                     raise CorruptCheckpointError(
                         f"{what} holds a lone surrogate", path=path
                     ) from None
+        elif isinstance(v, _Spec):
+            if depth + 1 > _JSON_DEPTH_LIMIT:  # its shape and offsets are arrays in it
+                raise CorruptCheckpointError(f"{what} nests too deeply", path=path)
         elif isinstance(v, list):
             if depth > _JSON_DEPTH_LIMIT:
                 raise CorruptCheckpointError(f"{what} nests too deeply", path=path)
@@ -276,8 +305,10 @@ def _u64(value) -> bool:
     return type(value) is int and 0 <= value < _U64
 
 
-def _tensor_spec(name: str, spec, path: str) -> tuple[str, list[int], tuple[int, int]]:
+def _tensor_spec(name: str, spec, path: str) -> tuple[str, Sequence[int], tuple[int, int]]:
     """(dtype code, shape, data offsets) of one header entry, typed as the package types it."""
+    if isinstance(spec, _Spec):
+        return spec[0], spec[1], (spec[2], spec[3])
     fields: dict = {}
     if isinstance(spec, _Pairs):
         for key, value in spec:
@@ -352,7 +383,7 @@ def parse_safetensors_header(
         if count >= _U64 or bits >= _U64 or bits % 8 or stop - begin != bits // 8:
             raise CorruptCheckpointError(
                 f"safetensors offsets [{begin}, {stop}) do not match the tensor's "
-                f"shape {shape} of {code}",
+                f"shape {list(shape)} of {code}",
                 path=path,
                 tensor=name,
             )
