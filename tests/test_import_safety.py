@@ -275,6 +275,19 @@ def test_many_distinct_shard_names_take_linear_time(tmp_path):
     assert_cli_error(proc, "model-000000-of-200000.safetensors")
 
 
+def test_same_tensor_in_two_shards_names_the_file(tmp_path):
+    write_shard(tmp_path / "model-1.safetensors")
+    write_shard(tmp_path / "model-2.safetensors")
+    index = write_index(
+        tmp_path / "model.safetensors.index.json",
+        {"w": "model-1.safetensors", "v": "model-2.safetensors"},
+    )
+    line = assert_cli_error(
+        in_process("import", index, tmp_path / "out" / "m"), str(tmp_path / "model-2.safetensors")
+    )
+    assert "would both be named 'w'" in line
+
+
 # -- hostile files through the command line: one line naming the file
 
 
@@ -375,6 +388,12 @@ HOSTILE = [
         ["nests too deeply"],
     ),
     ("index-deep-open", "m.safetensors.index.json", b"[" * 1_000_000, ["safetensors index"]),
+    (
+        "index-names-itself",
+        "m.safetensors.index.json",
+        b'{"weight_map":{"a":"m.safetensors.index.json"}}',
+        ["safetensors header"],
+    ),
     ("index-nan", "m.safetensors.index.json", b'{"weight_map":{},"x":NaN}', ["NaN"]),
     ("st-deep", "w.safetensors", st_bytes(b"[" * 1_000_000), ["safetensors header"]),
     ("st-huge-length", "w.safetensors", st_bytes("{}", length=1 << 62), ["over the limit"]),

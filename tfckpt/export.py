@@ -732,7 +732,11 @@ def import_(
             continue
         new = _new_name(name, exact, rules)
         if new in seen:
-            raise CheckpointError(f"{seen[new]!r} and {name!r} would both be named {new!r}")
+            raise CheckpointError(
+                f"{seen[new]!r} and {name!r} would both be named {new!r}",
+                path=i.file,
+                tensor=name,
+            )
         seen[new] = name
         to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
         chosen.append((i, new, to.name, permuter(new, i.entry.shape), by))
