@@ -57,6 +57,13 @@ def nested(depth: int) -> str:
     )
 
 
+def nested_entry(depth: int) -> str:
+    """A valid header with a well-formed entry object ignored at nesting ``depth``."""
+    inner = depth - 3
+    entry = '{"dtype":"U8","shape":[1],"data_offsets":[0,1]}'
+    return '{"a":' + entry[:-1] + ',"x":' + "[" * inner + entry + "]" * inner + "}}"
+
+
 U8 = lambda b, e: spec("U8", [e - b], b, e)  # noqa: E731
 
 # (id, file bytes): valid and invalid variants, each judged by the package below.
@@ -146,6 +153,21 @@ SAFETENSORS_CASES = [
     ),
     ("shape-overflow", st_bytes(header({"a": spec("F32", [1 << 32, 1 << 32], 0, 4)}), b"\0" * 4)),
     ("bytes-overflow", st_bytes(header({"a": spec("F32", [1 << 62], 0, 4)}), b"\0" * 4)),
+    (
+        "extra-field-twice",
+        st_bytes('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1,"x":[]}}', b"\1"),
+    ),
+    (
+        "extra-field-first",
+        st_bytes('{"a":{"x":1,"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1"),
+    ),
+    (
+        "tensor-null-then-valid",
+        st_bytes('{"a":null,"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1"),
+    ),
+    ("form-feed", st_bytes('{\f"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1")),
+    ("entry-at-depth-126", st_bytes(nested_entry(126), b"\1")),
+    ("entry-at-depth-127", st_bytes(nested_entry(127), b"\1")),
     ("tensor-null", st_bytes('{"a":null}')),
     ("scalar", st_bytes(header({"a": spec("I64", [], 0, 8)}), b"\0" * 8)),
     ("zero-size", st_bytes(header({"a": U8(0, 0), "b": U8(0, 0), "c": U8(0, 1)}), b"\1")),

@@ -312,6 +312,8 @@ def _tensor_spec(name: str, spec, path: str) -> tuple[str, Sequence[int], tuple[
     fields: dict = {}
     if isinstance(spec, _Pairs):
         for key, value in spec:
+            if key not in _SPEC_KEYS:
+                continue  # ignored, as the package ignores fields it does not know
             if key in fields:
                 raise CorruptCheckpointError(
                     f"safetensors entry gives {key!r} twice", path=path, tensor=name
