@@ -12,8 +12,10 @@ API cannot hand out bfloat16 or float8 tensors, nor a tensor in pieces.
 from __future__ import annotations
 
 import json
+import lzma
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Literal
@@ -104,7 +106,7 @@ def unstorable_name(fmt: str, name: str) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One tensor of a file: name, tfckpt dtype name, shape, bytes."""
 
@@ -192,6 +194,245 @@ class SafetensorsWriter:
             raise ValueError("not every tensor was written")
 
 
+# The safetensors package's limits and dtypes (its crate's ``MAX_HEADER_SIZE``,
+# serde_json's nesting limit, and the bits per element of every dtype it knows, as of
+# 0.8): a file is valid here exactly when that package can open it.
+SAFETENSORS_HEADER_LIMIT = 100_000_000
+_JSON_DEPTH_LIMIT = 127
+_SAFETENSORS_BITS = {
+    **{code: 8 for code in ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0")},
+    **{code: 8 for code in ("F8_E4M3FNUZ", "F8_E5M2FNUZ")},
+    **{code: 16 for code in ("I16", "U16", "F16", "BF16")},
+    **{code: 32 for code in ("I32", "U32", "F32")},
+    **{code: 64 for code in ("I64", "U64", "F64", "C64")},
+    **{"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6},
+}
+_U64 = 1 << 64
+
+
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs in order: duplicates kept, to be judged
+    where the package would judge them."""
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NotJson(f"{name} is not JSON")
+
+
+def _json_int(text: str):
+    # serde_json reads ``-0`` and integers beyond 64 bits as floats, and refuses a
+    # number beyond a float's range.
+    if text == "-0" or len(text) > 20 or not -(1 << 63) <= int(text) < _U64:
+        return _json_float(text)
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _NotJson(f"number out of range: {text[:20]}")
+    return value
+
+
+class _Spec(tuple):
+    """A header entry recognised as it is parsed: (dtype code, shape, begin, end). Held
+    for every tensor until the header is checked, so smaller than its pairs."""
+
+
+_SPEC_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+_DTYPE_CODES = {code: code for code in _SAFETENSORS_BITS}
+
+
+def _json_object(pairs: list):
+    """An object as :class:`_Pairs`, or a well-formed tensor entry as a :class:`_Spec`."""
+    if len(pairs) == 3 and {k for k, _ in pairs} == _SPEC_KEYS:
+        fields = dict(pairs)
+        shape, offsets = fields["shape"], fields["data_offsets"]
+        if (
+            fields["dtype"] in _DTYPE_CODES
+            and type(shape) is list
+            and all(_u64(d) for d in shape)
+            and type(offsets) is list
+            and len(offsets) == 2
+            and all(_u64(x) for x in offsets)
+        ):
+            return _Spec((_DTYPE_CODES[fields["dtype"]], tuple(shape), offsets[0], offsets[1]))
+    return _Pairs(pairs)
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_json_object,
+    parse_constant=_no_constant,
+    parse_int=_json_int,
+    parse_float=_json_float,
+)
+
+
+def parse_json(data, path: str, what: str):
+    """JSON from UTF-8 bytes as serde_json (which safetensors uses) reads it: objects as
+    :class:`_Pairs`, no NaN, no lone surrogate, at most 127 levels of nesting."""
+    try:
+        text = str(data, "utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptCheckpointError(f"{what} is not UTF-8: {e.reason}", path=path) from None
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError:
+        raise CorruptCheckpointError(f"{what} nests too deeply", path=path) from None
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{what} is not valid JSON: {e}", path=path) from None
+    del text
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise CorruptCheckpointError(
+                        f"{what} holds a lone surrogate", path=path
+                    ) from None
+        elif isinstance(v, _Spec):
+            if depth + 1 > _JSON_DEPTH_LIMIT:  # its shape and offsets are arrays in it
+                raise CorruptCheckpointError(f"{what} nests too deeply", path=path)
+        elif isinstance(v, list):
+            if depth > _JSON_DEPTH_LIMIT:
+                raise CorruptCheckpointError(f"{what} nests too deeply", path=path)
+            if isinstance(v, _Pairs):
+                stack.extend((k, depth) for k, _ in v)
+                stack.extend((x, depth + 1) for _, x in v)
+            else:
+                stack.extend((x, depth + 1) for x in v)
+    return value
+
+
+def safetensors_header_size(first: bytes | bytearray, size: int, path: str) -> int:
+    """The header length a safetensors file's first 8 bytes give, checked against the
+    package's limit and the file's ``size``."""
+    if size < 8 or len(first) < 8:
+        raise CorruptCheckpointError("not a safetensors file: shorter than 8 bytes", path=path)
+    n = int.from_bytes(first[:8], "little")
+    if n > SAFETENSORS_HEADER_LIMIT:
+        raise CorruptCheckpointError(
+            f"safetensors header of {n} bytes is over the limit of {SAFETENSORS_HEADER_LIMIT}",
+            path=path,
+        )
+    if 8 + n > size:
+        raise CorruptCheckpointError("safetensors header runs past the end of the file", path=path)
+    return n
+
+
+def _u64(value) -> bool:
+    return type(value) is int and 0 <= value < _U64
+
+
+def _tensor_spec(name: str, spec, path: str) -> tuple[str, Sequence[int], tuple[int, int]]:
+    """(dtype code, shape, data offsets) of one header entry, typed as the package types it."""
+    if isinstance(spec, _Spec):
+        return spec[0], spec[1], (spec[2], spec[3])
+    fields: dict = {}
+    if isinstance(spec, _Pairs):
+        for key, value in spec:
+            if key not in _SPEC_KEYS:
+                continue  # ignored, as the package ignores fields it does not know
+            if key in fields:
+                raise CorruptCheckpointError(
+                    f"safetensors entry gives {key!r} twice", path=path, tensor=name
+                )
+            fields[key] = value
+    dtype, shape, offsets = (fields.get(k) for k in ("dtype", "shape", "data_offsets"))
+    if (
+        dtype not in _SAFETENSORS_BITS
+        or type(shape) is not list
+        or not all(_u64(d) for d in shape)
+        or type(offsets) is not list
+        or len(offsets) != 2
+        or not all(_u64(x) for x in offsets)
+    ):
+        shown = json.dumps(fields, default=str)[:200] if fields else repr(spec)[:200]
+        raise CorruptCheckpointError(f"bad safetensors entry: {shown}", path=path, tensor=name)
+    return dtype, shape, (offsets[0], offsets[1])
+
+
+def _header_fields(header, path: str) -> tuple[dict, dict[str, str]]:
+    """The tensors ({name: spec}, the last of a repeated name) and the metadata of a
+    parsed header."""
+    if not isinstance(header, _Pairs):
+        raise CorruptCheckpointError("bad safetensors header: not a JSON object", path=path)
+    tensors: dict = {}
+    metadata: dict[str, str] | None = None
+    seen_metadata = False
+    for key, value in header:
+        if key != "__metadata__":
+            tensors[key] = _tensor_spec(key, value, path)
+            continue
+        if seen_metadata:
+            raise CorruptCheckpointError("safetensors header gives __metadata__ twice", path=path)
+        seen_metadata = True
+        if value is None:
+            continue
+        if not isinstance(value, _Pairs) or not all(isinstance(v, str) for _, v in value):
+            raise CorruptCheckpointError(
+                "safetensors __metadata__ must map names to strings", path=path
+            )
+        metadata = dict(value)
+    return tensors, metadata or {}
+
+
+def parse_safetensors_header(
+    text, n: int, size: int, path: str
+) -> tuple[int, list[tuple[Entry, int]], dict[str, str]]:
+    """Parse and validate the ``n`` header bytes ``text`` of a safetensors file of
+    ``size`` bytes: (data start, [(entry, where its bytes start)] in file order,
+    metadata). Refused exactly when the ``safetensors`` package refuses the file:
+    tensors must tile the data from its start to the file's end, in offset order,
+    each as long as its dtype and shape say."""
+    tensors, metadata = _header_fields(parse_json(text, path, "safetensors header"), path)
+    ordered = sorted(tensors.items(), key=lambda kv: kv[1][2])
+    end = 0
+    for name, (code, shape, (begin, stop)) in ordered:
+        if begin != end or stop < begin:
+            raise CorruptCheckpointError(
+                f"safetensors offsets [{begin}, {stop}) leave a gap or "
+                f"overlap (the previous tensor ends at {end})",
+                path=path,
+                tensor=name,
+            )
+        end = stop
+        count = 1
+        for d in shape:
+            count *= d
+        bits = count * _SAFETENSORS_BITS[code]
+        if count >= _U64 or bits >= _U64 or bits % 8 or stop - begin != bits // 8:
+            raise CorruptCheckpointError(
+                f"safetensors offsets [{begin}, {stop}) do not match the tensor's "
+                f"shape {list(shape)} of {code}",
+                path=path,
+                tensor=name,
+            )
+    start = 8 + n
+    if start + end != size:
+        raise CorruptCheckpointError(
+            f"safetensors data is {size - start} bytes, but its tensors cover {end}",
+            path=path,
+        )
+    out = []
+    for name, (code, shape, (begin, _)) in ordered:
+        if code not in _FROM_SAFETENSORS:
+            raise UnsupportedCheckpointError(
+                f"safetensors dtype {code} is not one tfckpt can import",
+                path=path,
+                tensor=name,
+            )
+        out.append((Entry(name, _FROM_SAFETENSORS[code], tuple(shape)), start + begin))
+    return start, out, metadata
+
+
 def read_safetensors_header(
     head: bytes, size: int, path: str
 ) -> tuple[int, list[tuple[Entry, int]], dict[str, str]]:
@@ -200,39 +441,46 @@ def read_safetensors_header(
     ``head`` holds at least the file's first 8 + header-length bytes;
     ``size`` is the file size, against which every offset is checked.
     """
-    if len(head) < 8:
-        raise CorruptCheckpointError("not a safetensors file: too short", path=path)
-    (n,) = struct.unpack("<Q", head[:8])
-    if 8 + n > size or 8 + n > len(head):
+    n = safetensors_header_size(head, size, path)
+    if len(head) < 8 + n:
         raise CorruptCheckpointError("safetensors header runs past the end of the file", path=path)
-    try:
-        header = json.loads(head[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CorruptCheckpointError(f"bad safetensors header: {e}", path=path) from None
-    if not isinstance(header, dict):
-        raise CorruptCheckpointError("bad safetensors header: not an object", path=path)
-    metadata = header.pop("__metadata__", None) or {}
-    start = 8 + n
-    out = []
-    for name, spec in header.items():
-        try:
-            dtype = _FROM_SAFETENSORS[spec["dtype"]]
-            shape = tuple(int(d) for d in spec["shape"])
-            begin, end = (int(x) for x in spec["data_offsets"])
-        except (KeyError, TypeError, ValueError):
+    return parse_safetensors_header(memoryview(head)[8 : 8 + n], n, size, path)
+
+
+def safetensors_index_shards(data, path: str) -> list[str]:
+    """The shard file names a ``*.safetensors.index.json`` names, in first-use order:
+    each a plain file name (they lie beside the index, on its storage)."""
+    index = parse_json(data, path, "safetensors index")
+    fields = dict(index) if isinstance(index, _Pairs) else None
+    weight_map = None if fields is None else fields.get("weight_map")
+    if not isinstance(weight_map, _Pairs):
+        raise CorruptCheckpointError(
+            "bad safetensors index: not an object with a weight_map object", path=path
+        )
+    metadata = fields.get("metadata") if fields is not None else None
+    if metadata is not None and not isinstance(metadata, _Pairs):
+        raise CorruptCheckpointError("bad safetensors index: metadata is not an object", path=path)
+    shards: dict[str, None] = {}
+    for tensor, name in dict(weight_map).items():
+        if not plain_file_name(name):
             raise CorruptCheckpointError(
-                f"bad or unsupported safetensors entry for {name!r}: {spec!r}", path=path
-            ) from None
-        entry = Entry(name, dtype, shape)
-        if min(shape, default=0) < 0 or end - begin != entry.nbytes or start + end > size:
-            raise CorruptCheckpointError(
-                f"safetensors entry {name!r}: offsets [{begin}, {end}) do not match its "
-                f"shape {list(shape)} or lie past the end of the file",
+                f"safetensors index maps {tensor!r} to {str(name)[:200]!r}, not a file name "
+                "beside the index",
                 path=path,
+                tensor=tensor,
             )
-        out.append((entry, start + begin))
-    out.sort(key=lambda x: x[1])
-    return start, out, {str(k): str(v) for k, v in metadata.items()}
+        shards.setdefault(name, None)
+    return list(shards)
+
+
+def plain_file_name(name) -> bool:
+    """Whether ``name`` names a file in the directory it is read against and nowhere
+    else: no separator, drive or scheme, not ``.`` or ``..``, no NUL."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\:\0")
+    )
 
 
 # -- npz
@@ -304,78 +552,123 @@ def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
     return np.lib.format.read_array_header_2_0(f)
 
 
-def npz_members(file, path: str) -> list[tuple[Entry, str, int | None]]:
-    """The .npy members of the npz in ``file`` (a seekable binary file):
-    (entry, member name, where its elements start in the file), in the zip's order.
+# What reading a damaged zip member raises: a bad CRC or stream, a method or an
+# encryption zipfile cannot undo, a stream that ends early.
+ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+)
+
+
+def _member_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tuple[Entry, int, int]:
+    """A member's entry, the length of its .npy header (which with the elements must
+    account for every byte the zip says the member inflates to) and the header's CRC-32."""
+    name = info.filename[: -len(".npy")]
+    try:
+        with zf.open(info) as f:
+            shape, fortran, dt = _read_npy_header(f)
+            npy_header = f.tell()
+        with zf.open(info) as f:
+            header_crc = zlib.crc32(f.read(npy_header))
+    except ZIP_ERRORS as e:
+        raise CorruptCheckpointError(f"bad .npy member: {e}", path=path, tensor=name) from None
+    if fortran or dt.hasobject or dt.name not in NPZ_DTYPES:
+        raise CorruptCheckpointError(
+            f"npz member: {'Fortran order' if fortran else dt} is not supported",
+            path=path,
+            tensor=name,
+        )
+    if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
+        # Members are read as little-endian elements, by offset or in pieces.
+        raise UnsupportedCheckpointError(
+            f"npz member is big-endian ({dt.str}); save it little-endian "
+            "(array.astype(array.dtype.newbyteorder('<'))) to import it",
+            path=path,
+            tensor=name,
+        )
+    entry = Entry(name, dt.name, tuple(shape))
+    # Never inflate more than the header declares: a member's zip size is that, exactly.
+    if info.file_size != npy_header + entry.nbytes:
+        raise CorruptCheckpointError(
+            f"npz member holds {info.file_size} bytes, not the "
+            f"{npy_header + entry.nbytes} its header says",
+            path=path,
+            tensor=name,
+        )
+    return entry, npy_header, header_crc
+
+
+@dataclass
+class NpzMember:
+    """One .npy member of an npz: its tensor, its name in the zip, and for a member
+    stored uncompressed where its elements start in the file and the CRC-32 its bytes
+    must end at, starting from ``header_crc`` (that of its .npy header)."""
+
+    entry: Entry
+    member: str
+    start: int | None
+    header_crc: int
+    crc: int
+
+
+def npz_members(file, path: str) -> list[NpzMember]:
+    """The .npy members of the npz in ``file`` (a seekable binary file), in the zip's order.
 
     The start is known for members stored uncompressed (as ``numpy.savez``
     writes them): their elements can then be read by offset, in any order. It is
-    None for compressed members, which are read from the start.
+    None for compressed members, which are read from the start. A member's name
+    only ever names its tensor, never a path.
     """
     try:
         zf = zipfile.ZipFile(file)
-    except (zipfile.BadZipFile, OSError) as e:
+    except ZIP_ERRORS as e:
         raise CorruptCheckpointError(f"not an npz file: {e}", path=path) from None
     out = []
     with zf:
         for info in zf.infolist():
             if not info.filename.endswith(".npy"):
                 continue
-            name = info.filename[: -len(".npy")]
-            with zf.open(info) as f:
-                try:
-                    shape, fortran, dt = _read_npy_header(f)
-                except ValueError as e:
-                    raise CorruptCheckpointError(
-                        f"bad .npy member {info.filename!r}: {e}", path=path
-                    ) from None
-                npy_header = f.tell()
-            if fortran or dt.hasobject or dt.name not in NPZ_DTYPES:
-                raise CorruptCheckpointError(
-                    f"npz member {name!r}: {'Fortran order' if fortran else dt} is not supported",
-                    path=path,
-                )
-            if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
-                # Members are read as little-endian elements, by offset or in pieces.
-                raise UnsupportedCheckpointError(
-                    f"npz member {name!r} is big-endian ({dt.str}); save it little-endian "
-                    "(array.astype(array.dtype.newbyteorder('<'))) to import it",
-                    path=path,
-                )
-            entry = Entry(name, dt.name, tuple(shape))
+            entry, npy_header, header_crc = _member_entry(zf, info, path)
             start = None
             if info.compress_type == zipfile.ZIP_STORED:
-                if info.file_size != npy_header + entry.nbytes:
-                    raise CorruptCheckpointError(
-                        f"npz member {name!r} holds {info.file_size} bytes, not the "
-                        f"{npy_header + entry.nbytes} its header says",
-                        path=path,
-                    )
                 # The local header: 30 bytes, then the name and extra field it gives lengths of.
                 file.seek(info.header_offset)
                 local = file.read(30)
                 if len(local) != 30 or local[:4] != b"PK\x03\x04":
                     raise CorruptCheckpointError(
-                        f"npz member {name!r}: bad local zip header", path=path
+                        "npz member: bad local zip header",
+                        path=path,
+                        tensor=entry.name,
                     )
                 n, m = struct.unpack("<HH", local[26:30])
                 start = info.header_offset + 30 + n + m + npy_header
-            out.append((entry, info.filename, start))
+            out.append(NpzMember(entry, info.filename, start, header_crc, info.CRC))
     return out
 
 
 def npz_chunks(
-    zf: zipfile.ZipFile, member: str, e: Entry, chunk_bytes: int
+    zf: zipfile.ZipFile, member: str, e: Entry, chunk_bytes: int, path: str | None = None
 ) -> Iterator[np.ndarray]:
-    """A member's elements, in pieces of about ``chunk_bytes``."""
+    """A member's elements, in pieces of about ``chunk_bytes``, inflated no further
+    than its header declares."""
     dt = little_dtype(e.dtype)
     step = max(1, chunk_bytes // dt.itemsize) * dt.itemsize
-    with zf.open(member) as f:
-        _read_npy_header(f)
-        left = e.nbytes
-        while left:
-            data = f.read(min(step, left))
-            if not data or len(data) % dt.itemsize:
-                raise CorruptCheckpointError(f"npz member {e.name!r} is truncated")
-            left -= len(data)
-            yield np.frombuffer(data, dtype=dt)
+    try:
+        with zf.open(member) as f:
+            _read_npy_header(f)
+            left = e.nbytes
+            while left:
+                data = f.read(min(step, left))
+                if not data or len(data) % dt.itemsize:
+                    raise CorruptCheckpointError(
+                        "npz member is truncated", path=path, tensor=e.name
+                    )
+                left -= len(data)
+                yield np.frombuffer(data, dtype=dt)
+    except ZIP_ERRORS as err:
+        raise CorruptCheckpointError(f"npz member: {err}", path=path, tensor=e.name) from None
