@@ -171,8 +171,12 @@ class Checkpoint(collections.abc.Mapping):
             except CheckpointNotFoundError as e:
                 from . import v1
 
-                if v1.resolve_files(path) is not None:
-                    return super().__new__(v1.V1Checkpoint)
+                # resolve_prefix warned already about a state file naming moved paths.
+                files = v1.resolve_files(path, warn=False)
+                if files is not None:
+                    v1_obj = super().__new__(v1.V1Checkpoint)
+                    v1_obj._v1_resolved = files
+                    return v1_obj
                 why = v1.not_a_checkpoint(path)
                 if why is not None:
                     raise UnsupportedCheckpointError(why, path=e.path) from None
