@@ -76,3 +76,22 @@ def test_moved_v1_state_file_warns_once(sharded_v1, tmp_path):
         assert proc.returncode == 0, proc.stderr
         notes = [line for line in proc.stderr.splitlines() if gone in line]
         assert len(notes) == 1, proc.stderr
+
+
+# -- 3: verify --tf on a sharded V1 save, however it is spelled
+
+
+def test_verify_tf_sharded_v1_every_spelling(sharded_v1):
+    saved, _ = sharded_v1
+    directory = os.path.dirname(saved)
+    prefix = saved[: -len("-?????-of-00002")]
+    shard = f"{prefix}-00000-of-00002"
+    assert os.path.isfile(shard) and not os.path.exists(prefix)
+    for spelling in (saved, prefix, shard, directory):
+        rc, out, err = in_process("verify", "--tf", spelling)
+        assert rc == 0 and err == "", (spelling, err)
+        assert "TensorFlow's reader agrees bit-for-bit" in out, (spelling, out)
+        assert "2 tensors" in out, (spelling, out)
+    # What verify hands TensorFlow opens there too.
+    with tfckpt.open(prefix) as ckpt:
+        assert tf.train.load_checkpoint(ckpt.tf_path).has_tensor("dev1/step")

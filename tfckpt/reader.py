@@ -540,6 +540,12 @@ class Checkpoint(collections.abc.Mapping):
             return False
 
     @property
+    def tf_path(self) -> str:
+        """The path TensorFlow's readers (``tf.train.load_checkpoint``, ``RestoreV2``) open
+        this checkpoint by: a bundle's prefix."""
+        return self.prefix
+
+    @property
     def data_files(self) -> list[str]:
         n = self.header.num_shards
         return [paths.data_filename(self.prefix, i, n) for i in range(n)]

@@ -479,6 +479,14 @@ class V1Checkpoint(Checkpoint):
         return [k for where in self._where for k in where if k and k not in listed]
 
     @property
+    def tf_path(self) -> str:
+        """What TensorFlow opens this checkpoint by: the file of a single-file save; for
+        a sharded save the pattern it names it by (``model.ckpt-5-?????-of-00002``),
+        which its V1 reader globs (it opens no bare prefix)."""
+        m = _SHARD_RE.match(self.files[0]) if len(self.files) > 1 else None
+        return f"{m['prefix']}-?????-of-{m['num']}" if m else self.files[0]
+
+    @property
     def data_files(self) -> list[str]:
         return list(self.files)
 
