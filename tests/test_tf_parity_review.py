@@ -95,3 +95,57 @@ def test_verify_tf_sharded_v1_every_spelling(sharded_v1):
     # What verify hands TensorFlow opens there too.
     with tfckpt.open(prefix) as ckpt:
         assert tf.train.load_checkpoint(ckpt.tf_path).has_tensor("dev1/step")
+
+
+# -- 1: an object-graph tensor that is no scalar serialized graph
+
+
+BAD_GRAPHS = {
+    "float": (lambda: tf.constant(1.5), "not float32 of shape []"),
+    "strings": (lambda: tf.constant(["a", "b"]), "not string of shape [2]"),
+    "not_a_proto": (lambda: tf.constant(b"\xff\xff\x01 no proto"), "not a TrackableObjectGraph"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_graphs(tmp_path_factory):
+    """kind -> prefix of a bundle TensorFlow's SaveV2 wrote with that graph tensor."""
+    root = tmp_path_factory.mktemp("bad_graphs")
+    out = {}
+    for kind, (value, _) in BAD_GRAPHS.items():
+        prefix = str(root / kind / "ckpt")
+        tf.raw_ops.SaveV2(
+            prefix=prefix,
+            tensor_names=["_CHECKPOINTABLE_OBJECT_GRAPH", "w"],
+            shape_and_slices=["", ""],
+            tensors=[value(), tf.constant([1.0, 2.0])],
+        )
+        out[kind] = prefix
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_GRAPHS))
+def test_bad_object_graph_tensor(bad_graphs, kind, tmp_path):
+    prefix, why = bad_graphs[kind], BAD_GRAPHS[kind][1]
+    where = (prefix, "_CHECKPOINTABLE_OBJECT_GRAPH", why)
+    # TensorFlow lists it as any tensor; so does dump.
+    assert sorted(n for n, _ in tf.train.list_variables(prefix)) == [
+        "_CHECKPOINTABLE_OBJECT_GRAPH",
+        "w",
+    ]
+    rc, out, err = in_process("dump", prefix)
+    assert rc == 0 and err == "", err
+    assert "_CHECKPOINTABLE_OBJECT_GRAPH" in out and "w " in out
+    # verify: a finding, one line naming file and tensor.
+    rc, out, err = in_process("verify", prefix)
+    assert rc == 1 and out == "" and "Traceback" not in err, (rc, out, err)
+    assert len(err.splitlines()) == 1 and all(f in err for f in where), err
+    for args in (
+        ["dump", "--object-graph", prefix],
+        ["convert", "--dtype", "float16", prefix, tmp_path / "out"],
+        ["rename", "--map", "w=v", prefix, tmp_path / "renamed"],
+        ["flatten", prefix, tmp_path / "flat"],
+    ):
+        assert_cli_error(in_process(*args), *where)
+    with pytest.raises(tfckpt.CheckpointError, match="_CHECKPOINTABLE_OBJECT_GRAPH"):
+        tfckpt.plan(prefix, tmp_path / "planned", cast="float16")

@@ -324,7 +324,7 @@ def open_sources(sources) -> list[Source]:
         ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
         graph = None
         if OBJECT_GRAPH_KEY in ckpt:
-            graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+            graph = ObjectGraph.of(ckpt)
         out.append(
             Source(os.fspath(src) if not isinstance(src, Checkpoint) else src.prefix, ckpt, graph)
         )
