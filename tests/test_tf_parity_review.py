@@ -149,3 +149,80 @@ def test_bad_object_graph_tensor(bad_graphs, kind, tmp_path):
         assert_cli_error(in_process(*args), *where)
     with pytest.raises(tfckpt.CheckpointError, match="_CHECKPOINTABLE_OBJECT_GRAPH"):
         tfckpt.plan(prefix, tmp_path / "planned", cast="float16")
+
+
+# -- 4: an object graph nothing changes is copied byte for byte
+
+GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+V_KEY = "v/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _unordered_graph() -> bytes:
+    """A graph root -> v (one variable) with its fields in an order protobuf never
+    writes (attributes before children, a key before its name): the same message,
+    other bytes."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2 as pb
+
+    obj, ref = pb.TrackableObjectGraph.TrackableObject, pb.TrackableObjectGraph
+    attr = obj.SerializedTensor
+    root = obj(children=[obj.ObjectReference(node_id=1, local_name="v")])
+    var = (
+        attr(checkpoint_key=V_KEY).SerializeToString()
+        + attr(name="VARIABLE_VALUE", full_name="v").SerializeToString()
+    )
+    var_node = obj(attributes=[attr.FromString(var)])
+    # Nodes: node 1's attributes written field by field, keys first.
+    node1 = b"\x12" + bytes([len(var)]) + var  # field 2 (attributes), length-delimited
+    assert obj.FromString(node1) == var_node
+    data = b"".join(
+        b"\x0a" + bytes([len(n)]) + n for n in (root.SerializeToString(), node1)
+    )
+    parsed = ref.FromString(data)
+    assert parsed == ref(nodes=[root, var_node])
+    assert parsed.SerializeToString() != data  # protobuf would write other bytes
+    return data
+
+
+def _graph_bytes(prefix) -> bytes:
+    return tf.train.load_checkpoint(str(prefix)).get_tensor(GRAPH)
+
+
+def test_unchanged_object_graph_bytes_pass_through(tmp_path):
+    data = _unordered_graph()
+    src = str(tmp_path / "src" / "ckpt")
+    tf.raw_ops.SaveV2(
+        prefix=src,
+        tensor_names=[GRAPH, V_KEY, "extra"],
+        shape_and_slices=["", "", ""],
+        tensors=[tf.constant(data), tf.constant([1.0, 2.0, 3.0]), tf.constant([7.0])],
+    )
+    assert _graph_bytes(src) == data
+    runs = {
+        "copy": ["convert", src, tmp_path / "copy"],
+        "half": ["convert", "--dtype", "float16", src, tmp_path / "half"],
+        # No attribute names "extra": renaming it changes nothing in the graph.
+        "renamed": ["rename", "--map", "extra=more", src, tmp_path / "renamed"],
+    }
+    for what, args in runs.items():
+        rc, _, err = in_process(*args)
+        assert rc == 0, (what, err)
+        out = tmp_path / what
+        assert _graph_bytes(out) == data, what
+        # TensorFlow restores it as written.
+        dtype = tf.float16 if what == "half" else tf.float32
+        v = tf.Variable(tf.zeros([3], dtype))
+        tf.train.Checkpoint(v=v).restore(str(out)).expect_partial()
+        assert v.numpy().tolist() == [1.0, 2.0, 3.0], what
+
+
+def test_tf_written_object_graph_bytes_pass_through(tmp_path):
+    v = tf.Variable([1.0, 2.0])
+    saved = tf.train.Checkpoint(v=v, step=tf.Variable(3)).write(str(tmp_path / "tf" / "ckpt"))
+    rc, _, err = in_process("convert", "--dtype", "float16", saved, tmp_path / "half")
+    assert rc == 0, err
+    assert _graph_bytes(tmp_path / "half") == _graph_bytes(saved)
+    # A rename the graph stores is still written into it.
+    rc, _, err = in_process("rename", "--map", "v/=w/", saved, tmp_path / "renamed")
+    assert rc == 0, err
+    renamed = _graph_bytes(tmp_path / "renamed")
+    assert renamed != _graph_bytes(saved) and b"w/.ATTRIBUTES/VARIABLE_VALUE" in renamed
