@@ -226,3 +226,72 @@ def test_tf_written_object_graph_bytes_pass_through(tmp_path):
     assert rc == 0, err
     renamed = _graph_bytes(tmp_path / "renamed")
     assert renamed != _graph_bytes(saved) and b"w/.ATTRIBUTES/VARIABLE_VALUE" in renamed
+
+
+# -- 2: --dtype casts variables, not lookup tables
+
+
+def _dtypes(prefix) -> dict[str, str]:
+    return {k: v.name for k, v in tf.train.load_checkpoint(str(prefix)).get_variable_to_dtype_map().items()}
+
+
+def test_cast_keeps_tf2_lookup_table(tmp_path):
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, default_value=-1.0)
+    table.insert(tf.constant(["a", "b"]), tf.constant([1.5, 2.5]))
+    saved = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0]), table=table).write(
+        str(tmp_path / "src" / "ckpt")
+    )
+    rc, _, err = in_process("convert", "--dtype", "float16", saved, tmp_path / "half")
+    assert rc == 0, err
+    assert _dtypes(tmp_path / "half") == {
+        GRAPH: "string",
+        "table/.ATTRIBUTES/table-keys": "string",
+        "table/.ATTRIBUTES/table-values": "float32",
+        "v/.ATTRIBUTES/VARIABLE_VALUE": "float16",
+    }
+    # TensorFlow restores it into a float16 variable beside the float32 table.
+    restored = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, default_value=-1.0)
+    v = tf.Variable(tf.zeros([2], tf.float16))
+    tf.train.Checkpoint(v=v, table=restored).read(str(tmp_path / "half")).assert_consumed()
+    assert v.dtype == tf.float16 and v.numpy().tolist() == [1.0, 2.0]
+    assert restored.lookup(tf.constant(["b", "a", "c"])).numpy().tolist() == [2.5, 1.5, -1.0]
+    # A rule naming the table casts it on purpose.
+    args = ["--dtype", "float16", "--dtype-rule", "table-values$=float16"]
+    rc, _, err = in_process("convert", *args, saved, tmp_path / "all")
+    assert rc == 0, err
+    assert _dtypes(tmp_path / "all")["table/.ATTRIBUTES/table-values"] == "float16"
+
+
+def _tf1_graph(w_dtype):
+    w = tf.compat.v1.get_variable("w", initializer=np.array([1.0, 2.0], w_dtype))
+    table = tf.lookup.experimental.MutableHashTable(
+        tf.string, tf.float32, default_value=-1.0, name="tbl"
+    )
+    return w, table
+
+
+def test_cast_keeps_tf1_lookup_table(tmp_path):
+    with tf.Graph().as_default():
+        _, table = _tf1_graph(np.float32)
+        insert = table.insert(tf.constant(["a", "b"]), tf.constant([1.5, 2.5]))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), insert])
+            saved = saver.save(sess, str(tmp_path / "src" / "model.ckpt"), write_meta_graph=False)
+    assert {"tbl-keys", "tbl-values", "w"} <= set(_dtypes(saved))
+    rc, _, err = in_process("convert", "--dtype", "float16", saved, tmp_path / "half")
+    assert rc == 0, err
+    got = _dtypes(tmp_path / "half")
+    assert (got["w"], got["tbl-keys"], got["tbl-values"]) == ("float16", "string", "float32")
+    with tf.Graph().as_default():
+        w, table = _tf1_graph(np.float16)
+        lookup = table.lookup(tf.constant(["b", "a", "c"]))
+        with tf.compat.v1.Session() as sess:
+            tf.compat.v1.train.Saver().restore(sess, str(tmp_path / "half"))
+            assert sess.run(w).tolist() == [1.0, 2.0]
+            assert sess.run(lookup).tolist() == [2.5, 1.5, -1.0]
+    rc, _, err = in_process(
+        "convert", "--dtype", "float16", "--dtype-rule", "^tbl-=float16", saved, tmp_path / "all"
+    )
+    assert rc == 0, err
+    assert _dtypes(tmp_path / "all")["tbl-values"] == "float16"
