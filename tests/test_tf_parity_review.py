@@ -295,3 +295,23 @@ def test_cast_keeps_tf1_lookup_table(tmp_path):
     )
     assert rc == 0, err
     assert _dtypes(tmp_path / "all")["tbl-values"] == "float16"
+
+
+def test_average_cast_keeps_tf2_lookup_table(tmp_path):
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, default_value=-1.0)
+    table.insert(tf.constant(["a"]), tf.constant([1.5]))
+    v = tf.Variable([1.0, 2.0])
+    ckpt = tf.train.Checkpoint(v=v, table=table)
+    first = ckpt.write(str(tmp_path / "run" / "ckpt-1"))
+    v.assign([3.0, 4.0])
+    second = ckpt.write(str(tmp_path / "run" / "ckpt-2"))
+    rc, _, err = in_process("average", "--dtype", "float16", first, second, "-o", tmp_path / "avg")
+    assert rc == 0, err
+    got = _dtypes(tmp_path / "avg")
+    assert got["table/.ATTRIBUTES/table-values"] == "float32"
+    assert got["v/.ATTRIBUTES/VARIABLE_VALUE"] == "float16"
+    restored = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, default_value=-1.0)
+    half = tf.Variable(tf.zeros([2], tf.float16))
+    tf.train.Checkpoint(v=half, table=restored).read(str(tmp_path / "avg")).assert_consumed()
+    assert half.numpy().tolist() == [2.0, 3.0]
+    assert restored.lookup(tf.constant(["a"])).numpy().tolist() == [1.5]
