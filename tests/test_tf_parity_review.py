@@ -174,9 +174,7 @@ def _unordered_graph() -> bytes:
     # Nodes: node 1's attributes written field by field, keys first.
     node1 = b"\x12" + bytes([len(var)]) + var  # field 2 (attributes), length-delimited
     assert obj.FromString(node1) == var_node
-    data = b"".join(
-        b"\x0a" + bytes([len(n)]) + n for n in (root.SerializeToString(), node1)
-    )
+    data = b"".join(b"\x0a" + bytes([len(n)]) + n for n in (root.SerializeToString(), node1))
     parsed = ref.FromString(data)
     assert parsed == ref(nodes=[root, var_node])
     assert parsed.SerializeToString() != data  # protobuf would write other bytes
@@ -232,7 +230,10 @@ def test_tf_written_object_graph_bytes_pass_through(tmp_path):
 
 
 def _dtypes(prefix) -> dict[str, str]:
-    return {k: v.name for k, v in tf.train.load_checkpoint(str(prefix)).get_variable_to_dtype_map().items()}
+    return {
+        k: v.name
+        for k, v in tf.train.load_checkpoint(str(prefix)).get_variable_to_dtype_map().items()
+    }
 
 
 def test_cast_keeps_tf2_lookup_table(tmp_path):

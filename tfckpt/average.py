@@ -373,9 +373,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         dtype = _dt.lookup(info.dtype)
         averaged = dtype.kind in ("float", "complex")
         # By the variable's name: with use_ema its value is read from its shadow's.
-        new_dtype, dtype_by = policy.decide(
-            new, dtype, flat.get(new), variable=new not in fixed
-        )
+        new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
         # A copied tensor is the newest's alone: the others' slicing does not matter.
         sliced = bool(info.slices) and (not averaged or _same_slices(srcs, name))
         if info.slices and not sliced and info.partial:
