@@ -41,6 +41,7 @@ from .planner import (
     Plan,
     PlannedTensor,
     Source,
+    fixed_dtype_tensors,
     open_sources,
     plan_storage_options,
     resolve_destination,
@@ -302,6 +303,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
     graph = newest.graph
     # Before the graph is cut: dtype rules match flat names too.
     flat = source_flat_names(newest) if policy.labels else {}
+    fixed = fixed_dtype_tensors(newest) if policy.target is not None else set()
     read_from = {n: n for n in names}
     gone: dict[str, str] = {}
 
@@ -371,7 +373,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         dtype = _dt.lookup(info.dtype)
         averaged = dtype.kind in ("float", "complex")
         # By the variable's name: with use_ema its value is read from its shadow's.
-        new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new))
+        new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
         # A copied tensor is the newest's alone: the others' slicing does not matter.
         sliced = bool(info.slices) and (not averaged or _same_slices(srcs, name))
         if info.slices and not sliced and info.partial:

@@ -379,7 +379,7 @@ def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[s
     still reachable is the model, named by its own path; what is not is the
     optimizer's state (its own variables and the slots it keeps).
     """
-    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    graph = ObjectGraph.of(ckpt)
     present = set(ckpt.keys())
     for node in graph.nodes:
         kept_edges = [c for c in node.children if c.local_name not in OPTIMIZER_EDGES]

@@ -361,7 +361,7 @@ def plan_flatten(
                 f"flatten needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
                 path=ckpt.prefix,
             )
-        graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+        graph = ObjectGraph.of(ckpt)
         flat = flat_names(graph, set(ckpt.keys()))
         for key in ckpt.keys():
             if key != OBJECT_GRAPH_KEY:

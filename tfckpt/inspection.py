@@ -185,7 +185,7 @@ def object_graph(ckpt: Checkpoint) -> dict:
             f"no {OBJECT_GRAPH_KEY}: a name-based (TF1) checkpoint has no object graph",
             path=ckpt.prefix,
         )
-    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    graph = ObjectGraph.of(ckpt)
     node_paths = graph.paths()
     nodes = []
     for i, node in enumerate(graph.nodes):
@@ -658,7 +658,7 @@ def verify(
             problems.append(f"{ckpt.index_path}: slice entry {key!r} belongs to no tensor")
         if OBJECT_GRAPH_KEY in ckpt:
             try:
-                graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+                graph = ObjectGraph.of(ckpt)
                 for missing in graph.missing_keys(set(ckpt.keys())):
                     problems.append(
                         f"{ckpt.prefix}: the object graph names {missing!r}, which "

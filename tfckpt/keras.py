@@ -144,7 +144,7 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
     if assignment_map is not None or OBJECT_GRAPH_KEY not in ckpt:
         pairs, why = _match_by_name(model, ckpt, assignment_map, label)
     else:
-        graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=label)
+        graph = ObjectGraph.of(ckpt, path=label)
         pairs, why = _GraphMatcher(keras, graph, ckpt, label).match_model(model)
 
     report = LoadReport(path=label)

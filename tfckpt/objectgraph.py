@@ -97,6 +97,22 @@ def unescape_local_name(text: str) -> str:
     return re.sub(r"\.([.S])", lambda m: "." if m[1] == "." else "/", text)
 
 
+def graph_bytes(ckpt, path: str | None = None) -> bytes:
+    """The serialized object graph ``ckpt`` (a :class:`~tfckpt.Checkpoint`) stores under
+    :data:`OBJECT_GRAPH_KEY`. It must be a scalar string, as TensorFlow writes it;
+    anything else is a :class:`CorruptCheckpointError` naming the file (``path``, by
+    default the checkpoint's prefix) and the tensor, found from the index alone."""
+    info = ckpt.info(OBJECT_GRAPH_KEY)
+    if info.dtype != "string" or tuple(info.shape) != ():
+        raise CorruptCheckpointError(
+            f"the object graph must be a scalar string, not {info.dtype} of shape "
+            f"{list(info.shape)}",
+            path=ckpt.prefix if path is None else path,
+            tensor=OBJECT_GRAPH_KEY,
+        )
+    return bytes(ckpt[OBJECT_GRAPH_KEY].item())
+
+
 class ObjectGraph:
     """A mutable TF2 object graph. ``path`` names the checkpoint in error messages."""
 
@@ -104,6 +120,7 @@ class ObjectGraph:
         self.proto = proto
         self.path = path
         self._check_ids()
+        self._parsed_from: bytes | None = None
 
     @classmethod
     def parse(cls, data: bytes, path: str | None = None) -> ObjectGraph:
@@ -117,9 +134,29 @@ class ObjectGraph:
             raise CorruptCheckpointError(
                 "the object graph has no root node", path=path, tensor=OBJECT_GRAPH_KEY
             )
-        return cls(proto, path)
+        graph = cls(proto, path)
+        graph._parsed_from = data
+        return graph
+
+    @classmethod
+    def of(cls, ckpt, path: str | None = None) -> ObjectGraph:
+        """The object graph of ``ckpt``, checked as :func:`graph_bytes` and :meth:`parse` do.
+
+        >>> ObjectGraph.of(tfckpt.open("train/ckpt-3")).root_children()
+        """
+        path = ckpt.prefix if path is None else path
+        return cls.parse(graph_bytes(ckpt, path), path=path)
 
     def serialize(self) -> bytes:
+        """The graph's bytes: those it was parsed from while it still says the same.
+
+        Protobuf writes fields in its own order; TensorFlow's writers need not, so a
+        graph nothing changed is copied byte for byte, not re-encoded.
+        """
+        if self._parsed_from is not None:
+            if TrackableObjectGraph.FromString(self._parsed_from) == self.proto:
+                return self._parsed_from
+            self._parsed_from = None  # changed: it can never be those bytes again
         return self.proto.SerializeToString()
 
     @property

@@ -126,6 +126,8 @@ class DtypePolicy:
     a tensor of a TF2 source matches by its key or its flat name (see
     :func:`source_flat_names`).
     Only floating-point tensors are ever cast; others keep their dtype whatever
+    matches them. ``cast`` casts only variables (see :func:`fixed_dtype_tensors`): a
+    lookup table's keys and values keep their dtype unless a keep pattern or a rule
     matches them. :meth:`decide` gives the dtype and the label of what decided it:
     ``'keep REGEX'``, ``'rule REGEX=DTYPE'``, ``'cast'``, or None (unchanged, nothing
     applied).
@@ -193,11 +195,12 @@ class DtypePolicy:
         return counts
 
     def decide(
-        self, name: str, dtype: _dt.DType, flat: str | None = None
+        self, name: str, dtype: _dt.DType, flat: str | None = None, *, variable: bool = True
     ) -> tuple[_dt.DType, str | None]:
         """The dtype a tensor named ``name`` (in its source) of ``dtype`` is written in,
         and the label of what decided it; a pattern matching ``flat`` (its flat name)
-        matches it too."""
+        matches it too. ``variable=False`` (a tensor TensorFlow restores only in its
+        stored dtype) leaves it to keep patterns and rules: ``cast`` passes it by."""
         if not dtype.is_floating:
             return dtype, None
         for rx, label in self.keep:
@@ -206,7 +209,7 @@ class DtypePolicy:
         for rx, target, label in self.rules:
             if matches(rx, name, flat):
                 return target, label
-        if should_cast(dtype, self.target, self.cast_from):
+        if variable and should_cast(dtype, self.target, self.cast_from):
             assert self.target is not None
             return self.target, "cast"
         return dtype, None
@@ -228,6 +231,38 @@ def source_flat_names(source: Source) -> dict[str, str]:
     from .graft import flat_names  # graft plans with this module: imported when used
 
     return flat_names(source.graph, set(source.ckpt.keys()))
+
+
+VARIABLE_VALUE = "VARIABLE_VALUE"  # the attribute name of a variable's value in a TF2 graph
+TABLE_SUFFIXES = ("-keys", "-values")  # a TF1 lookup table's saveable: NAME-keys, NAME-values
+
+
+def fixed_dtype_tensors(source: Source) -> set[str]:
+    """The tensors of ``source`` that are no variable's value, which TensorFlow restores
+    only in the dtype they were saved in (it checks it): in a TF2 source the tensors of
+    every attribute not named ``VARIABLE_VALUE`` (lookup tables' ``-keys``/``-values``,
+    other saveables); in a TF1 source, which names no attribute, each ``NAME-keys``
+    stored beside a ``NAME-values``, and that ``NAME-values``.
+
+    >>> fixed_dtype_tensors(open_sources("train/ckpt-3")[0])
+    {'table/.ATTRIBUTES/table-keys', 'table/.ATTRIBUTES/table-values'}
+    """
+    present = set(source.ckpt.keys())
+    if source.graph is not None:
+        return {
+            t
+            for node in source.graph.nodes
+            for a in node.attributes
+            if a.name != VARIABLE_VALUE
+            for t in attribute_tensors(a.checkpoint_key, present)
+            if t in present
+        }
+    keys, values = TABLE_SUFFIXES
+    out = set()
+    for n in present:
+        if n.endswith(keys) and n[: -len(keys)] + values in present:
+            out |= {n, n[: -len(keys)] + values}
+    return out
 
 
 def _compile(pattern: str, what: str) -> re.Pattern:
@@ -324,7 +359,7 @@ def open_sources(sources) -> list[Source]:
         ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
         graph = None
         if OBJECT_GRAPH_KEY in ckpt:
-            graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+            graph = ObjectGraph.of(ckpt)
         out.append(
             Source(os.fspath(src) if not isinstance(src, Checkpoint) else src.prefix, ckpt, graph)
         )
@@ -398,6 +433,7 @@ def plan(
     # Built once per source, before its graph is cut, and only for patterns to match.
     patterned = bool(includes or excludes or policy.labels)
     flats = [source_flat_names(s) if patterned else {} for s in srcs]
+    fixed = [fixed_dtype_tensors(s) if policy.target is not None else set() for s in srcs]
     for i, s in enumerate(srcs):
         names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
         flat = flats[i]
@@ -535,8 +571,10 @@ def plan(
         dtype = dtypes.get(info.dtype)
         if dtype is None:
             dtype = dtypes[info.dtype] = _dt.lookup(info.dtype)
-        if by_dtype is None:
-            new_dtype, dtype_by = policy.decide(old, dtype, flats[i].get(old))
+        if by_dtype is None or old in fixed[i]:
+            new_dtype, dtype_by = policy.decide(
+                old, dtype, flats[i].get(old), variable=old not in fixed[i]
+            )
         else:
             decided = by_dtype.get(info.dtype)
             if decided is None:

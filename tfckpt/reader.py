@@ -171,8 +171,12 @@ class Checkpoint(collections.abc.Mapping):
             except CheckpointNotFoundError as e:
                 from . import v1
 
-                if v1.resolve_files(path) is not None:
-                    return super().__new__(v1.V1Checkpoint)
+                # resolve_prefix warned already about a state file naming moved paths.
+                files = v1.resolve_files(path, warn=False)
+                if files is not None:
+                    v1_obj = super().__new__(v1.V1Checkpoint)
+                    v1_obj._v1_resolved = files
+                    return v1_obj
                 why = v1.not_a_checkpoint(path)
                 if why is not None:
                     raise UnsupportedCheckpointError(why, path=e.path) from None
@@ -534,6 +538,12 @@ class Checkpoint(collections.abc.Mapping):
             return key != HEADER_KEY and bool(parse_entry(self._raw.get(key, b"")).slices)
         except DecodeError:
             return False
+
+    @property
+    def tf_path(self) -> str:
+        """The path TensorFlow's readers (``tf.train.load_checkpoint``, ``RestoreV2``) open
+        this checkpoint by: a bundle's prefix."""
+        return self.prefix
 
     @property
     def data_files(self) -> list[str]:

@@ -132,18 +132,20 @@ def _glob(store: Storage, pattern: str) -> list[str]:
     return [store.join(directory, n) for n in sorted(names) if fnmatch.fnmatchcase(n, base)]
 
 
-def resolve_files(path) -> tuple[str, list[str]] | None:
+def resolve_files(path, *, warn: bool = True) -> tuple[str, list[str]] | None:
     """(what to call the checkpoint, its files) when ``path`` designates a V1 checkpoint.
 
     ``path`` may be a V1 file, one shard of a sharded save, the pattern TensorFlow
     names a sharded save by (``model.ckpt-5-?????-of-00002``), the prefix of a sharded
     save, or a directory whose state file names one of those or that holds one V1
-    checkpoint (and no state file). None when it designates none.
+    checkpoint (and no state file). None when it designates none. ``warn=False``
+    leaves out the :class:`~tfckpt.CheckpointPathWarning` of a moved state file (for
+    a caller that looked at the same state file already).
     """
     p = normalize(path)
     store = storage_for(p)
     if store.isdir(p):
-        return _resolve_directory(store, store.dir_path(p))
+        return _resolve_directory(store, store.dir_path(p), warn)
     return _resolve_file(store, p)
 
 
@@ -166,8 +168,10 @@ def _resolve_file(store: Storage, p: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def _resolve_directory(store: Storage, directory: str) -> tuple[str, list[str]] | None:
-    latest = paths._state_file_latest(directory)
+def _resolve_directory(
+    store: Storage, directory: str, warn: bool = True
+) -> tuple[str, list[str]] | None:
+    latest = paths._state_file_latest(directory, warn=warn)
     if latest is not None:
         return _resolve_file(store, latest)
     try:
@@ -279,6 +283,7 @@ class V1Checkpoint(Checkpoint):
     """
 
     format = FORMAT_NAME
+    _v1_resolved: tuple[str, list[str]] | None = None
 
     @takes_storage_options()
     def __init__(
@@ -290,7 +295,9 @@ class V1Checkpoint(Checkpoint):
         storage_options: StorageOptions | None = None,
     ):
         self.storage_options = current_options()
-        resolved = resolve_files(path)
+        # Checkpoint() resolved it already, and warned about a moved state file then.
+        resolved, self._v1_resolved = self._v1_resolved, None
+        resolved = resolved or resolve_files(path)
         if resolved is None:
             raise CheckpointNotFoundError("no V1 checkpoint found", path=normalize(path))
         self.prefix, self.files = resolved
@@ -470,6 +477,14 @@ class V1Checkpoint(Checkpoint):
         """Slice entries that no meta lists."""
         listed = {self._key(t, s) for t in self._tensors.values() for s in t.slices}
         return [k for where in self._where for k in where if k and k not in listed]
+
+    @property
+    def tf_path(self) -> str:
+        """What TensorFlow opens this checkpoint by: the file of a single-file save; for
+        a sharded save the pattern it names it by (``model.ckpt-5-?????-of-00002``),
+        which its V1 reader globs (it opens no bare prefix)."""
+        m = _SHARD_RE.match(self.files[0]) if len(self.files) > 1 else None
+        return f"{m['prefix']}-?????-of-{m['num']}" if m else self.files[0]
 
     @property
     def data_files(self) -> list[str]:

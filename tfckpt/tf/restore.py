@@ -268,7 +268,7 @@ def _check_assignment_map(assignment_map: Mapping[str, str], names: set, ckpt: C
 
 def _object_graph_names(ckpt: Checkpoint) -> dict[str, str]:
     """Variable full names -> checkpoint keys, as a TF2 checkpoint's object graph records them."""
-    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    graph = ObjectGraph.of(ckpt)
     return {attr.full_name: attr.checkpoint_key for node in graph.nodes for attr in node.attributes}
 
 
@@ -343,7 +343,7 @@ def _match_objects(tf, target, ckpt: Checkpoint):
             "object graph); pass a list of variables for a name-based one",
             path=ckpt.prefix,
         )
-    graph = ObjectGraph.parse(ckpt[OBJECT_GRAPH_KEY].item(), path=ckpt.prefix)
+    graph = ObjectGraph.of(ckpt)
     # A tf.train.Checkpoint's own view knows its root: itself, or the object given
     # as tf.train.Checkpoint(root), with the keyword children attached to it.
     view = None

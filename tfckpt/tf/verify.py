@@ -104,7 +104,7 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
     cast_checked = 0
     with Checkpoint(path, storage_options=storage_options) as ckpt:
         try:
-            reader = tf.train.load_checkpoint(ckpt.prefix)
+            reader = tf.train.load_checkpoint(ckpt.tf_path)
             tf_names = sorted(reader.get_variable_to_shape_map())
         except (tf.errors.OpError, ValueError) as e:  # TensorFlow's reader refused it
             refused = f"{ckpt.prefix}: TensorFlow cannot open it: {str(e).splitlines()[0][:200]}"
@@ -139,7 +139,7 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
                 try:
                     same = all(
                         _same_bits(
-                            ckpt.read_slice(name, e), _tf_slice(tf, ckpt.prefix, name, info, e)
+                            ckpt.read_slice(name, e), _tf_slice(tf, ckpt.tf_path, name, info, e)
                         )
                         for e in info.slices
                     )
@@ -155,7 +155,7 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
                     )
                 continue
             try:
-                theirs = _tf_value(tf, reader, ckpt.prefix, name, info, ckpt)
+                theirs = _tf_value(tf, reader, ckpt.tf_path, name, info, ckpt)
             except Exception as e:  # TensorFlow's own reader refused it
                 mismatches.append(
                     f"{ckpt.prefix}: {name}: TensorFlow cannot read it: "
