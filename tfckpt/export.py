@@ -784,7 +784,7 @@ class _Writing:
     def __init__(self, store, ep: ExportPlan, options: Options, ckpts, metadata, progress):
         self.store, self.ep, self.options = store, ep, options
         self.ckpts, self.metadata, self.progress = ckpts, metadata, progress
-        self.local = store.atomic_rename
+        self.renames = store.atomic_rename
         self.overflow: dict[str, int] = {}
         self.fresh: list[str] = []  # this run's files, none of them live yet
         self.temps: dict[str, str] = {}  # final -> temporary (locally)
@@ -803,7 +803,7 @@ class _Writing:
         _remove_killed_runs(store, ep)
         self.made = store.makedirs(directory)
         for path, outs in ep.files:
-            if self.local:
+            if self.renames:
                 where = self.temps[path] = temporary_base(path)
                 self.fresh.append(where)
             else:
@@ -811,7 +811,7 @@ class _Writing:
                 if ep.index is not None:  # a shard under a name no index uses yet
                     self.fresh.append(where)
             self._write_file(where, outs)
-        if ep.index is not None and self.local:
+        if ep.index is not None and self.renames:
             tmp = self.temps[ep.index] = temporary_base(ep.index)
             self.fresh.append(tmp)
             store.write_new(tmp, self._index_bytes(), durable=self.options.durable)
@@ -886,7 +886,7 @@ class _Writing:
 
     def commit(self) -> None:
         store, ep, overwrite = self.store, self.ep, self.options.overwrite
-        if not self.local:
+        if not self.renames:
             if ep.index is not None:
                 data = self._index_bytes()
                 self.commit_check = lambda: _holds(store, ep.index, data)
