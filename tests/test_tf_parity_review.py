@@ -8,6 +8,7 @@ graph is copied byte for byte; a moved state file is reported once.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -316,3 +317,16 @@ def test_average_cast_keeps_tf2_lookup_table(tmp_path):
     tf.train.Checkpoint(v=half, table=restored).read(str(tmp_path / "avg")).assert_consumed()
     assert half.numpy().tolist() == [2.0, 3.0]
     assert restored.lookup(tf.constant(["a"])).numpy().tolist() == [1.5]
+
+
+def test_dry_run_says_whether_the_graph_is_copied_or_rewritten(tmp_path):
+    saved = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0])).write(str(tmp_path / "tf" / "ckpt"))
+    rc, out, err = in_process("convert", "--dry-run", "--dtype", "float16", saved, tmp_path / "h")
+    assert rc == 0, err
+    assert out.rstrip().endswith("object graph copied"), out
+    rc, out, err = in_process("rename", "--dry-run", "--map", "v/=w/", saved, tmp_path / "r")
+    assert rc == 0, err
+    assert out.rstrip().endswith("object graph rewritten"), out
+    rc, out, err = in_process("convert", "--dry-run", "--json", saved, tmp_path / "h")
+    assert rc == 0, err
+    assert json.loads(out)["object_graph_copied"] is True

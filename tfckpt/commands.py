@@ -494,7 +494,13 @@ def _print_plan(p: Plan) -> None:
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
-        + (", object graph rewritten" if p.object_graph is not None else "")
+        + (
+            ""
+            if p.object_graph is None
+            else ", object graph copied"
+            if p.object_graph_copied
+            else ", object graph rewritten"
+        )
     )
 
 

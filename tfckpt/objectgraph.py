@@ -160,6 +160,11 @@ class ObjectGraph:
         return self.proto.SerializeToString()
 
     @property
+    def parsed_from(self) -> bytes | None:
+        """The bytes this graph was parsed from, until a :meth:`serialize` finds it changed."""
+        return self._parsed_from
+
+    @property
     def nodes(self):
         return self.proto.nodes
 

@@ -85,6 +85,14 @@ class Plan:
     def bytes_out(self) -> int:
         return sum(t.bytes_out for t in self.tensors)
 
+    @property
+    def object_graph_copied(self) -> bool:
+        """Whether the output's object graph is a source's, byte for byte: nothing in it
+        changed, so it is copied rather than rewritten."""
+        return self.object_graph is not None and any(
+            s.graph is not None and s.graph.parsed_from == self.object_graph for s in self.sources
+        )
+
     def dtype_rule_counts(self) -> dict[str, int] | None:
         """Tensors per keep pattern and dtype rule (zero included), in the order given;
         None when the plan has neither."""
@@ -111,6 +119,7 @@ class Plan:
             ],
             "dropped": [{"source": s, "name": n, "reason": r} for s, n, r in self.dropped],
             "object_graph": self.object_graph is not None,
+            "object_graph_copied": self.object_graph_copied,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
