@@ -330,3 +330,52 @@ def test_dry_run_says_whether_the_graph_is_copied_or_rewritten(tmp_path):
     rc, out, err = in_process("convert", "--dry-run", "--json", saved, tmp_path / "h")
     assert rc == 0, err
     assert json.loads(out)["object_graph_copied"] is True
+
+
+def test_average_copies_lookup_tables_from_the_newest(tmp_path):
+    # A table's values line up with its keys, whose order differs between saves: the
+    # mean of two tables' values is no table. Keys and values come from the newest.
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, default_value=-1.0)
+    v = tf.Variable([1.0, 2.0])
+    ckpt = tf.train.Checkpoint(v=v, table=table)
+    table.insert(tf.constant(["a", "b"]), tf.constant([1.0, 2.0]))
+    first = ckpt.write(str(tmp_path / "run" / "ckpt-1"))
+    table.remove(tf.constant(["a", "b"]))
+    table.insert(tf.constant(["c", "b", "a"]), tf.constant([30.0, 20.0, 10.0]))
+    v.assign([3.0, 4.0])
+    second = ckpt.write(str(tmp_path / "run" / "ckpt-2"))
+    rc, _, err = in_process("average", first, second, "-o", tmp_path / "avg")
+    assert rc == 0, err
+    newest = tf.train.load_checkpoint(second)
+    got = tf.train.load_checkpoint(str(tmp_path / "avg"))
+    for key in ("table/.ATTRIBUTES/table-keys", "table/.ATTRIBUTES/table-values"):
+        assert got.get_tensor(key).tolist() == newest.get_tensor(key).tolist()
+    restored = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, default_value=-1.0)
+    mean = tf.Variable(tf.zeros([2]))
+    tf.train.Checkpoint(v=mean, table=restored).read(str(tmp_path / "avg")).assert_consumed()
+    assert mean.numpy().tolist() == [2.0, 3.0]
+    assert restored.lookup(tf.constant(["a", "b", "c"])).numpy().tolist() == [10.0, 20.0, 30.0]
+
+
+def test_average_copies_tf1_lookup_tables_from_the_newest(tmp_path):
+    v1 = tf.compat.v1
+    saved = []
+    for step, (keys, values) in enumerate([(["a", "b"], [1.0, 2.0]), (["b", "a"], [20.0, 10.0])]):
+        with tf.Graph().as_default(), v1.Session() as sess:
+            table = v1.lookup.experimental.MutableHashTable(
+                tf.string, tf.float32, default_value=-1.0, name="vocab"
+            )
+            var = v1.get_variable("w", initializer=tf.constant([1.0 + 2 * step, 2.0 + 2 * step]))
+            sess.run([var.initializer, table.insert(tf.constant(keys), tf.constant(values))])
+            saved.append(
+                v1.train.Saver().save(
+                    sess, str(tmp_path / "tf1" / f"m-{step}"), write_meta_graph=False
+                )
+            )
+    rc, _, err = in_process("average", *saved, "-o", tmp_path / "avg")
+    assert rc == 0, err
+    got = tf.train.load_checkpoint(str(tmp_path / "avg"))
+    newest = tf.train.load_checkpoint(saved[-1])
+    for key in ("vocab-keys", "vocab-values"):
+        assert got.get_tensor(key).tolist() == newest.get_tensor(key).tolist()
+    assert got.get_tensor("w").tolist() == [2.0, 3.0]

@@ -5,7 +5,9 @@ all sources, ``(w_1 x_1 + ... + w_n x_n) / (w_1 + ... + w_n)`` summed in that
 order in float64 (complex128), chunk by chunk across the sources, then rounded
 to the tensor's own dtype (or the cast target) as ``tf.cast`` rounds
 (:class:`tfckpt.cast.Caster`). Every other tensor (integers such as
-``global_step``, bool, strings, resource/variant) is copied from the newest
+``global_step``, bool, strings, resource/variant) and the keys and values of
+lookup tables (:func:`~tfckpt.planner.fixed_dtype_tensors`: a table's values are
+in its keys' order, which differs between saves) is copied from the newest
 source: the last one given. Memory is set by the chunk budget, whatever the
 tensor sizes and however many sources.
 
@@ -189,8 +191,10 @@ def _weights(weights: Sequence[float] | None, count: int) -> list[float]:
     return weights
 
 
-def _check_agree(srcs: list[Source]) -> None:
-    """Every source has the newest's tensors, of the same dtypes and shapes."""
+def _check_agree(srcs: list[Source], tables: set[str]) -> None:
+    """Every source has the newest's tensors, of the same dtypes and shapes (the tensors
+    of lookup tables and other saveables, copied from the newest, of the same dtypes:
+    a table grows as it learns keys)."""
     newest = srcs[-1]
     mine = {n: newest.ckpt.info(n) for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY}
     for s in srcs[:-1]:
@@ -204,7 +208,7 @@ def _check_agree(srcs: list[Source]) -> None:
                     tensor=name,
                 )
             a, b = s.ckpt.info(name), mine[name]
-            if (a.dtype, a.shape) != (b.dtype, b.shape):
+            if a.dtype != b.dtype or (a.shape != b.shape and name not in tables):
                 raise CheckpointError(
                     f"the sources differ: {a.dtype} {list(a.shape)} in {s.label}, "
                     f"{b.dtype} {list(b.shape)} in {newest.label}",
@@ -294,8 +298,10 @@ def plan_average(
 def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> AveragePlan:
     w = _weights(weights, len(srcs))
     policy = DtypePolicy.of(options)
-    _check_agree(srcs)
     newest = srcs[-1]
+    # Lookup tables and other saveables: values in an order of their own, not averaged.
+    fixed = fixed_dtype_tensors(newest)
+    _check_agree(srcs, fixed)
     # The destination's name inside a directory is the newest source's.
     dst = resolve_destination(dst, [newest] + srcs[:-1], options.overwrite)
     names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
@@ -303,7 +309,6 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
     graph = newest.graph
     # Before the graph is cut: dtype rules match flat names too.
     flat = source_flat_names(newest) if policy.labels else {}
-    fixed = fixed_dtype_tensors(newest) if policy.target is not None else set()
     read_from = {n: n for n in names}
     gone: dict[str, str] = {}
 
@@ -371,7 +376,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         name = read_from[new]
         info = newest.ckpt.info(name)
         dtype = _dt.lookup(info.dtype)
-        averaged = dtype.kind in ("float", "complex")
+        averaged = dtype.kind in ("float", "complex") and new not in fixed
         # By the variable's name: with use_ema its value is read from its shadow's.
         new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
         # A copied tensor is the newest's alone: the others' slicing does not matter.
