@@ -118,3 +118,52 @@ def test_import_to_an_empty_name_is_refused_naming_the_tensor(tmp_path):
         in_process("import", src, out / "m", "--map", "w="), "tensor 'w'", "empty name"
     )
     nothing_in(out)
+
+
+# ---------------------------------------------------------------- numeric options
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("chunk_bytes", 0),
+        ("chunk_bytes", -1),
+        ("chunk_bytes", 1.5),
+        ("chunk_bytes", None),
+        ("max_shard_bytes", 0),
+        ("max_shard_bytes", -100),
+        ("max_shard_bytes", True),
+        ("tf_threshold", -1),
+        ("tf_threshold", "64M"),
+    ],
+)
+def test_numeric_options_out_of_range_are_refused_naming_them(tf1, tmp_path, option, value):
+    with pytest.raises(tfckpt.CheckpointError, match=rf"^{option} must be a whole number"):
+        tfckpt.Options(**{option: value})
+    out = tmp_path / "out"
+    with pytest.raises(tfckpt.CheckpointError, match=rf"^{option} must be"):
+        tfckpt.convert(tf1, out / "m", "float16", **{option: value})
+    nothing_in(out)
+
+
+def test_numeric_options_in_range_are_taken():
+    opts = tfckpt.Options(chunk_bytes=1, max_shard_bytes=np.int64(1), tf_threshold=0)
+    assert (opts.chunk_bytes, opts.max_shard_bytes, opts.tf_threshold) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--executor", "threads:0"], "--executor threads:0"),
+        (["--executor", "processes:-2"], "--executor processes:-2"),
+    ],
+)
+def test_executor_worker_count_below_one(tf1, tmp_path, flags, fragment):
+    out = tmp_path / "out"
+    assert_cli_error(in_process("convert", tf1, out / "m", *flags), fragment, "at least 1")
+    nothing_in(out)
+
+
+def test_size_too_large_for_a_float_is_not_a_size(tf1, tmp_path):
+    rc, out, err = in_process("convert", tf1, tmp_path / "m", "--chunk-bytes", "9" * 400)
+    assert rc == 2 and "Traceback" not in err and "--chunk-bytes: not a size" in err, err

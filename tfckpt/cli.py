@@ -34,7 +34,7 @@ EXIT_ERROR = 2
 
 def _parse_size(text: str, *, minimum: int = 1) -> int:
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not m or int(float(m[1]) * units[m[2]]) < minimum:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
     return int(float(m[1]) * units[m[2]])

@@ -561,6 +561,8 @@ def _executor(spec: str | None):
             workers = int(arg) if arg else None
         except ValueError:
             raise CheckpointError(f"--executor {spec}: the worker count must be a number") from None
+        if workers is not None and workers < 1:
+            raise CheckpointError(f"--executor {spec}: the worker count must be at least 1")
         pool = (ThreadPoolExecutor if kind == "threads" else ProcessPoolExecutor)(workers)
         return pool, pool.shutdown
     if kind == "dask":
