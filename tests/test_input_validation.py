@@ -167,3 +167,106 @@ def test_executor_worker_count_below_one(tf1, tmp_path, flags, fragment):
 def test_size_too_large_for_a_float_is_not_a_size(tf1, tmp_path):
     rc, out, err = in_process("convert", tf1, tmp_path / "m", "--chunk-bytes", "9" * 400)
     assert rc == 2 and "Traceback" not in err and "--chunk-bytes: not a size" in err, err
+
+
+# ---------------------------------------------------------------- --permute
+
+
+def test_permute_errors_name_the_file_and_tensor(tf1, tmp_path):
+    out = tmp_path / "o.safetensors"
+    assert_cli_error(
+        in_process("export", tf1, out, "--permute", "bias$=1,0"),
+        f"{tf1}: tensor 'dense/bias'",
+        "does not fit shape [3]",
+    )
+    with pytest.raises(tfckpt.CheckpointError, match="whole numbers"):
+        tfckpt.export(tf1, out, permute=[("kernel$", "1,0")], skip_unsupported=True)
+    assert not out.exists()
+
+
+def test_permute_of_an_imported_tensor_names_the_file(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    src = tmp_path / "in.safetensors"
+    safetensors_numpy.save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(src))
+    assert_cli_error(
+        in_process("import", src, tmp_path / "out" / "m", "--permute", "w=2,0,1"),
+        f"{src}: tensor 'w'",
+        "does not fit shape [2, 3]",
+    )
+    nothing_in(tmp_path / "out")
+
+
+# ---------------------------------------------------------------- average --weights
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("validation_average")
+    rng = np.random.default_rng(7)
+    values = [
+        {
+            "w": rng.standard_normal((4, 5)).astype(np.float32),
+            "d": rng.standard_normal(7) * 1e-3,
+            "c": (rng.standard_normal(3) + 1j * rng.standard_normal(3)).astype(np.complex64),
+        }
+        for _ in range(2)
+    ]
+    return [th.save_v2(d / f"ckpt-{i}", v) for i, v in enumerate(values)], values
+
+
+@pytest.mark.parametrize(
+    "weights, fragments",
+    [
+        (["one", "2"], ["--weights must be numbers", "'one'"]),
+        (["1", "0x"], ["--weights must be numbers", "'0x'"]),
+        (["1", "nan"], ["--weights must be finite"]),
+        (["1", "inf"], ["--weights must be finite"]),
+        (["1e308", "1e308"], ["--weights", "finite, non-zero sum"]),
+        (["0.5", "-0.5"], ["--weights", "non-zero sum"]),
+    ],
+)
+def test_average_weights_that_are_not_weights(pair, tmp_path, weights, fragments):
+    (a, b), _ = pair
+    out = tmp_path / "out"
+    assert_cli_error(
+        in_process("average", a, b, "-o", out / "m", "--weights", *weights), *fragments
+    )
+    nothing_in(out)
+
+
+def test_average_weights_given_to_the_library_must_be_numbers(pair, tmp_path):
+    (a, b), _ = pair
+    with pytest.raises(tfckpt.CheckpointError, match="weights must be numbers, not 'x'"):
+        tfckpt.average([a, b], tmp_path / "out" / "m", weights=[1, "x"])
+    nothing_in(tmp_path / "out")
+
+
+@pytest.mark.parametrize("tiny", [5e-324, 1e-310, 2.0**-200])
+def test_average_with_tiny_equal_weights_is_the_plain_mean(pair, tmp_path, tiny):
+    (a, b), _ = pair
+    tfckpt.average([a, b], tmp_path / "plain" / "m")
+    rc, _, err = in_process(
+        "average", a, b, "-o", tmp_path / "tiny" / "m", "--weights", repr(tiny), repr(tiny)
+    )
+    assert rc == 0, err
+    plain = tf.train.load_checkpoint(str(tmp_path / "plain" / "m"))
+    small = tf.train.load_checkpoint(str(tmp_path / "tiny" / "m"))
+    for name in ("w", "d", "c"):
+        want, got = plain.get_tensor(name), small.get_tensor(name)
+        assert np.any(want != 0), name
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+
+
+def test_average_with_tiny_unequal_weights_is_the_weighted_mean(pair, tmp_path):
+    """5e-324 and 1.5e-323 are 1 and 3 times the smallest float: the mean weighted 1:3."""
+    (a, b), values = pair
+    tfckpt.average([a, b], tmp_path / "big" / "m", weights=[1, 3])
+    tfckpt.average([a, b], tmp_path / "tiny" / "m", weights=[5e-324, 1.5e-323])
+    big = tf.train.load_checkpoint(str(tmp_path / "big" / "m"))
+    small = tf.train.load_checkpoint(str(tmp_path / "tiny" / "m"))
+    for name in ("w", "d", "c"):
+        want = (values[0][name].astype(np.complex128) + 3 * values[1][name]) / 4
+        got = small.get_tensor(name)
+        assert got.tobytes() == big.get_tensor(name).tobytes(), name
+        want = want if got.dtype.kind == "c" else want.real
+        np.testing.assert_allclose(got, want.astype(got.dtype), rtol=1e-6)

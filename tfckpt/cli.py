@@ -516,7 +516,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--weights",
-        type=float,
         nargs="+",
         metavar="W",
         help="one weight per source, in their order (default: equal)",

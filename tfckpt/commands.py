@@ -617,7 +617,7 @@ def _options(args, **extra) -> Options:
 
 
 def cmd_average(args) -> int:
-    from .average import plan_average, write_average
+    from .average import check_weights, plan_average, write_average
 
     if args.last is not None and len(args.sources) != 1:
         raise CheckpointError("--last N takes one directory, DIR")
@@ -637,7 +637,7 @@ def cmd_average(args) -> int:
         args.sources[0] if args.last is not None else args.sources,
         args.output,
         options,
-        weights=args.weights,
+        weights=check_weights(args.weights, "--weights") if args.weights else None,
         use_ema=args.use_ema,
         last=args.last,
     )
