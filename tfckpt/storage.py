@@ -697,7 +697,9 @@ def _quiet_abandoned_requests(loop) -> None:
         return
 
     def handler(loop, context):
-        if isinstance(context.get("exception"), OSError) and "never retrieved" in context.get(
+        # Any client library's exception (botocore's and aiohttp's are not OSErrors), but
+        # not a KeyboardInterrupt or SystemExit.
+        if isinstance(context.get("exception"), Exception) and "never retrieved" in context.get(
             "message", ""
         ):
             return
