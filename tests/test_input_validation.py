@@ -318,3 +318,10 @@ def test_abandoned_s3_requests_print_no_traceback():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "done\n", proc.stderr
+
+
+@pytest.mark.parametrize("last", [0, -1, 1.5, "2", True])
+def test_average_last_must_be_a_whole_number(tmp_path, last):
+    with pytest.raises(tfckpt.CheckpointError, match="whole number > 0"):
+        tfckpt.average(str(tmp_path), tmp_path / "out" / "m", last=last)
+    nothing_in(tmp_path / "out")

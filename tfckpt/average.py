@@ -21,6 +21,7 @@ object graph, the list ``_model_variables_moving_average`` of a Keras optimizer
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -150,8 +151,10 @@ def last_checkpoints(directory, n: int) -> list[str]:
     >>> last_checkpoints("train", 3)
     ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
     """
-    if n < 1:
-        raise CheckpointError(f"the number of checkpoints to average must be positive, not {n}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise CheckpointError(
+            f"the number of checkpoints to average must be a whole number > 0, not {n!r}"
+        )
     directory = str(directory)
     store = storage_for(directory)
     state_path = store.join(directory, paths.STATE_FILENAME)
