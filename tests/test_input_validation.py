@@ -18,6 +18,12 @@ from cli_helpers import assert_cli_error, in_process, run_text  # noqa: E402
 
 import tfckpt  # noqa: E402
 
+# The moto server behind a fault-injecting proxy, and the checkpoint put there.
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+from test_remote import s3_server  # noqa: E402,F401
+from test_remote_faults import proxy, s3, sharded  # noqa: E402,F401
+
 
 @pytest.fixture(scope="module")
 def tf1(tmp_path_factory):
@@ -325,3 +331,34 @@ def test_average_last_must_be_a_whole_number(tmp_path, last):
     with pytest.raises(tfckpt.CheckpointError, match="whole number > 0"):
         tfckpt.average(str(tmp_path), tmp_path / "out" / "m", last=last)
     nothing_in(tmp_path / "out")
+
+
+def test_s3_server_dying_mid_average_and_convert(s3, sharded, monkeypatch):
+    """The moto server behind the fault proxy of ``test_remote_faults.py`` stops answering
+    while the second data object is written: one line, exit status 2; once it is back, the
+    next run commits and leaves no temporary object of its own behind (what the dead
+    server kept of the failed run, it could not be asked to delete)."""
+    monkeypatch.setenv("TFCKPT_REMOTE_RETRIES", "0")
+    src = s3.put(sharded.prefix, "src")
+    die = lambda m, p, h: "die" if m == "PUT" and ".data-00001-of-" in p else None  # noqa: E731
+    for sub, argv in [
+        ("avg", ["average", src, src, "-o", f"{s3.url}/avg/"]),
+        (
+            "cvt",
+            ["convert", src, f"{s3.url}/cvt/", "--dtype", "float16", "--executor", "threads:2"],
+        ),
+    ]:
+        s3.proxy.reset()
+        s3.proxy.rules.append(die)
+        proc = run_text(*argv)
+        assert_cli_error(proc, s3.url)
+        s3.proxy.reset()
+        left = set(s3.files(sub))
+        assert "sharded.ckpt.index" not in left
+        proc = run_text(*argv)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        files = sorted(s3.files(sub))
+        assert "sharded.ckpt.index" in files and "checkpoint" in files, files
+        assert not [f for f in files if "tmp" in f and f not in left], files
+        with tfckpt.open(f"{s3.url}/{sub}/sharded.ckpt") as got:
+            assert sorted(got.keys()) == sorted(tfckpt.open(sharded.prefix).keys())
