@@ -126,7 +126,7 @@ _OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str] | None] = {
             "cache_regions",
             "fixed_upload_size",
         )
-    },  # fmt: skip
+    },
     **{
         k: (lambda v: v is None or isinstance(v, Mapping), "must be options (a JSON object)")
         for k in ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
