@@ -211,14 +211,44 @@ def test_storage_option_values():
         "profile": "prod",
         "requester_pays": None,
     }
-    rc, _, err = ch.in_process("dump", "x", "--storage-option", "no-value")
-    assert rc == 2 and "not KEY=VALUE" in err
+    ch.assert_cli_error(ch.in_process("dump", "x", "--storage-option", "no-value"), "KEY=VALUE")
     ch.assert_cli_error(
         ch.in_process("dump", "x", "--storage-option", "a=1", "--storage-option", "a.b=2"),
         "a is set to a value",
     )
     with pytest.raises(TypeError, match="storage_options"):
         tfckpt.open("s3://b/x", storage_options=["anon"])
+
+
+def test_bad_storage_options_are_refused_naming_them(s3, tf_checkpoints, tmp_path):
+    case = tf_checkpoints("tf1_sharded")
+    url = upload(s3, Path(case.prefix).parent, "bad-options")
+    given = [f"endpoint_url={s3.endpoint}", "key=testing", "secret=testing"]
+    for option, fragments in [
+        ("a=" + "[" * 100_000, ["--storage-option", "longer than"]),
+        ("a=" + "[" * 900 + "]" * 900, ["--storage-option a", "nested more than"]),
+        ("a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q=1", ["--storage-option a.b", "nested"]),
+        ("loop=1", ["--storage-option loop", "not an option"]),
+        ("asynchronous=true", ["--storage-option asynchronous", "not an option"]),
+        ("default_block_size=-5", ["--storage-option default_block_size", "> 0, not -5"]),
+        ("anon=5", ["--storage-option anon", "true or false"]),
+        ("config_kwargs=3", ["--storage-option config_kwargs", "JSON object"]),
+        ("client_kwargs.foo=1", ["--storage-option client_kwargs.foo", "'foo'"]),
+        ("config_kwargs.retries=3", ["--storage-option", "config_kwargs.retries"]),
+    ]:
+        argv = [a for o in given for a in ("--storage-option", o)]
+        line = ch.assert_cli_error(
+            ch.in_process("dump", url, *argv, "--storage-option", option), *fragments
+        )
+        assert "corrupt" not in line, line
+    assert list(tmp_path.iterdir()) == []
+    for options, fragment in [
+        ({"default_block_size": -5}, "storage option default_block_size"),
+        ({"loop": 1}, "storage option loop"),
+        ({"client_kwargs": {"foo": 1}}, "storage option client_kwargs.foo"),
+    ]:
+        with pytest.raises(tfckpt.CheckpointError, match=fragment):
+            tfckpt.open(url, storage_options={**s3.opts, **options})
 
 
 def test_remote_slice_fetches_only_its_bytes(s3, tf_checkpoints, tmp_path):

@@ -23,8 +23,9 @@ object graph, the list ``_model_variables_moving_average`` of a Keras optimizer
 from __future__ import annotations
 
 import math
+import numbers
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,8 +154,10 @@ def last_checkpoints(directory, n: int) -> list[str]:
     >>> last_checkpoints("train", 3)
     ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
     """
-    if n < 1:
-        raise CheckpointError(f"the number of checkpoints to average must be positive, not {n}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise CheckpointError(
+            f"the number of checkpoints to average must be a whole number > 0, not {n!r}"
+        )
     directory = str(directory)
     store = storage_for(directory)
     state_path = store.join(directory, paths.STATE_FILENAME)
@@ -179,16 +182,51 @@ def last_checkpoints(directory, n: int) -> list[str]:
 def _weights(weights: Sequence[float] | None, count: int) -> list[float]:
     if weights is None:
         return [1.0] * count
-    weights = [float(w) for w in weights]
+    weights = check_weights(weights)
     if len(weights) != count:
         raise CheckpointError(f"{len(weights)} weights for {count} source checkpoints")
+    return weights
+
+
+def check_weights(weights: Iterable, what: str = "weights") -> list[float]:
+    """``weights`` as floats, refused unless numbers, finite, with a finite, non-zero sum
+    (``what`` names them in the error, e.g. ``--weights``).
+
+    >>> check_weights(["1", 3])
+    [1.0, 3.0]
+    """
+    out = []
+    for w in weights:
+        try:
+            out.append(float(w))
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{what} must be numbers, not {w!r}") from None
     try:
-        total = math.fsum(weights) if all(math.isfinite(w) for w in weights) else math.nan
+        total = math.fsum(out) if all(math.isfinite(w) for w in out) else math.nan
     except OverflowError:  # finite weights whose sum is not
         total = math.inf
     if not math.isfinite(total) or total == 0:
-        raise CheckpointError("the weights must be finite numbers with a finite, non-zero sum")
-    return weights
+        raise CheckpointError(f"{what} must be finite numbers with a finite, non-zero sum")
+    return out
+
+
+# Weights whose largest magnitude lies outside this range are scaled by a power of two
+# first: their products with values (or their sum) would underflow or overflow, and a
+# power of two changes no rounding. Weights inside it are used as given.
+_WEIGHT_RANGE = (2.0**-100, 2.0**100)
+
+
+def _in_range(weights: Sequence[float]) -> Sequence[float]:
+    """``weights`` as given, unless the largest magnitude lies outside
+    :data:`_WEIGHT_RANGE`: then equal weights become ones (the plain mean, bit for bit)
+    and others are scaled by one power of two so the largest lies in [1, 2)."""
+    largest = max(abs(w) for w in weights)
+    if _WEIGHT_RANGE[0] <= largest <= _WEIGHT_RANGE[1] or largest == 0:
+        return weights
+    if all(w == weights[0] for w in weights):
+        return [1.0] * len(weights)
+    exponent = math.frexp(largest)[1]  # largest = m * 2**exponent, 0.5 <= m < 1
+    return [math.ldexp(w, 1 - exponent) for w in weights]
 
 
 def _check_agree(srcs: list[Source], tables: set[str]) -> None:
@@ -613,7 +651,10 @@ def weighted_mean(parts: Sequence[np.ndarray], weights: Sequence[float], wide) -
 
     Where that sum overflows although the mean would not (float64 sources near their
     largest values), those elements are summed again with each weight divided first.
+    Weights far from 1 (``5e-324``) are scaled by a power of two first, which changes
+    no rounding, so their products do not underflow.
     """
+    weights = _in_range(weights)
     total = math.fsum(weights)
     acc = np.empty(parts[0].size, dtype=wide)
     term = np.empty_like(acc)

@@ -34,7 +34,7 @@ EXIT_ERROR = 2
 
 def _parse_size(text: str, *, minimum: int = 1) -> int:
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not m or int(float(m[1]) * units[m[2]]) < minimum:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
     return int(float(m[1]) * units[m[2]])
@@ -239,7 +239,6 @@ def _sub(sub, name: str, help: str, description: str) -> argparse.ArgumentParser
         "--storage-option",
         dest="storage_options",
         metavar="KEY=VALUE",
-        type=_parse_storage_option,
         action="append",
         default=[],
         help="an fsspec option for every URL (repeatable): true/false, numbers and JSON "
@@ -249,12 +248,42 @@ def _sub(sub, name: str, help: str, description: str) -> argparse.ArgumentParser
     return p
 
 
+MAX_OPTION_TEXT = 1 << 16  # characters of one --storage-option
+MAX_OPTION_DEPTH = 16  # levels of nesting, in a dotted key and its JSON value together
+
+
+def _depth(value: object, limit: int) -> int:
+    """How deeply ``value`` nests lists and dicts (a scalar: 0), counted up to ``limit + 1``
+    (without recursion: the value may be nested deeper than Python's stack)."""
+    depth, level = 0, [value]
+    while depth <= limit:
+        containers = [x for x in level if isinstance(x, (list, dict))]
+        if not containers:
+            break
+        depth += 1
+        level = [v for x in containers for v in (x.values() if isinstance(x, dict) else x)]
+    return depth
+
+
 def _parse_storage_option(text: str) -> tuple[list[str], object]:
     """``KEY=VALUE`` as (the dotted key's parts, the typed value)."""
     key, sep, raw = text.partition("=")
     parts = key.strip().split(".")
+    if len(text) > MAX_OPTION_TEXT:
+        raise CheckpointError(
+            f"--storage-option {text[:20]!r}...: longer than {MAX_OPTION_TEXT} characters"
+        )
     if not sep or not all(parts):
-        raise argparse.ArgumentTypeError(f"not KEY=VALUE: {text!r}")
+        raise CheckpointError(f"--storage-option takes KEY=VALUE, not {text!r}")
+    value = _typed_option_value(key, raw)
+    if len(parts) + _depth(value, MAX_OPTION_DEPTH) > MAX_OPTION_DEPTH:
+        raise CheckpointError(
+            f"--storage-option {key}: nested more than {MAX_OPTION_DEPTH} levels deep"
+        )
+    return parts, value
+
+
+def _typed_option_value(key: str, raw: str) -> object:
     value: object = raw
     lowered = raw.strip().lower()
     if lowered in ("true", "false"):
@@ -269,12 +298,17 @@ def _parse_storage_option(text: str) -> tuple[list[str], object]:
         try:
             value = json.loads(raw)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{key}: not JSON: {e}") from None
-    return parts, value
+            raise CheckpointError(f"--storage-option {key}: not JSON: {e}") from None
+        except RecursionError:
+            raise CheckpointError(
+                f"--storage-option {key}: nested more than {MAX_OPTION_DEPTH} levels deep"
+            ) from None
+    return value
 
 
 def _storage_options(pairs: list[tuple[list[str], object]]) -> dict | None:
-    """The ``--storage-option`` pairs as one (nested) dict; None without any."""
+    """The ``--storage-option`` pairs (:func:`_parse_storage_option`) as one (nested)
+    dict; None without any."""
     if not pairs:
         return None
     out: dict = {}
@@ -482,7 +516,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--weights",
-        type=float,
         nargs="+",
         metavar="W",
         help="one weight per source, in their order (default: equal)",
@@ -632,7 +665,13 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with warnings.catch_warnings(), using_options(_storage_options(args.storage_options)):
+        with (
+            warnings.catch_warnings(),
+            using_options(
+                _storage_options(list(map(_parse_storage_option, args.storage_options))),
+                "--storage-option",
+            ),
+        ):
             warnings.simplefilter("default", CheckpointPathWarning)
             warnings.showwarning = _show_warning(warnings.showwarning)
             # Commands load with their module, when one runs: --help and --version need none.

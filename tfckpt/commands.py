@@ -439,12 +439,22 @@ def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
                 exact = json.load(f)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot read the rename map: {e}", path=args.map_file) from None
-        if not isinstance(exact, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in exact.items()
-        ):
+        except RecursionError:  # a million '[': the nesting is deeper than Python's stack
             raise CheckpointError(
-                "the rename map must be a JSON object of names", path=args.map_file
+                "cannot read the rename map: nested too deeply", path=args.map_file
+            ) from None
+        if not isinstance(exact, dict):
+            raise CheckpointError(
+                "--map-file: the rename map must be a JSON object of names (old: new), "
+                f"not {_json_type(exact)}",
+                path=args.map_file,
             )
+        for old, new in exact.items():
+            if not isinstance(new, str):
+                raise CheckpointError(
+                    f"--map-file: the new name of {old!r} must be a string, not {_json_type(new)}",
+                    path=args.map_file,
+                )
         for new in exact.values():
             try:
                 encode_name(new)
@@ -454,6 +464,13 @@ def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
                     path=args.map_file,
                 ) from None
     return rules, exact
+
+
+def _json_type(value) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
+    kinds.update({int: "a number", float: "a number", type(None): "null"})
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _dtype_rules(args) -> list[tuple[str, str]]:
@@ -550,6 +567,8 @@ def _executor(spec: str | None):
             workers = int(arg) if arg else None
         except ValueError:
             raise CheckpointError(f"--executor {spec}: the worker count must be a number") from None
+        if workers is not None and workers < 1:
+            raise CheckpointError(f"--executor {spec}: the worker count must be at least 1")
         pool = (ThreadPoolExecutor if kind == "threads" else ProcessPoolExecutor)(workers)
         return pool, pool.shutdown
     if kind == "dask":
@@ -604,7 +623,7 @@ def _options(args, **extra) -> Options:
 
 
 def cmd_average(args) -> int:
-    from .average import plan_average, write_average
+    from .average import check_weights, plan_average, write_average
 
     if args.last is not None and len(args.sources) != 1:
         raise CheckpointError("--last N takes one directory, DIR")
@@ -624,7 +643,7 @@ def cmd_average(args) -> int:
         args.sources[0] if args.last is not None else args.sources,
         args.output,
         options,
-        weights=args.weights,
+        weights=check_weights(args.weights, "--weights") if args.weights else None,
         use_ema=args.use_ema,
         last=args.last,
     )

@@ -15,6 +15,7 @@ import functools
 import io
 import itertools
 import json
+import operator
 import re
 import time
 import zipfile
@@ -123,17 +124,24 @@ class _Permuter:
         self.rules = []
         for rx, perm in rules:
             try:
-                self.rules.append((re.compile(rx), tuple(int(a) for a in perm)))
+                self.rules.append((re.compile(rx), tuple(operator.index(a) for a in perm)))
             except re.error as e:
                 raise CheckpointError(f"bad --permute pattern {rx!r}: {e}") from None
+            except TypeError:
+                raise CheckpointError(
+                    f"--permute {rx!r}: the axes must be whole numbers, not {perm!r}"
+                ) from None
 
-    def __call__(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    def __call__(
+        self, name: str, shape: tuple[int, ...], *, path: str | None = None
+    ) -> tuple[int, ...] | None:
         for rx, perm in self.rules:
             if rx.search(name):
                 if sorted(perm) != list(range(len(shape))):
                     raise CheckpointError(
                         f"permutation {list(perm)} does not fit shape {list(shape)}",
                         tensor=name,
+                        path=path,
                     )
                 return None if perm == tuple(range(len(shape))) else perm
         return None
@@ -510,7 +518,8 @@ def plan_export(
         if not tfiles.supports(fmt, pt.new_dtype):
             skipped.append((pt.new_name, f"{pt.new_dtype} tensors cannot be stored in {fmt}"))
             continue
-        outs.append(_Out(pt, permuter(pt.new_name, pt.info.shape)))
+        perm = permuter(pt.new_name, pt.info.shape, path=p.sources[pt.source].label)
+        outs.append(_Out(pt, perm))
     if skipped and not skip_unsupported:
         listed = ", ".join(f"{n} ({r.split(' ')[0]})" for n, r in skipped)
         raise CheckpointError(
@@ -1124,7 +1133,8 @@ def import_(
             )
         seen[new] = name
         to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
-        chosen.append((i, new, to.name, permuter(new, i.entry.shape), by))
+        perm = permuter(new, i.entry.shape, path=i.file)
+        chosen.append((i, new, to.name, perm, by))
     store = storage_for(prefix)
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:

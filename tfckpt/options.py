@@ -10,6 +10,7 @@ one, or both; the command line builds one from its flags.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -29,6 +30,8 @@ MEMORY_BUDGET = 64 << 20  # tensor bytes in flight per shard task
 DEFAULT_TF_THRESHOLD = 64 << 20  # the smallest tensor the tf backend casts
 
 PLAN, EXECUTION = "plan", "execution"
+# The options that are numbers of bytes: (name, the least value, whether None is allowed).
+SIZES = (("max_shard_bytes", 1, True), ("chunk_bytes", 1, False), ("tf_threshold", 0, False))
 
 
 def _plan(default: Any = None) -> Any:
@@ -107,6 +110,19 @@ class Options:
             raise CheckpointError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
         if self.backend not in BACKENDS:
             raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
+        for name, minimum, optional in SIZES:
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Integral)
+                or value < minimum
+            ):
+                raise CheckpointError(
+                    f"{name} must be a whole number of bytes >= {minimum}"
+                    f"{' (or None)' if optional else ''}, not {value!r}"
+                )
 
     @classmethod
     def of(cls, options: Options | None = None, stage: str | None = None, **changes) -> Options:

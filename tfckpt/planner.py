@@ -308,17 +308,26 @@ def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
 
 
 def _new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
+    """``name`` renamed: by ``exact`` first, else by the first rule that matches; never to
+    an empty name (every renaming command comes here, so none can write one)."""
     if name in exact:
+        if not exact[name]:
+            raise CheckpointError("the exact renames give it an empty name", tensor=name)
         return exact[name]
     for rx, repl in rules:
         m = rx.match(name)
         if m:
             try:
-                return m.expand(repl) + name[m.end() :]
+                new = m.expand(repl) + name[m.end() :]
             except (re.error, IndexError) as e:
                 raise CheckpointError(
                     f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}"
                 ) from None
+            if not new:
+                raise CheckpointError(
+                    f"rename {rx.pattern!r} -> {repl!r} gives it an empty name", tensor=name
+                )
+            return new
     return name
 
 

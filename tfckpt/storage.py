@@ -32,6 +32,7 @@ import io
 import mmap
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -59,6 +60,9 @@ StorageOptions = Mapping[str, Any]
 _OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "tfckpt_storage_options", default=None
 )
+_WHAT: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "tfckpt_storage_options_given_as", default="storage option"
+)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -73,15 +77,80 @@ def storage_for(path, storage_options: StorageOptions | None = None) -> Storage:
     return LOCAL
 
 
-def check_options(storage_options) -> dict | None:
-    """``storage_options`` as a dict of its own; ``TypeError`` unless a mapping of str keys."""
+def check_options(storage_options, what: str = "storage option") -> dict | None:
+    """``storage_options`` as a dict of its own; ``TypeError`` unless a mapping of str keys.
+
+    Options fsspec or s3fs would take but misuse (a negative block size reads nothing;
+    ``loop`` replaces the event loop tfckpt calls through) are refused here as a
+    :class:`CheckpointError` naming the option, ``what`` saying where it was given.
+    """
     if storage_options is None:
         return None
     if not isinstance(storage_options, Mapping) or not all(
         isinstance(k, str) for k in storage_options
     ):
         raise TypeError("storage_options must be a mapping of option names (str) to values")
+    for key, value in storage_options.items():
+        problem = _option_problem(key, value)
+        if problem:
+            raise CheckpointError(f"{what} {key}: {problem}")
     return dict(storage_options)
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _number_or_none(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
+
+
+# The options of fsspec itself and of s3fs whose values tfckpt can check before they are
+# used: (the test a value must pass, what it must be). None: tfckpt sets these itself.
+_OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str] | None] = {
+    "loop": None,
+    "asynchronous": None,
+    "default_block_size": (_positive_int, "must be a whole number of bytes > 0"),
+    "max_concurrency": (_positive_int, "must be a whole number > 0"),
+    "listings_expiry_time": (_number_or_none, "must be a number of seconds >= 0 or null"),
+    **{
+        k: (lambda v: v is None or isinstance(v, bool), "must be true or false")
+        for k in (
+            "anon",
+            "use_ssl",
+            "requester_pays",
+            "version_aware",
+            "skip_instance_cache",
+            "use_listings_cache",
+            "default_fill_cache",
+            "cache_regions",
+            "fixed_upload_size",
+        )
+    },
+    **{
+        k: (lambda v: v is None or isinstance(v, Mapping), "must be options (a JSON object)")
+        for k in ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
+    },
+    **{
+        k: (lambda v: v is None or isinstance(v, str), "must be a string")
+        for k in ("endpoint_url", "key", "secret", "token", "profile", "default_cache_type")
+    },
+}
+
+
+def _option_problem(key: str, value) -> str | None:
+    if key not in _OPTION_RULES:
+        return None
+    rule = _OPTION_RULES[key]
+    if rule is None:
+        return "not an option: tfckpt sets it itself"
+    test, expected = rule
+    return None if test(value) else f"{expected}, not {_shown(value)}"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def current_options() -> dict | None:
@@ -90,16 +159,20 @@ def current_options() -> dict | None:
 
 
 @contextlib.contextmanager
-def using_options(storage_options: StorageOptions | None):
+def using_options(storage_options: StorageOptions | None, what: str | None = None):
     """Within the block (in this thread), URLs opened without options of their own get
-    ``storage_options``; None keeps the current ones."""
+    ``storage_options``; None keeps the current ones. ``what`` names an option in an
+    error (``--storage-option`` on the command line; by default ``storage option``)."""
     if storage_options is None:
         yield
         return
-    token = _OPTIONS.set(check_options(storage_options))
+    what = what or _WHAT.get()
+    token = _OPTIONS.set(check_options(storage_options, what))
+    what_token = _WHAT.set(what)
     try:
         yield
     finally:
+        _WHAT.reset(what_token)
         _OPTIONS.reset(token)
 
 
@@ -445,15 +518,24 @@ class RemoteStorage(Storage):
             ) from None
         protocol = url.split("://", 1)[0]
         retries, options = remote_options(protocol)
-        for key, value in (check_options(storage_options) or {}).items():
+        for key, value in (check_options(storage_options, _WHAT.get()) or {}).items():
             default = options.get(key)  # given options win; nested ones key by key
             if isinstance(value, Mapping) and isinstance(default, Mapping):
                 value = {**default, **value}
             options[key] = value
         try:
             fs, _ = fsspec.core.url_to_fs(url, **options)
-        except (ImportError, ValueError, TypeError) as e:
+            if retries is not None:
+                # s3fs makes its client on first use: options it cannot take fail here,
+                # as options, not later as a failed read of a checkpoint.
+                fs.connect()
+        except ImportError as e:
             raise CheckpointError(f"cannot open this URL's file system: {e}", path=url) from None
+        except Exception as e:
+            blamed = _blamed_options(storage_options, e)
+            raise CheckpointError(
+                f"cannot open this URL's file system{blamed}: {_describe(e)}", path=url
+            ) from None
         if retries is not None and hasattr(fs, "retries"):
             fs.retries = retries  # s3fs's own loop around botocore's retries
         _quiet_abandoned_requests(getattr(fs, "loop", None))
@@ -615,7 +697,9 @@ def _quiet_abandoned_requests(loop) -> None:
         return
 
     def handler(loop, context):
-        if isinstance(context.get("exception"), OSError) and "never retrieved" in context.get(
+        # Any client library's exception (botocore's and aiohttp's are not OSErrors), but
+        # not a KeyboardInterrupt or SystemExit.
+        if isinstance(context.get("exception"), Exception) and "never retrieved" in context.get(
             "message", ""
         ):
             return
@@ -623,6 +707,24 @@ def _quiet_abandoned_requests(loop) -> None:
 
     loop.set_exception_handler(handler)
     loop._tfckpt_quiet = True
+
+
+def _blamed_options(storage_options: StorageOptions | None, e: BaseException) -> str:
+    """`` with {what} a, b``: the given options an error names, or all of them; '' if none."""
+    names: list[str] = []
+
+    def walk(options: Mapping, prefix: str) -> None:
+        for key, value in options.items():
+            names.append(prefix + key)
+            if isinstance(value, Mapping):
+                walk(value, prefix + key + ".")
+
+    walk(storage_options or {}, "")
+    if not names:
+        return ""
+    text = str(e)
+    named = [n for n in names if re.search(rf"\b{re.escape(n.rsplit('.', 1)[-1])}\b", text)]
+    return f" with {_WHAT.get()} {', '.join(named or names)}"
 
 
 def _describe(e: BaseException) -> str:
