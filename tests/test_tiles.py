@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfckpt
-from tfckpt.export import collapse_axes, tiles
+from tfckpt.permute import collapse_axes, tiles
 
-export_mod = importlib.import_module("tfckpt.export")  # ``tfckpt.export`` is the function
+import_mod = importlib.import_module("tfckpt.importing")
 
 tf = pytest.importorskip("tensorflow")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -164,7 +164,7 @@ def test_cli_export_and_import_permute_rows_over_half_the_budget(tmp_path, monke
         made.append(Counted(read))
         return tiles(made[-1], *args, **kwargs)
 
-    monkeypatch.setattr(export_mod, "tiles", counting_tiles)
+    monkeypatch.setattr(import_mod, "tiles", counting_tiles)
     rc, _, err = in_process(
         "import", out, tmp_path / "back" / "m", "--chunk-bytes", "4K", "--permute", "^t$=1,0"
     )

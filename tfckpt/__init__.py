@@ -30,9 +30,10 @@ from .errors import (
 if TYPE_CHECKING:
     from .average import average
     from .engine import Summary, convert, execute, merge, rename, select, transform
-    from .export import ExportSummary, export, import_
+    from .export import ExportSummary, export
     from .format import Header, TensorInfo, TensorTable, Version
     from .graft import flatten, graft, plan_flatten, plan_graft
+    from .importing import import_
     from .inspection import checkpoints as list_checkpoints
     from .options import Options
     from .paths import latest_checkpoint
@@ -48,7 +49,8 @@ _LAZY = {
     for module, names in {
         "average": "average",
         "engine": "Summary convert execute merge rename select transform",
-        "export": "ExportSummary export import_",
+        "export": "ExportSummary export",
+        "importing": "import_",
         "format": "Header TensorInfo TensorTable Version",
         "graft": "flatten graft plan_flatten plan_graft",
         "options": "Options",

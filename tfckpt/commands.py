@@ -722,7 +722,9 @@ def _print_export(sm, dry_run: bool) -> None:
 
 
 def cmd_export(args) -> int:
-    from .export import export, import_, parse_permutes
+    from .export import export
+    from .importing import import_
+    from .permute import parse_permutes
 
     if args.executor or args.backend != "numpy":
         # One process streams the files; tf.cast's bits are numpy's anyway.

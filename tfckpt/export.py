@@ -1,41 +1,29 @@
-"""Leaving TensorFlow and coming back: checkpoints to safetensors / npz, and back.
+"""Leaving TensorFlow: checkpoints to safetensors / npz.
 
 :func:`export` plans with :func:`~tfckpt.plan` (so selection, renaming and casts
 work as for every transform), then streams each tensor chunk by chunk through
 the cast into the writers of :mod:`tfckpt.tensorfiles`; ``permute`` reorders
-axes tile by tile. Files are written under temporary names and renamed into
-place at the end (see :class:`_Writing`), the index of a sharded export last.
-:func:`import_` reads such files into a V2 checkpoint with the engine's shard
-writer and commit.
+axes tile by tile (:mod:`tfckpt.permute`). Files are written under temporary
+names and renamed into place at the end (see :class:`_Writing`), the index of a
+sharded export last. The way back is :mod:`tfckpt.importing`.
 """
 
 from __future__ import annotations
 
-import functools
-import io
-import itertools
 import json
-import operator
 import re
 import time
-import zipfile
-import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import dtypes as _dt
-from . import paths
 from . import tensorfiles as tfiles
 from .cast import Caster
 from .commit import (
     TMP_MARK,
-    commit_shards,
-    data_files,
     discard,
-    free_shard_count,
-    remove_stale_temporaries,
     stale_temporaries,
     temporary_base,
 )
@@ -43,21 +31,19 @@ from .errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
-    CorruptCheckpointError,
 )
 from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from .options import Options
+from .permute import Permuter, Permutes, partitioned_parts, tiles
 from .pipeline import BufferRing, chunks_in_flight, prefetch
-from .planner import DtypePolicy, Plan, PlannedTensor, _compile_rules, _new_name, _patterns, plan
+from .planner import Plan, PlannedTensor, _compile_rules, _new_name, plan
 from .reader import Checkpoint
 from .storage import (
-    ReaderFile,
     StorageOptions,
     normalize,
     storage_for,
     takes_storage_options,
 )
-from .writer import ShardWriter
 
 # TF2 keys end in this for a variable's value; the rest is the object path.
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -71,8 +57,6 @@ BOOKKEEPING = frozenset(
         "global_step/.ATTRIBUTES/VARIABLE_VALUE",
     }
 )
-
-Permutes = Sequence[tuple[str, Sequence[int]]]
 
 
 @dataclass
@@ -99,248 +83,6 @@ class ExportSummary:
             "seconds": self.seconds,
             "overflow": self.cast_counts,
         }
-
-
-def parse_permutes(items: Iterable[str]) -> list[tuple[str, tuple[int, ...]]]:
-    """``REGEX=AXES`` strings (``'kernel$=1,0'``) as (regex, axes) pairs."""
-    out = []
-    for item in items:
-        rx, sep, axes = item.rpartition("=")
-        try:
-            perm = tuple(int(a) for a in axes.split(","))
-        except ValueError:
-            perm = ()
-        if not sep or not perm:
-            raise CheckpointError(f"--permute takes REGEX=AXES (e.g. 'kernel$=1,0'), not {item!r}")
-        out.append((rx, perm))
-    return out
-
-
-class _Permuter:
-    """Which permutation, if any, applies to a tensor: the first rule whose regex
-    (``re.search``) matches its new name."""
-
-    def __init__(self, rules: Permutes):
-        self.rules = []
-        for rx, perm in rules:
-            try:
-                self.rules.append((re.compile(rx), tuple(operator.index(a) for a in perm)))
-            except re.error as e:
-                raise CheckpointError(f"bad --permute pattern {rx!r}: {e}") from None
-            except TypeError:
-                raise CheckpointError(
-                    f"--permute {rx!r}: the axes must be whole numbers, not {perm!r}"
-                ) from None
-
-    def __call__(
-        self, name: str, shape: tuple[int, ...], *, path: str | None = None
-    ) -> tuple[int, ...] | None:
-        for rx, perm in self.rules:
-            if rx.search(name):
-                if sorted(perm) != list(range(len(shape))):
-                    raise CheckpointError(
-                        f"permutation {list(perm)} does not fit shape {list(shape)}",
-                        tensor=name,
-                        path=path,
-                    )
-                return None if perm == tuple(range(len(shape))) else perm
-        return None
-
-
-# A read call counts as costing as much as reading this many bytes (a range request
-# on an object store, a syscall and numpy's overhead locally): a tile's box is widened
-# to read whole axes when that lowers calls * READ_CALL_BYTES + bytes read.
-READ_CALL_BYTES = 64 * 1024
-
-Box = tuple[tuple[int, int], ...]  # per axis: [lo, hi)
-# A stored part of a tensor: its box in the whole tensor, and read(start, count) of
-# its own row-major elements.
-Part = tuple[Box, Callable[[int, int], np.ndarray]]
-
-
-def tiles(
-    read: Callable[[int, int], np.ndarray] | None,
-    shape: tuple[int, ...],
-    perm: tuple[int, ...],
-    itemsize: int,
-    chunk_bytes: int,
-    *,
-    parts: Sequence[Part] | None = None,
-) -> Iterator[np.ndarray]:
-    """The tensor ``read(start, count)`` gives (row-major elements) with axes
-    permuted, as consecutive flat pieces of the result in its row-major order.
-
-    Each piece is a tile: at most ``chunk_bytes / 2`` of the result's consecutive
-    elements (whole rows of its trailing axes where they fit, else part of one row),
-    filled from the box of the source it covers, read in runs of at most
-    ``chunk_bytes / 2``: a tile and one run are all that is held. A box's runs can be
-    short (a transpose reads one per source row); the box is then widened to whole
-    axes where that lowers ``read calls * READ_CALL_BYTES + bytes read``. That is the
-    trade-off: what a tile reads beyond its need (read again for the next tiles) is at
-    most ``READ_CALL_BYTES`` per read call it saves; ``(N, 3)`` by ``(1, 0)`` reads
-    whole source rows, each three times, half the budget a call. Axes that stay
-    adjacent and in order are merged first. ``parts`` (a partitioned tensor's stored
-    slices), if given, are read instead of ``read``.
-    """
-    half = max(1, (chunk_bytes // 2) // max(itemsize, 1))
-    if int(np.prod(shape, dtype=np.int64)) == 0:
-        return
-    if parts is None:
-        assert read is not None
-        shape, perm = collapse_axes(shape, perm)
-        if list(perm) == sorted(perm):  # nothing moves: the source in order
-            total = int(np.prod(shape, dtype=np.int64))
-            for start in range(0, total, half):
-                yield read(start, min(half, total - start))
-            return
-        parts = [(tuple((0, n) for n in shape), read)]
-    dtype = parts[0][1](0, 0).dtype
-    out_shape = tuple(shape[p] for p in perm)
-    inverse = tuple(int(i) for i in np.argsort(perm))
-    for block in _result_blocks(out_shape, half):
-        need = tuple(block[inverse[s]] for s in range(len(shape)))
-        wide = _widest_cheap(need, shape, half, itemsize)
-        buf = np.empty(tuple(hi - lo for lo, hi in block), dtype=dtype)
-        _fill(buf.transpose(inverse), need, wide, parts, half)
-        yield buf.reshape(-1)
-
-
-def collapse_axes(
-    shape: tuple[int, ...], perm: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The same permutation with axes of size 1 dropped and source axes that stay
-    adjacent and in order merged: ``(A, B, C)`` by ``(1, 2, 0)`` is ``(A, B*C)`` by
-    ``(1, 0)``."""
-    kept = [a for a in range(len(shape)) if shape[a] != 1]
-    rank = {a: i for i, a in enumerate(kept)}
-    order = [rank[a] for a in perm if shape[a] != 1]
-    groups: list[list[int]] = []
-    for a in order:
-        if groups and a == groups[-1][-1] + 1:
-            groups[-1].append(a)
-        else:
-            groups.append([a])
-    by_source = sorted(range(len(groups)), key=lambda g: groups[g][0])
-    new_shape = tuple(
-        int(np.prod([shape[kept[a]] for a in groups[g]], dtype=np.int64)) for g in by_source
-    )
-    position = {g: i for i, g in enumerate(by_source)}
-    return new_shape, tuple(position[g] for g in range(len(groups)))
-
-
-def _result_blocks(out_shape: tuple[int, ...], half: int) -> Iterator[Box]:
-    """Boxes of the result, in its row-major order, each a run of at most ``half``
-    elements: one index of the axes before ``t``, a range of axis ``t``, all of the
-    axes after it, ``t`` the first axis whose trailing axes fit."""
-    t = 0
-    while int(np.prod(out_shape[t + 1 :], dtype=np.int64)) > half:
-        t += 1
-    inner = int(np.prod(out_shape[t + 1 :], dtype=np.int64))
-    step = max(1, half // inner)
-    tail = tuple((0, n) for n in out_shape[t + 1 :])
-    for index in itertools.product(*(range(n) for n in out_shape[:t])):
-        head = tuple((i, i + 1) for i in index)
-        for j0 in range(0, out_shape[t], step):
-            yield head + ((j0, min(j0 + step, out_shape[t])),) + tail
-
-
-def _pieces(box: Box, shape: tuple[int, ...], limit: int) -> Iterator[tuple[Box, int, int]]:
-    """``box`` of the row-major array of ``shape`` as contiguous pieces of at most
-    ``limit`` elements (or one element): (piece's box, first element, count)."""
-    k = len(shape)
-    f = k
-    while f > 0 and box[f - 1] == (0, shape[f - 1]):
-        f -= 1
-    q = max(f - 1, 0)
-    while q < k - 1 and int(np.prod(shape[q + 1 :], dtype=np.int64)) > limit:
-        q += 1
-    inner = int(np.prod(shape[q + 1 :], dtype=np.int64))
-    strides = [int(np.prod(shape[s + 1 :], dtype=np.int64)) for s in range(k)]
-    step = max(1, limit // inner)
-    tail = tuple((0, n) for n in shape[q + 1 :])
-    lo, hi = box[q]
-    for index in itertools.product(*(range(a, b) for a, b in box[:q])):
-        base = sum(i * s for i, s in zip(index, strides))
-        head = tuple((i, i + 1) for i in index)
-        for j0 in range(lo, hi, step):
-            j1 = min(j0 + step, hi)
-            yield head + ((j0, j1),) + tail, base + j0 * strides[q], (j1 - j0) * inner
-
-
-def _piece_count(box: Box, shape: tuple[int, ...], limit: int) -> int:
-    """How many pieces :func:`_pieces` cuts ``box`` into, without cutting it."""
-    k = len(shape)
-    f = k
-    while f > 0 and box[f - 1] == (0, shape[f - 1]):
-        f -= 1
-    q = max(f - 1, 0)
-    while q < k - 1 and int(np.prod(shape[q + 1 :], dtype=np.int64)) > limit:
-        q += 1
-    step = max(1, limit // int(np.prod(shape[q + 1 :], dtype=np.int64)))
-    outer = int(np.prod([b - a for a, b in box[:q]], dtype=np.int64))
-    return outer * -(-(box[q][1] - box[q][0]) // step)
-
-
-def _widest_cheap(need: Box, shape: tuple[int, ...], limit: int, itemsize: int) -> Box:
-    """``need``, or ``need`` with its last non-whole axes made whole, whichever is
-    cheapest to read at ``READ_CALL_BYTES`` a call."""
-    call = READ_CALL_BYTES // max(itemsize, 1)
-
-    def cost(box: Box) -> int:
-        size = int(np.prod([b - a for a, b in box], dtype=np.int64))
-        return _piece_count(box, shape, limit) * call + size
-
-    best, best_cost = need, cost(need)
-    box = list(need)
-    for s in reversed(range(len(shape))):
-        if box[s] != (0, shape[s]):
-            box[s] = (0, shape[s])
-            c = cost(tuple(box))
-            if c < best_cost:
-                best, best_cost = tuple(box), c
-    return best
-
-
-def _fill(out: np.ndarray, need: Box, wide: Box, parts: Sequence[Part], limit: int) -> None:
-    """``out`` (``need``'s shape, source axis order, maybe a strided view) from the
-    pieces of ``wide`` in each part, one read of at most ``limit`` elements a piece."""
-    for bounds, read in parts:
-        sub = tuple(
-            (max(w0, b0) - b0, min(w1, b1) - b0) for (w0, w1), (b0, b1) in zip(wide, bounds)
-        )
-        if any(lo >= hi for lo, hi in sub):
-            continue
-        part_shape = tuple(b1 - b0 for b0, b1 in bounds)
-        for piece, start, count in _pieces(sub, part_shape, limit):
-            met = [
-                (max(p0 + b0, n0), min(p1 + b0, n1))
-                for (p0, p1), (b0, _), (n0, n1) in zip(piece, bounds, need)
-            ]
-            if any(lo >= hi for lo, hi in met):
-                continue  # widened past what this tile needs
-            got = read(start, count).reshape(tuple(p1 - p0 for p0, p1 in piece))
-            out[tuple(slice(lo - n0, hi - n0) for (lo, hi), (n0, _) in zip(met, need))] = got[
-                tuple(
-                    slice(lo - p0 - b0, hi - p0 - b0)
-                    for (lo, hi), (p0, _), (b0, _) in zip(met, piece, bounds)
-                )
-            ]
-
-
-def partitioned_parts(ckpt: Checkpoint, name: str, info) -> list[Part]:
-    """The stored slices of partitioned tensor ``name`` as :data:`Part` s for
-    :func:`tiles`."""
-    parts: list[Part] = []
-    for extents in info.slices:
-        bounds = tuple(
-            (0, n) if ln is None else (s, s + ln) for (s, ln), n in zip(extents, info.shape)
-        )
-        parts.append((bounds, functools.partial(_read_slice_elements, ckpt, name, extents)))
-    return parts
-
-
-def _read_slice_elements(ckpt: Checkpoint, name: str, extents, start: int, count: int):
-    return ckpt.read_elements(name, start, count, extents)
 
 
 # -- export
@@ -500,7 +242,7 @@ def plan_export(
     store = storage_for(out)
     # The planner's destination is a checkpoint prefix; an export's is its file.
     p = plan(sources, out, Options.of(options, max_shard_bytes=None))
-    permuter = _Permuter(permute)
+    permuter = Permuter(permute)
     outs, skipped, left_out = [], [], []
     for pt in p.tensors:
         if pt.name in BOOKKEEPING and not (with_bookkeeping or with_optimizer):
@@ -994,325 +736,3 @@ def _replaced_files(store, ep: ExportPlan) -> list[str]:
         for f in old
         if f not in mine and store.isfile(f) and store.realpath(f) not in ep.protected
     ]
-
-
-# -- import
-
-
-@dataclass(slots=True)
-class _In:
-    entry: tfiles.Entry
-    file: str
-    offset: int  # where the elements start (unless member)
-    member: str | None = None  # a compressed npz member, read from its start
-    # A stored npz member's CRC-32 of its .npy header, and that of all its bytes.
-    crc: tuple[int, int] | None = None
-
-
-def _import_entries(src: str) -> list[_In]:
-    """The tensors ``src`` holds, in the order they are read: the shards of an index
-    (each a plain file name beside it, read as safetensors), an npz's members, or one
-    safetensors file's tensors."""
-    store = storage_for(src)
-    if src.endswith(".index.json"):
-        reader = store.open_reader(src)
-        try:
-            if reader.size > tfiles.SAFETENSORS_HEADER_LIMIT:
-                raise CorruptCheckpointError(
-                    f"safetensors index of {reader.size} bytes is over the limit of "
-                    f"{tfiles.SAFETENSORS_HEADER_LIMIT}",
-                    path=src,
-                )
-            data = bytearray(reader.size)
-            read_exactly(reader, memoryview(data), 0, src)
-        finally:
-            reader.close()
-        shards = tfiles.safetensors_index_shards(data, src)
-        del data
-        directory = store.dirname(src)
-        return [i for name in shards for i in _safetensors_entries(store.join(directory, name))]
-    if src.endswith(".npz"):
-        npz = store.open_reader(src)
-        try:
-            members = tfiles.npz_members(io.BufferedReader(ReaderFile(npz)), src)
-        finally:
-            npz.close()
-        # Members stored uncompressed are read by offset like safetensors' tensors.
-        return [
-            _In(m.entry, src, m.start, None, (m.header_crc, m.crc))
-            if m.start is not None
-            else _In(m.entry, src, 0, m.member)
-            for m in members
-        ]
-    return _safetensors_entries(src)
-
-
-def _safetensors_entries(src: str) -> list[_In]:
-    reader = storage_for(src).open_reader(src)
-    try:
-        first = bytearray(min(reader.size, 8))
-        read_exactly(reader, memoryview(first), 0, src)
-        n = tfiles.safetensors_header_size(first, reader.size, src)
-        text = bytearray(n)  # at most the package's limit, parsed once
-        read_exactly(reader, memoryview(text), 8, src)
-        _, entries, _ = tfiles.parse_safetensors_header(text, n, reader.size, src)
-    finally:
-        reader.close()
-    return [_In(e, src, off) for e, off in entries]
-
-
-def read_exactly(reader, buf: memoryview, offset: int, path: str, tensor: str | None = None):
-    """Fill ``buf`` from ``reader`` at ``offset``; a file that ends first is corrupt."""
-    done = 0
-    while done < len(buf):
-        k = reader.readinto(buf[done:], offset + done)
-        if not k:
-            raise CorruptCheckpointError("unexpected end of file", path=path, tensor=tensor)
-        done += k
-
-
-def _file_reader(src: str):
-    """``read(offset, nbytes, tensor, buffers=None) -> uint8 array`` over one file, into
-    ``buffers(nbytes)`` (a ring) if given."""
-    reader = storage_for(src).open_reader(src)
-
-    def read(offset: int, nbytes: int, tensor: str, buffers=None) -> np.ndarray:
-        buf = buffers(nbytes) if buffers is not None else np.empty(nbytes, dtype=np.uint8)
-        read_exactly(reader, buf.data, offset, src, tensor)
-        return buf
-
-    return read, reader.close
-
-
-@takes_storage_options()
-def import_(
-    src,
-    out_prefix,
-    options: Options | None = None,
-    *,
-    storage_options: StorageOptions | None = None,
-    permute: Permutes = (),
-    dry_run: bool = False,
-    progress: Callable[[int], None] | None = None,
-    **changes,
-) -> ExportSummary:
-    """Read safetensors (one file, or the ``.index.json`` of sharded files) or npz into
-    a V2 checkpoint at ``out_prefix``, tensor by tensor in bounded chunks.
-
-    ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
-    ``overflow``), ``permute``, ``overwrite`` and ``progress`` apply as in :func:`export`.
-
-    >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
-    """
-    start = time.perf_counter()
-    options = Options.of(options, **changes)
-    src = normalize(src)
-    prefix = normalize(out_prefix)
-    ins = _import_entries(src)
-    includes, excludes = _patterns(options.include), _patterns(options.exclude)
-    rules, exact = _compile_rules(options.rename), dict(options.rename_exact or {})
-    policy = DtypePolicy.of(options)
-    permuter = _Permuter(permute)
-    ruled = bool(policy.labels)
-    chosen: list[tuple[_In, str, str, tuple[int, ...] | None, str | None]] = []
-    seen: dict[str, str] = {}
-    dropped = 0
-    for i in ins:
-        name = i.entry.name
-        if (includes and not any(rx.search(name) for rx in includes)) or any(
-            rx.search(name) for rx in excludes
-        ):
-            dropped += 1
-            continue
-        new = _new_name(name, exact, rules)
-        if new in seen:
-            raise CheckpointError(
-                f"{seen[new]!r} and {name!r} would both be named {new!r}",
-                path=i.file,
-                tensor=name,
-            )
-        seen[new] = name
-        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
-        perm = permuter(new, i.entry.shape, path=i.file)
-        chosen.append((i, new, to.name, perm, by))
-    store = storage_for(prefix)
-    index_filename = paths.index_filename
-    if store.isfile(index_filename(prefix)) and not options.overwrite:
-        raise CheckpointError(
-            "the destination already exists (use overwrite)", path=index_filename(prefix)
-        )
-    summary = ExportSummary(
-        prefix,
-        [index_filename(prefix)],
-        [
-            {
-                "name": i.entry.name,
-                "new_name": new,
-                "dtype": i.entry.dtype,
-                "new_dtype": nd,
-                "shape": list(i.entry.shape if perm is None else [i.entry.shape[p] for p in perm]),
-                "permute": list(perm) if perm else None,
-                "file": store.basename(i.file),
-                **({"dtype_by": by} if ruled else {}),
-            }
-            for i, new, nd, perm, by in chosen
-        ],
-        dropped=dropped,
-        bytes_out=sum(
-            int(np.prod(i.entry.shape, dtype=np.int64)) * _dt.lookup(nd).fixed_itemsize
-            for i, _, nd, _, _ in chosen
-        ),
-    )
-    if dry_run:
-        return summary
-    summary.cast_counts = _write_import(store, prefix, chosen, options, progress)
-    summary.seconds = time.perf_counter() - start
-    return summary
-
-
-_Chosen = list[tuple[_In, str, str, tuple[int, ...] | None, str | None]]
-
-
-def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progress):
-    """Stream ``chosen`` into one shard and commit it; on any failure (an interrupt
-    too) the shard and the directories this run made are removed. The overflows."""
-    remove_stale_temporaries(prefix)
-    if store.atomic_rename:
-        shard_paths = [f"{temporary_base(prefix)}.data-0"]
-    else:
-        # Objects are written under their final names, with a shard count no committed
-        # index uses (the extra shards stay empty), as the engine does.
-        count = free_shard_count(data_files(prefix), 1)
-        shard_paths = [paths.data_filename(prefix, k, count) for k in range(count)]
-    try:
-        made = store.makedirs(store.dirname(prefix))  # innermost first
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot create directory: {e.strerror or e}", path=prefix
-        ) from None
-    sources = _Sources()
-    try:
-        w = ShardWriter.create(shard_paths[0], durable=options.durable)
-        try:
-            overflow = _stream_import(w, chosen, options, progress, sources)
-            if options.overflow == "error" and overflow:
-                raise CastOverflowError(overflow, prefix)
-            entries = w.finish()
-            for extra in shard_paths[1:]:
-                ShardWriter.create(extra, durable=options.durable).finish()
-        except BaseException:
-            w.abort()
-            discard(shard_paths[1:])
-            raise
-        finally:
-            sources.close()
-        commit_shards(
-            prefix, shard_paths, entries, durable=options.durable, overwrite=options.overwrite
-        )
-    except BaseException:
-        store.remove_dirs(made)  # only those still empty
-        raise
-    return overflow
-
-
-class _Sources:
-    """The files an import reads, opened once each, and the two rings its pieces and
-    their casts go into: the loop holds one piece while the next is read."""
-
-    def __init__(self):
-        self.readers: dict[str, tuple] = {}  # path -> (read, close)
-        self.zips: dict[str, zipfile.ZipFile] = {}
-        self.closers: list[Callable[[], None]] = []
-        self.read_ring = BufferRing(2)
-        self.cast_ring = BufferRing(2)
-
-    def reader(self, path: str):
-        if path not in self.readers:
-            self.readers[path] = _file_reader(path)
-            self.closers.append(self.readers[path][1])
-        return self.readers[path][0]
-
-    def zip(self, path: str) -> zipfile.ZipFile:
-        if path not in self.zips:
-            reader = storage_for(path).open_reader(path)
-            self.closers.append(reader.close)
-            self.zips[path] = zipfile.ZipFile(io.BufferedReader(ReaderFile(reader)))
-            self.closers.append(self.zips[path].close)
-        return self.zips[path]
-
-    def close(self) -> None:
-        for close in reversed(self.closers):
-            close()
-
-
-def _stream_import(w: ShardWriter, chosen: _Chosen, options: Options, progress, sources):
-    overflow: dict[str, int] = {}
-    for i, new, new_dtype, perm, _ in chosen:
-        e = i.entry
-        caster = None
-        if new_dtype != e.dtype:
-            caster = Caster(
-                _dt.lookup(e.dtype),
-                _dt.lookup(new_dtype),
-                options.overflow,
-                buffers=sources.cast_ring,
-            )
-        shape = e.shape if perm is None else tuple(e.shape[p] for p in perm)
-        with w.stream(new, new_dtype, shape) as stream:
-            for chunk in _import_chunks(i, perm, options.chunk_bytes, sources):
-                if chunk.dtype == np.bool_ and chunk.size and chunk.view(np.uint8).max() > 1:
-                    raise CorruptCheckpointError(
-                        "bool tensor holds bytes other than 0 and 1", path=i.file, tensor=e.name
-                    )
-                out = caster(chunk) if caster is not None else chunk
-                stream.write(out)
-                if progress:
-                    progress(out.nbytes)
-        if caster is not None and caster.counts.overflow:
-            overflow[new] = caster.counts.overflow
-    return overflow
-
-
-def _import_chunks(
-    i: _In, perm: tuple[int, ...] | None, chunk_bytes: int, sources: _Sources
-) -> Iterator[np.ndarray]:
-    """A tensor's elements in pieces: an eighth of the budget each, as the engine reads
-    (two pieces and their casts stay within it), or tiles when permuted."""
-    e = i.entry
-    dt = tfiles.little_dtype(e.dtype)
-    piece = max(1, chunk_bytes // 8 // dt.itemsize)
-    if i.member is not None:
-        chunks = tfiles.npz_chunks(
-            sources.zip(i.file), i.member, e, piece * dt.itemsize, path=i.file
-        )
-        if perm is None:
-            yield from chunks
-            return
-        if e.nbytes > chunk_bytes // 2:
-            raise CheckpointError(
-                "a compressed npz member larger than half the chunk budget cannot be "
-                "permuted; raise chunk_bytes",
-                path=i.file,
-                tensor=e.name,
-            )
-        whole = np.concatenate(list(chunks)) if e.nbytes else np.empty(0, dt)
-        yield np.ascontiguousarray(whole.reshape(e.shape).transpose(perm)).reshape(-1)
-        return
-    read = sources.reader(i.file)
-
-    def elements(start: int, count: int, ring=None) -> np.ndarray:
-        return read(i.offset + start * dt.itemsize, count * dt.itemsize, e.name, ring).view(dt)
-
-    if perm is not None:
-        yield from tiles(elements, e.shape, perm, dt.itemsize, chunk_bytes)
-        return
-    total = e.nbytes // dt.itemsize
-    crc = None if i.crc is None else i.crc[0]
-    for s in range(0, total, piece):
-        chunk = elements(s, min(piece, total - s), sources.read_ring)
-        if crc is not None:
-            crc = zlib.crc32(chunk.data, crc)
-        yield chunk
-    if i.crc is not None and crc != i.crc[1]:
-        # Read in order, a stored member is checked as zipfile would (permuted, it is not).
-        raise CorruptCheckpointError("npz member fails its CRC-32", path=i.file, tensor=e.name)

@@ -134,19 +134,6 @@ def _exists(store: Storage, prefix: str) -> bool:
     return any(fnmatch.fnmatchcase(n, pattern) for n in names)
 
 
-def _on_storage_of(store: Storage, directory: str, name: str) -> bool:
-    """Whether the absolute ``name`` a state file in ``directory`` gives lies where a
-    path from that file may lead: anywhere on the local file system for a local state
-    file (TensorFlow writes absolute paths); for one on an object store, a URL of the
-    same scheme and bucket, with no ``..`` that could climb out of it."""
-    if store.local:
-        return True
-    scheme, _, rest = directory.partition("://")
-    name_scheme, _, name_rest = name.partition("://")
-    parts = name_rest.split("/")
-    return name_scheme == scheme and parts[0] == rest.split("/")[0] and ".." not in parts
-
-
 def _locate(store: Storage, directory: str, name: str) -> tuple[str, bool]:
     """The prefix a state file in ``directory`` means by ``name``, and whether it was
     found beside the state file rather than where ``name`` says.
@@ -157,11 +144,11 @@ def _locate(store: Storage, directory: str, name: str) -> tuple[str, bool]:
     the state file is then what was meant; where ``name`` still exists, it wins,
     as in TensorFlow.
     """
-    if store.isabs(name) and _on_storage_of(store, directory, name):
+    if store.isabs(name) and store.may_lead_to(directory, name):
         prefix: str | None = name
     elif store.isabs(name) or _ROOTED_RE.match(name):
         prefix = None  # another machine's absolute path, not one of this storage
-    elif not store.local and ".." in re.split(r"[/\\]", name):
+    elif not store.may_lead_to(directory, name):
         prefix = None  # out of the state file's directory, maybe its bucket
     else:
         prefix = store.join(directory, name)

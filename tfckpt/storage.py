@@ -228,6 +228,12 @@ class Storage:
     def isabs(self, path: str) -> bool:
         return os.path.isabs(path)
 
+    def may_lead_to(self, directory: str, name: str) -> bool:
+        """Whether ``name``, read from a file in ``directory`` (a state file's checkpoint
+        path), may be followed where it points. Locally anywhere: TensorFlow writes
+        absolute paths, and ``..`` in a relative one."""
+        return True
+
     def isfile(self, path: str) -> bool:
         return os.path.isfile(path)
 
@@ -557,6 +563,18 @@ class RemoteStorage(Storage):
 
     def isabs(self, path: str) -> bool:
         return "://" in path
+
+    def may_lead_to(self, directory: str, name: str) -> bool:
+        """On an object store, only into the bucket ``directory`` is in: an absolute
+        ``name`` of the same scheme and bucket, a relative one, and neither with a
+        ``..`` that could climb out of it (never to a local path)."""
+        if ".." in re.split(r"[/\\]", name.partition("://")[2] or name):
+            return False
+        if not self.isabs(name):
+            return True
+        scheme, _, rest = directory.partition("://")
+        name_scheme, _, name_rest = name.partition("://")
+        return name_scheme == scheme and name_rest.split("/")[0] == rest.split("/")[0]
 
     def call(self, what: str, path: str, fn, *args, error=CheckpointError, **kwargs):
         """``fn(*args, **kwargs)``, with any failure but a missing object as ``error``."""
