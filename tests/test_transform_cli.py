@@ -307,6 +307,7 @@ def test_dry_run_prints_plan_and_writes_nothing(command, src, tmp_path):
         "tensors",
         "dropped",
         "object_graph",
+        "object_graph_copied",
         "bytes_in",
         "bytes_out",
     }
