@@ -655,3 +655,38 @@ def test_progress_bar_on_a_terminal(tmp_path):
     rc, err = _stderr_on_terminal("import", tmp_path / "w.npz", tmp_path / "back" / "m")
     assert rc == 0, err
     assert "0%|" in err and "/16.0k" in err
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_many_small_tensors_start_no_thread_each(tmp_path, monkeypatch, fmt):
+    """A tensor read in one piece is read on the writing thread: exporting 2 000 small
+    tensors starts a handful of threads, not one per tensor (which made 200 000 tensors
+    take ten times a convert's time)."""
+    import threading
+
+    values = {f"layer_{i:04d}/kernel": np.full(64, i, np.float32) for i in range(2000)}
+    src = tmp_path / "src" / "model"
+    tfckpt.save(values, src)
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda t: (started.append(t), start(t))[1])
+    out = tmp_path / f"model.{fmt}"
+    tfckpt.export(src, out)
+    assert len(started) < 10
+    got = safetensors_numpy.load_file(str(out)) if fmt == "safetensors" else np.load(out)
+    assert all(same_bits(got[k], v) for k, v in values.items())
+
+
+def test_overflow_message_names_a_few_tensors(tmp_path):
+    """An overflow in many tensors is one line naming the first ten by name and how many
+    more; ``counts`` holds every one."""
+    values = {f"t{i:02d}": np.full(4, 1e6, np.float32) for i in range(25)}
+    src = tmp_path / "src" / "model"
+    tfckpt.save(values, src)
+    with pytest.raises(tfckpt.CastOverflowError) as e:
+        tfckpt.convert(src, tmp_path / "out" / "model", "float16")
+    assert len(e.value.counts) == 25
+    message = str(e.value)
+    assert "t09 (4 values)" in message and "t10" not in message
+    assert message.endswith("and 15 more") and "\n" not in message
+    assert not (tmp_path / "out").exists()

@@ -46,6 +46,9 @@ class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint failed; nothing was left at the destination."""
 
 
+_LISTED = 10  # tensors an overflow message names
+
+
 class CastOverflowError(CheckpointError):
     """A cast met values beyond the target dtype's range with ``overflow='error'``.
 
@@ -55,7 +58,11 @@ class CastOverflowError(CheckpointError):
 
     def __init__(self, counts: dict[str, int], dst: str):
         self.counts = counts
-        listed = ", ".join(f"{n} ({c} values)" for n, c in sorted(counts.items()))
+        # The first few by name: the message is one line, whatever the number of tensors.
+        shown = sorted(counts.items())[:_LISTED]
+        listed = ", ".join(f"{n} ({c} values)" for n, c in shown)
+        if len(counts) > len(shown):
+            listed += f" and {len(counts) - len(shown)} more"
         super().__init__(
             f"values beyond the target dtype's range in {len(counts)} tensor(s), "
             f"nothing written (use overflow='clip' or 'inf'): {listed}",

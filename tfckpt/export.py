@@ -356,7 +356,9 @@ def _export_chunks(
     ``read_bytes`` into ``ring``, permuted ones in tiles of the chunk budget."""
     name, info = o.pt.name, o.pt.info
     if o.perm is None:
-        chunks: Iterator[np.ndarray] = prefetch(ckpt.iter_chunks(name, read_bytes, buffers=ring))
+        chunks: Iterator[np.ndarray] = ckpt.iter_chunks(name, read_bytes, buffers=ring)
+        if info.nbytes > read_bytes:  # one read needs no thread to run ahead of it
+            chunks = prefetch(chunks)
     elif info.nbytes <= chunk_bytes // 2:
         chunks = iter([np.ascontiguousarray(ckpt[name].transpose(o.perm)).reshape(-1)])
     else:

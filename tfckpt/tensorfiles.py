@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import math
 import struct
 import zipfile
 import zlib
@@ -116,7 +117,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * _dt.lookup(self.dtype).fixed_itemsize
+        return math.prod(self.shape) * _dt.lookup(self.dtype).fixed_itemsize
 
 
 def little_dtype(dtype: str) -> np.dtype:
