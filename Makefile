@@ -33,14 +33,15 @@ demo: $(VENV)/.installed-base
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
-# Lint, formatting and types; the settings live in pyproject.toml. All three run, so one
-# pass reports every finding; any of them failing fails the target.
+# Lint, formatting, types and the layer contracts; the settings live in pyproject.toml. All
+# four run, so one pass reports every finding; any of them failing fails the target.
 check: $(VENV)/.installed-lint
 	@status=0; \
 	set -x; \
 	$(PY) -m ruff check . || status=1; \
 	$(PY) -m ruff format --check . || status=1; \
 	$(PY) -m mypy || status=1; \
+	$(VENV)/bin/lint-imports || status=1; \
 	exit $$status
 
 # Regenerate tfckpt/_proto from proto/ with protoc 25 (grpcio-tools 1.62.3): its output

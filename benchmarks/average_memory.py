@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         for n in os.listdir(os.path.dirname(big))
         if n.startswith(os.path.basename(big) + ".data-")
     )
-    baseline, _ = peak_rss([sys.executable, "-c", "import tfckpt, tfckpt.average, numpy"])
+    baseline, _ = peak_rss([sys.executable, "-c", "import tfckpt, tfckpt.rewrite.average, numpy"])
     rss, wall = peak_rss(
         [
             sys.executable,

@@ -74,7 +74,9 @@ def _faults() -> tuple[int, int]:
 def convert_breakdown(src: str, dst: str, dtype: str, durable: bool) -> list[tuple]:
     t = time.perf_counter()
     import tfckpt
-    from tfckpt import cast, engine, reader, storage, writer
+    from tfckpt.checkpoint import reader, writer
+    from tfckpt.io import storage
+    from tfckpt.rewrite import cast, engine
 
     rows: list[tuple] = []
     if STARTUP is not None:
@@ -112,8 +114,8 @@ def convert_breakdown(src: str, dst: str, dtype: str, durable: bool) -> list[tup
 
 
 def _rounding(dtype: str) -> str:
-    from tfckpt import dtypes as _dt
-    from tfckpt.cast import Caster
+    from tfckpt.format import dtypes as _dt
+    from tfckpt.rewrite.cast import Caster
 
     return Caster(_dt.lookup("float32"), _dt.lookup(dtype)).rounding
 
@@ -135,8 +137,8 @@ def floors(src: str, work: str, dtype: str, cast_mib: int) -> list[tuple]:
     import crc32c
     import numpy as np
 
-    from tfckpt import dtypes as _dt
-    from tfckpt.cast import CAST_ENV, Caster
+    from tfckpt.format import dtypes as _dt
+    from tfckpt.rewrite.cast import CAST_ENV, Caster
 
     rows: list[tuple] = []
     files = _data_files(src)

@@ -236,8 +236,8 @@ def cast_alone(how: str, target: str, mib: str, chunk_mib: str = "8") -> None:
 
     if how == "reference":
         os.environ["TFCKPT_CAST"] = "reference"
-    from tfckpt import dtypes as _dt
-    from tfckpt.cast import Caster
+    from tfckpt.format import dtypes as _dt
+    from tfckpt.rewrite.cast import Caster
 
     values = np.random.default_rng(0).standard_normal(int(mib) << 18, dtype=np.float32) * 0.05
     step = (int(chunk_mib) << 20) // 4

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from tfckpt import dtypes as _dt
-from tfckpt.cast import CAST_ENV, Caster
+from tfckpt.format import dtypes as _dt
+from tfckpt.rewrite.cast import CAST_ENV, Caster
 
 
 def casters(target: str, overflow: str) -> tuple[Caster, Caster]:

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfckpt import dtypes as _dt
-from tfckpt.cast import CAST_ENV, Caster
 from tfckpt.cli import main
+from tfckpt.format import dtypes as _dt
+from tfckpt.rewrite.cast import CAST_ENV, Caster
 
 ROOT = Path(__file__).resolve().parent.parent
 F16_TINY = 2.0**-14

@@ -25,11 +25,10 @@ from hypothesis import strategies as st
 
 import tfckpt
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
-from tfckpt.format import BULK_MAX_RANK, TensorTable, decode_entries, parse_entry
-from tfckpt.inspection import dump, dump_json
-from tfckpt.orderedcode import decode_name, decode_names
-from tfckpt.reader import Checkpoint
-from tfckpt.table import (
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.format.bundle import BULK_MAX_RANK, TensorTable, decode_entries, parse_entry
+from tfckpt.format.orderedcode import decode_name, decode_names
+from tfckpt.format.table import (
     _U32,
     BLOCK_TRAILER_SIZE,
     FOOTER_SIZE,
@@ -44,6 +43,7 @@ from tfckpt.table import (
     decode_varint,
     parse_block,
 )
+from tfckpt.inspection import dump, dump_json
 
 SETTINGS = settings(
     max_examples=300,

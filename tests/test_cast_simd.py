@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tfckpt import dtypes as _dt
-from tfckpt.cast import _PARALLEL_MIN, CAST_ENV, OVERFLOW_POLICIES, CastCounts, Caster
+from tfckpt.format import dtypes as _dt
+from tfckpt.rewrite.cast import _PARALLEL_MIN, CAST_ENV, OVERFLOW_POLICIES, CastCounts, Caster
 
 pytest.importorskip("numkong")
 
@@ -172,8 +172,8 @@ CHILD = """
 import hashlib, sys
 import numpy as np
 {setup}
-from tfckpt import dtypes as d
-from tfckpt.cast import Caster
+from tfckpt.format import dtypes as d
+from tfckpt.rewrite.cast import Caster
 values = np.frombuffer(sys.stdin.buffer.read(), np.float32)
 h = hashlib.sha256()
 for target in ("float16", "bfloat16"):

@@ -33,7 +33,7 @@ from cli_helpers import (  # noqa: E402
 
 import tfckpt  # noqa: E402
 import tfckpt.cli  # noqa: E402
-from tfckpt import orderedcode  # noqa: E402
+from tfckpt.format import orderedcode  # noqa: E402
 
 # Names TensorFlow saves as given: window title, clear screen, a forged table row, a
 # right-to-left override, a clipboard write (OSC 52), bidi isolates, a C1 CSI, DEL.

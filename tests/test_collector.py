@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import cli, engine
-from tfckpt.reader import Checkpoint
+from tfckpt import cli
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.rewrite import engine
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
 
 import tfckpt  # noqa: E402
-from tfckpt.commit import TMP_MARK  # noqa: E402
-from tfckpt.engine import execute  # noqa: E402
+from tfckpt.io.temporaries import TMP_MARK  # noqa: E402
+from tfckpt.rewrite.engine import execute  # noqa: E402
 
 VALUES = {f"layer_{i}/kernel": np.linspace(-1, 1, 4096, dtype=np.float32) + i for i in range(4)}
 

@@ -1,4 +1,4 @@
-"""DataType numbers and names (``tfckpt.dtypes``), checkpoint path resolution (``tfckpt.paths``)
+"""DataType numbers and names (``tfckpt.format.dtypes``), checkpoint path resolution (``tfckpt.io.paths``)
 and the error classes (``tfckpt.errors``). No TensorFlow here."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import dtypes, paths
 from tfckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -19,6 +18,8 @@ from tfckpt.errors import (
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
+from tfckpt.format import dtypes
+from tfckpt.io import paths
 
 # --- dtypes -----------------------------------------------------------------------
 

@@ -126,7 +126,7 @@ def test_npz_members_in_zip64_form(tf_checkpoints, tmp_path, monkeypatch):
     real one needs more than 2 GiB), the archive still loads and its members import."""
     import zipfile
 
-    from tfckpt import tensorfiles
+    from tfckpt.format import tensorfiles
 
     monkeypatch.setattr(tensorfiles, "_ZIP64_LIMIT", 0)
     case = tf_checkpoints("tf1_saver")
@@ -678,15 +678,15 @@ def test_many_small_tensors_start_no_thread_each(tmp_path, monkeypatch, fmt):
 
 
 def test_overflow_message_names_a_few_tensors(tmp_path):
-    """An overflow in many tensors is one line naming the first ten by name and how many
-    more; ``counts`` holds every one."""
-    values = {f"t{i:02d}": np.full(4, 1e6, np.float32) for i in range(25)}
+    """An overflow in many tensors is one line naming the first fifty by name and how
+    many more; ``counts`` holds every one."""
+    values = {f"t{i:02d}": np.full(4, 1e6, np.float32) for i in range(60)}
     src = tmp_path / "src" / "model"
     tfckpt.save(values, src)
     with pytest.raises(tfckpt.CastOverflowError) as e:
         tfckpt.convert(src, tmp_path / "out" / "model", "float16")
-    assert len(e.value.counts) == 25
+    assert len(e.value.counts) == 60
     message = str(e.value)
-    assert "t09 (4 values)" in message and "t10" not in message
-    assert message.endswith("and 15 more") and "\n" not in message
+    assert "t49 (4 values)" in message and "t50" not in message
+    assert message.endswith("and 10 more") and "\n" not in message
     assert not (tmp_path / "out").exists()

@@ -26,7 +26,7 @@ import tfckpt
 tf = pytest.importorskip("tensorflow")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from tfckpt.commit import TMP_MARK  # noqa: E402
+from tfckpt.io.temporaries import TMP_MARK  # noqa: E402
 
 VALUES = {f"layer_{i}/kernel": np.arange(256, dtype=np.float32) * (i + 1) for i in range(6)}
 # float32: 1 KiB a tensor, so 2 per shard: 3 shards; float16: 4 per shard: 2 shards.
@@ -76,7 +76,7 @@ def temporaries(d: Path) -> list[str]:
 # Sends itself SIG at its AT-th file operation (before it, or with AFTER=1 after it).
 AT_NTH_OPERATION = """
 import os, signal, sys
-import tfckpt.storage as st
+import tfckpt.io.storage as st
 count = [0]
 at, sig, after = int(os.environ["AT"]), getattr(signal, os.environ["SIG"]), os.environ["AFTER"] == "1"
 def counted(fn):

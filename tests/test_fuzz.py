@@ -24,7 +24,7 @@ import tfckpt
 from tfckpt import inspection as tfinspect
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-from tfckpt.table import (
+from tfckpt.format.table import (
     BLOCK_TRAILER_SIZE,
     FOOTER_SIZE,
     TableBuilder,
@@ -254,7 +254,7 @@ def test_truncation_at_every_block_boundary(bases, tmp_path, base):
     table = TableReader(data)
     del table
     # Block boundaries: walk the index block's handles.
-    from tfckpt.table import BlockHandle, Footer, parse_block
+    from tfckpt.format.table import BlockHandle, Footer, parse_block
 
     footer = Footer.decode(data[-FOOTER_SIZE:])
     blocks = [footer.index, footer.metaindex]

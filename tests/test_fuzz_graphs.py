@@ -25,7 +25,7 @@ from cli_helpers import assert_cli_error, in_process, run_process, user_env  # n
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph  # noqa: E402
-from tfckpt.objectgraph import MAX_ELEMENTS, OBJECT_GRAPH_KEY, PATH_CHARS  # noqa: E402
+from tfckpt.format.objectgraph import MAX_ELEMENTS, OBJECT_GRAPH_KEY, PATH_CHARS  # noqa: E402
 
 ADDRESS_SPACE = 2 << 30  # each command-line process runs under this RLIMIT_AS
 TIMEOUT_S = 60

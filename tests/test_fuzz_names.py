@@ -22,7 +22,7 @@ tf = pytest.importorskip("tensorflow")
 from cli_helpers import assert_terminal_safe, run  # noqa: E402
 
 import tfckpt  # noqa: E402
-from tfckpt import orderedcode  # noqa: E402
+from tfckpt.format import orderedcode  # noqa: E402
 
 SEEDS = range(6)
 NAMES_PER_CHECKPOINT = 24

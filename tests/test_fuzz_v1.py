@@ -21,9 +21,9 @@ import pytest
 from test_fuzz import check_case  # the harness: time limit and allocation bound
 
 import tfckpt
-from tfckpt import orderedcode
 from tfckpt._proto.saved_tensor_slice_pb2 import SavedTensorSlices
-from tfckpt.table import TableBuilder
+from tfckpt.format import orderedcode
+from tfckpt.format.table import TableBuilder
 
 STRUCTURED_CASES = 180
 DAMAGE_CASES = 120

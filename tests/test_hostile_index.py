@@ -27,8 +27,7 @@ from cli_helpers import assert_cli_error, run_text  # noqa: E402
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
-from tfckpt.engine import shard_tasks  # noqa: E402
-from tfckpt.table import (  # noqa: E402
+from tfckpt.format.table import (  # noqa: E402
     _U32,
     FOOTER_SIZE,
     NO_COMPRESSION,
@@ -42,6 +41,7 @@ from tfckpt.table import (  # noqa: E402
     mask_crc,
     parse_block,
 )
+from tfckpt.rewrite.engine import shard_tasks  # noqa: E402
 
 N_TENSORS = 20  # more than one restart interval: the data block has two restart points
 

@@ -22,7 +22,7 @@ from test_remote import s3_server  # noqa: E402,F401  (the moto server fixture)
 from test_remote_faults import on, proxy, s3  # noqa: E402,F401  (the proxy fixtures)
 
 import tfckpt  # noqa: E402
-from tfckpt import paths  # noqa: E402
+from tfckpt.io import paths  # noqa: E402
 
 OTHER_BUCKET = "tfckpt-other-bucket"
 

@@ -221,7 +221,7 @@ def test_safetensors_refused_exactly_when_the_package_refuses(tmp_path, data):
 
 
 def test_header_over_the_package_limit_is_refused_before_reading_it(tmp_path):
-    limit = tfckpt.tensorfiles.SAFETENSORS_HEADER_LIMIT
+    limit = tfckpt.format.tensorfiles.SAFETENSORS_HEADER_LIMIT
     assert limit == 100_000_000
     big = tmp_path / "big.safetensors"
     with open(big, "wb") as f:  # sparse: the whole declared header is "there"

@@ -283,7 +283,7 @@ def test_average_with_tiny_unequal_weights_is_the_weighted_mean(pair, tmp_path):
 ABANDONED = """
 import asyncio, gc, sys
 import botocore.exceptions, fsspec.asyn
-from tfckpt.storage import storage_for
+from tfckpt.io.storage import storage_for
 
 store = storage_for("s3://bucket/x", {"endpoint_url": "http://127.0.0.1:9", "key": "k",
                                       "secret": "s"})

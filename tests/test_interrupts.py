@@ -132,7 +132,7 @@ def test_raising_progress_callback_stops_every_thread(source, tmp_path, executor
 # little later, so the reader thread is a chunk ahead; then runs the command line.
 INTERRUPT_AT_CHUNK = """
 import importlib, os, signal, sys, time
-pipeline = importlib.import_module("tfckpt.pipeline")
+pipeline = importlib.import_module("tfckpt.rewrite.pipeline")
 real_write = pipeline.WriteBehind.write
 calls = [0]
 def write(self, data):

@@ -301,7 +301,7 @@ import json, sys
 import keras
 import numpy as np
 import tfckpt.keras
-from tfckpt.objectgraph import ObjectGraph
+from tfckpt.format.objectgraph import ObjectGraph
 
 class CountingNodes:  # the parsed graph's real nodes, each look-up counted
     def __init__(self, nodes):

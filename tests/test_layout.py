@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt.commit import commit_shards, merge_entries
-from tfckpt.pipeline import READ_RING, BufferRing
-from tfckpt.writer import ShardWriter
+from tfckpt.checkpoint.writer import ShardWriter
+from tfckpt.io.commit import commit_shards, merge_entries
+from tfckpt.rewrite.pipeline import READ_RING, BufferRing
 
 PACKAGE = Path(tfckpt.__file__).parent
 

@@ -352,9 +352,8 @@ def any_basic_index(draw, shape):
         if kind == "int":
             value = draw(st.integers(-n - 1, n))  # sometimes out of bounds
             make = draw(st.sampled_from(INTS))
-            items.append(
-                make(value) if make is int or value >= 0 or make is not np.uint8 else value
-            )
+            # a numpy uint8 holds 0..255 only: other values stay Python ints
+            items.append(make(value) if make is not np.uint8 or 0 <= value <= 255 else value)
         elif kind == "slice":
             bound = st.none() | st.integers(-n - 2, n + 2)
             step = st.none() | st.integers(-4, 4).filter(bool)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import pipeline
 from tfckpt.cli import main
+from tfckpt.rewrite import pipeline
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 No TensorFlow here: the graphs are shaped like the ones TensorFlow writes (Keras 3
 tracking the model's variables again under the optimizer, slot variables, lookup
-tables stored as several tensors) and every function of ``tfckpt.objectgraph`` is
+tables stored as several tensors) and every function of ``tfckpt.format.objectgraph`` is
 checked on them, down to its limits. Parity with TensorFlow itself is in
 test_objectgraph_parity.py.
 """
@@ -14,9 +14,9 @@ import re
 import pytest
 
 import tfckpt
-from tfckpt import objectgraph
 from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-from tfckpt.objectgraph import ObjectGraph
+from tfckpt.format import objectgraph
+from tfckpt.format.objectgraph import ObjectGraph
 
 VALUE = ".ATTRIBUTES/VARIABLE_VALUE"
 

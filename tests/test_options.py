@@ -12,7 +12,7 @@ tf = pytest.importorskip("tensorflow")
 import transform_helpers as th  # noqa: E402
 
 import tfckpt  # noqa: E402
-from tfckpt.pipeline import READ_RING, BufferRing, WriteBehind, prefetch  # noqa: E402
+from tfckpt.rewrite.pipeline import READ_RING, BufferRing, WriteBehind, prefetch  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""OrderedCode slice keys (``tfckpt.orderedcode``) against byte vectors TensorFlow wrote.
+"""OrderedCode slice keys (``tfckpt.format.orderedcode``) against byte vectors TensorFlow wrote.
 
 Expected bytes come from FORMAT.md (keys TensorFlow 2.21 wrote) and from the
 encoding rules of TensorFlow's ``orderedcode.cc``, written out by hand.
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfckpt import orderedcode as oc
+from tfckpt.format import orderedcode as oc
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

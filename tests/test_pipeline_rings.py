@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import tfckpt
-from tfckpt import pipeline
-from tfckpt.writer import ShardWriter
+from tfckpt.checkpoint.writer import ShardWriter
+from tfckpt.rewrite import pipeline
 
 CHUNK = 1 << 19  # --chunk-bytes: reads of 64 KiB
 ROWS = 1024  # float32 rows of 256 elements: 16 reads per tensor

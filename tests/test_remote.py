@@ -44,11 +44,13 @@ import transform_helpers as th  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 import tfckpt  # noqa: E402
-from tfckpt import cli, paths  # noqa: E402
+from tfckpt import cli  # noqa: E402
 from tfckpt import inspection as tinspect  # noqa: E402
-from tfckpt.commit import TMP_MARK, commit_shards, merge_entries  # noqa: E402
-from tfckpt.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
-from tfckpt.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
+from tfckpt.io import paths  # noqa: E402
+from tfckpt.io.commit import commit_shards, merge_entries  # noqa: E402
+from tfckpt.io.temporaries import TMP_MARK  # noqa: E402
+from tfckpt.rewrite.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
 
 CASES = ("tf1_sharded", "max_shard_policy", "keras_manager")
 MEM = MemoryFileSystem.store  # the process-wide memory:// store (path -> MemoryFile)

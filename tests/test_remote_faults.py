@@ -34,7 +34,7 @@ import transform_helpers as th  # noqa: E402
 from test_remote import BUCKET, s3_server  # noqa: E402,F401  (the moto server fixture)
 
 import tfckpt  # noqa: E402
-from tfckpt import paths  # noqa: E402
+from tfckpt.io import paths  # noqa: E402
 
 HOP_BY_HOP = {
     "connection",
@@ -328,15 +328,15 @@ def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded
 
 INTERRUPT_IN_INDEX = """
 import os, signal, sys
-import tfckpt.table
-add = tfckpt.table.TableBuilder.add
+import tfckpt.format.table
+add = tfckpt.format.table.TableBuilder.add
 count = [0]
 def interrupted_add(self, key, value):
     count[0] += 1
     if count[0] == int(os.environ["INTERRUPT_AT"]):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the index is being written
     return add(self, key, value)
-tfckpt.table.TableBuilder.add = interrupted_add
+tfckpt.format.table.TableBuilder.add = interrupted_add
 from tfckpt.cli import main
 sys.exit(main(sys.argv[1:]))
 """

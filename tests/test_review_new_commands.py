@@ -185,7 +185,7 @@ def test_average_use_ema_dtype_rules_match_the_variables_names(tmp_path):
 def tf2_base(tmp_path_factory):
     """A TF2 checkpoint TensorFlow wrote: its tensors and its variable's attribute."""
     from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-    from tfckpt.objectgraph import OBJECT_GRAPH_KEY
+    from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
 
     d = tmp_path_factory.mktemp("tf2_base")
     prefix = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0])).save(str(d / "ckpt"))
@@ -200,7 +200,7 @@ def _hostile(base, name: str, shape: str, n: int) -> str:
     """``chain``: the variable n objects deep; ``doubling``: the variable the last of n
     slot variables, each the slot of the one before, whose paths double at each."""
     from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-    from tfckpt.objectgraph import OBJECT_GRAPH_KEY
+    from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
 
     g = TrackableObjectGraph()
     for _ in range(n + 2):
@@ -388,7 +388,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_run_killed_at_its_commit_leaves_nothing_a_reader_takes(runs, tmp_path):
-    from tfckpt.commit import TMP_MARK
+    from tfckpt.io.temporaries import TMP_MARK
 
     out = tmp_path / "out"
     argv = ["convert", runs["v2"][-1], str(out / "model"), "--dtype", "float16"]

@@ -148,7 +148,7 @@ def test_string_stream_matches_tensorflow_bytes(strings_ckpt, tmp_path):
 # TRUNCATE_AT (after its size was checked against the file), then runs the command line.
 TRUNCATE_DURING_RUN = """
 import importlib, os, sys
-bundle = importlib.import_module("tfckpt.reader")
+bundle = importlib.import_module("tfckpt.checkpoint.reader")
 real_check = bundle.Checkpoint._check_extent
 def check_extent(self, entry):
     reader = real_check(self, entry)

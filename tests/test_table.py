@@ -1,4 +1,4 @@
-"""The SSTable layer (``tfckpt.table``) against hand-built bytes.
+"""The SSTable layer (``tfckpt.format.table``) against hand-built bytes.
 
 Expected bytes are written out from the format facts (FORMAT.md, LevelDB's
 table format as TensorFlow's ``tsl/lib/io`` writes it), not produced by the code
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfckpt
-from tfckpt import table as T
+from tfckpt.format import table as T
 
 try:  # test-only dependency: a real snappy compressor
     import cramjam

@@ -20,10 +20,10 @@ from cli_helpers import run_text  # noqa: E402
 
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
-from tfckpt.commit import write_index  # noqa: E402
+from tfckpt.format.orderedcode import encode_slice_key  # noqa: E402
+from tfckpt.format.table import TableReader  # noqa: E402
 from tfckpt.inspection import diff, dump, verify  # noqa: E402
-from tfckpt.orderedcode import encode_slice_key  # noqa: E402
-from tfckpt.table import TableReader  # noqa: E402
+from tfckpt.io.commit import write_index  # noqa: E402
 
 
 def _dataset():

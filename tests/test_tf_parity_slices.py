@@ -22,9 +22,9 @@ from cli_helpers import in_process  # noqa: E402
 
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
-from tfckpt import orderedcode  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto  # noqa: E402
-from tfckpt.table import TableBuilder, TableReader  # noqa: E402
+from tfckpt.format import orderedcode  # noqa: E402
+from tfckpt.format.table import TableBuilder, TableReader  # noqa: E402
 from tfckpt.tf import verify_with_tf  # noqa: E402
 
 # name -> (full shape, stored slice specs as SaveV2 takes them, dtype)

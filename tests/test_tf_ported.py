@@ -19,8 +19,8 @@ tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto  # noqa: E402
+from tfckpt.format.table import TableBuilder, TableReader, crc32c, mask_crc  # noqa: E402
 from tfckpt.inspection import verify  # noqa: E402
-from tfckpt.table import TableBuilder, TableReader, crc32c, mask_crc  # noqa: E402
 
 # The dtypes tensor_bundle_test.cc instantiates its typed cases with.
 BUNDLE_TEST_DTYPES = [

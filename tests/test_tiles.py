@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfckpt
-from tfckpt.permute import collapse_axes, tiles
+from tfckpt.rewrite.permute import collapse_axes, tiles
 
-import_mod = importlib.import_module("tfckpt.importing")
+import_mod = importlib.import_module("tfckpt.interop.importing")
 
 tf = pytest.importorskip("tensorflow")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

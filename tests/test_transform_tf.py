@@ -20,7 +20,7 @@ import transform_helpers as th  # noqa: E402
 
 import tfckpt  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
-from tfckpt.cast import CastCounts  # noqa: E402
+from tfckpt.rewrite.cast import CastCounts  # noqa: E402
 
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 

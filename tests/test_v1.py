@@ -19,7 +19,7 @@ from cli_helpers import assert_cli_error, in_process
 tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
-from tfckpt.table import BLOCK_SIZE  # noqa: E402
+from tfckpt.format.table import BLOCK_SIZE  # noqa: E402
 
 V1 = tf.compat.v1.train.SaverDef.V1
 TWO_CPUS = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
@@ -320,8 +320,8 @@ def test_not_checkpoints(v1, tmp_path):
 
 def test_verify_meta_against_stored_slices(v1, tmp_path):
     """A slice the meta lists but no entry stores, and an entry no meta lists."""
-    from tfckpt import orderedcode
-    from tfckpt.table import TableBuilder, TableReader
+    from tfckpt.format import orderedcode
+    from tfckpt.format.table import TableBuilder, TableReader
 
     saved = v1["dtypes"][0]
     entries = dict(TableReader(open(saved, "rb").read()).entries)

@@ -11,12 +11,9 @@ TensorFlow is never imported by this package except by the ``tfckpt.tf`` bridge.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
-import types
 from typing import TYPE_CHECKING
 
-from .errors import (
+from tfckpt.errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointNotFoundError,
@@ -26,73 +23,56 @@ from .errors import (
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
+from tfckpt.version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from .average import average
-    from .engine import Summary, convert, execute, merge, rename, select, transform
-    from .export import ExportSummary, export
-    from .format import Header, TensorInfo, TensorTable, Version
-    from .graft import flatten, graft, plan_flatten, plan_graft
-    from .importing import import_
-    from .inspection import checkpoints as list_checkpoints
-    from .options import Options
-    from .paths import latest_checkpoint
-    from .planner import Plan, plan
-    from .reader import Checkpoint
-    from .slicing import TensorSlice
-    from .writer import BundleWriter, save
+    from tfckpt.checkpoint.reader import Checkpoint
+    from tfckpt.checkpoint.writer import BundleWriter, save
+    from tfckpt.format.bundle import TensorInfo
+    from tfckpt.inspection import checkpoints as list_checkpoints
+    from tfckpt.interop.export import export
+    from tfckpt.interop.importing import import_
+    from tfckpt.io.paths import latest_checkpoint
+    from tfckpt.rewrite.average import average
+    from tfckpt.rewrite.engine import Summary, convert, execute, merge, rename, select, transform
+    from tfckpt.rewrite.graft import flatten, graft
+    from tfckpt.rewrite.options import Options
+    from tfckpt.rewrite.planner import Plan, plan
 
-# Public name -> (module, name there). Loaded on first use so that ``import tfckpt`` and the
-# command line start without importing every module (see __getattr__).
+# Public name -> (module, name there), loaded on first use so that ``import tfckpt`` and the
+# command line start without importing every layer (PEP 562 module __getattr__). Everything
+# else lives in the layer packages: tfckpt.format, .io, .checkpoint, .rewrite, .interop.
 _LAZY = {
     name: (module, name)
     for module, names in {
-        "average": "average",
-        "engine": "Summary convert execute merge rename select transform",
-        "export": "ExportSummary export",
-        "importing": "import_",
-        "format": "Header TensorInfo TensorTable Version",
-        "graft": "flatten graft plan_flatten plan_graft",
-        "options": "Options",
-        "paths": "latest_checkpoint",
-        "planner": "Plan plan",
-        "reader": "Checkpoint",
-        "slicing": "TensorSlice",
-        "writer": "BundleWriter save",
+        "tfckpt.checkpoint.reader": "Checkpoint",
+        "tfckpt.checkpoint.writer": "BundleWriter save",
+        "tfckpt.format.bundle": "TensorInfo",
+        "tfckpt.interop.export": "export",
+        "tfckpt.interop.importing": "import_",
+        "tfckpt.io.paths": "latest_checkpoint",
+        "tfckpt.rewrite.average": "average",
+        "tfckpt.rewrite.engine": "Summary convert execute merge rename select transform",
+        "tfckpt.rewrite.graft": "flatten graft",
+        "tfckpt.rewrite.options": "Options",
+        "tfckpt.rewrite.planner": "Plan plan",
     }.items()
     for name in names.split()
 }
-_LAZY["list_checkpoints"] = ("inspection", "checkpoints")
+_LAZY["list_checkpoints"] = ("tfckpt.inspection", "checkpoints")
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
-    # tfckpt.inspection.dump(...) and the like after a bare `import tfckpt`
-    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
-        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
     return sorted({*globals(), *_LAZY})
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        # Importing a submodule binds it on the package: tfckpt.average, .graft and .export
-        # must stay the functions of those names however their modules get imported.
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-__version__ = "0.1.0"
 
 
 def restore(target, path, **options):
@@ -102,7 +82,7 @@ def restore(target, path, **options):
 
     >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
     """
-    from .tf import restore as _restore
+    from tfckpt.tf import restore as _restore
 
     return _restore(target, path, **options)
 
@@ -116,7 +96,7 @@ def verify_with_tf(path, *, reference=None, storage_options=None) -> dict:
     >>> result["mismatches"]
     []
     """
-    from .tf import verify_with_tf as _verify
+    from tfckpt.tf import verify_with_tf as _verify
 
     return _verify(path, reference=reference, storage_options=storage_options)
 
@@ -129,61 +109,58 @@ def open(  # noqa: A001 - mirrors safetensors' safe_open
     ``path`` may be a prefix (``train/model.ckpt-7``), its ``.index`` file, a
     directory with a ``checkpoint`` state file (its latest checkpoint is taken),
     or a SavedModel directory; or a V1 (tensor-slice) checkpoint in any form
-    TensorFlow accepts, read through the same API (see :mod:`tfckpt.v1`). With
+    TensorFlow accepts, read through the same API (see :mod:`tfckpt.checkpoint.v1`). With
     ``verify`` (the default) every tensor's CRC32C is checked when it is read;
     index block checksums are always checked. With ``mmap`` (the default),
     ``ckpt[name]`` of a local checkpoint views the mapped file (zero-copy); such
     an array dies with SIGBUS if the file is truncated later. ``mmap=False``
     reads into memory of its own. ``storage_options`` go to fsspec with a URL
     (endpoint, credentials, ``anon=True``...). ``ckpt.get_slice(name)[0:10]`` reads
-    a part of a tensor (see :class:`~tfckpt.slicing.TensorSlice`).
+    a part of a tensor (see :class:`~tfckpt.checkpoint.slicing.TensorSlice`).
 
     >>> ckpt = tfckpt.open("train")
     >>> ckpt.keys()[:2], ckpt.info("dense/kernel").dtype
     """
-    from .reader import Checkpoint
+    from tfckpt.checkpoint.opening import open_checkpoint
 
-    return Checkpoint(path, verify=verify, mmap=mmap, storage_options=storage_options)
+    return open_checkpoint(path, verify=verify, mmap=mmap, storage_options=storage_options)
 
 
 __all__ = [
+    # reading and writing
     "open",
     "save",
-    "restore",
-    "verify_with_tf",
-    "transform",
+    "Checkpoint",
+    "TensorInfo",
+    "BundleWriter",
+    "latest_checkpoint",
+    "list_checkpoints",
+    # the verbs: each plans, then runs the one engine
     "convert",
     "rename",
     "select",
     "merge",
+    "transform",
     "graft",
     "flatten",
     "average",
+    "export",
+    "import_",
     "plan",
-    "plan_graft",
-    "plan_flatten",
+    "execute",
     "Plan",
     "Summary",
-    "Checkpoint",
-    "TensorSlice",
-    "BundleWriter",
-    "TensorInfo",
-    "TensorTable",
-    "Header",
-    "Version",
-    "latest_checkpoint",
-    "list_checkpoints",
+    "Options",
+    # TensorFlow, imported only when called
+    "restore",
+    "verify_with_tf",
+    # errors
     "CheckpointError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "UnsupportedCheckpointError",
     "CheckpointWriteError",
     "TensorNotFoundError",
-    "execute",
-    "Options",
     "CastOverflowError",
     "CheckpointPathWarning",
-    "export",
-    "import_",
-    "ExportSummary",
 ]

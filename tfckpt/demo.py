@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from . import cli, save
+from tfckpt import cli, save
 
 
 def example_tensors(seed: int = 0) -> dict[str, np.ndarray]:

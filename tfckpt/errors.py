@@ -46,7 +46,7 @@ class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint failed; nothing was left at the destination."""
 
 
-_LISTED = 10  # tensors an overflow message names
+_LISTED = 50  # tensors an overflow message names
 
 
 class CastOverflowError(CheckpointError):

@@ -16,14 +16,15 @@ from operator import itemgetter
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import paths
-from .cast import Caster
-from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
-from .format import TensorTable, format_slice
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
-from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
-from .storage import StorageOptions, normalize, storage_for, takes_storage_options
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorTable, format_slice
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from tfckpt.io import paths
+from tfckpt.io.storage import StorageOptions, normalize, storage_for, takes_storage_options
+from tfckpt.rewrite.cast import Caster
 
 
 def _match(names: Iterable[str], pattern: str | None) -> list[str]:
@@ -567,7 +568,7 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
             "error": None,
         }
         try:
-            with Checkpoint(prefix) as ckpt:
+            with open_checkpoint(prefix) as ckpt:
                 files = (
                     [ckpt.index_path, *ckpt.data_files]
                     if ckpt.format == Checkpoint.format
@@ -622,7 +623,7 @@ def verify(
     """
     problems: list[str] = []
     try:
-        ckpt = Checkpoint(path, verify=True)
+        ckpt = open_checkpoint(path, verify=True)
     except CheckpointNotFoundError:
         raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:

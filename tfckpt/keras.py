@@ -33,16 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes as _dt
-from .cast import OVERFLOW_POLICIES, Caster, OverflowPolicy
-from .errors import CastOverflowError, CheckpointError, KerasWeightsError
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
-from .options import RenameRules
-from .planner import _compile_rules, _new_name
-from .reader import Checkpoint
-from .storage import StorageOptions, takes_storage_options
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import CastOverflowError, CheckpointError, KerasWeightsError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
+from tfckpt.format.tf2names import VALUE_SUFFIX
+from tfckpt.io.storage import StorageOptions, takes_storage_options
+from tfckpt.rewrite.cast import OVERFLOW_POLICIES, Caster, OverflowPolicy
+from tfckpt.rewrite.options import RenameRules
+from tfckpt.rewrite.planner import compile_rules, new_name
 
-VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SHOWN = 10  # problems named in an error message; the report has them all
 _LAYER_WITH_WEIGHTS = re.compile(r"layer_with_weights-(\d+)\Z")
 # Edges that never lead to a layer's weights: optimizers (a compiled nested model
@@ -130,7 +131,7 @@ def load_weights(
     keras = importlib.import_module("keras")
     if isinstance(path, Checkpoint):
         return _load(keras, model, path, assignment_map, allow_missing, skip_mismatch, overflow)
-    with Checkpoint(path) as ckpt:
+    with open_checkpoint(path) as ckpt:
         return _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow)
 
 
@@ -231,7 +232,7 @@ def _converted(
 
 
 def _match_by_name(model, ckpt, assignment_map, label):
-    rules = _compile_rules(assignment_map)
+    rules = compile_rules(assignment_map)
     targets: dict[str, Any] = {}
     prefix = f"{model.name}/"
     for var in model.weights:
@@ -242,9 +243,9 @@ def _match_by_name(model, ckpt, assignment_map, label):
     for name in ckpt.keys():
         if name == OBJECT_GRAPH_KEY:
             continue
-        new = _new_name(name, {}, rules)
-        if new.endswith(VARIABLE_SUFFIX):
-            new = new[: -len(VARIABLE_SUFFIX)]
+        new = new_name(name, {}, rules)
+        if new.endswith(VALUE_SUFFIX):
+            new = new[: -len(VALUE_SUFFIX)]
         var = targets.get(new)
         if var is None:
             continue

@@ -4,9 +4,9 @@ Nothing here is imported by ``import tfckpt``; TensorFlow is loaded on the first
 call of one of these functions.
 """
 
-from .cast import best_device, converter, sees_gpu
-from .restore import Restored, RestoreReport, restore
-from .verify import verify_with_tf
+from tfckpt.tf.cast import best_device, converter, sees_gpu
+from tfckpt.tf.restore import Restored, RestoreReport, restore
+from tfckpt.tf.verify import verify_with_tf
 
 __all__ = [
     "restore",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CheckpointError
+from tfckpt.errors import CheckpointError
 
 
 def tensorflow():

@@ -6,7 +6,7 @@ import importlib.util
 
 import numpy as np
 
-from ._tf import tensorflow
+from tfckpt.tf._tf import tensorflow
 
 _F32_TINY = np.finfo(np.float32).tiny
 

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes as _dt
-from ..cast import Caster, OverflowPolicy
-from ..errors import CheckpointError
-from ..objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
-from ..reader import Checkpoint
-from ..storage import StorageOptions
-from ._tf import tensorflow
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import CheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
+from tfckpt.io.storage import StorageOptions
+from tfckpt.rewrite.cast import Caster, OverflowPolicy
+from tfckpt.tf._tf import tensorflow
 
 
 @dataclass
@@ -91,7 +92,7 @@ def restore(
     >>> tfckpt.restore(tf.train.Checkpoint(model=float16_model), "train/ckpt-3")
     """
     tf = tensorflow()
-    with Checkpoint(path, storage_options=storage_options) as ckpt:
+    with open_checkpoint(path, storage_options=storage_options) as ckpt:
         if isinstance(target, (list, tuple, dict)):
             pairs, report = _match_by_name(tf, target, ckpt, assignment_map, reshape)
         else:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as _dt
-from ..cast import Caster
-from ..reader import Checkpoint
-from ..storage import StorageOptions
-from ._tf import tensorflow
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.format import dtypes as _dt
+from tfckpt.io.storage import StorageOptions
+from tfckpt.rewrite.cast import Caster
+from tfckpt.tf._tf import tensorflow
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -102,7 +103,7 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
     mismatches: list[str] = []
     differences: list[dict] = []
     cast_checked = 0
-    with Checkpoint(path, storage_options=storage_options) as ckpt:
+    with open_checkpoint(path, storage_options=storage_options) as ckpt:
         try:
             reader = tf.train.load_checkpoint(ckpt.tf_path)
             tf_names = sorted(reader.get_variable_to_shape_map())
@@ -165,7 +166,7 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
             if not _same_bits(ckpt[name], theirs):
                 mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader")
         if reference is not None:
-            with Checkpoint(reference, storage_options=storage_options) as ref:
+            with open_checkpoint(reference, storage_options=storage_options) as ref:
                 for name in ckpt.keys():
                     if name not in ref:
                         continue

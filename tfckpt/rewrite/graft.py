@@ -22,97 +22,33 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from . import dtypes as _dt
-from .engine import Summary, execute
-from .errors import CheckpointError
-from .export import OPTIMIZER_EDGES, VALUE_SUFFIX
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, escape_local_name
-from .options import Options
-from .planner import (
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import CheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.objectgraph import (
+    OBJECT_GRAPH_KEY,
+    ObjectGraph,
+    attribute_tensors,
+)
+from tfckpt.format.tf2names import flat_names, tensor_path
+from tfckpt.io.storage import StorageOptions, takes_storage_options
+from tfckpt.rewrite.engine import Summary, execute
+from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.planner import (
     SAVE_COUNTER,
     Plan,
     PlannedTensor,
-    _compile_rules,
-    _new_name,
-    _patterns,
+    compile_patterns,
+    compile_rules,
     finished_plan,
     matches,
+    new_name,
     open_sources,
     plan,
     resolve_destination,
     source_flat_names,
 )
-from .reader import Checkpoint
-from .storage import StorageOptions, takes_storage_options
-
-ATTRIBUTES = "/.ATTRIBUTES/"
-
-
-def tensor_path(name: str) -> str:
-    """A TF2 tensor's path: ``/.ATTRIBUTES/VARIABLE_VALUE`` cut, ``/.ATTRIBUTES/`` → ``/``.
-
-    >>> tensor_path("model/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE")
-    'model/dense/kernel'
-    """
-    if name.endswith(VALUE_SUFFIX):
-        return name[: -len(VALUE_SUFFIX)]
-    head, sep, tail = name.rpartition(ATTRIBUTES)
-    return f"{head}/{tail}" if sep else name
-
-
-def flat_names(graph: ObjectGraph, present: set[str]) -> dict[str, str]:
-    """Every tensor of the graph's attributes and its flat name (see the module's text).
-
-    A variable's path is taken as :mod:`tfckpt.export` takes it: the first path from
-    the root that passes no ``optimizer`` edge (a Keras 3 variable's key runs
-    through ``optimizer/_trainable_variables/N``); an object only the optimizer
-    reaches keeps its key's path.
-    """
-    nodes = graph.nodes
-    cut = type(graph.proto)()
-    cut.CopyFrom(graph.proto)
-    for node in cut.nodes:
-        kept = [c for c in node.children if c.local_name not in OPTIMIZER_EDGES]
-        if len(kept) != len(node.children):
-            del node.children[:]
-            node.children.extend(kept)
-    slot_of: dict[int, tuple[int, str]] = {}
-    for node in nodes:
-        for s in node.slot_variables:
-            slot_of.setdefault(s.slot_variable_node_id, (s.original_variable_node_id, s.slot_name))
-    # Only the paths names are built on: a deep or doubling graph costs no more.
-    holders = {i for i, node in enumerate(nodes) if node.attributes and i not in slot_of}
-    originals = {slot_of[i][0] for i, node in enumerate(nodes) if node.attributes and i in slot_of}
-    found = ObjectGraph(cut, graph.path).full_paths(holders | originals)
-    found.pop(0, None)  # the root's attributes keep their keys' paths
-    full: dict[int, str] | None = None
-
-    def variable_path(i: int) -> str:
-        nonlocal full
-        if i in found:
-            return found[i]
-        for a in nodes[i].attributes:
-            if a.name == "VARIABLE_VALUE":
-                return tensor_path(a.checkpoint_key)
-        if full is None:
-            full = graph.full_paths(originals - set(found))
-        return full.get(i, str(i))
-
-    out: dict[str, str] = {}
-    for i, node in enumerate(nodes):
-        for a in node.attributes:
-            key = a.checkpoint_key
-            attr = "" if a.name == "VARIABLE_VALUE" else "/" + a.name
-            if i in slot_of:
-                original, slot_name = slot_of[i]
-                stem = f"{variable_path(original)}/{escape_local_name(slot_name)}{attr}"
-            elif i in found:
-                stem = found[i] + attr
-            else:
-                stem = tensor_path(key)
-            for t in attribute_tensors(key, present):
-                out[t] = stem + t[len(key) :]
-    return out
 
 
 def _as_list(sources) -> list:
@@ -194,9 +130,9 @@ def plan_graft(
             else:
                 shared.add(name)
 
-    rules = _compile_rules(options.rename)
+    rules = compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
-    includes, excludes = _patterns(options.include), _patterns(options.exclude)
+    includes, excludes = compile_patterns(options.include), compile_patterns(options.exclude)
     dropped: list[tuple[str, str, str]] = []
     found: dict[str, dict[str, list[tuple[int, str]]]] = {}  # template name -> name -> hits
     for i, s in enumerate(srcs[1:], 1):
@@ -211,7 +147,7 @@ def plan_graft(
             if any(matches(rx, n, flat.get(n)) for rx in excludes):
                 dropped.append((s.label, n, "excluded"))
                 continue
-            new = _new_name(n, exact, rules)
+            new = new_name(n, exact, rules)
             if new in local:
                 raise CheckpointError(
                     f"{local[new]!r} and {n!r} would both be named {new!r}", path=s.label
@@ -350,11 +286,11 @@ def plan_flatten(
     >>> [t.new_name for t in p.tensors][:2]
     """
     options = Options.of(options, **changes)
-    rules = _compile_rules(options.rename)
+    rules = compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
     composed: dict[str, str] = {}
     given = isinstance(src, Checkpoint)
-    ckpt: Checkpoint = src if given else Checkpoint(src, mmap=False)
+    ckpt: Checkpoint = src if given else open_checkpoint(src, mmap=False)
     try:
         if OBJECT_GRAPH_KEY not in ckpt:
             raise CheckpointError(
@@ -365,7 +301,7 @@ def plan_flatten(
         flat = flat_names(graph, set(ckpt.keys()))
         for key in ckpt.keys():
             if key != OBJECT_GRAPH_KEY:
-                composed[key] = _new_name(flat.get(key, key), exact, rules)
+                composed[key] = new_name(flat.get(key, key), exact, rules)
     finally:
         if not given:
             ckpt.close()

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import inspection as _inspect
-from .display import (
+from tfckpt import inspection as _inspect
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.checkpoint.slicing import parse_index, split_expression
+from tfckpt.cli.display import (
     compact_json,
     emit,
     fmt,
@@ -26,15 +28,14 @@ from .display import (
     table,
     width,
 )
-from .errors import CheckpointError, CheckpointNotFoundError
-from .options import Options
-from .orderedcode import encode_name
-from .reader import Checkpoint
-from .slicing import parse_index, split_expression
+from tfckpt.errors import CheckpointError, CheckpointNotFoundError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.orderedcode import encode_name
+from tfckpt.rewrite.options import Options
 
 if TYPE_CHECKING:
-    from .engine import Summary
-    from .planner import Plan
+    from tfckpt.rewrite.engine import Summary
+    from tfckpt.rewrite.planner import Plan
 
 
 def _print_dump(data: dict) -> None:
@@ -270,7 +271,7 @@ def cmd_dump(args) -> int:
         else:
             _print_checkpoints(data)
         return 0
-    with Checkpoint(args.path) as ckpt:
+    with open_checkpoint(args.path) as ckpt:
         if args.tensor:
             if args.json:
                 _dump_values_json(ckpt, args.tensor)
@@ -296,7 +297,7 @@ def cmd_dump(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    with Checkpoint(args.a) as a, Checkpoint(args.b) as b:
+    with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
         data = _inspect.diff(
             a, b, atol=args.atol, rtol=args.rtol, values=not args.names_only, filter=args.filter
         )
@@ -339,7 +340,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    with Checkpoint(args.path) as ckpt:
+    with open_checkpoint(args.path) as ckpt:
         data = _inspect.stats(ckpt, filter=args.filter)
     if args.json:
         print_json(data)
@@ -386,7 +387,7 @@ def cmd_stats(args) -> int:
 def cmd_verify(args) -> int:
     data = _inspect.verify(args.path)
     if args.tf and not data["problems"]:
-        from .tf import verify_with_tf
+        from tfckpt.tf import verify_with_tf
 
         tf_report = verify_with_tf(args.path, reference=args.reference)
         data["tf"] = tf_report
@@ -591,7 +592,9 @@ def _executor(spec: str | None):
 
 
 def cmd_transform(args) -> int:
-    from .planner import plan  # the transforms' modules load when one runs, not for dump
+    from tfckpt.rewrite.planner import (
+        plan,  # the transforms' modules load when one runs, not for dump
+    )
 
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
@@ -623,7 +626,7 @@ def _options(args, **extra) -> Options:
 
 
 def cmd_average(args) -> int:
-    from .average import check_weights, plan_average, write_average
+    from tfckpt.rewrite.average import check_weights, plan_average, write_average
 
     if args.last is not None and len(args.sources) != 1:
         raise CheckpointError("--last N takes one directory, DIR")
@@ -722,9 +725,9 @@ def _print_export(sm, dry_run: bool) -> None:
 
 
 def cmd_export(args) -> int:
-    from .export import export
-    from .importing import import_
-    from .permute import parse_permutes
+    from tfckpt.interop.export import export
+    from tfckpt.interop.importing import import_
+    from tfckpt.rewrite.permute import parse_permutes
 
     if args.executor or args.backend != "numpy":
         # One process streams the files; tf.cast's bits are numpy's anyway.
@@ -768,7 +771,7 @@ def _run_plan(args, p: Plan) -> int:
         else:
             _print_plan(p)
         return 0
-    from .engine import execute
+    from tfckpt.rewrite.engine import execute
 
     update, close = _progress(p.bytes_in)
     executor, shutdown = _executor(args.executor)
@@ -784,7 +787,7 @@ def _run_plan(args, p: Plan) -> int:
 
 
 def cmd_graft(args) -> int:
-    from .graft import plan_graft
+    from tfckpt.rewrite.graft import plan_graft
 
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
     p = plan_graft(
@@ -794,7 +797,7 @@ def cmd_graft(args) -> int:
 
 
 def cmd_flatten(args) -> int:
-    from .graft import plan_flatten
+    from tfckpt.rewrite.graft import plan_flatten
 
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
     return _run_plan(args, plan_flatten(args.src, args.dst, options))

@@ -24,8 +24,8 @@ from collections.abc import Container, Iterable, Mapping
 
 from google.protobuf.message import DecodeError
 
-from ._proto.trackable_object_graph_pb2 import TrackableObjectGraph
-from .errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt._proto.trackable_object_graph_pb2 import TrackableObjectGraph
+from tfckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 

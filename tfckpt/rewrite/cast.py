@@ -27,7 +27,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from . import dtypes as _dt
+from tfckpt.format import dtypes as _dt
 
 OverflowPolicy = Literal["error", "clip", "inf"]
 CastTarget = Literal["float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
-from .errors import UnsupportedCheckpointError
+from tfckpt.errors import UnsupportedCheckpointError
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike

@@ -22,12 +22,13 @@ import threading
 import traceback
 import warnings
 
-from . import __version__, collector
-from .cast import CAST_TARGETS, OVERFLOW_POLICIES
-from .display import emit
-from .errors import CheckpointError, CheckpointPathWarning
-from .options import BACKENDS, DEFAULTS, PREFER
-from .storage import using_options
+from tfckpt.cli.display import emit
+from tfckpt.errors import CheckpointError, CheckpointPathWarning
+from tfckpt.io.storage import using_options
+from tfckpt.rewrite import collector
+from tfckpt.rewrite.cast import CAST_TARGETS, OVERFLOW_POLICIES
+from tfckpt.rewrite.options import BACKENDS, DEFAULTS, PREFER
+from tfckpt.version import __version__
 
 EXIT_ERROR = 2
 
@@ -675,7 +676,7 @@ def _main(argv: list[str] | None) -> int:
             warnings.simplefilter("default", CheckpointPathWarning)
             warnings.showwarning = _show_warning(warnings.showwarning)
             # Commands load with their module, when one runs: --help and --version need none.
-            from . import commands
+            from tfckpt.cli import commands
 
             return getattr(commands, args.func)(args)
     except BrokenPipeError:

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from .cast import OVERFLOW_POLICIES, OverflowPolicy
-from .errors import CheckpointError
+from tfckpt.errors import CheckpointError
+from tfckpt.rewrite.cast import OVERFLOW_POLICIES, OverflowPolicy
 
 Backend = Literal["numpy", "tf", "auto"]  # who rounds: numpy, tf.cast, tf.cast with a GPU
 Prefer = Literal["first", "last"]  # which source wins a name present in several

@@ -12,21 +12,24 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from . import collector, paths
-from . import dtypes as _dt
-from .cast import CAST_TARGETS, should_cast
-from .errors import CheckpointError
-from .format import TensorInfo
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
-from .options import Options, RenameRules
-from .reader import Checkpoint
-from .storage import (
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import CheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
+from tfckpt.format.tf2names import VARIABLE_VALUE, flat_names
+from tfckpt.io import paths
+from tfckpt.io.storage import (
     StorageOptions,
     current_options,
     normalize,
     storage_for,
     takes_storage_options,
 )
+from tfckpt.rewrite import collector
+from tfckpt.rewrite.cast import CAST_TARGETS, should_cast
+from tfckpt.rewrite.options import Options, RenameRules
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -230,19 +233,16 @@ def matches(rx: re.Pattern, name: str, flat: str | None = None) -> bool:
 
 
 def source_flat_names(source: Source) -> dict[str, str]:
-    """Each tensor of a TF2 source and its flat name (see :mod:`tfckpt.graft`); {} for
+    """Each tensor of a TF2 source and its flat name (see :mod:`tfckpt.format.tf2names`); {} for
     a TF1 source. Patterns on source names match these too: Keras 3 keys a trained
     model's weights by the optimizer's lists (``optimizer/_trainable_variables/N``),
     its flat name follows the model (``model/_operations/2/gamma``).
     """
     if source.graph is None:
         return {}
-    from .graft import flat_names  # graft plans with this module: imported when used
-
     return flat_names(source.graph, set(source.ckpt.keys()))
 
 
-VARIABLE_VALUE = "VARIABLE_VALUE"  # the attribute name of a variable's value in a TF2 graph
 TABLE_SUFFIXES = ("-keys", "-values")  # a TF1 lookup table's saveable: NAME-keys, NAME-values
 
 
@@ -294,7 +294,12 @@ def _cast_target(spec: str, what: str) -> _dt.DType:
     return target
 
 
-def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
+def compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
+    """Rename rules (a mapping or pairs of regex and replacement) compiled, in order.
+
+    >>> new_name("dense/kernel", {}, compile_rules({"^dense/": "head/"}))
+    'head/kernel'
+    """
     if rename is None:
         return []
     items = rename.items() if isinstance(rename, Mapping) else rename
@@ -307,7 +312,7 @@ def _compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
     return out
 
 
-def _new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
+def new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
     """``name`` renamed: by ``exact`` first, else by the first rule that matches; never to
     an empty name (every renaming command comes here, so none can write one)."""
     if name in exact:
@@ -331,7 +336,8 @@ def _new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern,
     return name
 
 
-def _patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
+def compile_patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
+    """Include/exclude/keep patterns (one regex or several) compiled; [] for None."""
     if values is None:
         return []
     if isinstance(values, str):
@@ -374,7 +380,7 @@ def open_sources(sources) -> list[Source]:
         sources = [sources]
     out = []
     for src in sources:
-        ckpt = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
+        ckpt = src if isinstance(src, Checkpoint) else open_checkpoint(src, mmap=False)
         graph = None
         if OBJECT_GRAPH_KEY in ckpt:
             graph = ObjectGraph.of(ckpt)
@@ -432,8 +438,8 @@ def plan(
     prefer = options.prefer
     policy = DtypePolicy.of(options)
     srcs = open_sources(sources)
-    includes, excludes = _patterns(options.include), _patterns(options.exclude)
-    rules = _compile_rules(options.rename)
+    includes, excludes = compile_patterns(options.include), compile_patterns(options.exclude)
+    rules = compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
     dst = resolve_destination(dst, srcs, options.overwrite)
 
@@ -499,7 +505,7 @@ def plan(
             if excludes and any(matches(rx, n, flat.get(n)) for rx in excludes):
                 dropped.append((s.label, n, "excluded"))
                 continue
-            kept.append((n, _new_name(n, exact, rules)))
+            kept.append((n, new_name(n, exact, rules)))
         if s.graph is not None:
             # An attribute stored as several tensors is kept whole or not at all,
             # and its tensors keep one key plus their suffixes.

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from . import dtypes as _dt
-from . import orderedcode
-from ._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
-from .dtypes import Endianness
-from .errors import CorruptCheckpointError, UnsupportedCheckpointError
-from .table import crc32c, decode_varint, encode_varint, mask_crc, unmask_crc
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
+from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format import orderedcode
+from tfckpt.format.dtypes import Endianness
+from tfckpt.format.table import crc32c, decode_varint, encode_varint, mask_crc, unmask_crc
 
 HEADER_KEY = b""  # the header's key: no tensor name encodes to it
 VARIANT = _dt.lookup("variant")
@@ -91,7 +91,7 @@ class TensorInfo:
         return num_elements(self.shape)
 
     @classmethod
-    def _whole(
+    def whole(
         cls,
         name: str,
         dtype: str,
@@ -158,7 +158,7 @@ class TensorTable:
 
     def infos(self) -> dict[str, TensorInfo]:
         """Every row as a :class:`TensorInfo`, by name."""
-        whole = TensorInfo._whole
+        whole = TensorInfo.whole
         return {
             name: (
                 whole(name, dtype, shape, nbytes, shard, offset, crc)

@@ -23,8 +23,8 @@ from typing import IO, Literal
 
 import numpy as np
 
-from . import dtypes as _dt
-from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt.format import dtypes as _dt
 
 SAFETENSORS, NPZ = "safetensors", "npz"
 FORMATS = (SAFETENSORS, NPZ)

@@ -1,92 +1,39 @@
 """Making written data files a checkpoint: the index goes last, or nothing appears.
 
-Owns the names of temporaries (:data:`TMP_MARK`) and their clean-up after a
-killed run, writing the index table, merging the entries of shards written
+Writes the index table (temporaries and their clean-up after a killed run are
+:mod:`tfckpt.io.temporaries`), merging the entries of shards written
 separately, choosing a shard count no committed checkpoint uses, the commit
 itself (locally: renames, the index's the last, refusing to replace a checkpoint
 unless asked to; on an object store: the index written last) and removing the
 data the replaced checkpoint used. The state file that names the latest
 checkpoint is committed here too. File operations go through
-:mod:`tfckpt.storage`.
+:mod:`tfckpt.io.storage`.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from google.protobuf.text_format import MessageToString
 
-from . import orderedcode, paths
-from ._proto.checkpoint_state_pb2 import CheckpointState
-from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .dtypes import Endianness
-from .errors import CheckpointError, CheckpointWriteError
-from .format import HEADER_KEY, check_slice_cover, encode_header, entry_shape, slice_from_proto
-from .storage import storage_for
-from .table import TableBuilder
-
-TMP_MARK = ".tfckpt-tmp-"
-
-
-def temporary_base(prefix: str) -> str:
-    """A name beside ``prefix`` for one run's temporaries; the process id in it lets a
-    later run tell a killed run's leftovers (see :func:`remove_stale_temporaries`)."""
-    return f"{prefix}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
-
-
-def remove_stale_temporaries(prefix: str) -> None:
-    """Delete what a killed writer left at ``prefix`` (temporaries of processes now gone).
-
-    Only where commits rename temporaries into place: elsewhere none are made.
-    """
-    store = storage_for(prefix)
-    base = store.basename(prefix)
-    remove_stale_temporaries_in(store.dirname(prefix), lambda name: name == base)
-
-
-def remove_stale_temporaries_in(directory: str, owns: Callable[[str], bool]) -> None:
-    """Delete the temporaries of processes now gone in ``directory`` whose final name
-    (the part before :data:`TMP_MARK`) ``owns`` accepts; local storage only."""
-    for path in stale_temporaries(directory, owns):
-        try:
-            storage_for(path).remove(path)
-        except OSError:
-            pass
-
-
-def stale_temporaries(directory: str, owns: Callable[[str], bool]) -> list[str]:
-    """The temporaries in ``directory`` of processes now gone whose final name ``owns``
-    accepts (see :func:`remove_stale_temporaries_in`); none where nothing is renamed."""
-    store = storage_for(directory or ".")
-    if not store.atomic_rename:
-        return []
-    directory = directory or "."
-    try:
-        names = store.listdir(directory)
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        final, mark, rest = name.partition(TMP_MARK)
-        if not mark or not owns(final):
-            continue
-        pid = rest.split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _process_alive(int(pid)):
-            continue
-        out.append(store.join(directory, name))
-    return out
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
+from tfckpt.errors import CheckpointError, CheckpointWriteError
+from tfckpt.format import orderedcode
+from tfckpt.format.bundle import (
+    HEADER_KEY,
+    check_slice_cover,
+    encode_header,
+    entry_shape,
+    slice_from_proto,
+)
+from tfckpt.format.dtypes import Endianness
+from tfckpt.format.table import TableBuilder
+from tfckpt.io import paths
+from tfckpt.io.storage import storage_for
+from tfckpt.io.temporaries import TMP_MARK, temporary_base
 
 
 def write_index(

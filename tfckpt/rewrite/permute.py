@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import (
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import (
     CheckpointError,
 )
-from .reader import Checkpoint
 
 Permutes = Sequence[tuple[str, Sequence[int]]]
 

@@ -6,7 +6,7 @@ per dimension the ascending progression of indices it touches, ``(start, count, 
 and the small index that turns the region's block into what numpy would return
 (reversing a negative step, dropping the dimension of an int, adding one for
 ``None``). Readers fetch regions
-(:meth:`tfckpt.Checkpoint._read_region`): a stored, row-major tensor as byte ranges,
+(:meth:`tfckpt.Checkpoint.read_region`): a stored, row-major tensor as byte ranges,
 a partitioned one slice by slice, only the slices the region meets.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import dtypes as _dt
-from .errors import UnsupportedCheckpointError
-from .format import Slice, num_elements
+from tfckpt.errors import UnsupportedCheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import Slice, num_elements
 
 Region = tuple[tuple[int, int, int], ...]  # per dimension: (start, count, step > 0)
 
@@ -215,7 +215,7 @@ class TensorSlice:
             )
         if is_whole(region, self.shape):
             return self._ckpt.read(self.name)[final]
-        return self._ckpt._read_region(self.name, region)[final]
+        return self._ckpt.read_region(self.name, region)[final]
 
 
 _INT = re.compile(r"^[+-]?\d+$")

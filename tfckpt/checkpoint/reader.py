@@ -19,17 +19,24 @@ from typing import NamedTuple
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from . import dtypes as _dt
-from . import orderedcode, paths
-from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .errors import (
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
+from tfckpt.checkpoint.slicing import (
+    Region,
+    TensorSlice,
+    assemble_region,
+    region_counts,
+    region_index,
+)
+from tfckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
-from .format import (
+from tfckpt.format import dtypes as _dt
+from tfckpt.format import orderedcode
+from tfckpt.format.bundle import (
     BULK_MAX_RANK,
     HEADER_KEY,
     MAX_HOLES,
@@ -60,9 +67,15 @@ from .format import (
     slice_index,
     slice_shape,
 )
-from .slicing import Region, TensorSlice, assemble_region, region_counts, region_index
-from .storage import Reader, StorageOptions, current_options, storage_for, takes_storage_options
-from .table import TableReader, crc32c, unmask_crc, unmask_crcs
+from tfckpt.format.table import TableReader, crc32c, unmask_crc, unmask_crcs
+from tfckpt.io import paths
+from tfckpt.io.storage import (
+    Reader,
+    StorageOptions,
+    current_options,
+    storage_for,
+    takes_storage_options,
+)
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 # Rows of a lazy slice closer than this are read as one range: a gap costs less to read
@@ -151,39 +164,6 @@ class Checkpoint(collections.abc.Mapping):
     __hash__ = object.__hash__
 
     format = "bundle v2"
-    _resolved: str | None = None
-
-    @takes_storage_options()
-    def __new__(
-        cls,
-        path=None,
-        *,
-        verify: bool = True,
-        mmap: bool = True,
-        storage_options: StorageOptions | None = None,
-    ):
-        # A path that designates no bundle may designate a V1 checkpoint, read by the
-        # subclass of tfckpt.v1 through this same API.
-        prefix = None
-        if cls is Checkpoint:
-            try:
-                prefix = paths.resolve_prefix(path)
-            except CheckpointNotFoundError as e:
-                from . import v1
-
-                # resolve_prefix warned already about a state file naming moved paths.
-                files = v1.resolve_files(path, warn=False)
-                if files is not None:
-                    v1_obj = super().__new__(v1.V1Checkpoint)
-                    v1_obj._v1_resolved = files
-                    return v1_obj
-                why = v1.not_a_checkpoint(path)
-                if why is not None:
-                    raise UnsupportedCheckpointError(why, path=e.path) from None
-                raise
-        obj = super().__new__(cls)
-        obj._resolved = prefix  # resolved once: on object stores each look is a request
-        return obj
 
     @takes_storage_options()
     def __init__(
@@ -193,8 +173,10 @@ class Checkpoint(collections.abc.Mapping):
         verify: bool = True,
         mmap: bool = True,
         storage_options: StorageOptions | None = None,
+        resolved: str | None = None,
     ):
-        resolved, self._resolved = self._resolved, None
+        # ``resolved``: the prefix :func:`~tfckpt.checkpoint.opening.open_checkpoint` found
+        # for ``path`` already; on object stores each look is a request.
         self.storage_options = current_options()
         self.prefix = resolved or paths.resolve_prefix(path)
         self.verify = verify
@@ -395,7 +377,7 @@ class Checkpoint(collections.abc.Mapping):
                 entry.slices,
                 stored_elements=coverage(entry.slices, entry.shape)[0],
             )
-        return TensorInfo._whole(
+        return TensorInfo.whole(
             entry.name,
             entry.dtype.name,
             entry.shape,
@@ -722,7 +704,7 @@ class Checkpoint(collections.abc.Mapping):
         """
         return TensorSlice(self, name)
 
-    def _read_region(self, name: str, region: Region) -> np.ndarray:
+    def read_region(self, name: str, region: Region) -> np.ndarray:
         """A region of tensor ``name`` (see :mod:`tfckpt.slicing`): of a partitioned
         tensor, only the slices it meets are read."""
         entry = self._full_entry(name)

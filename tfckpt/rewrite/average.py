@@ -30,16 +30,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import paths
-from .cast import CastCounts, Caster
-from .commit import remove_stale_temporaries, write_state_file
-from .engine import TF_SLICE_COPYABLE, Summary, _restore_warnings
-from .errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
-from .format import TensorInfo
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
-from .options import Options
-from .planner import (
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.checkpoint.writer import BundleWriter, StringStream
+from tfckpt.errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from tfckpt.io import paths
+from tfckpt.io.commit import write_state_file
+from tfckpt.io.storage import StorageOptions, kept_options, storage_for, takes_storage_options
+from tfckpt.io.temporaries import remove_stale_temporaries
+from tfckpt.rewrite.cast import CastCounts, Caster
+from tfckpt.rewrite.engine import TF_SLICE_COPYABLE, Summary, restore_warnings
+from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.planner import (
     DtypePolicy,
     Plan,
     PlannedTensor,
@@ -50,9 +54,6 @@ from .planner import (
     resolve_destination,
     source_flat_names,
 )
-from .reader import Checkpoint
-from .storage import StorageOptions, kept_options, storage_for, takes_storage_options
-from .writer import BundleWriter, StringStream
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows
@@ -169,7 +170,7 @@ def last_checkpoints(directory, n: int) -> list[str]:
         )
     prefixes, latest = listed
     found = [p for p in prefixes if p != latest] + [latest]
-    found = [p for p in found if paths._exists(store, p)]
+    found = [p for p in found if paths.checkpoint_exists(store, p)]
     if len(found) < n:
         raise CheckpointError(
             f"asked for the {n} newest checkpoints, but the state file lists "
@@ -546,7 +547,7 @@ def write_average(
         overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
         if opts.overflow == "error" and overflowed:
             raise CastOverflowError(overflowed, p.dst)
-    warnings = _restore_warnings(_sliced_as_plan(p))
+    warnings = restore_warnings(_sliced_as_plan(p))
     try:
         directory = store.dirname(p.dst) or "."
         if not any(

@@ -20,17 +20,19 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from . import dtypes as _dt
-from . import orderedcode, paths
-from ._proto.saved_tensor_slice_pb2 import SavedTensorSlices, TensorProto
-from .errors import (
+from tfckpt._proto.saved_tensor_slice_pb2 import SavedTensorSlices, TensorProto
+from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from tfckpt.checkpoint.slicing import Region, assemble_region, region_index
+from tfckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     TensorNotFoundError,
     UnsupportedCheckpointError,
 )
-from .format import (
+from tfckpt.format import dtypes as _dt
+from tfckpt.format import orderedcode
+from tfckpt.format.bundle import (
     Header,
     Slice,
     TensorInfo,
@@ -47,9 +49,9 @@ from .format import (
     slice_index,
     slice_shape,
 )
-from .reader import DEFAULT_CHUNK_BYTES, Checkpoint
-from .slicing import Region, assemble_region, region_index
-from .storage import (
+from tfckpt.format.table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
+from tfckpt.io import paths
+from tfckpt.io.storage import (
     Reader,
     Storage,
     StorageOptions,
@@ -58,7 +60,6 @@ from .storage import (
     storage_for,
     takes_storage_options,
 )
-from .table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
 
 FORMAT_NAME = "V1 (tensor slices)"
 _SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<shard>\d{5}|\?{5})-of-(?P<num>\d{5})$")
@@ -171,7 +172,7 @@ def _resolve_file(store: Storage, p: str) -> tuple[str, list[str]] | None:
 def _resolve_directory(
     store: Storage, directory: str, warn: bool = True
 ) -> tuple[str, list[str]] | None:
-    latest = paths._state_file_latest(directory, warn=warn)
+    latest = paths.state_file_latest(directory, warn=warn)
     if latest is not None:
         return _resolve_file(store, latest)
     try:
@@ -277,13 +278,12 @@ class _Tensor:
 class V1Checkpoint(Checkpoint):
     """A V1 (tensor-slice) checkpoint, read through the same API as a bundle.
 
-    Created by ``Checkpoint(path)`` / :func:`tfckpt.open` when ``path`` designates a
+    Created by :func:`tfckpt.open` when ``path`` designates a
     V1 checkpoint. ``header.num_shards`` is its number of files; a slice's ``shard`` is
     the file that stores it. ``nbytes`` is what a tensor takes in a bundle.
     """
 
     format = FORMAT_NAME
-    _v1_resolved: tuple[str, list[str]] | None = None
 
     @takes_storage_options()
     def __init__(
@@ -293,10 +293,11 @@ class V1Checkpoint(Checkpoint):
         verify: bool = True,
         mmap: bool = True,
         storage_options: StorageOptions | None = None,
+        resolved: tuple[str, list[str]] | None = None,
     ):
         self.storage_options = current_options()
-        # Checkpoint() resolved it already, and warned about a moved state file then.
-        resolved, self._v1_resolved = self._v1_resolved, None
+        # ``resolved``: the files open_checkpoint() found (it warned about a moved state
+        # file then).
         resolved = resolved or resolve_files(path)
         if resolved is None:
             raise CheckpointNotFoundError("no V1 checkpoint found", path=normalize(path))
@@ -583,7 +584,7 @@ class V1Checkpoint(Checkpoint):
             out[slice_index(s)] = self._slice_values(t, s)
         return out
 
-    def _read_region(self, name: str, region: Region) -> np.ndarray:
+    def read_region(self, name: str, region: Region) -> np.ndarray:
         """A region of a tensor: each stored slice it meets is parsed whole (values are
         protobuf fields, not byte ranges), the others are not read."""
         t = self._tensor(name)

@@ -21,7 +21,7 @@ from typing import BinaryIO
 import crc32c as _crc32c
 import numpy as np
 
-from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48

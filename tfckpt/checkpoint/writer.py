@@ -17,13 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import paths
-from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .commit import commit, discard, remove_stale_temporaries, temporary_base
-from .dtypes import Endianness
-from .errors import CheckpointError, CheckpointWriteError
-from .format import (
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
+from tfckpt.errors import CheckpointError, CheckpointWriteError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import (
     NATIVE,
     VARIANT,
     Extent,
@@ -44,8 +41,12 @@ from .format import (
     slice_shape,
     string_tensor_nbytes,
 )
-from .orderedcode import encode_name, encode_slice_key
-from .storage import (
+from tfckpt.format.dtypes import Endianness
+from tfckpt.format.orderedcode import encode_name, encode_slice_key
+from tfckpt.format.table import crc32c, mask_crc
+from tfckpt.io import paths
+from tfckpt.io.commit import commit, discard
+from tfckpt.io.storage import (
     StorageOptions,
     current_options,
     kept_options,
@@ -53,7 +54,7 @@ from .storage import (
     storage_for,
     takes_storage_options,
 )
-from .table import crc32c, mask_crc
+from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
 
 _WRITEBACK_STEP = 32 << 20
 

@@ -15,37 +15,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import paths
-from . import tensorfiles as tfiles
-from .cast import Caster
-from .commit import (
-    commit_shards,
-    data_files,
-    discard,
-    free_shard_count,
-    remove_stale_temporaries,
-    temporary_base,
-)
-from .errors import (
+from tfckpt.checkpoint.writer import ShardWriter
+from tfckpt.errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
 )
-from .export import ExportSummary
-from .options import Options
-from .permute import Permuter, Permutes, tiles
-from .pipeline import BufferRing
-from .planner import DtypePolicy, _compile_rules, _new_name, _patterns
-from .storage import (
+from tfckpt.format import dtypes as _dt
+from tfckpt.format import tensorfiles as tfiles
+from tfckpt.interop.export import ExportSummary
+from tfckpt.io import paths
+from tfckpt.io.commit import commit_shards, data_files, discard, free_shard_count
+from tfckpt.io.storage import (
     ReaderFile,
     StorageOptions,
     normalize,
     storage_for,
     takes_storage_options,
 )
-from .writer import ShardWriter
+from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
+from tfckpt.rewrite.cast import Caster
+from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.permute import Permuter, Permutes, tiles
+from tfckpt.rewrite.pipeline import BufferRing
+from tfckpt.rewrite.planner import DtypePolicy, compile_patterns, compile_rules, new_name
 
 
 @dataclass(slots=True)
@@ -158,8 +152,8 @@ def import_(
     src = normalize(src)
     prefix = normalize(out_prefix)
     ins = _import_entries(src)
-    includes, excludes = _patterns(options.include), _patterns(options.exclude)
-    rules, exact = _compile_rules(options.rename), dict(options.rename_exact or {})
+    includes, excludes = compile_patterns(options.include), compile_patterns(options.exclude)
+    rules, exact = compile_rules(options.rename), dict(options.rename_exact or {})
     policy = DtypePolicy.of(options)
     permuter = Permuter(permute)
     ruled = bool(policy.labels)
@@ -173,7 +167,7 @@ def import_(
         ):
             dropped += 1
             continue
-        new = _new_name(name, exact, rules)
+        new = new_name(name, exact, rules)
         if new in seen:
             raise CheckpointError(
                 f"{seen[new]!r} and {name!r} would both be named {new!r}",

@@ -9,14 +9,15 @@ import warnings
 
 from google.protobuf import text_format
 
-from ._proto.checkpoint_state_pb2 import CheckpointState
-from .errors import (
+from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
+from tfckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointPathWarning,
     CorruptCheckpointError,
 )
-from .storage import Storage, StorageOptions, normalize, storage_for, takes_storage_options
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for, takes_storage_options
+from tfckpt.io.temporaries import TMP_MARK
 
 STATE_FILENAME = "checkpoint"
 _DATA_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5,})-of-(?P<num>\d{5,})$")
@@ -75,13 +76,13 @@ def latest_checkpoint(
     >>> tfckpt.latest_checkpoint("train")
     'train/model.ckpt-7'
     """
-    prefix = _state_file_latest(directory)
-    if prefix is None or not _exists(storage_for(directory), prefix):
+    prefix = state_file_latest(directory)
+    if prefix is None or not checkpoint_exists(storage_for(directory), prefix):
         return None
     return prefix
 
 
-def _state_file_latest(directory: str, *, warn: bool = True) -> str | None:
+def state_file_latest(directory: str, *, warn: bool = True) -> str | None:
     """The prefix the state file names, whether or not its files exist; None without one."""
     state = read_state_file(directory)
     if state is None:
@@ -102,7 +103,7 @@ def state_file_checkpoints(directory: str) -> tuple[list[str], str] | None:
     """The checkpoints the state file of ``directory`` lists, oldest first, and the latest
     (found beside the state file when their paths are from elsewhere, as for
     :func:`latest_checkpoint`); None without a state file."""
-    latest = _state_file_latest(directory, warn=False)
+    latest = state_file_latest(directory, warn=False)
     if latest is None:
         return None
     state = read_state_file(directory)
@@ -119,7 +120,7 @@ def state_file_checkpoints(directory: str) -> tuple[list[str], str] | None:
     return list(dict.fromkeys(prefixes)), latest
 
 
-def _exists(store: Storage, prefix: str) -> bool:
+def checkpoint_exists(store: Storage, prefix: str) -> bool:
     # A bundle's .index, the file of a single-file V1 checkpoint, or a file of the
     # pattern a sharded V1 save is named by (model.ckpt-5-?????-of-00002).
     if store.isfile(index_filename(prefix)) or store.isfile(prefix):
@@ -152,10 +153,10 @@ def _locate(store: Storage, directory: str, name: str) -> tuple[str, bool]:
         prefix = None  # out of the state file's directory, maybe its bucket
     else:
         prefix = store.join(directory, name)
-    if prefix is not None and _exists(store, prefix):
+    if prefix is not None and checkpoint_exists(store, prefix):
         return prefix, False
     beside = store.join(directory, re.split(r"[/\\]", name)[-1])
-    if beside != prefix and _exists(store, beside):
+    if beside != prefix and checkpoint_exists(store, beside):
         return beside, True
     return (beside if prefix is None else prefix), False
 
@@ -183,7 +184,6 @@ def _natural(name: str) -> tuple:
 def _index_names(store: Storage, directory: str) -> list[str]:
     """The ``.index`` files in ``directory``, but those of a run's temporaries: a run
     killed as it commits leaves one, which no reader may take for a checkpoint."""
-    from .commit import TMP_MARK  # commit, which writes temporaries, imports this module
 
     return [n for n in store.listdir(directory) if n.endswith(".index") and TMP_MARK not in n]
 
@@ -258,7 +258,7 @@ def resolve_prefix(path, *, storage_options: StorageOptions | None = None) -> st
 
 def _resolve_directory(store: Storage, directory: str) -> str:
     # With a state file, its latest checkpoint or an error: never another .index.
-    latest = _state_file_latest(directory)
+    latest = state_file_latest(directory)
     if latest is not None:
         if store.isfile(index_filename(latest)):
             return latest

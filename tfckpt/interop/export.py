@@ -18,45 +18,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import tensorfiles as tfiles
-from .cast import Caster
-from .commit import (
-    TMP_MARK,
-    discard,
-    stale_temporaries,
-    temporary_base,
-)
-from .errors import (
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
 )
-from .objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
-from .options import Options
-from .permute import Permuter, Permutes, partitioned_parts, tiles
-from .pipeline import BufferRing, chunks_in_flight, prefetch
-from .planner import Plan, PlannedTensor, _compile_rules, _new_name, plan
-from .reader import Checkpoint
-from .storage import (
+from tfckpt.format import dtypes as _dt
+from tfckpt.format import tensorfiles as tfiles
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
+from tfckpt.io.commit import discard
+from tfckpt.io.storage import (
     StorageOptions,
     normalize,
     storage_for,
     takes_storage_options,
 )
-
-# TF2 keys end in this for a variable's value; the rest is the object path.
-VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-# The edges to an optimizer (tf.train.Checkpoint(optimizer=...), a Keras model's).
-OPTIMIZER_EDGES = frozenset({"optimizer"})
-# Training bookkeeping, not weights: TF2's checkpoint save counter, TF1's step.
-BOOKKEEPING = frozenset(
-    {
-        "save_counter/.ATTRIBUTES/VARIABLE_VALUE",
-        "global_step",
-        "global_step/.ATTRIBUTES/VARIABLE_VALUE",
-    }
-)
+from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
+from tfckpt.rewrite.cast import Caster
+from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.permute import Permuter, Permutes, partitioned_parts, tiles
+from tfckpt.rewrite.pipeline import BufferRing, chunks_in_flight, prefetch
+from tfckpt.rewrite.planner import Plan, PlannedTensor, compile_rules, new_name, plan
+from tfckpt.version import __version__
 
 
 @dataclass
@@ -131,11 +117,7 @@ def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[s
     """
     graph = ObjectGraph.of(ckpt)
     present = set(ckpt.keys())
-    for node in graph.nodes:
-        kept_edges = [c for c in node.children if c.local_name not in OPTIMIZER_EDGES]
-        if len(kept_edges) != len(node.children):
-            del node.children[:]
-            node.children.extend(kept_edges)
+    cut_optimizer_edges(graph.proto)
     found = graph.full_paths(i for i, node in enumerate(graph.nodes) if node.attributes)
     names: dict[str, str] = {}
     optimizer: set[str] = set()
@@ -159,13 +141,13 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
     and exact map to the readable names (one exact map, for the planner), and which
     leave the optimizer's state out unless asked to keep it."""
     srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
-    rules = _compile_rules(options.rename)
+    rules = compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
     composed: dict[str, str] = {}
     drop = list(options.drop_objects)
     for src in srcs:
         given = isinstance(src, Checkpoint)
-        ckpt: Checkpoint = src if isinstance(src, Checkpoint) else Checkpoint(src, mmap=False)
+        ckpt: Checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, mmap=False)
         try:
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
@@ -175,7 +157,7 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
                     # reach, with its tensors: the same cut as the names above.
                     drop += [e for e in sorted(OPTIMIZER_EDGES) if e not in drop]
             for key in ckpt.keys():
-                composed[key] = _new_name(readable.get(key, key), exact, rules)
+                composed[key] = new_name(readable.get(key, key), exact, rules)
         finally:
             if not given:
                 ckpt.close()
@@ -437,8 +419,6 @@ def export(
     summary = ep.summary()
     if dry_run:
         return summary
-    from . import __version__
-
     store = storage_for(ep.out)
     label = ep.plan.sources[0].ckpt.prefix
     metadata = {

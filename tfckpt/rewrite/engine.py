@@ -17,28 +17,39 @@ from typing import Any
 
 import numpy as np
 
-from . import collector, paths
-from . import dtypes as _dt
-from ._proto.tensor_bundle_pb2 import BundleEntryProto
-from .cast import CastCounts, Caster, OverflowPolicy
-from .commit import (
-    commit_shards,
-    data_files,
-    free_shard_count,
-    merge_entries,
-    remove_stale_temporaries,
-    temporary_base,
-    write_state_file,
-)
-from .errors import (
+from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
+from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.checkpoint.writer import ShardWriter
+from tfckpt.errors import (
     CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
     UnsupportedCheckpointError,
 )
-from .objectgraph import OBJECT_GRAPH_KEY
-from .options import BACKENDS, EXECUTION, Options, RenameRules
-from .pipeline import (
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
+from tfckpt.format.table import encode_varint
+from tfckpt.io import paths
+from tfckpt.io.commit import (
+    commit_shards,
+    data_files,
+    free_shard_count,
+    merge_entries,
+    write_state_file,
+)
+from tfckpt.io.storage import (
+    StorageOptions,
+    current_options,
+    kept_options,
+    storage_for,
+    takes_storage_options,
+)
+from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
+from tfckpt.rewrite import collector
+from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
+from tfckpt.rewrite.options import BACKENDS, EXECUTION, Options, RenameRules
+from tfckpt.rewrite.pipeline import (
     BufferRing,
     WriteBehind,
     cancel,
@@ -48,17 +59,7 @@ from .pipeline import (
     read_ring,
     uncancel,
 )
-from .planner import Plan, PlannedTensor, Source, plan
-from .reader import Checkpoint
-from .storage import (
-    StorageOptions,
-    current_options,
-    kept_options,
-    storage_for,
-    takes_storage_options,
-)
-from .table import encode_varint
-from .writer import ShardWriter
+from tfckpt.rewrite.planner import Plan, PlannedTensor, Source, plan
 
 
 @dataclass
@@ -109,7 +110,7 @@ def _tf_converter(backend: str):
         raise CheckpointError(f"backend must be one of {', '.join(BACKENDS)}")
     if backend == "numpy":
         return None
-    from .tf import cast as tf_cast
+    from tfckpt.tf import cast as tf_cast
 
     if backend == "auto" and not tf_cast.sees_gpu():
         return None
@@ -201,7 +202,7 @@ def execute(
         bytes_out=p.bytes_out,
         seconds=time.perf_counter() - start,
         cast_counts=counts,
-        warnings=_restore_warnings(p) + warnings,
+        warnings=restore_warnings(p) + warnings,
         dtype_rules=p.dtype_rule_counts(),
     )
 
@@ -411,7 +412,7 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
     w = ShardWriter.create(task.path, durable=task.durable)
     try:
         for source in sorted({item.source for item in task.items}):
-            ckpts[source] = Checkpoint(task.sources[source], mmap=False)
+            ckpts[source] = open_checkpoint(task.sources[source], mmap=False)
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
         _stream_task(task, ckpts, w, tf_convert, counts, tick)
         if task.object_graph is not None:
@@ -460,7 +461,7 @@ def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
     return not whole or t.new_dtype in TF_SLICE_COPYABLE or t.info.partial
 
 
-def _restore_warnings(p: Plan) -> list[str]:
+def restore_warnings(p: Plan) -> list[str]:
     """What of the output TensorFlow can restore only in part, and why.
 
     A partitioned tensor cast to a dtype TensorFlow cannot copy between slices

@@ -37,7 +37,7 @@ import stat
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from .errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
+from tfckpt.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
 
 RETRIES_ENV = "TFCKPT_REMOTE_RETRIES"
 TIMEOUT_ENV = "TFCKPT_REMOTE_TIMEOUT"
