@@ -4,7 +4,7 @@
                                          [--chunk-log2 24] [--stride 1]
 
 All 2^32 patterns, in chunks, for each target and overflow policy ('error' writes what
-'inf' writes). Not part of the test suite (minutes); tests/test_cast_simd.py checks a
+'inf' writes). Not part of the test suite (minutes); tests/rewrite/test_cast_simd.py checks a
 dense sample. ``--stride`` samples every n-th chunk for a quick look. Exits 1 on the
 first difference, naming the pattern.
 """

@@ -11,10 +11,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 
-# tf_checkpoints.py sits next to this file; make it importable under any --import-mode.
-_TESTS = str(Path(__file__).resolve().parent)
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+# The shared helpers (tf_checkpoints.py, cli_helpers.py, ...) sit next to this file, the
+# tests in one folder per layer; some tests take fixtures from another folder's module
+# (the S3 server of io/test_remote.py, the fuzz harness of faults/test_fuzz.py). Make them
+# all importable under any --import-mode.
+_TESTS = Path(__file__).resolve().parent
+for _dir in [_TESTS, *sorted(d for d in _TESTS.iterdir() if d.is_dir() and d.name[0] != "_")]:
+    if str(_dir) not in sys.path:
+        sys.path.insert(0, str(_dir))
 
 
 @pytest.fixture(scope="session")

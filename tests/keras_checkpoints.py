@@ -1,6 +1,6 @@
 """Keras models, the checkpoints TensorFlow writes of them, and their loading on JAX.
 
-Run as a script, in two roles, each in a process of its own (see tests/test_keras.py):
+Run as a script, in two roles, each in a process of its own (see tests/interop/test_keras.py):
 
 - ``write OUT``: tf.keras 2.x (the tf-keras package) and Keras 3 on TensorFlow build
   each model, save it (``save_weights`` in TF format, ``tf.train.Checkpoint``), and

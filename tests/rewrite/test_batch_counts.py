@@ -26,7 +26,7 @@ from tfckpt.cli import main
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CAST_ENV, Caster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 F16_TINY = 2.0**-14
 # float32 values with an edge for float16 or bfloat16: overflow (at and just below the
 # rounding threshold), the largest finite value, ties to zero and to the smallest

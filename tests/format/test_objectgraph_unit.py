@@ -509,7 +509,7 @@ def test_runs_and_fuzz_skips_without_tensorflow(tmp_path):
             "-k",
             "not without_tensorflow",
             os.path.join(here, "test_objectgraph_unit.py"),
-            os.path.join(here, "test_fuzz.py"),
+            os.path.join(here, "..", "faults", "test_fuzz.py"),
         ],
         capture_output=True,
         text=True,

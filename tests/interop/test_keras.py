@@ -24,8 +24,8 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tf_keras")
 pytest.importorskip("jax")
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]  # the shared helpers
 
 # JAX and TensorFlow run different CPU kernels (XLA vs Eigen/oneDNN): the same float32
 # weights can give predictions that differ by accumulation order, a few ulps after a

@@ -22,7 +22,7 @@ from tfckpt.rewrite.cast import _PARALLEL_MIN, CAST_ENV, OVERFLOW_POLICIES, Cast
 
 pytest.importorskip("numkong")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
