@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--medium-mib", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     args = ap.parse_args(argv)
-    from tfckpt.cli import _parse_size
+    from tfckpt.cli import parse_size
 
-    budget = _parse_size(args.chunk_bytes)
+    budget = parse_size(args.chunk_bytes)
     sizes = dict(SIZES, big_mib=args.big_mib, medium=args.medium, medium_mib=args.medium_mib)
     big = Inputs(os.path.join(args.out, "inputs"), sizes).path("big")
     work = os.path.join(args.out, "average")

@@ -35,7 +35,7 @@ tf = pytest.importorskip("tensorflow")
 
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
-from tfckpt.format.table import _U32, BlockHandle, TableReader  # noqa: E402
+from tfckpt.format.table import BlockHandle, TableReader  # noqa: E402
 from tfckpt.rewrite.engine import shard_tasks  # noqa: E402
 
 CASES_PER_KIND = 12
@@ -63,6 +63,9 @@ def base(tmp_path_factory):
         sep = entries[i + 9][0][:-1] + b"\xff" if i + 9 < len(entries) else b"\xff"
         blocks.append((max(sep, chunk[-1][0]), block(chunk)))
     return {"prefix": prefix, "entries": entries, "values": values, "blocks": blocks}
+
+
+U32 = struct.Struct("<I")  # a restart point or count, as the table stores it
 
 
 def _case(base, tmp_path, n: int, index: bytes) -> str:
@@ -197,7 +200,7 @@ def test_key_sharing(base, tmp_path):
 def _restart_lies(rng: random.Random, base):
     contents = block(base["entries"], rng.choice([1, 4, 16]))
     starts = entry_starts(contents)
-    (count,) = _U32.unpack_from(contents, len(contents) - 4)
+    (count,) = U32.unpack_from(contents, len(contents) - 4)
     restarts = list(struct.unpack_from(f"<{count}I", contents, len(contents) - 4 - 4 * count))
     limit = len(contents) - 4 - 4 * count
     kind = rng.choice(
@@ -235,9 +238,9 @@ def _restart_lies(rng: random.Random, base):
         restarts = []
     if kind == "huge-count":  # a restart array filling the block, all pointing at entry 0
         body = contents[:limit] + bytes(4 * rng.randint(10_000, 200_000))
-        contents = body + _U32.pack((len(body) - limit) // 4)
+        contents = body + U32.pack((len(body) - limit) // 4)
     elif kind == "count-beyond-block":
-        contents = contents[:-4] + _U32.pack(rng.choice([count + 10_000, (1 << 32) - 1]))
+        contents = contents[:-4] + U32.pack(rng.choice([count + 10_000, (1 << 32) - 1]))
     else:
         contents = with_restarts(contents, restarts)
     return f"{kind} {restarts[:6]}", table([(b"\xff", contents)])

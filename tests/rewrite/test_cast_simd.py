@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tfckpt.format import dtypes as _dt
-from tfckpt.rewrite.cast import _PARALLEL_MIN, CAST_ENV, OVERFLOW_POLICIES, CastCounts, Caster
+from tfckpt.rewrite.cast import CAST_ENV, OVERFLOW_POLICIES, PARALLEL_MIN, CastCounts, Caster
 
 pytest.importorskip("numkong")
 
@@ -101,8 +101,8 @@ def test_float32_patterns_equal_reference(patterns, monkeypatch, target, overflo
     """In chunks of the engine's size (the reference splits them over the cores), then small."""
     simd, ref = both(monkeypatch, "float32", target, overflow)
     values = patterns.view(np.float32)
-    assert values.size > 2 * _PARALLEL_MIN
-    assert_same(simd, ref, values, 2 * _PARALLEL_MIN)
+    assert values.size > 2 * PARALLEL_MIN
+    assert_same(simd, ref, values, 2 * PARALLEL_MIN)
     assert simd.counts.overflow and simd.counts.to_zero and simd.counts.subnormal
     small_simd, small_ref = both(monkeypatch, "float32", target, overflow)
     assert_same(small_simd, small_ref, values[::7], 4099)

@@ -33,7 +33,12 @@ from tfckpt.version import __version__
 EXIT_ERROR = 2
 
 
-def _parse_size(text: str, *, minimum: int = 1) -> int:
+def parse_size(text: str, *, minimum: int = 1) -> int:
+    """A byte count as the command line takes it (``64M``, ``1.5GiB``, ``4096``).
+
+    >>> parse_size("64M")
+    67108864
+    """
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not m or int(float(m[1]) * units[m[2]]) < minimum:
@@ -42,7 +47,7 @@ def _parse_size(text: str, *, minimum: int = 1) -> int:
 
 
 def _parse_size_or_zero(text: str) -> int:
-    return _parse_size(text, minimum=0)
+    return parse_size(text, minimum=0)
 
 
 def _add_dtype_rule_options(g) -> None:
@@ -135,7 +140,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     )
     g.add_argument(
         "--max-shard-bytes",
-        type=_parse_size,
+        type=parse_size,
         metavar="SIZE",
         help="re-shard the output (default: keep the sources' shards)",
     )
@@ -157,7 +162,7 @@ def _add_transform_options(p: argparse.ArgumentParser, *, dtype_required: bool =
     )
     g.add_argument(
         "--chunk-bytes",
-        type=_parse_size,
+        type=parse_size,
         default=DEFAULTS.chunk_bytes,
         metavar="SIZE",
         help="memory budget for tensor data in flight (default 64M)",
@@ -551,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-shard-bytes",
-        type=_parse_size,
+        type=parse_size,
         metavar="SIZE",
         help="re-shard the output (default: the newest source's shards)",
     )
@@ -561,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--chunk-bytes",
-        type=_parse_size,
+        type=parse_size,
         default=DEFAULTS.chunk_bytes,
         metavar="SIZE",
         help="memory budget for tensor data in flight, all sources together (default 64M)",

@@ -145,7 +145,7 @@ class Caster:
         else:
             out = np.empty(n, dtype=self._bits)
         flat = chunk.reshape(-1)
-        if self.convert is None and self._simd is None and n >= _PARALLEL_MIN and _workers() > 1:
+        if self.convert is None and self._simd is None and n >= PARALLEL_MIN and _workers() > 1:
             # numpy's casts release the GIL: split big chunks over the cores. The SIMD
             # cast needs no help: it keeps up with reading on one core, and the other
             # is the pipeline's (reading, checksums, writing).
@@ -297,7 +297,7 @@ class Caster:
         return rows
 
 
-_PARALLEL_MIN = 1 << 20  # elements; smaller chunks are cast on the calling thread
+PARALLEL_MIN = 1 << 20  # elements; smaller chunks are cast on the calling thread
 _SIMD_BLOCK = 1 << 17  # elements: input, output and the checks' temporaries fit in L2
 _POOL: ThreadPoolExecutor | None = None
 
