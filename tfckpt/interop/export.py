@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +25,6 @@ from tfckpt.errors import (
     CheckpointError,
     CheckpointWriteError,
 )
-from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
@@ -37,10 +36,9 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
-from tfckpt.rewrite.cast import Caster
+from tfckpt.rewrite.engine import TaskItem, stream_items
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.permute import Permuter, Permutes, partitioned_parts, tiles
-from tfckpt.rewrite.pipeline import BufferRing, chunks_in_flight, prefetch
+from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, compile_rules, new_name, plan
 from tfckpt.version import __version__
 
@@ -89,6 +87,60 @@ class _Out:
     @property
     def entry(self) -> tfiles.Entry:
         return tfiles.Entry(self.pt.new_name, self.pt.new_dtype, self.shape)
+
+    @property
+    def item(self) -> TaskItem:
+        """What the engine's pipeline streams for this tensor."""
+        pt, info = self.pt, self.pt.info
+        return TaskItem(
+            pt.source,
+            pt.name,
+            pt.new_name,
+            info.dtype,
+            pt.new_dtype,
+            info.shape,
+            bool(info.slices),
+            None,
+            info.nbytes,
+            pt.bytes_out,
+            perm=self.perm,
+        )
+
+
+class TensorFileSink:
+    """A safetensors or npz file as the sink of the engine's pipeline
+    (:func:`~tfckpt.rewrite.engine.stream_items`): each tensor begun, written in
+    pieces, ended, in the order of the file's header. ``progress`` gets the bytes
+    written."""
+
+    def __init__(self, writer, progress: Callable[[int], None] | None):
+        self._w = writer
+        self._progress = progress
+
+    def _write(self, data: np.ndarray) -> None:
+        self._w.write(data)
+        if self._progress:
+            self._progress(data.nbytes)
+
+    def write(self, op: tuple) -> None:
+        kind, t = op[0], op[1]
+        if kind == "open":
+            self._w.begin(t.new_name)
+        elif kind == "write":
+            self._write(op[2])
+        elif kind == "close":
+            self._w.end()
+        elif kind == "batch":
+            for item, data in zip(t, op[2]):
+                self._w.begin(item.new_name)
+                self._write(data)
+                self._w.end()
+        else:  # strings and raw tensors are refused or skipped when an export is planned
+            raise AssertionError(kind)
+
+
+def _no_tick(nbytes: int) -> None:
+    """Source bytes done: exports report the bytes they write instead (the sink)."""
 
 
 def _format_of(out: str, fmt: str | None) -> str:
@@ -326,40 +378,6 @@ def _file_names(store, out: str, groups: list[list[_Out]]):
     return files, out + ".index.json"
 
 
-def _export_chunks(
-    ckpt: Checkpoint,
-    o: _Out,
-    caster: Caster | None,
-    chunk_bytes: int,
-    read_bytes: int,
-    ring: BufferRing,
-) -> Iterator[np.ndarray]:
-    """A tensor's output elements in pieces; whole tensors are read in pieces of
-    ``read_bytes`` into ``ring``, permuted ones in tiles of the chunk budget."""
-    name, info = o.pt.name, o.pt.info
-    if o.perm is None:
-        chunks: Iterator[np.ndarray] = ckpt.iter_chunks(name, read_bytes, buffers=ring)
-        if info.nbytes > read_bytes:  # one read needs no thread to run ahead of it
-            chunks = prefetch(chunks)
-    elif info.nbytes <= chunk_bytes // 2:
-        chunks = iter([np.ascontiguousarray(ckpt[name].transpose(o.perm)).reshape(-1)])
-    else:
-        for _ in ckpt.iter_chunks(name, read_bytes, buffers=ring):  # the checksums first
-            pass
-        itemsize = _dt.lookup(info.dtype).fixed_itemsize
-        chunks = tiles(
-            lambda start, count: ckpt.read_elements(name, start, count),
-            info.shape,
-            o.perm,
-            itemsize,
-            chunk_bytes,
-            parts=partitioned_parts(ckpt, name, info) if info.slices else None,
-        )
-    for chunk in chunks:
-        yield caster(chunk) if caster is not None else chunk
-        del chunk
-
-
 @takes_storage_options()
 def export(
     sources,
@@ -524,11 +542,6 @@ class _Writing:
         self.made: list[str] = []
         self.commit_check: Callable[[], bool] | None = None  # did the commit happen?
         self.retired: str | None = None  # a copy of the replaced index, see _retire_index
-        # Read ahead and cast into rings of reused buffers, as the engine does: the
-        # chunk budget covers them all (reads of an eighth of it each).
-        self.read_bytes = max(options.chunk_bytes // 8, 1 << 16)
-        self.read_ring = BufferRing(chunks_in_flight(read=True, write=False) + 1)
-        self.cast_ring = BufferRing(2)
 
     def write_all(self) -> None:
         store, ep = self.store, self.ep
@@ -571,8 +584,20 @@ class _Writing:
                 w = tfiles.SafetensorsWriter(f, [o.entry for o in outs], self.metadata)
             else:
                 w = tfiles.NpzWriter(f, [o.entry for o in outs])
-            for o in outs:
-                self._write_tensor(w, o)
+            # Through the engine's pipeline: read ahead, cast, write behind, small
+            # tensors in batches, permuted ones in tiles.
+            counts: dict[str, tuple[int, int, int, int]] = {}
+            stream_items(
+                [o.item for o in outs],
+                self.ckpts,
+                TensorFileSink(w, self.progress),
+                overflow=options.overflow,
+                chunk_bytes=options.chunk_bytes,
+                endianness="little",  # unused: raw (no numpy) tensors are never exported
+                counts=counts,
+                tick=_no_tick,
+            )
+            self.overflow.update({n: c[0] for n, c in counts.items() if c[0]})
             w.close()
             f.flush()
             if options.durable:
@@ -589,33 +614,6 @@ class _Writing:
                     pass
             raise
         f.close()
-
-    def _write_tensor(self, w, o: _Out) -> None:
-        caster = None
-        if o.pt.cast:
-            caster = Caster(
-                _dt.lookup(o.pt.info.dtype),
-                _dt.lookup(o.pt.new_dtype),
-                self.options.overflow,
-                buffers=self.cast_ring,
-            )
-        w.begin(o.pt.new_name)
-        chunks = _export_chunks(
-            self.ckpts[o.pt.source],
-            o,
-            caster,
-            self.options.chunk_bytes,
-            self.read_bytes,
-            self.read_ring,
-        )
-        for chunk in chunks:
-            w.write(chunk)
-            if self.progress:
-                self.progress(chunk.nbytes)
-            del chunk  # the ring's buffer, free for the next one
-        w.end()
-        if caster is not None and caster.counts.overflow:
-            self.overflow[o.pt.new_name] = caster.counts.overflow
 
     def commit(self) -> None:
         store, ep, overwrite = self.store, self.ep, self.options.overwrite

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
 from tfckpt.rewrite.options import BACKENDS, EXECUTION, Options, RenameRules
+from tfckpt.rewrite.permute import permuted_chunks
 from tfckpt.rewrite.pipeline import (
     BufferRing,
     WriteBehind,
@@ -222,6 +223,7 @@ class TaskItem:
     bytes_in: int
     bytes_out: int
     tf_cast: bool = False  # cast with tf.cast (a big tensor, tf backend)
+    perm: tuple[int, ...] | None = None  # axes of the output (a permuted whole tensor)
 
 
 @dataclass
@@ -414,7 +416,17 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
         for source in sorted({item.source for item in task.items}):
             ckpts[source] = open_checkpoint(task.sources[source], mmap=False)
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
-        _stream_task(task, ckpts, w, tf_convert, counts, tick)
+        stream_items(
+            task.items,
+            ckpts,
+            BundleSink(w),
+            overflow=task.overflow,
+            chunk_bytes=task.chunk_bytes,
+            endianness=w.endianness,
+            counts=counts,
+            tick=tick,
+            tf_convert=tf_convert,
+        )
         if task.object_graph is not None:
             w.add(OBJECT_GRAPH_KEY, np.array(task.object_graph, dtype=object))
         entries = w.finish()
@@ -495,19 +507,29 @@ def _read_bytes(chunk_bytes: int) -> int:
     return max(chunk_bytes // 8, 1 << 16)
 
 
-def _stream_task(
-    task: ShardTask,
-    ckpts: dict[int, Checkpoint],
-    w: ShardWriter,
-    tf_convert,
+def stream_items(
+    items: Sequence[TaskItem],
+    ckpts: Mapping[int, Checkpoint],
+    sink,
+    *,
+    overflow: OverflowPolicy,
+    chunk_bytes: int,
+    endianness: str,
     counts: dict[str, tuple[int, int, int, int]],
     tick: Callable[[int], None],
+    tf_convert=None,
 ) -> None:
-    """Every tensor of the task through one pipeline: read ahead, cast here, write behind.
+    """Every item through one pipeline: read ahead, cast here, write behind into ``sink``.
 
-    One reading thread and one writing thread serve the whole task (see
-    :mod:`tfckpt.pipeline`), so a tensor costs no thread of its own; small
-    tensors travel in batches, read together and cast together.
+    One reading thread and one writing thread serve all the items (see
+    :mod:`tfckpt.rewrite.pipeline`), so a tensor costs no thread of its own; small
+    tensors travel in batches, read together and cast together. ``sink.write(op)``
+    takes the hand-overs in order, on the writing thread: ``open``/``write``/``close``
+    a tensor streamed in pieces, ``batch`` several whole ones, and for a bundle
+    ``lengths``/``data`` of a string tensor, ``add`` and ``raw`` (see
+    :class:`BundleSink`; a safetensors or npz file is another sink). ``counts``
+    gets each cast tensor's (overflow, to zero, subnormal, elements); ``tick`` is
+    called with source bytes done, on this thread.
     """
     out = _CastOutput(cast_ring())
     casters: dict[tuple[str, str, bool], Caster] = {}
@@ -521,7 +543,7 @@ def _stream_task(
             caster = casters[key] = Caster(
                 _dt.lookup(item.dtype),
                 _dt.lookup(item.new_dtype),
-                task.overflow,
+                overflow,
                 convert=tf_convert if item.tf_cast else None,
                 buffers=out,
                 bits=True,
@@ -547,8 +569,8 @@ def _stream_task(
         if nbytes is not None:
             tick(nbytes)
 
-    reads = _reads(task, ckpts, _read_bytes(task.chunk_bytes), w.endianness)
-    with WriteBehind(_ShardSink(w)) as writer, contextlib.closing(prefetch(reads)) as events:
+    reads = _reads(items, ckpts, chunk_bytes, endianness)
+    with WriteBehind(sink) as writer, contextlib.closing(prefetch(reads)) as events:
         for event in events:
             # In a function of its own, so that nothing here keeps a buffer past its turn.
             handle(event)
@@ -631,23 +653,27 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         item.extents is None
         and not item.partitioned
         and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
+        and item.perm is None
         and dtype is not _dt.STRING
         and dtype.numpy is not None
         and item.bytes_in <= read_bytes // 2
     )
 
 
-def _reads(task: ShardTask, ckpts: dict[int, Checkpoint], read_bytes: int, endianness: str):
+def _reads(
+    items: Sequence[TaskItem], ckpts: Mapping[int, Checkpoint], chunk_bytes: int, endianness: str
+):
     """What the reading thread hands on: ``(kind, item, payload, source bytes)``.
 
     Small tensors that follow each other come as one ``batch`` (up to
     ``read_bytes``), read together; others as ``open``, their pieces, ``close``.
     Every buffer comes from one ring, whose size pipeline derives.
     """
+    read_bytes = _read_bytes(chunk_bytes)
     ring = read_ring()
     batch: list[TaskItem] = []
     size = 0
-    for item in task.items:
+    for item in items:
         small = _batchable(item, read_bytes)
         if batch and (
             not small or item.source != batch[0].source or size + item.bytes_in > read_bytes
@@ -659,15 +685,22 @@ def _reads(task: ShardTask, ckpts: dict[int, Checkpoint], read_bytes: int, endia
             batch.append(item)
             size += item.bytes_in
         else:
-            yield from _item_reads(ckpts[item.source], item, read_bytes, ring, endianness)
+            yield from _item_reads(ckpts[item.source], item, chunk_bytes, ring, endianness)
     if batch:
         names = [i.name for i in batch]
         yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
 
 
-def _item_reads(ckpt: Checkpoint, t: TaskItem, read_bytes: int, ring: BufferRing, endianness):
+def _item_reads(ckpt: Checkpoint, t: TaskItem, chunk_bytes: int, ring: BufferRing, endianness):
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
+    read_bytes = _read_bytes(chunk_bytes)
+    if t.perm is not None:
+        yield ("open", t, None, None)
+        for chunk in permuted_chunks(ckpt, t.name, t.perm, chunk_bytes, read_bytes, ring):
+            yield ("chunk", t, chunk, chunk.nbytes)
+        yield ("close", t, None, None)
+        return
     if dtype is _dt.STRING:
         if t.partitioned and extents is None:  # a partitioned tensor made whole
             yield ("add", t, ckpt[t.name], t.bytes_in)
@@ -696,8 +729,9 @@ def _item_reads(ckpt: Checkpoint, t: TaskItem, read_bytes: int, ring: BufferRing
     yield ("close", t, None, None)
 
 
-class _ShardSink:
-    """The writing thread's side of a task: applies the hand-overs, in order."""
+class BundleSink:
+    """A shard of a V2 bundle as the sink of :func:`stream_items`: applies the
+    hand-overs to a :class:`~tfckpt.checkpoint.writer.ShardWriter`, in order."""
 
     def __init__(self, w: ShardWriter):
         self._w = w

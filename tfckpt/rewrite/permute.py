@@ -19,6 +19,7 @@ from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import (
     CheckpointError,
 )
+from tfckpt.format import dtypes as _dt
 
 Permutes = Sequence[tuple[str, Sequence[int]]]
 
@@ -263,3 +264,34 @@ def partitioned_parts(ckpt: Checkpoint, name: str, info) -> list[Part]:
 
 def _read_slice_elements(ckpt: Checkpoint, name: str, extents, start: int, count: int):
     return ckpt.read_elements(name, start, count, extents)
+
+
+def permuted_chunks(
+    ckpt: Checkpoint,
+    name: str,
+    perm: tuple[int, ...],
+    chunk_bytes: int,
+    read_bytes: int,
+    buffers=None,
+) -> Iterator[np.ndarray]:
+    """The elements of tensor ``name`` transposed by ``perm``, in row-major pieces.
+
+    A tensor of at most half the chunk budget is read whole and transposed; a bigger
+    one is checked against its checksum first (read in pieces of ``read_bytes`` into
+    ``buffers``), then read in tiles of the budget (:func:`tiles`), partitions too.
+    """
+    info = ckpt.info(name)
+    if info.nbytes <= chunk_bytes // 2:
+        yield np.ascontiguousarray(ckpt[name].transpose(perm)).reshape(-1)
+        return
+    for _ in ckpt.iter_chunks(name, read_bytes, buffers=buffers):  # the checksums first
+        pass
+    itemsize = _dt.lookup(info.dtype).fixed_itemsize
+    yield from tiles(
+        lambda start, count: ckpt.read_elements(name, start, count),
+        info.shape,
+        perm,
+        itemsize,
+        chunk_bytes,
+        parts=partitioned_parts(ckpt, name, info) if info.slices else None,
+    )
