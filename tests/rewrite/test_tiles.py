@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import tfckpt
 from tfckpt.rewrite.permute import collapse_axes, tiles
 
-import_mod = importlib.import_module("tfckpt.interop.importing")
+permute_mod = importlib.import_module("tfckpt.rewrite.permute")  # where every permute tiles
 
 tf = pytest.importorskip("tensorflow")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -164,7 +164,7 @@ def test_cli_export_and_import_permute_rows_over_half_the_budget(tmp_path, monke
         made.append(Counted(read))
         return tiles(made[-1], *args, **kwargs)
 
-    monkeypatch.setattr(import_mod, "tiles", counting_tiles)
+    monkeypatch.setattr(permute_mod, "tiles", counting_tiles)
     rc, _, err = in_process(
         "import", out, tmp_path / "back" / "m", "--chunk-bytes", "4K", "--permute", "^t$=1,0"
     )

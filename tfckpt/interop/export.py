@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import (
@@ -36,7 +34,7 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
-from tfckpt.rewrite.engine import TaskItem, stream_items
+from tfckpt.rewrite.engine import ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, compile_rules, new_name, plan
@@ -110,37 +108,26 @@ class _Out:
 class TensorFileSink:
     """A safetensors or npz file as the sink of the engine's pipeline
     (:func:`~tfckpt.rewrite.engine.stream_items`): each tensor begun, written in
-    pieces, ended, in the order of the file's header. ``progress`` gets the bytes
-    written."""
+    pieces, ended, in the order of the file's header."""
 
-    def __init__(self, writer, progress: Callable[[int], None] | None):
+    def __init__(self, writer):
         self._w = writer
-        self._progress = progress
-
-    def _write(self, data: np.ndarray) -> None:
-        self._w.write(data)
-        if self._progress:
-            self._progress(data.nbytes)
 
     def write(self, op: tuple) -> None:
         kind, t = op[0], op[1]
         if kind == "open":
             self._w.begin(t.new_name)
         elif kind == "write":
-            self._write(op[2])
+            self._w.write(op[2])
         elif kind == "close":
             self._w.end()
         elif kind == "batch":
             for item, data in zip(t, op[2]):
                 self._w.begin(item.new_name)
-                self._write(data)
+                self._w.write(data)
                 self._w.end()
         else:  # strings and raw tensors are refused or skipped when an export is planned
             raise AssertionError(kind)
-
-
-def _no_tick(nbytes: int) -> None:
-    """Source bytes done: exports report the bytes they write instead (the sink)."""
 
 
 def _format_of(out: str, fmt: str | None) -> str:
@@ -590,12 +577,11 @@ class _Writing:
             stream_items(
                 [o.item for o in outs],
                 self.ckpts,
-                TensorFileSink(w, self.progress),
+                ProgressSink(TensorFileSink(w), self.progress),
                 overflow=options.overflow,
                 chunk_bytes=options.chunk_bytes,
                 endianness="little",  # unused: raw (no numpy) tensors are never exported
                 counts=counts,
-                tick=_no_tick,
             )
             self.overflow.update({n: c[0] for n, c in counts.items() if c[0]})
             w.close()

@@ -7,6 +7,7 @@ commit. Every name from a file's contents is checked before it is used (see
 from __future__ import annotations
 
 import io
+import math
 import time
 import zipfile
 import zlib
@@ -35,10 +36,9 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
-from tfckpt.rewrite.cast import Caster
+from tfckpt.rewrite.engine import BundleSink, ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.permute import Permuter, Permutes, tiles
-from tfckpt.rewrite.pipeline import BufferRing
+from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import DtypePolicy, compile_patterns, compile_rules, new_name
 
 
@@ -114,17 +114,16 @@ def read_exactly(reader, buf: memoryview, offset: int, path: str, tensor: str | 
         done += k
 
 
-def _file_reader(src: str):
-    """``read(offset, nbytes, tensor, buffers=None) -> uint8 array`` over one file, into
-    ``buffers(nbytes)`` (a ring) if given."""
-    reader = storage_for(src).open_reader(src)
+def _file_reader(src: str, reader):
+    """``read(offset, nbytes, tensor, buffers=None) -> uint8 array`` over ``reader`` (of
+    file ``src``), into ``buffers(nbytes)`` (a ring) if given."""
 
     def read(offset: int, nbytes: int, tensor: str, buffers=None) -> np.ndarray:
         buf = buffers(nbytes) if buffers is not None else np.empty(nbytes, dtype=np.uint8)
         read_exactly(reader, buf.data, offset, src, tensor)
         return buf
 
-    return read, reader.close
+    return read
 
 
 @takes_storage_options()
@@ -233,11 +232,21 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
         raise CheckpointWriteError(
             f"cannot create directory: {e.strerror or e}", path=prefix
         ) from None
-    sources = _Sources()
+    source = TensorFileSource([i for i, *_ in chosen])
     try:
         w = ShardWriter.create(shard_paths[0], durable=options.durable)
         try:
-            overflow = _stream_import(w, chosen, options, progress, sources)
+            counts: dict[str, tuple[int, int, int, int]] = {}
+            stream_items(
+                [_item(i, new, nd, perm) for i, new, nd, perm, _ in chosen],
+                {0: source},
+                ProgressSink(BundleSink(w), progress),
+                overflow=options.overflow,
+                chunk_bytes=options.chunk_bytes,
+                endianness=w.endianness,
+                counts=counts,
+            )
+            overflow = {n: c[0] for n, c in counts.items() if c[0]}
             if options.overflow == "error" and overflow:
                 raise CastOverflowError(overflow, prefix)
             entries = w.finish()
@@ -248,7 +257,7 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
             discard(shard_paths[1:])
             raise
         finally:
-            sources.close()
+            source.close()
         commit_shards(
             prefix, shard_paths, entries, durable=options.durable, overwrite=options.overwrite
         )
@@ -258,104 +267,152 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
     return overflow
 
 
-class _Sources:
-    """The files an import reads, opened once each, and the two rings its pieces and
-    their casts go into: the loop holds one piece while the next is read."""
-
-    def __init__(self):
-        self.readers: dict[str, tuple] = {}  # path -> (read, close)
-        self.zips: dict[str, zipfile.ZipFile] = {}
-        self.closers: list[Callable[[], None]] = []
-        self.read_ring = BufferRing(2)
-        self.cast_ring = BufferRing(2)
-
-    def reader(self, path: str):
-        if path not in self.readers:
-            self.readers[path] = _file_reader(path)
-            self.closers.append(self.readers[path][1])
-        return self.readers[path][0]
-
-    def zip(self, path: str) -> zipfile.ZipFile:
-        if path not in self.zips:
-            reader = storage_for(path).open_reader(path)
-            self.closers.append(reader.close)
-            self.zips[path] = zipfile.ZipFile(io.BufferedReader(ReaderFile(reader)))
-            self.closers.append(self.zips[path].close)
-        return self.zips[path]
-
-    def close(self) -> None:
-        for close in reversed(self.closers):
-            close()
-
-
-def _stream_import(w: ShardWriter, chosen: _Chosen, options: Options, progress, sources):
-    overflow: dict[str, int] = {}
-    for i, new, new_dtype, perm, _ in chosen:
-        e = i.entry
-        caster = None
-        if new_dtype != e.dtype:
-            caster = Caster(
-                _dt.lookup(e.dtype),
-                _dt.lookup(new_dtype),
-                options.overflow,
-                buffers=sources.cast_ring,
-            )
-        shape = e.shape if perm is None else tuple(e.shape[p] for p in perm)
-        with w.stream(new, new_dtype, shape) as stream:
-            for chunk in _import_chunks(i, perm, options.chunk_bytes, sources):
-                if chunk.dtype == np.bool_ and chunk.size and chunk.view(np.uint8).max() > 1:
-                    raise CorruptCheckpointError(
-                        "bool tensor holds bytes other than 0 and 1", path=i.file, tensor=e.name
-                    )
-                out = caster(chunk) if caster is not None else chunk
-                stream.write(out)
-                if progress:
-                    progress(out.nbytes)
-        if caster is not None and caster.counts.overflow:
-            overflow[new] = caster.counts.overflow
-    return overflow
-
-
-def _import_chunks(
-    i: _In, perm: tuple[int, ...] | None, chunk_bytes: int, sources: _Sources
-) -> Iterator[np.ndarray]:
-    """A tensor's elements in pieces: an eighth of the budget each, as the engine reads
-    (two pieces and their casts stay within it), or tiles when permuted."""
+def _item(i: _In, new: str, new_dtype: str, perm: tuple[int, ...] | None) -> TaskItem:
     e = i.entry
-    dt = tfiles.little_dtype(e.dtype)
-    piece = max(1, chunk_bytes // 8 // dt.itemsize)
-    if i.member is not None:
-        chunks = tfiles.npz_chunks(
-            sources.zip(i.file), i.member, e, piece * dt.itemsize, path=i.file
-        )
-        if perm is None:
-            yield from chunks
+    out = math.prod(e.shape) * _dt.lookup(new_dtype).fixed_itemsize
+    return TaskItem(
+        0, e.name, new, e.dtype, new_dtype, e.shape, False, None, e.nbytes, out, perm=perm
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Info:
+    """What the engine's reads ask of a tensor (as of a checkpoint's TensorInfo)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    slices: tuple = ()
+
+
+class TensorFileSource:
+    """The tensors of safetensors and npz files, read through the calls the engine's
+    pipeline reads a checkpoint with (``info``, ``iter_chunks``, ``read_together``,
+    ``read_elements``, ``source[name]``), by their names in the files; each file is
+    opened once. Stored npz members read in order are checked against their CRC-32;
+    bool tensors must hold bytes 0 and 1 only."""
+
+    def __init__(self, ins: list[_In]):
+        self._ins = {i.entry.name: i for i in ins}
+        self._readers: dict[str, tuple] = {}  # path -> (read, raw reader)
+        self._zips: dict[str, zipfile.ZipFile] = {}
+        self._closers: list[Callable[[], None]] = []
+
+    def info(self, name: str) -> _Info:
+        e = self._ins[name].entry
+        return _Info(e.dtype, e.shape, e.nbytes)
+
+    def iter_chunks(
+        self, name: str, read_bytes: int, extents=None, buffers=None
+    ) -> Iterator[np.ndarray]:
+        """The tensor's elements in pieces of about ``read_bytes``, into ``buffers``."""
+        i = self._ins[name]
+        e, dt = i.entry, tfiles.little_dtype(i.entry.dtype)
+        piece = max(1, read_bytes // dt.itemsize)
+        if i.member is not None:
+            zf = self._zip(i.file)
+            for chunk in tfiles.npz_chunks(zf, i.member, e, piece * dt.itemsize, path=i.file):
+                yield self._checked(i, chunk)
             return
-        if e.nbytes > chunk_bytes // 2:
+        total = e.nbytes // dt.itemsize
+        crc = None if i.crc is None else i.crc[0]
+        for s in range(0, total, piece):
+            chunk = self._elements(i, s, min(piece, total - s), buffers)
+            if crc is not None:
+                crc = zlib.crc32(chunk.data, crc)
+            yield self._checked(i, chunk)
+        if i.crc is not None and crc != i.crc[1]:
+            # Read in order, a stored member is checked as zipfile would.
+            raise CorruptCheckpointError("npz member fails its CRC-32", path=i.file, tensor=name)
+
+    def read_together(self, names: list[str], buffers=None) -> list[np.ndarray]:
+        """Whole small tensors, in one buffer of ``buffers``: tensors that follow each
+        other in one file in one read."""
+        ins = [self._ins[n] for n in names]
+        total = sum(i.entry.nbytes for i in ins)
+        buf = buffers(total) if buffers is not None else np.empty(total, dtype=np.uint8)
+        pos = 0
+        k = 0
+        while k < len(ins):
+            i = ins[k]
+            if i.member is not None or i.crc is not None:  # zip members: one by one
+                part = buf[pos : pos + i.entry.nbytes]
+                done = 0
+                for chunk in self.iter_chunks(i.entry.name, max(i.entry.nbytes, 1)):
+                    part[done : done + chunk.nbytes] = chunk.view(np.uint8)
+                    done += chunk.nbytes
+                pos += i.entry.nbytes
+                k += 1
+                continue
+            end, j = i.offset + i.entry.nbytes, k + 1
+            while (
+                j < len(ins)
+                and ins[j].file == i.file
+                and ins[j].member is None
+                and ins[j].crc is None
+                and ins[j].offset == end
+            ):
+                end += ins[j].entry.nbytes
+                j += 1
+            run = end - i.offset
+            read_exactly(self._reader(i.file)[1], buf[pos : pos + run].data, i.offset, i.file)
+            pos += run
+            k = j
+        out, pos = [], 0
+        for i in ins:
+            part = buf[pos : pos + i.entry.nbytes].view(tfiles.little_dtype(i.entry.dtype))
+            out.append(self._checked(i, part))
+            pos += i.entry.nbytes
+        return out
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        e = self._ins[name].entry
+        (whole,) = self.read_together([name])
+        return whole.reshape(e.shape)
+
+    def read_elements(self, name: str, start: int, count: int) -> np.ndarray:
+        """``count`` elements from element ``start`` of a stored tensor (permutes)."""
+        i = self._ins[name]
+        if i.member is not None:
             raise CheckpointError(
                 "a compressed npz member larger than half the chunk budget cannot be "
                 "permuted; raise chunk_bytes",
                 path=i.file,
-                tensor=e.name,
+                tensor=name,
             )
-        whole = np.concatenate(list(chunks)) if e.nbytes else np.empty(0, dt)
-        yield np.ascontiguousarray(whole.reshape(e.shape).transpose(perm)).reshape(-1)
-        return
-    read = sources.reader(i.file)
+        return self._elements(i, start, count, None)
 
-    def elements(start: int, count: int, ring=None) -> np.ndarray:
-        return read(i.offset + start * dt.itemsize, count * dt.itemsize, e.name, ring).view(dt)
+    def _elements(self, i: _In, start: int, count: int, buffers) -> np.ndarray:
+        dt = tfiles.little_dtype(i.entry.dtype)
+        read = self._reader(i.file)[0]
+        return read(
+            i.offset + start * dt.itemsize, count * dt.itemsize, i.entry.name, buffers
+        ).view(dt)
 
-    if perm is not None:
-        yield from tiles(elements, e.shape, perm, dt.itemsize, chunk_bytes)
-        return
-    total = e.nbytes // dt.itemsize
-    crc = None if i.crc is None else i.crc[0]
-    for s in range(0, total, piece):
-        chunk = elements(s, min(piece, total - s), sources.read_ring)
-        if crc is not None:
-            crc = zlib.crc32(chunk.data, crc)
-        yield chunk
-    if i.crc is not None and crc != i.crc[1]:
-        # Read in order, a stored member is checked as zipfile would (permuted, it is not).
-        raise CorruptCheckpointError("npz member fails its CRC-32", path=i.file, tensor=e.name)
+    @staticmethod
+    def _checked(i: _In, chunk: np.ndarray) -> np.ndarray:
+        if chunk.dtype == np.bool_ and chunk.size and chunk.view(np.uint8).max() > 1:
+            raise CorruptCheckpointError(
+                "bool tensor holds bytes other than 0 and 1", path=i.file, tensor=i.entry.name
+            )
+        return chunk
+
+    def _reader(self, path: str):
+        """``(read, raw reader)`` of one file, opened on first use."""
+        if path not in self._readers:
+            reader = storage_for(path).open_reader(path)
+            self._closers.append(reader.close)
+            self._readers[path] = (_file_reader(path, reader), reader)
+        return self._readers[path]
+
+    def _zip(self, path: str) -> zipfile.ZipFile:
+        if path not in self._zips:
+            reader = storage_for(path).open_reader(path)
+            self._closers.append(reader.close)
+            self._zips[path] = zipfile.ZipFile(io.BufferedReader(ReaderFile(reader)))
+            self._closers.append(self._zips[path].close)
+        return self._zips[path]
+
+    def close(self) -> None:
+        for close in reversed(self._closers):
+            close()

@@ -225,6 +225,11 @@ class TaskItem:
     tf_cast: bool = False  # cast with tf.cast (a big tensor, tf backend)
     perm: tuple[int, ...] | None = None  # axes of the output (a permuted whole tensor)
 
+    @property
+    def out_shape(self) -> tuple:
+        """The shape written: the source's, or permuted."""
+        return self.shape if self.perm is None else tuple(self.shape[p] for p in self.perm)
+
 
 @dataclass
 class ShardTask:
@@ -509,21 +514,24 @@ def _read_bytes(chunk_bytes: int) -> int:
 
 def stream_items(
     items: Sequence[TaskItem],
-    ckpts: Mapping[int, Checkpoint],
+    ckpts: Mapping[int, Any],
     sink,
     *,
     overflow: OverflowPolicy,
     chunk_bytes: int,
     endianness: str,
     counts: dict[str, tuple[int, int, int, int]],
-    tick: Callable[[int], None],
+    tick: Callable[[int], None] | None = None,
     tf_convert=None,
 ) -> None:
     """Every item through one pipeline: read ahead, cast here, write behind into ``sink``.
 
     One reading thread and one writing thread serve all the items (see
     :mod:`tfckpt.rewrite.pipeline`), so a tensor costs no thread of its own; small
-    tensors travel in batches, read together and cast together. ``sink.write(op)``
+    tensors travel in batches, read together and cast together. ``ckpts`` maps each
+    item's ``source`` to a :class:`~tfckpt.checkpoint.reader.Checkpoint`, or to what
+    reads like one (``info``, ``iter_chunks``, ``read_together``, ``read_elements``,
+    ``[name]``: an import's safetensors and npz files). ``sink.write(op)``
     takes the hand-overs in order, on the writing thread: ``open``/``write``/``close``
     a tensor streamed in pieces, ``batch`` several whole ones, and for a bundle
     ``lengths``/``data`` of a string tensor, ``add`` and ``raw`` (see
@@ -566,7 +574,7 @@ def stream_items(
             if kind == "open" and caster_for(item) is not None:
                 counts.setdefault(item.new_name, (0, 0, 0, 0))
             writer.write(event)
-        if nbytes is not None:
+        if nbytes is not None and tick is not None:
             tick(nbytes)
 
     reads = _reads(items, ckpts, chunk_bytes, endianness)
@@ -660,9 +668,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
     )
 
 
-def _reads(
-    items: Sequence[TaskItem], ckpts: Mapping[int, Checkpoint], chunk_bytes: int, endianness: str
-):
+def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int, endianness: str):
     """What the reading thread hands on: ``(kind, item, payload, source bytes)``.
 
     Small tensors that follow each other come as one ``batch`` (up to
@@ -691,7 +697,7 @@ def _reads(
         yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
 
 
-def _item_reads(ckpt: Checkpoint, t: TaskItem, chunk_bytes: int, ring: BufferRing, endianness):
+def _item_reads(ckpt: Any, t: TaskItem, chunk_bytes: int, ring: BufferRing, endianness):
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
     read_bytes = _read_bytes(chunk_bytes)
@@ -748,7 +754,7 @@ class BundleSink:
             if t.extents:
                 self._stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, t.extents)
             else:
-                self._stream = w.stream(t.new_name, t.new_dtype, t.shape)
+                self._stream = w.stream(t.new_name, t.new_dtype, t.out_shape)
         elif kind == "close":
             stream, self._stream = self._stream, None
             stream.close()
@@ -775,6 +781,24 @@ class BundleSink:
             )
         else:
             raise AssertionError(kind)
+
+
+class ProgressSink:
+    """Passes the hand-overs of :func:`stream_items` on to ``sink`` and reports the
+    bytes of each tensor piece written to ``progress`` (on the writing thread)."""
+
+    def __init__(self, sink, progress: Callable[[int], None] | None):
+        self._sink = sink
+        self._progress = progress
+
+    def write(self, op: tuple) -> None:
+        self._sink.write(op)
+        if self._progress is None:
+            return
+        if op[0] == "write":
+            self._progress(op[2].nbytes)
+        elif op[0] == "batch":
+            self._progress(sum(a.nbytes for a in op[2]))
 
 
 def _write_state_file(p: Plan) -> None:
