@@ -1,0 +1,25 @@
+"""The commands behind the command line: each reads its parsed arguments, calls the library
+and prints what it returns, through :mod:`tfckpt.cli.display` (or as JSON).
+
+- :mod:`~tfckpt.cli.commands.inspect`: dump, diff, stats, verify
+- :mod:`~tfckpt.cli.commands.transform`: convert, rename, select, merge, graft, flatten,
+  average, export, import
+
+Each command's parser (:mod:`tfckpt.cli.parsers`) names its function as
+``args.func = "MODULE.FUNCTION"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command ``args.func`` names; its exit status.
+
+    Only that command's module is loaded, and only now: ``--help`` and ``--version`` need
+    none, and ``dump`` none of the engine.
+    """
+    module, _, function = args.func.partition(".")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)(args)

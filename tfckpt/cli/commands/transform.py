@@ -1,0 +1,404 @@
+"""The rewriting commands, convert, rename, select, merge, graft, flatten, average, export
+and import: each turns its flags into :class:`~tfckpt.rewrite.options.Options`, plans,
+then prints the plan (``--dry-run``) or runs it and prints the summary.
+
+The engine's modules load inside the commands, when one runs: ``dump`` needs none.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from tfckpt.cli.display import emit, human_bytes, print_json, shape_text, table
+from tfckpt.errors import CheckpointError
+from tfckpt.format.orderedcode import encode_name
+from tfckpt.rewrite.options import Options
+
+if TYPE_CHECKING:
+    from tfckpt.rewrite.engine import Summary
+    from tfckpt.rewrite.planner import Plan
+
+
+def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    rules = []
+    for item in args.map or []:
+        if "=" not in item:
+            raise CheckpointError(f"--map takes OLD=NEW, not {item!r}")
+        old, new = item.split("=", 1)
+        rules.append((old, new))
+    exact: dict[str, str] = {}
+    if args.map_file:
+        try:
+            with open(args.map_file, encoding="utf-8") as f:
+                exact = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read the rename map: {e}", path=args.map_file) from None
+        except RecursionError:  # a million '[': the nesting is deeper than Python's stack
+            raise CheckpointError(
+                "cannot read the rename map: nested too deeply", path=args.map_file
+            ) from None
+        if not isinstance(exact, dict):
+            raise CheckpointError(
+                "--map-file: the rename map must be a JSON object of names (old: new), "
+                f"not {_json_type(exact)}",
+                path=args.map_file,
+            )
+        for old, new in exact.items():
+            if not isinstance(new, str):
+                raise CheckpointError(
+                    f"--map-file: the new name of {old!r} must be a string, not {_json_type(new)}",
+                    path=args.map_file,
+                )
+        for new in exact.values():
+            try:
+                encode_name(new)
+            except UnicodeEncodeError:  # only \udc80-\udcff stand for bytes (see --json)
+                raise CheckpointError(
+                    f"{new!r} in the rename map is not a tensor name: it holds a lone surrogate",
+                    path=args.map_file,
+                ) from None
+    return rules, exact
+
+
+def _json_type(value) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
+    kinds.update({int: "a number", float: "a number", type(None): "null"})
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _dtype_rules(args) -> list[tuple[str, str]]:
+    rules = []
+    for item in args.dtype_rule or []:
+        pattern, eq, dtype = item.rpartition("=")  # a dtype name has no '='; a regex may
+        if not eq or not pattern:
+            raise CheckpointError(f"--dtype-rule takes REGEX=DTYPE, not {item!r}")
+        rules.append((pattern, dtype))
+    return rules
+
+
+def _options(args, **extra) -> Options:
+    """The engine's options from the flags every rewriting command shares, plus ``extra``."""
+    rules, exact = _rename_rules(args)
+    return Options(
+        include=args.include,
+        exclude=args.exclude,
+        drop_objects=args.drop_object or (),
+        rename=rules,
+        rename_exact=exact,
+        cast=args.dtype,
+        cast_from=args.cast_from.split(",") if args.cast_from else None,
+        keep_dtype=args.keep_dtype or (),
+        dtype_rules=_dtype_rules(args),
+        prefer=args.prefer,
+        max_shard_bytes=args.max_shard_bytes,
+        overwrite=args.overwrite,
+        overflow=args.overflow,
+        chunk_bytes=args.chunk_bytes,
+        durable=args.durable,
+        **extra,
+    )
+
+
+def _print_plan(p: Plan) -> None:
+    counts = p.dtype_rule_counts()
+    rows = [["SOURCE", "NAME", "NEW NAME", "DTYPE", "SHAPE", "BYTES IN", "BYTES OUT"]]
+    if counts is not None:
+        rows[0].append("DTYPE BY")
+    for t in p.tensors:
+        dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
+        rows.append(
+            [
+                p.sources[t.source].label,
+                t.name,
+                t.new_name if t.renamed else "=",
+                dtype,
+                shape_text(t.info.shape),
+                human_bytes(t.info.nbytes),
+                human_bytes(t.bytes_out),
+            ]
+            + ([] if counts is None else [t.dtype_by or "-"])
+        )
+    table(rows, right={5, 6})
+    for src, name, why in p.dropped:
+        emit(f"drop  {src}  {name}  ({why})")
+    emit()
+    for label, n in (counts or {}).items():
+        emit(f"dtype {label}: {n} tensors")
+    emit(
+        f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
+        f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
+        + (
+            ""
+            if p.object_graph is None
+            else ", object graph copied"
+            if p.object_graph_copied
+            else ", object graph rewritten"
+        )
+    )
+
+
+def _print_summary(sm: Summary) -> None:
+    emit(
+        f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
+        f"{sm.cast} cast; {human_bytes(sm.bytes_in)} in, {human_bytes(sm.bytes_out)} out, "
+        f"{sm.seconds:.2f} s",
+        err=True,
+    )
+    for label, attr in (
+        ("clipped or overflowed", "overflow"),
+        ("became zero", "to_zero"),
+        ("became subnormal", "subnormal"),
+    ):
+        hit = {n: getattr(c, attr) for n, c in sm.cast_counts.items() if getattr(c, attr)}
+        if hit:
+            total = sum(hit.values())
+            emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
+    for rule, n in (sm.dtype_rules or {}).items():
+        emit(f"  dtype {rule}: {n} tensors", err=True)
+    for warning in sm.warnings:
+        emit(f"tfckpt: warning: {warning}", err=True)
+
+
+def _progress(total: int):
+    """A progress bar on stderr when it is a terminal."""
+    if not sys.stderr.isatty() or total == 0:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False
+    )
+    return bar.update, bar.close
+
+
+def _executor(spec: str | None):
+    """The executor an --executor SPEC names, and how to shut it down."""
+    if spec is None:
+        return None, lambda: None
+    kind, _, arg = spec.partition(":")
+    if kind in ("threads", "processes"):
+        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+        try:
+            workers = int(arg) if arg else None
+        except ValueError:
+            raise CheckpointError(f"--executor {spec}: the worker count must be a number") from None
+        if workers is not None and workers < 1:
+            raise CheckpointError(f"--executor {spec}: the worker count must be at least 1")
+        pool = (ThreadPoolExecutor if kind == "threads" else ProcessPoolExecutor)(workers)
+        return pool, pool.shutdown
+    if kind == "dask":
+        try:
+            from dask.distributed import Client
+        except ImportError:
+            raise CheckpointError(
+                "--executor dask:// needs Dask: pip install 'tfckpt[dask]'"
+            ) from None
+        try:
+            client = Client(
+                spec[len("dask://") :] if spec.startswith("dask://") else arg, timeout=30
+            )
+        except OSError as e:
+            raise CheckpointError(f"cannot reach the Dask scheduler {spec}: {e}") from None
+        return client, client.close
+    raise CheckpointError(
+        f"unknown --executor {spec!r}: use threads:N, processes:N or dask://HOST:PORT"
+    )
+
+
+def _run_plan(args, p: Plan) -> int:
+    """Print a dry run's plan, or execute it and print the summary."""
+    if args.dry_run:
+        if args.json:
+            print_json(p.to_dict())
+        else:
+            _print_plan(p)
+        return 0
+    from tfckpt.rewrite.engine import execute
+
+    update, close = _progress(p.bytes_in)
+    executor, shutdown = _executor(args.executor)
+    try:
+        summary = execute(p, progress=update, executor=executor)
+    finally:
+        close()
+        shutdown()
+    if args.json:
+        print_json(summary.to_dict())
+    _print_summary(summary)
+    return 0
+
+
+def cmd_transform(args) -> int:
+    """``tfckpt convert / rename / select / merge``: one plan from the transform options."""
+    from tfckpt.rewrite.planner import (
+        plan,  # the transforms' modules load when one runs, not for dump
+    )
+
+    sources = args.sources if args.command == "merge" else [args.src]
+    dst = args.output if args.command == "merge" else args.dst
+    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    return _run_plan(args, plan(sources, dst, options))
+
+
+def cmd_graft(args) -> int:
+    """``tfckpt graft``: fill a TF2 template with the sources' values found by name."""
+    from tfckpt.rewrite.graft import plan_graft
+
+    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    p = plan_graft(
+        args.template, args.sources, args.output, options, allow_missing=args.allow_missing
+    )
+    return _run_plan(args, p)
+
+
+def cmd_flatten(args) -> int:
+    """``tfckpt flatten``: a TF2 checkpoint as a name-based (TF1) one."""
+    from tfckpt.rewrite.graft import plan_flatten
+
+    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    return _run_plan(args, plan_flatten(args.src, args.dst, options))
+
+
+def cmd_average(args) -> int:
+    """``tfckpt average``: the (weighted) element-wise mean of several checkpoints."""
+    from tfckpt.rewrite.average import check_weights, plan_average, write_average
+
+    if args.last is not None and len(args.sources) != 1:
+        raise CheckpointError("--last N takes one directory, DIR")
+    options = Options(
+        drop_objects=args.drop_object or (),
+        cast=args.dtype,
+        cast_from=args.cast_from.split(",") if args.cast_from else None,
+        keep_dtype=args.keep_dtype or (),
+        dtype_rules=_dtype_rules(args),
+        max_shard_bytes=args.max_shard_bytes,
+        overwrite=args.overwrite,
+        overflow=args.overflow,
+        chunk_bytes=args.chunk_bytes,
+        durable=args.durable,
+    )
+    p = plan_average(
+        args.sources[0] if args.last is not None else args.sources,
+        args.output,
+        options,
+        weights=check_weights(args.weights, "--weights") if args.weights else None,
+        use_ema=args.use_ema,
+        last=args.last,
+    )
+    try:
+        return _run_average(args, p, write_average)
+    finally:
+        p.close()
+
+
+def _run_average(args, p, write_average) -> int:
+    if args.dry_run:
+        if args.json:
+            print_json(p.to_dict())
+            return 0
+        counts = p.dtype_rule_counts()
+        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "VALUE", "BYTES OUT"]]
+        if counts is not None:
+            rows[0].append("DTYPE BY")
+        for t in p.tensors:
+            dtype = (
+                t.info.dtype if t.info.dtype == t.new_dtype else f"{t.info.dtype}->{t.new_dtype}"
+            )
+            how = f"mean of {len(p.sources)}" if t.averaged else "newest"
+            new = "=" if t.new_name == t.name else t.new_name
+            rows.append(
+                [t.name, new, dtype, shape_text(t.info.shape), how, human_bytes(t.bytes_out)]
+                + ([] if counts is None else [t.dtype_by or "-"])
+            )
+        table(rows, right={5})
+        for name, why in p.dropped:
+            emit(f"drop  {name}  ({why})")
+        emit()
+        for label, n in (counts or {}).items():
+            emit(f"dtype {label}: {n} tensors")
+        weights = " ".join(f"{w:g}" for w in p.weights)
+        emit(
+            f"{len(p.tensors)} tensors to {p.dst} from {len(p.sources)} sources (weights "
+            f"{weights}; newest {p.sources[-1].label}), {human_bytes(p.bytes_in)} in, "
+            f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
+        )
+        return 0
+    update, close = _progress(p.bytes_in)
+    try:
+        summary = write_average(p, progress=update)
+    finally:
+        close()
+    if args.json:
+        print_json(summary.to_dict())
+    _print_summary(summary)
+    return 0
+
+
+def cmd_export(args) -> int:
+    """``tfckpt export`` (to safetensors / npz) and ``tfckpt import`` (back)."""
+    from tfckpt.interop.export import export
+    from tfckpt.interop.importing import import_
+    from tfckpt.rewrite.permute import parse_permutes
+
+    if args.executor or args.backend != "numpy":
+        # One process streams the files; tf.cast's bits are numpy's anyway.
+        raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
+    options = _options(args)
+    permute = parse_permutes(args.permute or [])
+    if args.command == "export":
+        kwargs = dict(
+            format=args.format,
+            permute=permute,
+            keep_keys=args.keep_keys,
+            with_optimizer=args.with_optimizer,
+            with_bookkeeping=args.with_bookkeeping,
+            skip_unsupported=args.skip_unsupported,
+        )
+        run = functools.partial(export, args.src, args.out, options, **kwargs)
+    else:
+        run = functools.partial(import_, args.src, args.out, options, permute=permute)
+    if args.dry_run:
+        sm = run(dry_run=True)
+    else:
+        # The bar's total is what a dry run says will be written: asked only for a terminal.
+        total = run(dry_run=True).bytes_out if sys.stderr.isatty() else 0
+        update, close = _progress(total)
+        try:
+            sm = run(progress=update)
+        finally:
+            close()
+    if args.json:
+        print_json(sm.to_dict())
+    if not (args.json and args.dry_run):
+        _print_export(sm, args.dry_run)
+    return 0
+
+
+def _print_export(sm, dry_run: bool) -> None:
+    if dry_run:
+        ruled = any("dtype_by" in t for t in sm.tensors)
+        rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "FILE"] + (["DTYPE BY"] if ruled else [])]
+        for t in sm.tensors:
+            dtype = (
+                t["dtype"] if t["dtype"] == t["new_dtype"] else f"{t['dtype']}->{t['new_dtype']}"
+            )
+            shape = shape_text(t["shape"]) + (f" permuted {t['permute']}" if t["permute"] else "")
+            rows.append(
+                [t["name"], t["new_name"], dtype, shape, t["file"]]
+                + ([t.get("dtype_by") or "-"] if ruled else [])
+            )
+        table(rows, right=set())
+    verb = "would write" if dry_run else "wrote"
+    emit(
+        f"{verb} {sm.out}: {len(sm.tensors)} tensors in {len(sm.files)} file(s), "
+        f"{sm.dropped} dropped, {human_bytes(sm.bytes_out)}"
+        + ("" if dry_run else f", {sm.seconds:.2f} s"),
+        err=True,
+    )
+    for name, reason in sm.skipped:
+        emit(f"tfckpt: note: left out {name}: {reason}", err=True)

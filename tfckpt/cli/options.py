@@ -1,0 +1,223 @@
+"""Options that several commands share, each defined once: the value types (sizes), and
+helpers that add one option or a titled group of them to a command's parser.
+
+A command that words an option differently (``average`` averages rather than casts)
+passes its own help text; name, type, default and destination stay the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from tfckpt.rewrite.cast import CAST_TARGETS, OVERFLOW_POLICIES
+from tfckpt.rewrite.options import BACKENDS, DEFAULTS, PREFER
+
+# What options are added to: a parser or one of its argument groups (argparse names their
+# common base only privately).
+Container = argparse._ActionsContainer
+
+
+def parse_size(text: str, *, minimum: int = 1) -> int:
+    """A byte count as the command line takes it (``64M``, ``1.5GiB``, ``4096``).
+
+    >>> parse_size("64M")
+    67108864
+    """
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m or int(float(m[1]) * units[m[2]]) < minimum:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
+    return int(float(m[1]) * units[m[2]])
+
+
+def _parse_size_or_zero(text: str) -> int:
+    return parse_size(text, minimum=0)
+
+
+def add_storage_option(p: Container) -> None:
+    """``--storage-option KEY=VALUE`` (parsed by :mod:`tfckpt.cli` when the command runs)."""
+    p.add_argument(
+        "--storage-option",
+        dest="storage_options",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="an fsspec option for every URL (repeatable): true/false, numbers and JSON "
+        "are typed, a dotted KEY sets a nested one, e.g. anon=true, "
+        "endpoint_url=http://127.0.0.1:9000, client_kwargs.region_name=eu-west-1",
+    )
+
+
+def add_json(p: Container, help: str = "machine-readable output") -> None:
+    """``--json``."""
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def add_filter(p: Container) -> None:
+    """``--filter REGEX``: the tensors an inspecting command looks at."""
+    p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")
+
+
+def add_dtype_options(
+    g: Container, *, dtype_help: str = "cast floating-point tensors to this dtype"
+) -> None:
+    """``--dtype``, ``--from``, ``--keep-dtype`` and ``--dtype-rule``: which tensors are
+    written in which floating-point dtype."""
+    g.add_argument("--dtype", choices=CAST_TARGETS, help=dtype_help)
+    g.add_argument(
+        "--from",
+        dest="cast_from",
+        metavar="DTYPES",
+        help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
+    )
+    g.add_argument(
+        "--keep-dtype",
+        metavar="REGEX",
+        action="append",
+        help="tensors whose source name (TF2: key or model path) matches keep their dtype "
+        "(repeatable; before --dtype-rule and --dtype)",
+    )
+    g.add_argument(
+        "--dtype-rule",
+        metavar="REGEX=DTYPE",
+        action="append",
+        help="cast floating-point tensors whose source name (TF2: key or model path) matches "
+        "to DTYPE (repeatable; the first matching rule wins, before --dtype)",
+    )
+
+
+def add_overflow(
+    g: Container,
+    help: str = "values beyond the target's range: fail (default), clip to the "
+    "largest finite value, or keep IEEE inf",
+) -> None:
+    """``--overflow``: what a cast does with values beyond the target's range."""
+    g.add_argument("--overflow", choices=OVERFLOW_POLICIES, default=DEFAULTS.overflow, help=help)
+
+
+def add_cast_group(p: argparse.ArgumentParser) -> None:
+    """The transforms' "cast" group: the dtype options, who rounds, and overflow."""
+    g = p.add_argument_group("cast")
+    add_dtype_options(g)
+    g.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=DEFAULTS.backend,
+        help="who rounds: numpy (default), tf (tf.cast on the best device for "
+        "tensors of at least --tf-threshold), auto (tf only with a GPU)",
+    )
+    g.add_argument(
+        "--tf-threshold",
+        type=_parse_size_or_zero,
+        default=DEFAULTS.tf_threshold,
+        metavar="SIZE",
+        help="smallest tensor cast by the tf backend (default 64M)",
+    )
+    add_overflow(g)
+
+
+def add_drop_object(
+    g: Container,
+    help: str = "TF2: cut this object from the object graph, with everything only it "
+    "reaches (a bare name anywhere, or a path a/b/c from the root)",
+) -> None:
+    """``--drop-object``: TF2 objects cut from the object graph."""
+    g.add_argument("--drop-object", metavar="NAME_OR_PATH", action="append", help=help)
+
+
+def add_select_group(p: argparse.ArgumentParser) -> None:
+    """The transforms' "select" group: ``--include``, ``--exclude``, ``--drop-object``."""
+    g = p.add_argument_group("select")
+    g.add_argument(
+        "--include",
+        metavar="REGEX",
+        action="append",
+        help="keep only tensors whose name (TF2: key or model path) matches (repeatable)",
+    )
+    g.add_argument(
+        "--exclude",
+        metavar="REGEX",
+        action="append",
+        help="drop tensors whose name matches (repeatable, after --include)",
+    )
+    add_drop_object(g)
+
+
+def add_rename_group(p: argparse.ArgumentParser) -> None:
+    """The transforms' "rename" group: ``--map`` rules and an exact ``--map-file``."""
+    g = p.add_argument_group("rename")
+    g.add_argument(
+        "--map",
+        metavar="OLD=NEW",
+        action="append",
+        help="rename: regex OLD matched at the start of names, replaced by NEW "
+        "(back-references allowed); first matching rule wins",
+    )
+    g.add_argument("--map-file", metavar="F.json", help="exact renames as a JSON object")
+
+
+def add_write_options(
+    g: Container,
+    *,
+    shard_help: str = "re-shard the output (default: keep the sources' shards)",
+    fsync_help: str = "skip the fsyncs before the commit: faster; a killed run still leaves "
+    "no partial checkpoint, but a power cut may",
+) -> None:
+    """``--max-shard-bytes``, ``--overwrite`` and ``--no-fsync``: how the output is written."""
+    g.add_argument("--max-shard-bytes", type=parse_size, metavar="SIZE", help=shard_help)
+    g.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    g.add_argument("--no-fsync", dest="durable", action="store_false", help=fsync_help)
+
+
+def add_plan_output(g: Container) -> None:
+    """``--dry-run`` and ``--json``: the plan instead of a run, and either as JSON."""
+    g.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    add_json(g, "print the plan or summary as JSON")
+
+
+def add_chunk_bytes(
+    g: Container, help: str = "memory budget for tensor data in flight (default 64M)"
+) -> None:
+    """``--chunk-bytes``: the memory budget for tensor data in flight."""
+    g.add_argument(
+        "--chunk-bytes", type=parse_size, default=DEFAULTS.chunk_bytes, metavar="SIZE", help=help
+    )
+
+
+def add_output_group(p: argparse.ArgumentParser) -> None:
+    """The transforms' "output" group: conflicts, shards, durability, dry runs, executors."""
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "--prefer",
+        choices=PREFER[1:],
+        help="which source wins a name present in several (default: error)",
+    )
+    add_write_options(g)
+    add_plan_output(g)
+    g.add_argument(
+        "--executor",
+        metavar="SPEC",
+        help="run the per-shard tasks on: threads:N, processes:N, or a Dask "
+        "scheduler dask://HOST:PORT (default: here, one after another)",
+    )
+    add_chunk_bytes(g)
+
+
+def add_transform_options(p: argparse.ArgumentParser) -> None:
+    """Every transform option, in the groups cast, select, rename and output."""
+    add_cast_group(p)
+    add_select_group(p)
+    add_rename_group(p)
+    add_output_group(p)
+
+
+def add_permute(p: Container) -> None:
+    """``--permute REGEX=AXES`` (export and import)."""
+    p.add_argument(
+        "--permute",
+        metavar="REGEX=AXES",
+        action="append",
+        help="reorder the axes of tensors whose (new) name matches, e.g. 'kernel$=1,0' "
+        "([in,out] -> [out,in]) or 'conv.*/kernel$=3,2,0,1' (HWIO -> OIHW); first match wins",
+    )

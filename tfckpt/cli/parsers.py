@@ -1,0 +1,403 @@
+"""One parser builder per command: its arguments, help, description and examples.
+
+The options several commands share come from :mod:`tfckpt.cli.options`; each builder
+names the function that runs its command (``func``, see :mod:`tfckpt.cli.commands`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tfckpt.cli import options as opt
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+EXAMPLES = {
+    "dump": """examples:
+  tfckpt dump train/model.ckpt-7
+  tfckpt dump train/ --filter '^optimizer/' --json
+  tfckpt dump train/ --tensor global_step --tensor '^logits/' --full
+  tfckpt dump saved_model_dir --object-graph
+  tfckpt dump train/ --all""",
+    "diff": """examples:
+  tfckpt diff fp32/model.ckpt fp16/model.ckpt        # how much error did float16 add?
+  tfckpt diff old/ new/ --names-only                 # which variables does new/ lack?
+  tfckpt diff a b --atol 1e-3 --json
+
+exit status: 0 same, 1 different, 2 error""",
+    "stats": """examples:
+  tfckpt stats train/model.ckpt-7                    # is it safe to cast to float16?
+  tfckpt stats train/ --filter 'kernel' --json""",
+    "verify": """examples:
+  tfckpt verify train/model.ckpt-7
+  tfckpt verify fp16/model.ckpt --tf --reference train/model.ckpt-7
+
+exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
+    "convert": """examples:
+  tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
+  tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
+  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run
+  tfckpt convert bert/ fp16/ --dtype float16 --keep-dtype 'LayerNorm|layer_norm|embeddings' \\
+      --dtype-rule 'pooler/=bfloat16'""",
+    "rename": """examples:
+  tfckpt rename pre/model new/model --map 'simple-conv1/=complex-conv1/'
+  tfckpt rename pre/ new/ --map '(.*)/weights$=\\1/kernel' --map-file exact.json""",
+    "select": """examples:
+  tfckpt select pre/model new/model --include '^simple-conv1/(weights|biases)$'
+  tfckpt select trained/ shipped/ --drop-object optimizer
+  tfckpt select trained/ small/ --exclude 'BatchNorm'""",
+    "merge": """examples:
+  tfckpt merge a/model.ckpt b/model.ckpt -o c/model.ckpt
+  tfckpt merge a/ b/ -o c/ --prefer last""",
+    "graft": """examples:
+  tfckpt graft tf2/template tf1/model.ckpt -o tf2/model \\
+      --map 'simple-conv1/weights=model/layer_with_weights-0/kernel' \\
+      --map 'simple-conv1/biases=model/layer_with_weights-0/bias'
+  tfckpt graft template/ tf1/ -o out/ --map '(.*)/weights$=\\1/kernel' --dry-run
+  tfckpt graft template/ tf1/ -o out/ --drop-object optimizer --allow-missing""",
+    "flatten": """examples:
+  tfckpt flatten tf2/ckpt-3 tf1/model.ckpt
+  tfckpt flatten tf2/ tf1/model.ckpt --drop-object optimizer --map 'model/=' --dry-run""",
+    "average": """examples:
+  tfckpt average train/model.ckpt-800 train/model.ckpt-900 train/model.ckpt-1000 -o avg/
+  tfckpt average --last 5 train/ -o avg/model --use-ema --drop-object optimizer
+  tfckpt average a/ckpt-3 b/ckpt-3 -o avg/ --weights 1 3 --dtype bfloat16
+
+the last checkpoint given (with --last: the state file's latest) is the newest""",
+    "export": """examples:
+  tfckpt export train/ckpt-7 model.safetensors
+  tfckpt export train/ model.npz --dtype float16 --overflow clip
+  tfckpt export bert/bert_model.ckpt hf/model.safetensors --map-file bert2hf.json \\
+      --permute 'dense/kernel$=1,0' --max-shard-bytes 2G""",
+    "import": """examples:
+  tfckpt import model.safetensors ckpt/model
+  tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
+}
+
+
+def _command(sub: Subparsers, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser, with its examples and the option every command takes."""
+    p = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=EXAMPLES[name],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    opt.add_storage_option(p)
+    return p
+
+
+def add_dump(sub: Subparsers) -> None:
+    """``tfckpt dump PATH``."""
+    p = _command(
+        sub,
+        "dump",
+        "list the tensors of a checkpoint",
+        "Show what a checkpoint holds; reads only the index unless values are asked for.",
+    )
+    p.add_argument("path", help="checkpoint prefix, .index file, directory or SavedModel")
+    opt.add_json(p)
+    opt.add_filter(p)
+    p.add_argument(
+        "--tensor",
+        metavar="NAME_OR_REGEX",
+        action="append",
+        help="print the values of these tensors (repeatable); NAME[INDEX] prints a part, "
+        "reading only its bytes, e.g. 'emb[0:5]' or 'kernel[..., -1]'",
+    )
+    p.add_argument("--full", action="store_true", help="with --tensor, print every element")
+    p.add_argument(
+        "--object-graph",
+        action="store_true",
+        help="TF2: show the object graph that tf.train.Checkpoint.restore matches",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="list every checkpoint in the directory PATH: the state file's in its "
+        "order, then the others; step, tensors, size",
+    )
+    p.set_defaults(func="inspect.cmd_dump")
+
+
+def add_diff(sub: Subparsers) -> None:
+    """``tfckpt diff A B``."""
+    p = _command(
+        sub,
+        "diff",
+        "compare two checkpoints",
+        "Names only in A or B, dtype and shape changes, and value differences of common "
+        "tensors (compared in the wider dtype).",
+    )
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0)")
+    p.add_argument("--names-only", action="store_true", help="compare names, dtypes, shapes")
+    opt.add_filter(p)
+    opt.add_json(p)
+    p.set_defaults(func="inspect.cmd_diff")
+
+
+def add_stats(sub: Subparsers) -> None:
+    """``tfckpt stats PATH``."""
+    p = _command(
+        sub,
+        "stats",
+        "value statistics, and what a float16/bfloat16 cast would do",
+        "Per tensor: min, max, mean, std, NaN and inf counts, fraction of zeros; for "
+        "floating-point tensors, how many values would overflow, become zero or become "
+        "subnormal in float16 and bfloat16. Streams in bounded memory.",
+    )
+    p.add_argument("path")
+    opt.add_filter(p)
+    opt.add_json(p)
+    p.set_defaults(func="inspect.cmd_stats")
+
+
+def add_verify(sub: Subparsers) -> None:
+    """``tfckpt verify PATH``."""
+    p = _command(
+        sub,
+        "verify",
+        "check a checkpoint's integrity",
+        "Every block checksum, tensor CRC32C, shard extent, shard file, slice cover, "
+        "string framing and object-graph key.",
+    )
+    p.add_argument("path")
+    p.add_argument(
+        "--tf",
+        action="store_true",
+        help="also read every tensor with TensorFlow and compare bit-for-bit",
+    )
+    p.add_argument(
+        "--reference",
+        metavar="SRC",
+        help="with --tf: the checkpoint this one was converted from; cast tensors "
+        "must equal TensorFlow's tf.cast of it",
+    )
+    opt.add_json(p)
+    p.set_defaults(func="inspect.cmd_verify")
+
+
+def add_convert(sub: Subparsers) -> None:
+    """``tfckpt convert SRC DST``."""
+    p = _command(
+        sub,
+        "convert",
+        "cast floating-point tensors to another dtype",
+        "Write a copy of SRC with floating-point tensors cast, e.g. float32 -> float16. "
+        "Without --dtype, a plain copy: the way to turn a V1 checkpoint into a V2 one. "
+        "Accepts every transform option.",
+    )
+    p.add_argument("src")
+    p.add_argument("dst", help="output prefix, or a directory (the source's name is kept)")
+    opt.add_transform_options(p)
+    p.set_defaults(func="transform.cmd_transform")
+
+
+def add_rename(sub: Subparsers) -> None:
+    """``tfckpt rename SRC DST``."""
+    p = _command(
+        sub,
+        "rename",
+        "rename tensors by regex rules or an exact map",
+        "Write a copy of SRC with tensors renamed; TF2 object graphs are re-keyed so "
+        "restore still finds every value.",
+    )
+    p.add_argument("src")
+    p.add_argument("dst")
+    opt.add_transform_options(p)
+    p.set_defaults(func="transform.cmd_transform")
+
+
+def add_select(sub: Subparsers) -> None:
+    """``tfckpt select SRC DST``."""
+    p = _command(
+        sub,
+        "select",
+        "keep only some tensors or TF2 objects",
+        "Write a copy of SRC with only the selected tensors.",
+    )
+    p.add_argument("src")
+    p.add_argument("dst")
+    opt.add_transform_options(p)
+    p.set_defaults(func="transform.cmd_transform")
+
+
+def add_merge(sub: Subparsers) -> None:
+    """``tfckpt merge SRC... -o DST``."""
+    p = _command(
+        sub,
+        "merge",
+        "combine several checkpoints into one",
+        "Write one checkpoint holding the tensors of all SOURCES; TF2 object graphs are "
+        "joined at the root.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SRC")
+    p.add_argument("-o", "--output", required=True, metavar="DST")
+    opt.add_transform_options(p)
+    p.set_defaults(func="transform.cmd_transform")
+
+
+def add_graft(sub: Subparsers) -> None:
+    """``tfckpt graft TEMPLATE SRC... -o DST``."""
+    p = _command(
+        sub,
+        "graft",
+        "fill a TF2 template with values found by name (TF1 -> TF2)",
+        "Write a checkpoint with TEMPLATE's object graph, keys, dtypes and shapes (TEMPLATE: "
+        "a TF2 checkpoint of the target model, e.g. freshly initialised); each value comes "
+        "from the SRC tensor whose name, after --map, equals the template tensor's key or "
+        "path (the key without /.ATTRIBUTES/VARIABLE_VALUE; a slot variable also as "
+        "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
+        "the template's dtype. A template tensor without a source is an error, except "
+        "save_counter (taken from the first source that has one). TF2 sources are matched "
+        "by their keys.",
+    )
+    p.add_argument("template")
+    p.add_argument("sources", nargs="+", metavar="SRC")
+    p.add_argument("-o", "--output", required=True, metavar="DST")
+    opt.add_transform_options(p)
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="keep the template's value where no source has the tensor",
+    )
+    p.set_defaults(func="transform.cmd_graft")
+
+
+def add_flatten(sub: Subparsers) -> None:
+    """``tfckpt flatten SRC DST``."""
+    p = _command(
+        sub,
+        "flatten",
+        "write a TF2 checkpoint as a name-based one (TF2 -> TF1)",
+        "Write SRC without its object graph, each tensor named by its path (the key "
+        "without /.ATTRIBUTES/VARIABLE_VALUE; other attributes PATH/ATTRIBUTE), slot "
+        "variables VARIABLE_PATH/SLOT_NAME, as a TF1 Saver names them. --map applies to "
+        "these names. Accepts every transform option.",
+    )
+    p.add_argument("src")
+    p.add_argument("dst")
+    opt.add_transform_options(p)
+    p.set_defaults(func="transform.cmd_flatten")
+
+
+def add_average(sub: Subparsers) -> None:
+    """``tfckpt average SRC... -o DST``: the transform options that apply to a mean,
+    worded for it, without renames, selection by name or executors."""
+    p = _command(
+        sub,
+        "average",
+        "the element-wise mean of several checkpoints",
+        "Write the (weighted) mean of every floating-point tensor of the SRCs, summed in "
+        "float64 chunk by chunk and rounded to each tensor's dtype (or --dtype); integer, "
+        "bool and string tensors (and a TF2 object graph) come from the newest source, the "
+        "last given. Names, dtypes and shapes must agree.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SRC", help="oldest first (with --last: DIR)")
+    p.add_argument("-o", "--output", required=True, metavar="DST")
+    p.add_argument(
+        "--last",
+        type=int,
+        metavar="N",
+        help="average the N newest checkpoints that the state file of the directory DIR lists",
+    )
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        metavar="W",
+        help="one weight per source, in their order (default: equal)",
+    )
+    p.add_argument(
+        "--use-ema",
+        action="store_true",
+        help="write each exponential moving average in place of its variable and drop the "
+        "averages (TF1: v/ExponentialMovingAverage; TF2: a Keras optimizer's use_ema)",
+    )
+    opt.add_dtype_options(p, dtype_help="write floating-point tensors in this dtype")
+    opt.add_overflow(
+        p, "means beyond the output dtype's range: fail (default), clip, or keep IEEE inf"
+    )
+    opt.add_drop_object(p, "TF2: cut this object from the object graph (as in select)")
+    opt.add_write_options(
+        p,
+        shard_help="re-shard the output (default: the newest source's shards)",
+        fsync_help="skip the fsyncs before the commit",
+    )
+    opt.add_chunk_bytes(
+        p, "memory budget for tensor data in flight, all sources together (default 64M)"
+    )
+    opt.add_plan_output(p)
+    p.set_defaults(func="transform.cmd_average")
+
+
+def add_export(sub: Subparsers) -> None:
+    """``tfckpt export SRC OUT``."""
+    p = _command(
+        sub,
+        "export",
+        "write the tensors to safetensors or npz",
+        "Stream the tensors of SRC into OUT.safetensors (sharded with --max-shard-bytes, "
+        "as Hugging Face does) or OUT.npz, in bounded memory. TF2 keys become readable "
+        "and the optimizer's state is left out unless asked for. Accepts every "
+        "transform option; --map and --map-file apply to the readable names.",
+    )
+    p.add_argument("src")
+    p.add_argument("out", help="OUT.safetensors or OUT.npz")
+    opt.add_transform_options(p)
+    opt.add_permute(p)
+    g = p.add_argument_group("export")
+    g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
+    g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")
+    g.add_argument("--with-optimizer", action="store_true", help="TF2: keep the optimizer's state")
+    g.add_argument(
+        "--with-bookkeeping",
+        action="store_true",
+        help="keep save_counter / global_step (left out by default: not weights)",
+    )
+    g.add_argument(
+        "--skip-unsupported",
+        action="store_true",
+        help="leave out tensors the format cannot hold (with a note) instead of failing",
+    )
+    p.set_defaults(func="transform.cmd_export")
+
+
+def add_import(sub: Subparsers) -> None:
+    """``tfckpt import IN OUT_PREFIX``."""
+    p = _command(
+        sub,
+        "import",
+        "read safetensors or npz into a checkpoint",
+        "Stream the tensors of IN (a .safetensors file, the .index.json of sharded "
+        "ones, or an .npz) into a V2 checkpoint at OUT_PREFIX.",
+    )
+    p.add_argument("src", metavar="IN")
+    p.add_argument("out", metavar="OUT_PREFIX")
+    opt.add_transform_options(p)
+    opt.add_permute(p)
+    p.set_defaults(func="transform.cmd_export")
+
+
+# In the order `tfckpt --help` lists them.
+COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
+    add_dump,
+    add_diff,
+    add_stats,
+    add_verify,
+    add_convert,
+    add_rename,
+    add_select,
+    add_merge,
+    add_graft,
+    add_flatten,
+    add_average,
+    add_export,
+    add_import,
+)
