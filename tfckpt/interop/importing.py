@@ -27,7 +27,7 @@ from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.interop.export import ExportSummary
 from tfckpt.io import paths
-from tfckpt.io.commit import commit_shards, data_files, discard, free_shard_count
+from tfckpt.io.commit import commit_shards, discard, new_shard_paths
 from tfckpt.io.storage import (
     ReaderFile,
     StorageOptions,
@@ -35,7 +35,7 @@ from tfckpt.io.storage import (
     storage_for,
     takes_storage_options,
 )
-from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
+from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.engine import BundleSink, ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
@@ -219,13 +219,7 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
     """Stream ``chosen`` into one shard and commit it; on any failure (an interrupt
     too) the shard and the directories this run made are removed. The overflows."""
     remove_stale_temporaries(prefix)
-    if store.atomic_rename:
-        shard_paths = [f"{temporary_base(prefix)}.data-0"]
-    else:
-        # Objects are written under their final names, with a shard count no committed
-        # index uses (the extra shards stay empty), as the engine does.
-        count = free_shard_count(data_files(prefix), 1)
-        shard_paths = [paths.data_filename(prefix, k, count) for k in range(count)]
+    shard_paths = new_shard_paths(prefix, 1)
     try:
         made = store.makedirs(store.dirname(prefix))  # innermost first
     except OSError as e:

@@ -144,6 +144,20 @@ def remove_replaced_data(old: Sequence[str], keep: Sequence[str]) -> None:
             pass
 
 
+def new_shard_paths(prefix: str, count: int) -> list[str]:
+    """Where a run writes the ``count`` data shards of ``prefix`` before its commit.
+
+    Where commits rename, temporaries beside the prefix; elsewhere (object stores) the
+    final names, under a shard count no committed index uses (see
+    :func:`free_shard_count`): the shards past ``count`` are to stay empty.
+    """
+    if storage_for(prefix).atomic_rename:
+        base = temporary_base(prefix)
+        return [f"{base}.data-{k}" for k in range(count)]
+    total = free_shard_count(data_files(prefix), count)
+    return [paths.data_filename(prefix, k, total) for k in range(total)]
+
+
 def discard(files: Sequence[str]) -> None:
     """Remove files a failed run wrote (best effort: some may be gone already)."""
     for path in files:

@@ -33,9 +33,8 @@ from tfckpt.format.table import encode_varint
 from tfckpt.io import paths
 from tfckpt.io.commit import (
     commit_shards,
-    data_files,
-    free_shard_count,
     merge_entries,
+    new_shard_paths,
     write_state_file,
 )
 from tfckpt.io.storage import (
@@ -45,7 +44,7 @@ from tfckpt.io.storage import (
     storage_for,
     takes_storage_options,
 )
-from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
+from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
 from tfckpt.rewrite.options import BACKENDS, EXECUTION, Options, RenameRules
@@ -339,16 +338,8 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     order = sorted(shards)
     graph_shard = None if graph_shard is None else order.index(graph_shard)
     items_of = [shards[k] for k in order]
-    store = storage_for(p.dst)
-    if store.atomic_rename:
-        base = temporary_base(p.dst)
-        out_paths = [f"{base}.data-{k}" for k in range(len(items_of))]
-    else:
-        # Written under their final names, which no committed index may use: a shard
-        # count unlike any already there (extra shards stay empty).
-        count = free_shard_count(data_files(p.dst), len(items_of))
-        items_of += [[] for _ in range(count - len(items_of))]
-        out_paths = [paths.data_filename(p.dst, k, count) for k in range(count)]
+    out_paths = new_shard_paths(p.dst, len(items_of))
+    items_of += [[] for _ in range(len(out_paths) - len(items_of))]  # extra shards: empty
     return [
         ShardTask(
             k,
