@@ -3,6 +3,7 @@
 Commands run with a strict UTF-8 stdout and stderr: in this process (fast) with
 :func:`run` or :func:`in_process`, or as their own process with :func:`run_process`.
 :func:`assert_cli_error` checks a failure is the one line the CLI promises.
+``python -c AT_BARRIER ARGS...`` runs a command held at its commit until a second one is there.
 """
 
 from __future__ import annotations
@@ -122,3 +123,25 @@ def tf_keys(prefix: str) -> list[bytes]:
 
     listing = tf.train.load_checkpoint(prefix).debug_string()
     return [line.rsplit(b" (DT_", 1)[0] for line in listing.split(b"\n") if line]
+
+
+# ``python -c AT_BARRIER ARGS...`` runs the command line holding the process at its first rename
+# (or link) of a temporary file until a second process (``BARRIER``: a directory both share)
+# has got there too; then both go on at once.
+AT_BARRIER = """
+import os, sys, time
+barrier = os.environ["BARRIER"]
+waited = []
+def hold(fn):
+    def call(src, dst, *a, **k):
+        if not waited and ".tfckpt-tmp-" in os.fspath(src):
+            waited.append(1)
+            open(os.path.join(barrier, str(os.getpid())), "w").close()
+            while len(os.listdir(barrier)) < 2:
+                time.sleep(0.005)
+        return fn(src, dst, *a, **k)
+    return call
+os.link, os.replace = hold(os.link), hold(os.replace)
+from tfckpt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""

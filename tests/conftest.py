@@ -11,14 +11,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 
-# The shared helpers (tf_checkpoints.py, cli_helpers.py, ...) sit next to this file, the
-# tests in one folder per layer; some tests take fixtures from another folder's module
-# (the S3 server of io/test_remote.py, the fuzz harness of faults/test_fuzz.py). Make them
-# all importable under any --import-mode.
+# The shared helpers (tf_checkpoints.py, cli_helpers.py, s3_helpers.py, ...) sit next to this
+# file, the tests in one folder per layer; a test takes what it shares with others from a
+# helper, never from another test module. Make the helpers importable under any
+# --import-mode, their asserts rewritten as the tests' are (failures show the values).
 _TESTS = Path(__file__).resolve().parent
-for _dir in [_TESTS, *sorted(d for d in _TESTS.iterdir() if d.is_dir() and d.name[0] != "_")]:
-    if str(_dir) not in sys.path:
-        sys.path.insert(0, str(_dir))
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+pytest.register_assert_rewrite(*sorted(p.stem for p in _TESTS.glob("*.py") if p.stem != "conftest"))
 
 
 @pytest.fixture(scope="session")

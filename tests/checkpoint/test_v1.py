@@ -18,101 +18,18 @@ from cli_helpers import assert_cli_error, in_process
 
 tf = pytest.importorskip("tensorflow")
 
+from v1_checkpoints import (  # noqa: E402
+    SLIM_VARIABLES,
+    TWO_CPUS,
+    build_dtypes_graph,
+    build_sharded_graph,
+    build_slim_graph,
+    save_v1,
+)
+from v1_checkpoints import as_array as _array  # noqa: E402
+
 import tfckpt  # noqa: E402
 from tfckpt.format.table import BLOCK_SIZE  # noqa: E402
-
-V1 = tf.compat.v1.train.SaverDef.V1
-TWO_CPUS = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
-SLIM_VARIABLES = 320
-
-
-def _var(name, value, **kw):
-    return tf.compat.v1.get_variable(name, initializer=value, **kw)
-
-
-def _parted(name, shape, dtype, parts, axis=0, seed=0):
-    if dtype.is_floating:
-        init = tf.compat.v1.random_normal_initializer(seed=seed)
-    else:
-        init = tf.compat.v1.random_uniform_initializer(-1000, 1000, seed=seed)
-    return tf.compat.v1.get_variable(
-        name,
-        shape=shape,
-        dtype=dtype,
-        initializer=init,
-        partitioner=tf.compat.v1.fixed_size_partitioner(parts, axis=axis),
-    )
-
-
-def build_dtypes_graph():
-    """Every dtype a V1 file holds, scalars, and partitioned variables."""
-    rng = np.random.default_rng(11)
-    f16 = np.array([0.0, -0.0, 1.5, np.inf, -np.inf, 65504, 6e-8, np.nan], dtype=np.float16)
-    out = {
-        "f32": _var("f32", rng.standard_normal((3, 4)).astype(np.float32)),
-        "f64": _var("f64", rng.standard_normal(5)),
-        "f16": _var("f16", f16),
-        "c64": _var("c64", (rng.standard_normal((2, 2)) + 1j).astype(np.complex64)),
-        "c128": _var("c128", rng.standard_normal(3) * (1 - 2j)),
-        "i8": _var("i8", np.array([-128, 127, 0, -1], dtype=np.int8)),
-        "i16": _var("i16", np.array([-32768, 32767, 5], dtype=np.int16)),
-        "i32": _var("i32", np.array([-(2**31), 2**31 - 1], dtype=np.int32)),
-        "i64": _var("i64", np.array([-(2**63), 2**63 - 1, 7], dtype=np.int64)),
-        "u8": _var("u8", np.array([0, 255, 128], dtype=np.uint8)),
-        "flags": _var("flags", np.array([True, False, True])),
-        "text": _var("text", np.array([b"", b"\x00\xff\xfe", b"hello", "\u00e9".encode()])),
-        "scalar/step": _var("scalar/step", np.int64(1234)),
-        "scalar/lr": _var("scalar/lr", np.float32(0.125)),
-        "scalar/name": _var("scalar/name", np.array(b"")),
-        "part/emb": _parted("part/emb", [10, 4], tf.float32, 3, seed=1),
-        "part/wide": _parted("part/wide", [5, 7], tf.int64, 2, axis=1, seed=2),
-        "part/half": _parted("part/half", [9], tf.float16, 3, seed=3),
-    }
-    return out
-
-
-def build_sharded_graph():
-    """Variables on two CPU devices, one of them partitioned, for ``sharded=True``."""
-    rng = np.random.default_rng(12)
-    out = {}
-    with tf.device("/cpu:0"):
-        out["dev0/w"] = _var("dev0/w", rng.standard_normal((6, 3)).astype(np.float32))
-        out["dev0/words"] = _var("dev0/words", np.array([b"a", b"", b"\x80"]))
-    with tf.device("/cpu:1"):
-        out["dev1/b"] = _var("dev1/b", rng.standard_normal(4).astype(np.float16))
-        out["dev1/emb"] = _parted("dev1/emb", [8, 2], tf.float32, 2, seed=4)
-    return out
-
-
-def build_slim_graph():
-    """A TF-slim-like model: a few hundred variables, larger than several table blocks."""
-    rng = np.random.default_rng(13)
-    out = {}
-    for i in range(SLIM_VARIABLES // 2):
-        scope = f"vgg_16/conv{i // 10}/conv{i // 10}_{i % 10}"
-        out[f"{scope}/weights"] = _var(
-            f"{scope}/weights", rng.standard_normal((3, 3, 8, 16)).astype(np.float32)
-        )
-        out[f"{scope}/biases"] = _var(f"{scope}/biases", rng.standard_normal(16).astype(np.float32))
-    return out
-
-
-def _save_v1(build, path: str, *, sharded=False, **save):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tf.Graph().as_default():
-        variables = build()
-        saver = tf.compat.v1.train.Saver(write_version=V1, sharded=sharded)
-        with tf.compat.v1.Session(config=TWO_CPUS) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            names = list(variables)
-            values = sess.run([tf.convert_to_tensor(variables[n]) for n in names])
-            saved = saver.save(sess, path, **save)
-    return saved, dict(zip(names, map(_array, values)))
-
-
-def _array(value) -> np.ndarray:
-    """What a session returns, as an array (a string scalar comes as bytes)."""
-    return np.array(value, dtype=object) if isinstance(value, bytes) else np.asarray(value)
 
 
 @pytest.fixture(scope="module")
@@ -120,17 +37,17 @@ def v1(tmp_path_factory):
     """name -> (saved path as TensorFlow returned it, expected values)."""
     root = tmp_path_factory.mktemp("v1")
     out = {}
-    out["dtypes"] = _save_v1(
+    out["dtypes"] = save_v1(
         build_dtypes_graph, str(root / "dtypes" / "model.ckpt"), write_meta_graph=True
     )
-    out["sharded"] = _save_v1(
+    out["sharded"] = save_v1(
         build_sharded_graph,
         str(root / "sharded" / "model.ckpt"),
         sharded=True,
         global_step=5,
         write_meta_graph=False,
     )
-    out["slim"] = _save_v1(
+    out["slim"] = save_v1(
         build_slim_graph,
         str(root / "slim" / "vgg_16.ckpt"),
         write_meta_graph=False,

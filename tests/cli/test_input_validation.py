@@ -21,8 +21,7 @@ import tfckpt  # noqa: E402
 # The moto server behind a fault-injecting proxy, and the checkpoint put there.
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-from test_remote import s3_server  # noqa: E402,F401
-from test_remote_faults import proxy, s3, sharded  # noqa: E402,F401
+from s3_helpers import proxy, s3, s3_server, sharded  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +333,7 @@ def test_average_last_must_be_a_whole_number(tmp_path, last):
 
 
 def test_s3_server_dying_mid_average_and_convert(s3, sharded, monkeypatch):
-    """The moto server behind the fault proxy of ``test_remote_faults.py`` stops answering
+    """The moto server behind the fault proxy of ``s3_helpers.py`` stops answering
     while the second data object is written: one line, exit status 2; once it is back, the
     next run commits and leaves no temporary object of its own behind (what the dead
     server kept of the failed run, it could not be asked to delete)."""

@@ -6,12 +6,15 @@
   no temporary left (and temporaries of a killed state-file write are removed later).
 - A full disk (RLIMIT_FSIZE) into a new nested destination: every directory the run
   created is removed again.
+- A run killed (SIGKILL) at the rename of its index into place: what it leaves is no
+  checkpoint to any reader.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 
@@ -22,6 +25,8 @@ tf = pytest.importorskip("tensorflow")
 
 import cli_helpers as ch  # noqa: E402
 import transform_helpers as th  # noqa: E402
+from cli_helpers import AT_BARRIER, in_process, user_env  # noqa: E402
+from saver_runs import runs  # noqa: E402,F401  (the Saver runs)
 
 import tfckpt  # noqa: E402
 from tfckpt.io.temporaries import TMP_MARK  # noqa: E402
@@ -43,27 +48,6 @@ def temporaries(directory) -> list[str]:
 def tf_values(prefix) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(str(prefix))
     return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
-
-
-# Holds the process at its first rename (or link) of a temporary file until a second process
-# has got there too; then both go on at once.
-AT_BARRIER = """
-import os, sys, time
-barrier = os.environ["BARRIER"]
-waited = []
-def hold(fn):
-    def call(src, dst, *a, **k):
-        if not waited and ".tfckpt-tmp-" in os.fspath(src):
-            waited.append(1)
-            open(os.path.join(barrier, str(os.getpid())), "w").close()
-            while len(os.listdir(barrier)) < 2:
-                time.sleep(0.005)
-        return fn(src, dst, *a, **k)
-    return call
-os.link, os.replace = hold(os.link), hold(os.replace)
-from tfckpt.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def test_two_concurrent_converts_to_one_destination(source, tmp_path):
@@ -155,3 +139,42 @@ def test_full_disk_into_a_new_nested_directory(source, tmp_path):
     proc = ch.run_text("convert", source, dst, "--dtype", "float64", preexec_fn=_limited(16 << 10))
     ch.assert_cli_error(proc, "write")
     assert os.listdir(tmp_path) == []  # a/, a/b/ and a/b/c/ all removed again
+
+
+# Killed (SIGKILL) as it commits: at the rename of its temporary index into place.
+KILLED_AT_COMMIT = """
+import os, signal, sys
+def kill_at_index(fn):
+    def call(src, dst, *a, **k):
+        if ".tfckpt-tmp-" in os.fspath(src) and os.fspath(src).endswith(".index"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(src, dst, *a, **k)
+    return call
+os.link, os.replace, os.rename = map(kill_at_index, (os.link, os.replace, os.rename))
+from tfckpt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_at_its_commit_leaves_nothing_a_reader_takes(runs, tmp_path):
+    from tfckpt.io.temporaries import TMP_MARK
+
+    out = tmp_path / "out"
+    argv = ["convert", runs["v2"][-1], str(out / "model"), "--dtype", "float16"]
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_COMMIT, *argv], env=user_env())
+    assert proc.returncode == -9
+    left = [f for f in os.listdir(out) if TMP_MARK in f and f.endswith(".index")]
+    assert left, os.listdir(out)
+    with pytest.raises(tfckpt.CheckpointNotFoundError):
+        tfckpt.open(str(out))
+    assert tfckpt.list_checkpoints(str(out))["checkpoints"] == []
+    rc, _, err = in_process("dump", out / "model")
+    assert rc == 2 and TMP_MARK not in err, err
+    # Beside a checkpoint, that checkpoint is the directory's only one.
+    for f in os.listdir(os.path.dirname(runs["v2"][-1])):
+        if f.startswith("model.ckpt-3.") and not f.endswith(".meta"):
+            shutil.copy(os.path.join(os.path.dirname(runs["v2"][-1]), f), out / f)
+    with tfckpt.open(str(out)) as ckpt:
+        assert ckpt.prefix == str(out / "model.ckpt-3")
+    rows = tfckpt.list_checkpoints(str(out))["checkpoints"]
+    assert [r["name"] for r in rows] == ["model.ckpt-3"]

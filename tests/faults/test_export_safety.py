@@ -351,7 +351,7 @@ def test_export_memory_is_bounded_like_convert(tmp_path):
 def test_two_concurrent_export_processes_to_one_name(weights, tmp_path, sharded):
     """Two real export processes held at a barrier before their commit, then racing: one
     commits, the other fails with one error line and leaves nothing."""
-    from test_commit_safety import AT_BARRIER
+    from cli_helpers import AT_BARRIER
 
     out = tmp_path / "hf" / "model.safetensors"
     barrier = tmp_path / "barrier"

@@ -14,11 +14,10 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
-import tracemalloc
 
 import numpy as np
 import pytest
+from fuzz_helpers import check_case, prefix_files  # the harness: time limit and allocation bound
 
 import tfckpt
 from tfckpt import inspection as tfinspect
@@ -33,7 +32,6 @@ from tfckpt.format.table import (
 )
 
 RANDOM_CASES = int(os.environ.get("TFCKPT_FUZZ_CASES", "5000"))
-TIME_LIMIT_S = 10
 
 
 # --- base checkpoints, written by TensorFlow -----------------------------------
@@ -117,87 +115,18 @@ def bases(tmp_path_factory):
     return out
 
 
-def _files(prefix: str) -> list[str]:
-    d, base = os.path.split(prefix)
-    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith(base + "."))
-
-
 def _copy(prefix: str, dest_dir) -> str:
     os.makedirs(dest_dir, exist_ok=True)
-    for f in _files(prefix):
+    for f in prefix_files(prefix):
         shutil.copy(f, dest_dir)
     return os.path.join(dest_dir, os.path.basename(prefix))
-
-
-# --- the harness ----------------------------------------------------------------
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Timeout()
-
-
-def exercise(prefix: str) -> str:
-    """Everything a user can do with a checkpoint; returns 'ok' or 'error'."""
-    outcome = "ok"
-    try:
-        ckpt = tfckpt.open(prefix)
-    except tfckpt.CheckpointError:
-        return "error"
-    with ckpt:
-        assert ckpt.header.num_shards >= 1
-        for name in ckpt.keys():
-            try:
-                info = ckpt.info(name)
-                value = ckpt[name]
-                assert value.shape == info.shape
-                for _ in ckpt.iter_chunks(name, 64):
-                    pass
-                ckpt.slice_info(name)
-            except tfckpt.CheckpointError:
-                outcome = "error"
-        try:
-            tfinspect.object_graph(ckpt)
-        except tfckpt.CheckpointError:
-            pass
-        try:
-            tfinspect.dump(ckpt)
-        except tfckpt.CheckpointError:
-            outcome = "error"
-    report = tfinspect.verify(prefix)
-    assert isinstance(report["problems"], list)
-    return outcome
-
-
-def check_case(prefix: str, description: str) -> str:
-    """Run ``exercise`` under a time limit and an allocation bound; fail on anything else."""
-    budget = sum(os.path.getsize(f) for f in _files(prefix)) * 8 + (16 << 20)
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT_S)
-    tracemalloc.start()
-    try:
-        outcome = exercise(prefix)
-    except _Timeout:
-        pytest.fail(f"{description}: took more than {TIME_LIMIT_S} s")
-    except Exception as e:  # anything but CheckpointError escaping is a bug
-        pytest.fail(f"{description}: {type(e).__name__}: {e}")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    assert peak <= budget, f"{description}: allocated {peak} bytes for {budget // 8} of files"
-    return outcome
 
 
 # --- random mutations ----------------------------------------------------------
 
 
 def _mutate(rng: random.Random, prefix: str) -> str:
-    files = _files(prefix)
+    files = prefix_files(prefix)
     path = rng.choice(files)
     data = bytearray(open(path, "rb").read())
     kind = rng.choice(["flip", "flip", "bytes", "truncate", "zero-run", "extend"])

@@ -6,7 +6,7 @@ table and bundle logic): data blocks referenced twice, overlapping or out of ord
 keys sharing more than the key before them has, or chains of ever longer keys;
 restart arrays pointing inside entries, unsorted or of absurd length; headers
 declaring 0, 1, many or 2**20 shards, with or without the files to match. Each case
-runs everything a user can do under ``test_fuzz``'s time limit and allocation bound
+runs everything a user can do under the fuzz harness's time limit and allocation bound
 (a multiple of the files' size) and must end in a correct read or a
 ``CheckpointError``; the lies must be errors, and the truths must read as before.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_fuzz import check_case  # the harness: time limit and allocation bound
-from test_hostile_index import (
+from fuzz_helpers import (  # the harness (time limit, allocation bound) and table builders
     block,
+    check_case,
     copy_prefix,
     entry_starts,
     raw_block,

@@ -5,7 +5,7 @@ every case reaches the V1 logic: tensors of every V1 dtype and some no V1 file h
 shapes with huge or negative dimensions, slices that overlap, fall outside their tensor,
 have the wrong rank or are listed twice, entries missing, orphaned, holding another
 slice, too few or too many values, values in the wrong field, or garbage. Each case runs
-everything a user can do under ``test_fuzz``'s time limit and allocation bound, plus a
+everything a user can do under the fuzz harness's time limit and allocation bound, plus a
 rewrite, and must end in a correct read or a ``CheckpointError``. Random byte damage
 to TensorFlow-written V1 files gets the same treatment.
 """
@@ -18,7 +18,7 @@ import shutil
 
 import numpy as np
 import pytest
-from test_fuzz import check_case  # the harness: time limit and allocation bound
+from fuzz_helpers import check_case  # the harness: time limit and allocation bound
 
 import tfckpt
 from tfckpt._proto.saved_tensor_slice_pb2 import SavedTensorSlices

@@ -12,8 +12,6 @@ reader cannot open it.
 from __future__ import annotations
 
 import os
-import shutil
-import struct
 import tracemalloc
 from pathlib import Path
 
@@ -23,122 +21,25 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from cli_helpers import assert_cli_error, run_text  # noqa: E402
+from fuzz_helpers import U32 as _U32  # noqa: E402  (a restart point or count)
+from fuzz_helpers import (  # noqa: E402  (tables built block by block)
+    block,
+    copy_prefix,
+    data_blocks,
+    entry_starts,
+    raw_block,
+    table,
+    with_restarts,
+    with_trailer,
+)
 
 import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
-from tfckpt.format.table import (  # noqa: E402
-    _U32,
-    FOOTER_SIZE,
-    NO_COMPRESSION,
-    BlockHandle,
-    Footer,
-    TableReader,
-    _BlockBuilder,
-    crc32c,
-    decode_varint,
-    encode_varint,
-    mask_crc,
-    parse_block,
-)
+from tfckpt.format.table import BlockHandle, TableReader  # noqa: E402
 from tfckpt.rewrite.engine import shard_tasks  # noqa: E402
 
 N_TENSORS = 20  # more than one restart interval: the data block has two restart points
-
-
-# --- building tables block by block ----------------------------------------------
-
-
-def with_trailer(contents: bytes) -> bytes:
-    """A block as it lies in the file: contents, compression type, masked CRC32C."""
-    kind = bytes([NO_COMPRESSION])
-    return contents + kind + _U32.pack(mask_crc(crc32c(kind, crc32c(contents))))
-
-
-def block(entries, interval: int = 16) -> bytes:
-    """Contents of one block holding ``entries`` (key, value), as TensorFlow builds it."""
-    b = _BlockBuilder(interval)
-    for k, v in entries:
-        b.add(k, v)
-    return b.finish()
-
-
-def raw_block(items, restarts) -> bytes:
-    """Contents from explicit (shared, non-shared key bytes, value) triples and restarts."""
-    out = bytearray()
-    for shared, tail, value in items:
-        out += encode_varint(shared) + encode_varint(len(tail)) + encode_varint(len(value))
-        out += tail + value
-    return bytes(out) + struct.pack(f"<{len(restarts)}I", *restarts) + _U32.pack(len(restarts))
-
-
-def entry_starts(contents: bytes) -> list[int]:
-    """Offset of every entry in a block's contents."""
-    (n,) = _U32.unpack_from(contents, len(contents) - 4)
-    limit, pos, out = len(contents) - 4 - 4 * n, 0, []
-    while pos < limit:
-        out.append(pos)
-        _, pos = decode_varint(contents, pos, limit, 5)
-        non_shared, pos = decode_varint(contents, pos, limit, 5)
-        value_len, pos = decode_varint(contents, pos, limit, 5)
-        pos += non_shared + value_len
-    return out
-
-
-def with_restarts(contents: bytes, restarts) -> bytes:
-    """The same entries with another restart array."""
-    (n,) = _U32.unpack_from(contents, len(contents) - 4)
-    limit = len(contents) - 4 - 4 * n
-    return (
-        contents[:limit] + struct.pack(f"<{len(restarts)}I", *restarts) + _U32.pack(len(restarts))
-    )
-
-
-def table(blocks, refs=None, index_items=None) -> bytes:
-    """A table file: data blocks [(separator, contents)], metaindex, index block, footer.
-
-    ``refs`` replaces the index block's entries: (separator, block number or a
-    BlockHandle of any bytes in the file); ``index_items`` gives them raw instead:
-    (shared, non-shared key bytes, block number), with one restart point.
-    """
-    out = bytearray()
-    handles = []
-    for _, contents in blocks:
-        handles.append(BlockHandle(len(out), len(contents)))
-        out += with_trailer(contents)
-    meta = block([])
-    meta_handle = BlockHandle(len(out), len(meta))
-    out += with_trailer(meta)
-    if refs is None:
-        refs = [(sep, i) for i, (sep, _) in enumerate(blocks)]
-    index = _BlockBuilder(1)
-    for sep, ref in refs:
-        index.add(sep, (handles[ref] if isinstance(ref, int) else ref).encode())
-    contents = index.finish()
-    if index_items is not None:
-        contents = raw_block([(n, tail, handles[i].encode()) for n, tail, i in index_items], [0])
-    index_handle = BlockHandle(len(out), len(contents))
-    out += with_trailer(contents)
-    return bytes(out + Footer(meta_handle, index_handle).encode())
-
-
-def data_blocks(index: bytes) -> list[tuple[bytes, bytes]]:
-    """(separator, contents) of every data block of a table file."""
-    footer = Footer.decode(index[-FOOTER_SIZE:])
-    out = []
-    for sep, h in parse_block(index[footer.index.offset : footer.index.offset + footer.index.size]):
-        handle, _ = BlockHandle.decode(h, 0, len(h))
-        out.append((sep, index[handle.offset : handle.offset + handle.size]))
-    return out
-
-
-def copy_prefix(prefix: str, dest: Path) -> str:
-    """Copy a checkpoint's files into ``dest``; returns the copy's prefix."""
-    src = Path(prefix)
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in src.parent.glob(src.name + ".*"):
-        shutil.copy(f, dest / f.name)
-    return str(dest / src.name)
 
 
 def tf_refuses(prefix: str) -> bool:

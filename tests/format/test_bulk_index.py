@@ -564,7 +564,7 @@ def test_table_reader_with_a_damaged_index_block(case, damage):
     footer = Footer.decode(data[-FOOTER_SIZE:])
     at, size = footer.index.offset, footer.index.size
     contents = _damage_contents(data[at : at + size], damage)
-    from test_hostile_index import with_trailer
+    from fuzz_helpers import with_trailer
 
     index = Footer(footer.metaindex, BlockHandle(at, len(contents))).encode()
     _assert_table_reader_is_the_old_reader(data[:at] + with_trailer(contents) + index)
@@ -582,15 +582,15 @@ def _assert_table_reader_is_the_old_reader(data: bytes) -> None:
 
 
 def table(*args, **kwargs) -> bytes:
-    """A table file of the given data blocks (see ``test_hostile_index.table``)."""
-    from test_hostile_index import table
+    """A table file of the given data blocks (see ``fuzz_helpers.table``)."""
+    from fuzz_helpers import table
 
     return table(*args, **kwargs)
 
 
 def _cut_entry(contents: bytes, i: int) -> bytes:
     """The block with entry ``i`` running past the block's end."""
-    from test_hostile_index import entry_starts
+    from fuzz_helpers import entry_starts
 
     raw = bytearray(contents)
     raw[entry_starts(contents)[i] + 2] = 0x7F  # its value's length: one byte here
@@ -611,7 +611,7 @@ def test_which_error_of_a_table_comes_first():
     }
     # Keys decoding to more bytes than the budget (a multiple of the file's size) ...
     chain = [(i + 1, b"k", b"") for i in range(3000)]
-    from test_hostile_index import raw_block
+    from fuzz_helpers import raw_block
 
     cases["too many key bytes"] = [(b"z", raw_block([(0, b"a", b""), *chain], [0]))]
     # ... after a key out of order: the key comes first.
@@ -788,9 +788,9 @@ def saver_checkpoint(tf, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def v1_checkpoint(tf, tmp_path_factory):
-    from test_v1 import _save_v1, build_dtypes_graph
+    from v1_checkpoints import build_dtypes_graph, save_v1
 
-    saved, _ = _save_v1(build_dtypes_graph, str(tmp_path_factory.mktemp("bulk-v1") / "v1"))
+    saved, _ = save_v1(build_dtypes_graph, str(tmp_path_factory.mktemp("bulk-v1") / "v1"))
     return saved
 
 
@@ -982,7 +982,7 @@ RAW_DAMAGES = {
 
 def _damaged_copy(prefix: str, dest: Path, name: str, change) -> str:
     """A copy of the checkpoint with ``name``'s index entry changed by ``change``."""
-    from test_hostile_index import copy_prefix
+    from fuzz_helpers import copy_prefix
 
     out = copy_prefix(prefix, dest)
     index = Path(out + ".index")

@@ -1,5 +1,5 @@
 """export to object storage when requests fail: a real moto S3 server behind the fault
-proxy of ``test_remote_faults.py``. After any failed upload the old export is there byte
+proxy of ``s3_helpers.py``. After any failed upload the old export is there byte
 for byte and nothing new is left; ``safetensors`` reads what is there."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ pytest.importorskip("moto.server")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import transform_helpers as th  # noqa: E402
-from test_remote import s3_server  # noqa: E402,F401  (the moto server fixture)
-from test_remote_faults import on, proxy, s3  # noqa: E402,F401  (the proxy fixtures)
+from s3_helpers import on, proxy, s3, s3_server  # noqa: E402,F401  (the proxy fixtures)
 
 import tfckpt  # noqa: E402
 

@@ -1,5 +1,5 @@
 """``tfckpt import`` and state files on object storage (moto S3 on loopback, behind the
-fault proxy of ``test_remote_faults.py``): names from a file's contents stay on the
+fault proxy of ``s3_helpers.py``): names from a file's contents stay on the
 storage and in the bucket of that file, and a fault mid-run is one error line that
 leaves nothing behind.
 """
@@ -18,8 +18,7 @@ pytest.importorskip("moto.server")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import cli_helpers as ch  # noqa: E402
-from test_remote import s3_server  # noqa: E402,F401  (the moto server fixture)
-from test_remote_faults import on, proxy, s3  # noqa: E402,F401  (the proxy fixtures)
+from s3_helpers import on, proxy, s3, s3_server  # noqa: E402,F401  (the proxy fixtures)
 
 import tfckpt  # noqa: E402
 from tfckpt.io import paths  # noqa: E402

@@ -5,7 +5,8 @@ checkpoints of a training run; the directories are then moved, so the ``Saver``'
 file names paths that are gone (``tf.train.latest_checkpoint`` finds nothing). tfckpt
 takes the same file names beside the state file, with a note; names a checkpoint
 that does not exist with "did you mean"; and ``dump DIR --all`` lists every checkpoint.
-Every checkpoint found holds the values the tests compute for its step.
+Every checkpoint found holds the values the tests compute for its step. TF1 ``Saver`` runs of
+V1 files (one file, or sharded) have the latest checkpoint TensorFlow finds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ tf = pytest.importorskip("tensorflow")
 
 import transform_helpers as th  # noqa: E402  (conftest put tests/ on sys.path)
 from cli_helpers import in_process  # noqa: E402
+from saver_runs import runs, v1_sharded  # noqa: E402,F401  (the Saver runs)
 
 import tfckpt  # noqa: E402
 from tfckpt import CheckpointNotFoundError, CheckpointPathWarning  # noqa: E402
@@ -228,3 +230,41 @@ def test_did_you_mean_lists_the_newest_steps(tf1_moved, tmp_path):
     want = ", ".join(str(d / f"model.ckpt-{i}") for i in (4, 5, 10, 11, 12))
     rc, _, err = in_process("dump", d / "model.ckpt")
     assert rc == 2 and f"did you mean {want} (the last 5 of 6)?" in err, err
+
+
+# The runs of a TF1 Saver (V2, V1 and sharded V1 files): named relatively, missing a
+# data file, and the latest checkpoint as TensorFlow finds it.
+
+
+def test_dump_all_of_a_saver_run_named_relatively(runs, monkeypatch):
+    """A Saver's state file names absolute paths; DIR typed relative lists each once."""
+    monkeypatch.chdir(runs["root"])
+    rc, out, err = in_process("dump", "v2", "--all", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)["checkpoints"]
+    assert [(r["name"], r["in_state_file"], r["latest"]) for r in rows] == [
+        ("model.ckpt-1", True, False),
+        ("model.ckpt-2", True, False),
+        ("model.ckpt-3", True, True),
+    ]
+    rc, out, err = in_process("dump", "v2", "--all")
+    assert rc == 0, err
+    assert "not in the state file" not in out
+
+
+def test_dump_all_names_a_missing_data_file(runs, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(runs["root"] / "v2", d)
+    (d / "model.ckpt-2.data-00000-of-00001").unlink()
+    rows = tfckpt.list_checkpoints(str(d))["checkpoints"]
+    (broken,) = [r for r in rows if r["error"]]
+    assert broken["name"] == "model.ckpt-2"
+    assert "model.ckpt-2.data-00000-of-00001" in broken["error"]
+
+
+def test_latest_checkpoint_of_v1_runs_is_tensorflows(runs, v1_sharded):
+    """A V1 save has no .index: its file, or the pattern of its shards, is the latest."""
+    for directory in (os.path.dirname(runs["v1"][0]), v1_sharded[0]):
+        want = tf.train.latest_checkpoint(directory)
+        assert want is not None
+        assert tfckpt.latest_checkpoint(directory) == want

@@ -19,10 +19,8 @@ the S3 client is pointed at it with test credentials (no instance-metadata looku
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
-import re
 import shutil
 import signal
 import threading
@@ -42,6 +40,7 @@ import cli_helpers as ch  # noqa: E402
 import tf_checkpoints as tfc  # noqa: E402  (conftest put tests/ on sys.path)
 import transform_helpers as th  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
+from s3_helpers import BUCKET, s3_server  # noqa: E402,F401  (the moto server fixture)
 
 import tfckpt  # noqa: E402
 from tfckpt import cli  # noqa: E402
@@ -752,79 +751,6 @@ def test_cli_bad_executor_spec(cases, tmp_path):
 
 
 # ================================================================ S3 (moto on 127.0.0.1)
-
-BUCKET = "tfckpt-test"
-
-
-class _RequestLog(logging.Handler):
-    """The S3 server's request lines: (method, path, status)."""
-
-    LINE = re.compile(
-        r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/[0-9.]+(?:\x1b\[[0-9;]*m)*" '
-        r"(\d{3})"
-    )
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.requests: list[tuple[str, str, int]] = []
-
-    def emit(self, record):
-        m = self.LINE.search(record.getMessage())
-        if m:
-            self.requests.append((m[1], m[2], int(m[3])))
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A moto S3 server on 127.0.0.1, and this process and its children pointed at it."""
-    s3fs = pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    log = _RequestLog()
-    wz = logging.getLogger("werkzeug")
-    old = (wz.level, wz.propagate)
-    wz.addHandler(log)
-    wz.setLevel(logging.INFO)
-    wz.propagate = False
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    assert host == "127.0.0.1"
-    endpoint = f"http://127.0.0.1:{port}"
-    mp = pytest.MonkeyPatch()
-    for k, v in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-        # fsspec reads FSSPEC_<PROTOCOL>_<KWARG> when imported: child processes
-        # (CLI runs, Dask workers) get the endpoint from here...
-        "FSSPEC_S3_ENDPOINT_URL": endpoint,
-    }.items():
-        mp.setenv(k, v)
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        mp.delenv(k, raising=False)
-    # ...this process imported fsspec already.
-    mp.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs = fsspec.filesystem("s3")
-    assert fs.endpoint_url == endpoint
-    try:
-        fs.mkdir(BUCKET)
-    except FileExistsError:  # moto keeps its buckets per process: an earlier module's
-        pass
-    try:
-        yield SimpleNamespace(endpoint=endpoint, log=log, s3fs=s3fs)
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        mp.undo()
-        server.stop()
-        wz.removeHandler(log)
-        wz.setLevel(old[0])
-        wz.propagate = old[1]
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ say; TensorFlow reads every result with the dtype each tensor should have and th
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -16,6 +17,7 @@ tf = pytest.importorskip("tensorflow")
 
 import transform_helpers as th  # noqa: E402  (conftest put tests/ on sys.path)
 from cli_helpers import in_process  # noqa: E402
+from saver_runs import runs  # noqa: E402,F401  (the Saver runs)
 
 import tfckpt  # noqa: E402
 from tfckpt import CheckpointError  # noqa: E402
@@ -313,3 +315,19 @@ def test_export_and_import_follow_the_rules(bert, tmp_path):
     for name in BERT_WANT:
         want = loaded[name] if "LayerNorm" not in name else tf_cast(loaded[name], "float16")
         assert back[name].dtype == want.dtype and back[name].tobytes() == want.tobytes(), name
+
+
+# Malformed rules, given to the library on a checkpoint of a TF1 Saver run.
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [{"^v$": None}, [("^v$", None)], "^v$=bfloat16", [("^v$", "bfloat16", "x")], ["^v$"]],
+    ids=["dict-none", "pair-none", "string", "triple", "bare-regex"],
+)
+def test_malformed_dtype_rules_are_errors(runs, tmp_path, rules):
+    """``{regex: None}`` must not mean float64 (numpy's reading of None), nor a string
+    a rule per character."""
+    with pytest.raises(tfckpt.CheckpointError, match="dtype rule"):
+        tfckpt.convert(runs["v2"][-1], str(tmp_path / "out"), "float16", dtype_rules=rules)
+    assert not os.path.exists(tmp_path / "out.index")
