@@ -339,8 +339,6 @@ class V1Checkpoint(Checkpoint):
             t.slices.sort(key=lambda ext: [start for start, _ in ext])
         self.header = Header(len(self.files), "little", version or Version(0, 0))
         self._names = sorted(self._tensors)
-        self._slice_keys = set()
-        self._parsed = {}
 
     def _read_meta(self, index: int, f: str, raw: bytes | None) -> Version:
         if raw is None:
