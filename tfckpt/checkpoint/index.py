@@ -28,24 +28,26 @@ from tfckpt.format import orderedcode
 from tfckpt.format.bundle import (
     BULK_MAX_RANK,
     HEADER_KEY,
-    MAX_HOLES,
     EntryColumns,
-    Slice,
     TensorInfo,
     TensorTable,
     check_entry_location,
-    check_slice_cover,
-    coverage,
     decode_entries,
     decode_header,
-    describe_holes,
     entry_shape,
+    parse_entry,
+    slice_from_proto,
+)
+from tfckpt.format.slices import (
+    MAX_HOLES,
+    Slice,
+    check_slice_cover,
+    coverage,
+    describe_holes,
     extents_fit,
     format_slice,
     num_elements,
-    parse_entry,
     parse_slice_key,
-    slice_from_proto,
     slice_shape,
 )
 from tfckpt.format.table import TableReader, unmask_crc, unmask_crcs

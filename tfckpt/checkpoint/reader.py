@@ -26,15 +26,9 @@ from tfckpt.checkpoint.slicing import (
 from tfckpt.checkpoint.streaming import DEFAULT_CHUNK_BYTES, StreamingReads
 from tfckpt.errors import CheckpointNotFoundError, UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import (
-    VARIANT,
-    Slice,
-    TensorInfo,
-    TensorTable,
-    VariantFraming,
-    num_elements,
-    slice_shape,
-)
+from tfckpt.format.bundle import VARIANT, TensorInfo, TensorTable
+from tfckpt.format.framing import VariantFraming
+from tfckpt.format.slices import Slice, num_elements, slice_shape
 from tfckpt.io import paths
 from tfckpt.io.storage import StorageOptions, current_options, storage_for, takes_storage_options
 

@@ -23,15 +23,9 @@ from tfckpt.errors import (
     UnsupportedCheckpointError,
 )
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import (
-    NATIVE,
-    VARIANT,
-    Header,
-    StringFraming,
-    VariantFraming,
-    num_elements,
-    slice_index,
-)
+from tfckpt.format.bundle import NATIVE, VARIANT, Header
+from tfckpt.format.framing import StringFraming, VariantFraming
+from tfckpt.format.slices import num_elements, slice_index
 from tfckpt.format.table import crc32c, unmask_crc
 from tfckpt.io import paths
 from tfckpt.io.storage import Reader, Storage

@@ -19,14 +19,8 @@ from tfckpt.checkpoint.index import Entry
 from tfckpt.checkpoint.shards import ShardReads
 from tfckpt.errors import CorruptCheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import (
-    Slice,
-    decode_varints,
-    is_full_slice,
-    lengths_crc,
-    num_elements,
-    slice_index,
-)
+from tfckpt.format.framing import decode_varints, lengths_crc
+from tfckpt.format.slices import Slice, is_full_slice, num_elements, slice_index
 from tfckpt.format.table import crc32c, unmask_crc
 
 DEFAULT_CHUNK_BYTES = 16 << 20
