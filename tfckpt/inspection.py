@@ -20,8 +20,9 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import TensorTable, format_slice
+from tfckpt.format.bundle import TensorTable
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from tfckpt.format.slices import format_slice
 from tfckpt.io import paths
 from tfckpt.io.storage import StorageOptions, normalize, storage_for, takes_storage_options
 from tfckpt.rewrite.cast import Caster

@@ -20,7 +20,7 @@ import numpy as np
 
 from tfckpt.errors import UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import Slice, num_elements
+from tfckpt.format.slices import Slice, num_elements
 
 Region = tuple[tuple[int, int, int], ...]  # per dimension: (start, count, step > 0)
 

@@ -32,20 +32,16 @@ from tfckpt.errors import (
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import orderedcode
-from tfckpt.format.bundle import (
-    Header,
+from tfckpt.format.bundle import Header, TensorInfo, TensorTable, Version, slice_from_proto
+from tfckpt.format.framing import encode_strings
+from tfckpt.format.slices import (
     Slice,
-    TensorInfo,
-    TensorTable,
-    Version,
     check_slice_cover,
     coverage,
-    encode_strings,
     extents_fit,
     format_slice,
     is_full_slice,
     num_elements,
-    slice_from_proto,
     slice_index,
     slice_shape,
 )
@@ -339,8 +335,6 @@ class V1Checkpoint(Checkpoint):
             t.slices.sort(key=lambda ext: [start for start, _ in ext])
         self.header = Header(len(self.files), "little", version or Version(0, 0))
         self._names = sorted(self._tensors)
-        self._slice_keys = set()
-        self._parsed = {}
 
     def _read_meta(self, index: int, f: str, raw: bytes | None) -> Version:
         if raw is None:

@@ -20,29 +20,28 @@ import numpy as np
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import (
-    NATIVE,
-    VARIANT,
-    Extent,
-    Slice,
+from tfckpt.format.bundle import NATIVE, VARIANT, add_slice, entry_proto
+from tfckpt.format.dtypes import Endianness
+from tfckpt.format.framing import (
     StringFraming,
     VariantFraming,
-    add_slice,
     as_string_array,
     encode_strings,
     encode_varints,
-    entry_proto,
+    lengths_crc,
+    string_tensor_nbytes,
+)
+from tfckpt.format.orderedcode import encode_name, encode_slice_key
+from tfckpt.format.slices import (
+    Extent,
+    Slice,
     extents_fit,
     format_slice,
     is_full_slice,
-    lengths_crc,
     num_elements,
     shape_tuple,
     slice_shape,
-    string_tensor_nbytes,
 )
-from tfckpt.format.dtypes import Endianness
-from tfckpt.format.orderedcode import encode_name, encode_slice_key
 from tfckpt.format.table import crc32c, mask_crc
 from tfckpt.io import paths
 from tfckpt.io.commit import commit, discard

@@ -1,10 +1,11 @@
-"""The tensor bundle format's types and codecs: every rule of the bytes, written once.
+"""The tensor bundle format's index: header, entries and what they say, every rule written once.
 
-Header and version, index entries (built and checked), slices and their extents,
-the framing of string and variant tensors (with their checksums) and the vectorized
-varint helpers. :mod:`tfckpt.reader` and :mod:`tfckpt.writer` both use it, so
-encode sits next to decode; tensor names become keys in :mod:`tfckpt.orderedcode`.
-Nothing here touches a file.
+Header and version, index entries (built, parsed one by one or decoded in bulk, and
+checked) and :class:`TensorInfo` / :class:`TensorTable`, what an entry says about a
+tensor. Shapes and slices are :mod:`tfckpt.format.slices`; the framing of string and
+variant tensors' bytes is :mod:`tfckpt.format.framing`. Readers and writers
+(:mod:`tfckpt.checkpoint`) both use it, so encode sits next to decode; tensor names
+become keys in :mod:`tfckpt.format.orderedcode`. Nothing here touches a file.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from google.protobuf.message import DecodeError
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto, TensorSliceProto
 from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format import orderedcode
 from tfckpt.format.dtypes import Endianness
-from tfckpt.format.table import crc32c, decode_varint, encode_varint, mask_crc, unmask_crc
+from tfckpt.format.slices import Slice, num_elements
+from tfckpt.format.table import mask_crc
 
 HEADER_KEY = b""  # the header's key: no tensor name encodes to it
 VARIANT = _dt.lookup("variant")
@@ -31,9 +32,6 @@ MAX_RANK = 254
 MAX_SHARDS = 1 << 20  # a header claiming more shards than this is not a real checkpoint
 MAX_ELEMENTS = (1 << 63) - 1
 NATIVE = _dt.NATIVE_ENDIANNESS  # the byte order of this machine's arrays
-
-Extent = tuple[int, "int | None"]
-Slice = tuple[Extent, ...]
 
 
 @dataclass(frozen=True)
@@ -202,27 +200,6 @@ class TensorTable:
         )
 
 
-def num_elements(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
-def slice_shape(full_shape: Sequence[int], extents: Slice) -> tuple[int, ...]:
-    return tuple(d if length is None else length for d, (_, length) in zip(full_shape, extents))
-
-
-def slice_index(extents: Slice) -> tuple[slice, ...]:
-    return tuple(
-        slice(None) if length is None else slice(start, start + length) for start, length in extents
-    )
-
-
-def is_full_slice(full_shape: Sequence[int], extents: Slice) -> bool:
-    return all(
-        length is None or (start == 0 and length == d)
-        for d, (start, length) in zip(full_shape, extents)
-    )
-
-
 # --- header ----------------------------------------------------------------
 
 
@@ -315,6 +292,7 @@ def add_slice(proto: BundleEntryProto, extents: Slice) -> None:
 
 
 def slice_from_proto(proto: TensorSliceProto) -> Slice:
+    """The extents a ``TensorSliceProto`` lists (the inverse of :func:`add_slice`)."""
     return tuple((e.start, e.length if e.HasField("length") else None) for e in proto.extent)
 
 
@@ -497,297 +475,3 @@ def check_entry_location(proto, dtype: _dt.DType, shape: tuple[int, ...], num_sh
             f"entry size {size} bytes does not match shape {list(shape)} of "
             f"{dtype.name} ({num_elements(shape) * itemsize} bytes)"
         )
-
-
-def extents_fit(extents: Slice, shape: Sequence[int]) -> bool:
-    """Whether extents of the tensor's rank lie inside ``shape`` (a whole axis starts at 0)."""
-    return all(
-        start >= 0
-        and (
-            length is None
-            and start == 0
-            or length is not None
-            and length >= 0
-            and start + length <= dim
-        )
-        for (start, length), dim in zip(extents, shape)
-    )
-
-
-# --- slices ----------------------------------------------------------------
-
-
-def format_slice(extents: Slice) -> str:
-    return ",".join(
-        "-" if length is None else f"{start}:{start + length}" for start, length in extents
-    )
-
-
-def _slice_bounds(slices: Sequence[Slice], shape: tuple[int, ...]):
-    starts = np.array([[s for s, _ in ext] for ext in slices], dtype=np.int64)
-    ends = np.array(
-        [[d if n is None else s + n for (s, n), d in zip(ext, shape)] for ext in slices],
-        dtype=np.int64,
-    )
-    return starts.reshape(len(slices), len(shape)), ends.reshape(len(slices), len(shape))
-
-
-def check_slice_cover(slices: Sequence[Slice], shape: tuple[int, ...], error) -> None:
-    """Raise ``error(what)`` if the slices overlap: no element may be stored twice.
-
-    Slices that leave parts out are legal: TensorFlow writes them for pre-sliced
-    tensors and restores just those parts (see :func:`coverage`).
-    """
-    if not shape:
-        if len(slices) != 1:
-            raise error(f"a scalar has {len(slices)} slices")
-        return
-    starts, ends = _slice_bounds(slices, shape)
-    for i in range(len(slices) - 1):
-        overlap = np.all((starts[i] < ends[i + 1 :]) & (starts[i + 1 :] < ends[i]), axis=1)
-        if overlap.any():
-            j = i + 1 + int(np.argmax(overlap))
-            raise error(f"slices {format_slice(slices[i])} and {format_slice(slices[j])} overlap")
-
-
-_MAX_COVER_CELLS = 1 << 16  # grid cells examined to name the parts slices leave out
-MAX_HOLES = 4
-
-
-def coverage(slices: Sequence[Slice], shape: tuple[int, ...]) -> tuple[int, list[Slice]]:
-    """The elements the slices store and (up to a few) blocks they leave out.
-
-    The slices' edges cut every axis into intervals; each cell of that grid is
-    either stored or missing, so the missing blocks are found without touching
-    an element. On grids too large to walk, the count is the slices' total size
-    (exact unless they overlap, which is corrupt anyway) and no block is named.
-    """
-    total = num_elements(shape)
-    if not shape:
-        return (total if slices else 0), []
-    starts, ends = _slice_bounds(slices, shape)
-    volumes = sum(
-        num_elements([b - a for a, b in zip(s, e)]) for s, e in zip(starts.tolist(), ends.tolist())
-    )
-    if volumes == total:
-        return total, []
-    cuts = [
-        np.unique(np.concatenate([[0, d], starts[:, a], ends[:, a]])) for a, d in enumerate(shape)
-    ]
-    if math.prod(len(c) - 1 for c in cuts) > _MAX_COVER_CELLS:
-        return min(volumes, total), []
-    stored = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
-    for s, e in zip(starts, ends):
-        stored[
-            tuple(
-                slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
-                for c, a, b in zip(cuts, s, e)
-            )
-        ] = True
-    holes: list[Slice] = []
-    for cell in np.argwhere(~stored)[: MAX_HOLES + 1]:
-        holes.append(
-            tuple(
-                (0, None) if c[i] == 0 and c[i + 1] == d else (int(c[i]), int(c[i + 1] - c[i]))
-                for c, i, d in zip(cuts, cell.tolist(), shape)
-            )
-        )
-    widths = [np.diff(c).tolist() for c in cuts]
-    covered = sum(
-        math.prod(w[i] for w, i in zip(widths, cell)) for cell in np.argwhere(stored).tolist()
-    )
-    return covered, holes
-
-
-def describe_holes(holes: list[Slice], missing: int) -> str:
-    if not holes:
-        return f"{missing} elements are missing"
-    listed = ", ".join(f"[{format_slice(h)}]" for h in holes[:MAX_HOLES])
-    more = " and more" if len(holes) > MAX_HOLES else ""
-    return f"missing {missing} elements: {listed}{more}"
-
-
-# --- writing ---------------------------------------------------------------
-
-
-# --- string and variant framing ---------------------------------------------
-
-
-def shape_tuple(shape) -> tuple[int, ...]:
-    shape = tuple(map(int, shape))
-    if shape and min(shape) < 0:
-        raise ValueError(f"negative dimension in shape {list(shape)}")
-    return shape
-
-
-def as_string_array(value) -> np.ndarray:
-    arr = np.asarray(value, dtype=object)
-    flat = arr.reshape(-1)
-    for i, v in enumerate(flat):
-        if isinstance(v, str):
-            flat[i] = v.encode("utf-8")
-        elif isinstance(v, (bytes, bytearray, memoryview, np.bytes_)):
-            flat[i] = bytes(v)
-        else:
-            raise TypeError(f"string tensor element {i} is {type(v).__name__}, not bytes")
-    return arr
-
-
-def encode_strings(values: np.ndarray, endian: Endianness) -> tuple[bytes, int]:
-    """The on-disk bytes of a string tensor and their (unmasked) CRC32C."""
-    flat = values.reshape(-1)
-    lengths = bytearray()
-    crc = 0
-    for v in flat:
-        n = len(v)
-        lengths += encode_varint(n)
-        crc = crc32c(n.to_bytes(4 if n <= 0xFFFFFFFF else 8, endian), crc)
-    check = mask_crc(crc).to_bytes(4, endian)
-    crc = crc32c(check, crc)
-    body = b"".join(flat)
-    return bytes(lengths) + check + body, crc32c(body, crc)
-
-
-def string_tensor_nbytes(values: np.ndarray) -> int:
-    """The size of :func:`encode_strings`' bytes, without encoding."""
-    lengths = [len(v) for v in values.reshape(-1)]
-    return sum(len(encode_varint(n)) for n in lengths) + 4 + sum(lengths)
-
-
-class StringFraming:
-    """The parsed framing of a string tensor's bytes: lengths, then their checksum, then data.
-
-    ``crc`` is the entry checksum (unmasked) computed the way the format defines
-    it: over each length as uint32 (uint64 when larger), the 4 stored checksum
-    bytes, then the element bytes. ``ValueError`` when the bytes are malformed.
-    """
-
-    def __init__(self, buf: bytes, count: int, endian: Endianness):
-        size = len(buf)
-        if count > size:  # every element takes at least one length byte
-            raise ValueError(f"{count} strings cannot fit in {size} bytes")
-        pos = 0
-        lengths = []
-        crc = 0
-        for _ in range(count):
-            length, pos = decode_varint(buf, pos, size)
-            lengths.append(length)
-            crc = crc32c(length.to_bytes(4 if length <= 0xFFFFFFFF else 8, endian), crc)
-        if pos + 4 > size:
-            raise ValueError("truncated before the length checksum")
-        raw_check = buf[pos : pos + 4]
-        self.lengths_crc = crc
-        self.stored_lengths_crc = unmask_crc(int.from_bytes(raw_check, endian))
-        pos += 4
-        if pos + sum(lengths) != size:
-            raise ValueError(f"lengths add up to {sum(lengths)} bytes but {size - pos} follow")
-        self.lengths = lengths
-        self.data_offset = pos
-        self.crc = crc32c(memoryview(buf)[pos:], crc32c(raw_check, crc))
-
-
-class VariantFraming:
-    """The parsed framing of a variant tensor's bytes.
-
-    Per element: a varint64 length, that many bytes (a serialized
-    ``VariantTensorDataProto``), then the masked CRC32C of everything checksummed
-    so far. The running checksum covers each length as a uint64 (not its varint
-    bytes), the element bytes, then the 4 stored checksum bytes; its final value
-    is the entry's ``crc``. ``elements`` holds (offset, length) per element and
-    ``bad_element`` the first (index, stored, computed) whose checksum is wrong.
-    No bytes at all is accepted as TensorFlow accepts it (default elements).
-    ``ValueError`` when the bytes are malformed.
-    """
-
-    def __init__(self, buf: bytes, count: int, endian: Endianness):
-        size = len(buf)
-        self.elements: list[tuple[int, int]] = []
-        self.bad_element: tuple[int, int, int] | None = None
-        self.crc = 0
-        if size == 0:
-            return
-        if count * 5 > size:  # a length byte and a checksum at least, per element
-            raise ValueError(f"{count} variant elements cannot fit in {size} bytes")
-        view = memoryview(buf)
-        pos = crc = 0
-        for i in range(count):
-            length, pos = decode_varint(buf, pos, size)
-            if pos + length + 4 > size:
-                raise ValueError(
-                    f"element {i} of {length} bytes runs past the {size} bytes of the entry"
-                )
-            crc = crc32c(view[pos : pos + length], crc32c(length.to_bytes(8, endian), crc))
-            self.elements.append((pos, length))
-            pos += length
-            raw_check = view[pos : pos + 4]
-            stored = unmask_crc(int.from_bytes(raw_check, endian))
-            if stored != crc and self.bad_element is None:
-                self.bad_element = (i, stored, crc)
-            crc = crc32c(raw_check, crc)
-            pos += 4
-        if pos != size:
-            raise ValueError(f"{size - pos} bytes follow the last of {count} elements")
-        self.crc = crc
-
-
-def parse_slice_key(key: bytes) -> tuple[str, Slice] | None:
-    """(name, extents) if ``key`` is exactly how TensorFlow encodes that slice's key."""
-    try:
-        name, extents = orderedcode.decode_slice_key(key)
-        canonical = orderedcode.encode_slice_key(name, extents) == key
-    except ValueError:
-        return None
-    return (name, extents) if canonical else None
-
-
-def decode_varints(buf: np.ndarray, count: int) -> tuple[np.ndarray, int]:
-    """The first (up to) ``count`` whole varint64s in ``buf``: their values and bytes used.
-
-    Vectorized ``decode_varint``; ``ValueError`` for one longer than 10 bytes or
-    beyond 64 bits. A varint cut off at the end of ``buf`` is left for the next read.
-    """
-    ends = np.flatnonzero(buf < 0x80)[:count]
-    if not len(ends):
-        if len(buf) >= 10:
-            raise ValueError("overlong varint")
-        return np.empty(0, dtype=np.uint64), 0
-    used = int(ends[-1]) + 1
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    sizes = ends - starts + 1
-    if sizes.max() > 10:
-        raise ValueError("overlong varint")
-    within = np.arange(used) - np.repeat(starts, sizes)  # each byte's place in its varint
-    bits = buf[:used] & 0x7F
-    if (bits[within == 9] > 1).any():
-        raise ValueError("varint64 out of range")
-    values = np.add.reduceat(bits.astype(np.uint64) << (7 * within).astype(np.uint64), starts)
-    return values, used
-
-
-def encode_varints(values: np.ndarray) -> np.ndarray:
-    """``encode_varint`` of every value, concatenated (vectorized)."""
-    sizes = np.ones(len(values), dtype=np.int64)
-    for k in range(1, 10):
-        sizes += values >= np.uint64(1 << (7 * k))
-    starts = np.cumsum(sizes) - sizes
-    out = np.empty(int(sizes.sum()), dtype=np.uint8)
-    for k in range(10):
-        at = np.flatnonzero(sizes > k)
-        if not len(at):
-            break
-        low = ((values[at] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        out[starts[at] + k] = low | ((sizes[at] > k + 1).astype(np.uint8) << 7)
-    return out
-
-
-def lengths_crc(lengths: np.ndarray, endian: Endianness, crc: int) -> int:
-    """Carry a string tensor's CRC32C over its lengths: each as uint32 (uint64 when larger)."""
-    if not len(lengths) or int(lengths.max()) <= 0xFFFFFFFF:
-        return crc32c(
-            lengths.astype(np.dtype("u4").newbyteorder("<" if endian == "little" else ">")), crc
-        )
-    for length in lengths.tolist():
-        crc = crc32c(length.to_bytes(4 if length <= 0xFFFFFFFF else 8, endian), crc)
-    return crc

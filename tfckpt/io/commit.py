@@ -22,14 +22,9 @@ from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import orderedcode
-from tfckpt.format.bundle import (
-    HEADER_KEY,
-    check_slice_cover,
-    encode_header,
-    entry_shape,
-    slice_from_proto,
-)
+from tfckpt.format.bundle import HEADER_KEY, encode_header, entry_shape, slice_from_proto
 from tfckpt.format.dtypes import Endianness
+from tfckpt.format.slices import check_slice_cover
 from tfckpt.format.table import TableBuilder
 from tfckpt.io import paths
 from tfckpt.io.storage import storage_for
