@@ -288,6 +288,9 @@ class TensorFileSource:
 
     def __init__(self, ins: list[_In]):
         self._ins = {i.entry.name: i for i in ins}
+        # Resolved here, on the caller's thread, with its storage options: the files are
+        # opened on the pipeline's reading thread, where no current options are set.
+        self._stores = {i.file: storage_for(i.file) for i in ins}
         self._readers: dict[str, tuple] = {}  # path -> (read, raw reader)
         self._zips: dict[str, zipfile.ZipFile] = {}
         self._closers: list[Callable[[], None]] = []
@@ -394,14 +397,14 @@ class TensorFileSource:
     def _reader(self, path: str):
         """``(read, raw reader)`` of one file, opened on first use."""
         if path not in self._readers:
-            reader = storage_for(path).open_reader(path)
+            reader = self._stores[path].open_reader(path)
             self._closers.append(reader.close)
             self._readers[path] = (_file_reader(path, reader), reader)
         return self._readers[path]
 
     def _zip(self, path: str) -> zipfile.ZipFile:
         if path not in self._zips:
-            reader = storage_for(path).open_reader(path)
+            reader = self._stores[path].open_reader(path)
             self._closers.append(reader.close)
             self._zips[path] = zipfile.ZipFile(io.BufferedReader(ReaderFile(reader)))
             self._closers.append(self._zips[path].close)
