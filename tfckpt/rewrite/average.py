@@ -4,9 +4,9 @@ Every floating-point (and complex) tensor is the weighted mean of its values in
 all sources, ``(w_1 x_1 + ... + w_n x_n) / (w_1 + ... + w_n)`` summed in that
 order in float64 (complex128), chunk by chunk across the sources, then rounded
 to the tensor's own dtype (or the cast target) as ``tf.cast`` rounds
-(:class:`tfckpt.cast.Caster`). Every other tensor (integers such as
+(:mod:`tfckpt.rewrite.mean`, in the engine's pipeline). Every other tensor (integers such as
 ``global_step``, bool, strings, resource/variant) and the keys and values of
-lookup tables (:func:`~tfckpt.planner.fixed_dtype_tensors`: a table's values are
+lookup tables (:func:`~tfckpt.rewrite.planner.fixed_dtype_tensors`: a table's values are
 in its keys' order, which differs between saves) is copied from the newest
 source: the last one given. Memory is set by the chunk budget, whatever the
 tensor sizes and however many sources.
@@ -25,23 +25,25 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.checkpoint.writer import BundleWriter, StringStream
-from tfckpt.errors import CastOverflowError, CheckpointError, UnsupportedCheckpointError
+from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.io import paths
-from tfckpt.io.commit import write_state_file
 from tfckpt.io.storage import StorageOptions, kept_options, storage_for, takes_storage_options
-from tfckpt.io.temporaries import remove_stale_temporaries
-from tfckpt.rewrite.cast import CastCounts, Caster
-from tfckpt.rewrite.engine import TF_SLICE_COPYABLE, Summary, restore_warnings
+from tfckpt.rewrite.engine import (
+    TF_SLICE_COPYABLE,
+    ShardPacker,
+    Summary,
+    TaskItem,
+    graph_bytes,
+    restore_warnings,
+    run_and_commit,
+    state_file_warnings,
+)
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
     DtypePolicy,
@@ -209,25 +211,6 @@ def check_weights(weights: Iterable, what: str = "weights") -> list[float]:
     if not math.isfinite(total) or total == 0:
         raise CheckpointError(f"{what} must be finite numbers with a finite, non-zero sum")
     return out
-
-
-# Weights whose largest magnitude lies outside this range are scaled by a power of two
-# first: their products with values (or their sum) would underflow or overflow, and a
-# power of two changes no rounding. Weights inside it are used as given.
-_WEIGHT_RANGE = (2.0**-100, 2.0**100)
-
-
-def _in_range(weights: Sequence[float]) -> Sequence[float]:
-    """``weights`` as given, unless the largest magnitude lies outside
-    :data:`_WEIGHT_RANGE`: then equal weights become ones (the plain mean, bit for bit)
-    and others are scaled by one power of two so the largest lies in [1, 2)."""
-    largest = max(abs(w) for w in weights)
-    if _WEIGHT_RANGE[0] <= largest <= _WEIGHT_RANGE[1] or largest == 0:
-        return weights
-    if all(w == weights[0] for w in weights):
-        return [1.0] * len(weights)
-    exponent = math.frexp(largest)[1]  # largest = m * 2**exponent, 0.5 <= m < 1
-    return [math.ldexp(w, 1 - exponent) for w in weights]
 
 
 def _check_agree(srcs: list[Source], tables: set[str]) -> None:
@@ -448,28 +431,6 @@ def _same_slices(srcs: list[Source], name: str) -> bool:
     return all(set(s.ckpt.info(name).slices) == first for s in srcs[:-1])
 
 
-def _aligned(chunks: Iterator[np.ndarray], step: int) -> Iterator[np.ndarray]:
-    """The elements of ``chunks`` again, in pieces of ``step`` (the last may be shorter).
-
-    Sources may come in pieces of different sizes (a partitioned tensor is read in
-    bands of its slices); aligned, the i-th piece of every source covers the same
-    elements.
-    """
-    pending: list[np.ndarray] = []
-    have = 0
-    for chunk in chunks:
-        while chunk.size:
-            take = min(step - have, chunk.size)
-            pending.append(chunk[:take])
-            have += take
-            chunk = chunk[take:]
-            if have == step:
-                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
-                pending, have = [], 0
-    if have:
-        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
-
-
 @takes_storage_options()
 def average(
     sources,
@@ -513,52 +474,43 @@ def write_average(
     progress: Callable[[int], None] | None = None,
     storage_options: StorageOptions | None = None,
 ) -> Summary:
-    """Write a planned average and commit it atomically (see :func:`average`)."""
+    """Write a planned average and commit it atomically (see :func:`average`): shard
+    tasks for the one engine, whose mean items read every source in step."""
     start = time.perf_counter()
     opts = p.options
-    store = storage_for(p.dst)
-    remove_stale_temporaries(store.join(store.dirname(p.dst), paths.STATE_FILENAME))
     keep_layout = opts.max_shard_bytes is None
     newest = p.sources[-1].ckpt
-    counts: dict[str, CastCounts] = {}
-    with BundleWriter(
-        p.dst,
-        max_shard_bytes=opts.max_shard_bytes,
-        overwrite=opts.overwrite,
-        durable=opts.durable,
-    ) as w:
-        for t in p.tensors:
-            if t.sliced:
-                slices = sorted(newest.slice_info(t.name), key=_file_order)
-                pieces = [(s.extents, s.shard) for s in slices]
-            else:
-                pieces = [(None, t.info.shard)]
-            for extents, shard in pieces:
-                at = (shard or 0) if keep_layout else None
-                if t.averaged:
-                    c = _average_tensor(p, w, t, extents, at, progress)
-                    if c is not None:
-                        counts.setdefault(t.new_name, CastCounts()).add(c)
-                else:
-                    _copy_tensor(newest, w, t, extents, at, opts.chunk_bytes, progress)
-        if p.object_graph is not None:
-            at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
-            w.add(OBJECT_GRAPH_KEY, np.array(p.object_graph, dtype=object), shard=at)
-        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
-        if opts.overflow == "error" and overflowed:
-            raise CastOverflowError(overflowed, p.dst)
-    warnings = restore_warnings(_sliced_as_plan(p))
-    try:
-        directory = store.dirname(p.dst) or "."
-        if not any(
-            s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix) or ".")
-            == store.realpath(directory)
-            for s in p.sources
-        ):
-            write_state_file(directory, store.basename(p.dst))
-    except (OSError, CheckpointError) as e:
-        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        warnings.append(f"the checkpoint is complete, but the state file was not written: {detail}")
+    n = len(p.sources)
+    packer = ShardPacker(opts.max_shard_bytes)
+    for t in p.tensors:
+        out = _dt.lookup(t.new_dtype)
+        pieces = sorted(newest.slice_info(t.name), key=_file_order) if t.sliced else [t.info]
+        for piece in pieces:
+            nbytes = piece.nbytes
+            if t.new_dtype != t.info.dtype:
+                nbytes = piece.size * out.fixed_itemsize
+            item = TaskItem(
+                n - 1,  # copies come from the newest source
+                t.name,
+                t.new_name,
+                t.info.dtype,
+                t.new_dtype,
+                t.info.shape,
+                bool(t.info.slices),
+                piece.extents if t.sliced else None,
+                piece.nbytes * (n if t.averaged else 1),
+                t.bytes_out if not t.sliced else nbytes,
+                weights=tuple(p.weights) if t.averaged else (),
+            )
+            packer.add(item, (piece.shard or 0) if keep_layout else None)
+    graph_shard = None
+    if p.object_graph is not None:
+        at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
+        graph_shard = packer.place(graph_bytes(p.object_graph), at)
+    prefixes = [s.ckpt.prefix for s in p.sources]
+    tasks = packer.tasks(p.dst, prefixes, p.object_graph, graph_shard, opts, p.storage_options)
+    counts = run_and_commit(p.dst, tasks, opts, bool(opts.overwrite), progress)
+    warnings = restore_warnings(_sliced_as_plan(p)) + state_file_warnings(p.dst, p.sources)
     return Summary(
         p.dst,
         kept=len(p.tensors),
@@ -588,169 +540,6 @@ def _sliced_as_plan(p: AveragePlan) -> Plan:
 
 def _file_order(info: TensorInfo) -> tuple[int, int]:
     return (info.shard or 0, info.offset or 0)
-
-
-def _average_tensor(
-    p: AveragePlan,
-    w: BundleWriter,
-    t: AveragedTensor,
-    extents,
-    shard: int | None,
-    progress: Callable[[int], None] | None,
-) -> CastCounts | None:
-    """Stream the weighted mean of one tensor (or slice) into the writer."""
-    src = _dt.lookup(t.info.dtype)
-    out = _dt.lookup(t.new_dtype)
-    complex_ = src.kind == "complex"
-    acc_dtype = np.dtype(np.complex128 if complex_ else np.float64)
-    caster = None
-    if complex_ and out.name == "complex64":
-        # Each part rounded as a float32 is, overflow policy and counts included.
-        caster = Caster(_dt.lookup("float64"), _dt.lookup("float32"), p.options.overflow)
-    elif not complex_ and out.name != "float64":
-        caster = Caster(_dt.lookup("float64"), out, p.options.overflow)
-    # In flight per step: each source's piece (twice, while it is cut to size), the
-    # accumulator, one term and the result: about one chunk budget in all.
-    n = len(p.sources)
-    per_element = 2 * n * src.fixed_itemsize + 2 * acc_dtype.itemsize + out.fixed_itemsize
-    step = max(1, p.options.chunk_bytes // per_element)
-    read_bytes = step * src.fixed_itemsize
-    readers = [
-        _aligned(s.ckpt.iter_chunks(t.name, read_bytes, extents=extents), step) for s in p.sources
-    ]
-    stream = (
-        w.stream_slice(t.new_name, out.name, t.info.shape, extents, shard=shard)
-        if extents
-        else w.stream(t.new_name, out.name, t.info.shape, shard=shard)
-    )
-    with stream:
-        for parts in zip(*readers, strict=True):
-            acc = weighted_mean(parts, p.weights, acc_dtype)
-            if caster is None:
-                result = acc
-            elif complex_:
-                result = np.empty(acc.size, out.array_dtype)
-                result.real = caster(np.ascontiguousarray(acc.real))
-                result.imag = caster(np.ascontiguousarray(acc.imag))
-            else:
-                result = caster(acc)
-            stream.write(result)
-            if progress:
-                progress(sum(x.nbytes for x in parts))
-    return caster.counts if caster is not None else None
-
-
-def _parts(a: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The real arrays to scale: a complex array's real and imaginary parts, each alone
-    (a complex product with ``w + 0j`` would turn an infinite part into NaN)."""
-    return (a.real, a.imag) if a.dtype.kind == "c" else (a,)
-
-
-def weighted_mean(parts: Sequence[np.ndarray], weights: Sequence[float], wide) -> np.ndarray:
-    """``(w_1 x_1 + ... + w_n x_n) / (w_1 + ... + w_n)`` element-wise, in ``wide``
-    (float64 or complex128), summed in source order.
-
-    Where that sum overflows although the mean would not (float64 sources near their
-    largest values), those elements are summed again with each weight divided first.
-    Weights far from 1 (``5e-324``) are scaled by a power of two first, which changes
-    no rounding, so their products do not underflow.
-    """
-    weights = _in_range(weights)
-    total = math.fsum(weights)
-    acc = np.empty(parts[0].size, dtype=wide)
-    term = np.empty_like(acc)
-    with np.errstate(all="ignore"):
-        for k, (x, weight) in enumerate(zip(parts, weights)):
-            target = acc if k == 0 else term
-            np.copyto(target, x, casting="unsafe")
-            if weight != 1.0:
-                for part in _parts(target):
-                    part *= weight
-            if k:
-                acc += term
-        for part in _parts(acc):
-            part /= total
-        over = ~np.isfinite(acc)
-        if over.any():
-            terms = []
-            for x, weight in zip(parts, weights):
-                term = x[over].astype(wide)
-                for part in _parts(term):
-                    part *= weight / total
-                terms.append(term)
-            again = terms[0]  # not from zeros: -0.0 stays -0.0
-            for term in terms[1:]:
-                again += term
-            acc[over] = again
-    return acc
-
-
-def _copy_tensor(
-    ckpt: Checkpoint,
-    w: BundleWriter,
-    t: AveragedTensor,
-    extents,
-    shard: int | None,
-    chunk_bytes: int,
-    progress: Callable[[int], None] | None,
-) -> None:
-    """Copy one tensor (or slice) of the newest source unchanged."""
-    dtype = _dt.lookup(t.info.dtype)
-    read_bytes = max(chunk_bytes // 8, 1 << 16)
-    done = 0
-    if dtype is _dt.STRING and (extents or not t.info.slices):
-        stream = (
-            w.stream_slice(t.new_name, dtype.name, t.info.shape, extents, shard=shard)
-            if extents
-            else w.stream(t.new_name, dtype.name, t.info.shape, shard=shard)
-        )
-        assert isinstance(stream, StringStream)
-        with stream:
-            for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
-                if kind == "lengths":
-                    stream.write_lengths(part)
-                else:
-                    stream.write_data(part)
-                done += nbytes
-    elif dtype is _dt.STRING:  # a partitioned string tensor written whole
-        w.add(t.new_name, ckpt[t.name], dtype.name, shard=shard)
-        done = t.info.nbytes
-    elif dtype.numpy is None:
-        if ckpt.header.endianness != w.endianness:
-            raise UnsupportedCheckpointError(
-                f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
-                "be rewritten",
-                path=ckpt.prefix,
-                tensor=t.name,
-            )
-        data = ckpt.read_bytes(t.name, extents)
-        shape = (
-            t.info.shape
-            if not extents
-            else tuple(d if n is None else n for d, (_, n) in zip(t.info.shape, extents))
-        )
-        w.add_raw(
-            t.new_name,
-            dtype.name,
-            shape,
-            data,
-            extents=extents,
-            full_shape=t.info.shape if extents else None,
-            shard=shard,
-        )
-        done = len(data)
-    else:
-        stream = (
-            w.stream_slice(t.new_name, dtype.name, t.info.shape, extents, shard=shard)
-            if extents
-            else w.stream(t.new_name, dtype.name, t.info.shape, shard=shard)
-        )
-        with stream:
-            for chunk in ckpt.iter_chunks(t.name, read_bytes, extents=extents):
-                stream.write(chunk)
-                done += chunk.nbytes
-    if progress:
-        progress(done)
 
 
 __all__ = ["average", "plan_average", "write_average", "last_checkpoints", "AveragePlan"]

@@ -47,6 +47,7 @@ from tfckpt.io.storage import (
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
+from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks
 from tfckpt.rewrite.options import BACKENDS, EXECUTION, Options, RenameRules
 from tfckpt.rewrite.permute import permuted_chunks
 from tfckpt.rewrite.pipeline import (
@@ -153,45 +154,9 @@ def execute(
     """
     start = time.perf_counter()
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
-    store = storage_for(p.dst)
-    remove_stale_temporaries(p.dst)
-    remove_stale_temporaries(store.join(store.dirname(p.dst), paths.STATE_FILENAME))
     tasks = shard_tasks(p, options)
-    try:
-        made_dirs = store.makedirs(store.dirname(p.dst))  # innermost first
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot create directory: {e.strerror or e}", path=p.dst
-        ) from None
-    try:
-        results = _run_tasks(tasks, options.executor, progress)
-        counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
-        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
-        if options.overflow == "error" and overflowed:
-            raise CastOverflowError(overflowed, p.dst)
-        entries = merge_entries([r.entries for r in results])
-        commit_shards(
-            p.dst,
-            [t.path for t in tasks],
-            entries,
-            durable=options.durable,
-            overwrite=bool(p.options.overwrite),
-        )
-    except BaseException:
-        for t in tasks:
-            try:
-                storage_for(t.path).remove(t.path)
-            except (OSError, CheckpointError):
-                pass
-        store.remove_dirs(made_dirs)  # only those still empty
-        raise
-    warnings = []
-    try:
-        _write_state_file(p)
-    except (OSError, CheckpointError) as e:
-        # The checkpoint is committed: only the pointer to it is missing.
-        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        warnings.append(f"the checkpoint is complete, but the state file was not written: {detail}")
+    counts = run_and_commit(p.dst, tasks, options, bool(p.options.overwrite), progress)
+    warnings = state_file_warnings(p.dst, p.sources)
     return Summary(
         p.dst,
         kept=len(p.tensors),
@@ -205,6 +170,127 @@ def execute(
         warnings=restore_warnings(p) + warnings,
         dtype_rules=p.dtype_rule_counts(),
     )
+
+
+def run_and_commit(
+    dst: str,
+    tasks: list[ShardTask],
+    options: Options,
+    overwrite: bool,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, CastCounts]:
+    """Run the shard tasks of one output (``options.executor`` runs them, else here)
+    and commit them as the checkpoint ``dst``, the index last; each tensor's cast
+    counts. A failure (an overflow with ``overflow='error'`` too) commits nothing and
+    removes the tasks' files and the directories this run made."""
+    store = storage_for(dst)
+    remove_stale_temporaries(dst)
+    remove_stale_temporaries(store.join(store.dirname(dst), paths.STATE_FILENAME))
+    try:
+        made_dirs = store.makedirs(store.dirname(dst))  # innermost first
+    except OSError as e:
+        raise CheckpointWriteError(
+            f"cannot create directory: {e.strerror or e}", path=dst
+        ) from None
+    try:
+        results = _run_tasks(tasks, options.executor, progress)
+        counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
+        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
+        if options.overflow == "error" and overflowed:
+            raise CastOverflowError(overflowed, dst)
+        entries = merge_entries([r.entries for r in results])
+        commit_shards(
+            dst, [t.path for t in tasks], entries, durable=options.durable, overwrite=overwrite
+        )
+    except BaseException:
+        for t in tasks:
+            try:
+                storage_for(t.path).remove(t.path)
+            except (OSError, CheckpointError):
+                pass
+        store.remove_dirs(made_dirs)  # only those still empty
+        raise
+    return counts
+
+
+def state_file_warnings(dst: str, sources: Sequence[Source]) -> list[str]:
+    """Point the ``checkpoint`` state file beside ``dst`` at it, unless a source's
+    directory is that directory (its state file is the source's); what the user must
+    know when it cannot be written (the checkpoint is committed all the same)."""
+    store = storage_for(dst)
+    directory = store.dirname(dst) or "."
+    for s in sources:
+        src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
+        if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
+            return []
+    try:
+        write_state_file(directory, store.basename(dst))
+    except (OSError, CheckpointError) as e:
+        # The checkpoint is committed: only the pointer to it is missing.
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return [f"the checkpoint is complete, but the state file was not written: {detail}"]
+    return []
+
+
+class ShardPacker:
+    """Which output shard each item goes to: the one given (following a source's
+    layout), or, given none, the last one while it stays under ``limit`` bytes (a
+    bigger item gets one of its own)."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.shards: dict[int, list[TaskItem]] = {}
+        self._sizes: dict[int, int] = {}
+
+    def place(self, nbytes: int, shard: int | None) -> int:
+        """The shard of an item of ``nbytes``; its bytes are counted there."""
+        if shard is None:
+            shard = max(len(self.shards) - 1, 0)
+            assert self.limit is not None  # no shard given: packing by size
+            size = self._sizes.get(shard, 0)
+            if self.shards and size and size + nbytes > self.limit:
+                shard += 1
+        self.shards.setdefault(shard, [])
+        self._sizes[shard] = self._sizes.get(shard, 0) + nbytes
+        return shard
+
+    def add(self, item: TaskItem, shard: int | None) -> None:
+        """Place ``item`` (see :meth:`place`) and list it there."""
+        self.shards[self.place(item.bytes_out, shard)].append(item)
+
+    def tasks(
+        self,
+        dst: str,
+        sources: list[str],
+        object_graph: bytes | None,
+        graph_shard: int | None,
+        options: Options,
+        storage_options: dict | None,
+    ) -> list[ShardTask]:
+        """One task per shard that holds anything, in shard order (the object graph in
+        ``graph_shard``), written where :func:`~tfckpt.io.commit.new_shard_paths` says."""
+        if not self.shards:
+            self.place(0, 0)
+        order = sorted(self.shards)
+        graph_at = None if graph_shard is None else order.index(graph_shard)
+        items_of = [self.shards[k] for k in order]
+        out_paths = new_shard_paths(dst, len(items_of))
+        items_of += [[] for _ in range(len(out_paths) - len(items_of))]  # extra shards: empty
+        return [
+            ShardTask(
+                k,
+                out_paths[k],
+                sources,
+                items,
+                object_graph if k == graph_at else None,
+                options.overflow,
+                options.chunk_bytes,
+                options.backend,
+                options.durable,
+                storage_options if current_options() is None else current_options(),
+            )
+            for k, items in enumerate(items_of)
+        ]
 
 
 @dataclass
@@ -223,6 +309,16 @@ class TaskItem:
     bytes_out: int
     tf_cast: bool = False  # cast with tf.cast (a big tensor, tf backend)
     perm: tuple[int, ...] | None = None  # axes of the output (a permuted whole tensor)
+    # With weights, the weighted mean of the tensor in sources 0, 1, ... (one weight
+    # each, oldest first), summed in float64 or complex128 (see tfckpt.rewrite.mean).
+    weights: tuple[float, ...] = ()
+
+    @property
+    def read_dtype(self) -> str:
+        """The dtype of the pieces read: a mean's accumulator, else the source's."""
+        if not self.weights:
+            return self.dtype
+        return accumulator(_dt.lookup(self.dtype)).name
 
     @property
     def out_shape(self) -> tuple:
@@ -271,21 +367,8 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     >>> results = [run_shard_task(t) for t in shard_tasks(p)]
     """
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
-    limit = p.options.max_shard_bytes
-    follow = limit is None
-    shards: dict[int, list[TaskItem]] = {}
-    sizes: dict[int, int] = {}
-
-    def place(item_bytes: int, shard: int | None) -> int:
-        if shard is None:
-            shard = max(len(shards) - 1, 0)
-            assert limit is not None  # no shard given: packing by size
-            if shards and sizes[shard] and sizes[shard] + item_bytes > limit:
-                shard += 1
-        shards.setdefault(shard, [])
-        sizes[shard] = sizes.get(shard, 0) + item_bytes
-        return shard
-
+    follow = p.options.max_shard_bytes is None
+    packer = ShardPacker(p.options.max_shard_bytes)
     tf_threshold = options.tf_threshold
     for t in p.tensors:
         src = p.sources[t.source]
@@ -308,53 +391,40 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
             )
 
         if not info.slices:  # the common case, a whole tensor
-            k = place(t.bytes_out, src.shard_base + (info.shard or 0) if follow else None)
-            shards[k].append(item(None, info.nbytes, t.bytes_out))
+            at = src.shard_base + (info.shard or 0)
+            packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
             continue
         parts = src.ckpt.slice_info(t.name)
         if _keep_sliced(src, t):
             target = _dt.lookup(t.new_dtype)
             for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
                 out = sl.nbytes if not cast else sl.size * target.fixed_itemsize
-                k = place(out, src.shard_base + (sl.shard or 0) if follow else None)
-                shards[k].append(item(sl.extents, sl.nbytes, out))
+                at = src.shard_base + (sl.shard or 0)
+                packer.add(item(sl.extents, sl.nbytes, out), at if follow else None)
             continue
         # A partitioned tensor written whole goes where its first slice was.
-        first = min(x.shard or 0 for x in parts)
-        k = place(t.bytes_out, src.shard_base + first if follow else None)
-        shards[k].append(item(None, info.nbytes, t.bytes_out))
+        at = src.shard_base + min(x.shard or 0 for x in parts)
+        packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
     graph_shard = None
     if p.object_graph is not None:
-        size = len(p.object_graph) + len(encode_varint(len(p.object_graph))) + 4
+        graph_at = None
         if follow:
             first_tf2 = next(s for s in p.sources if s.graph is not None)
-            graph_shard = place(
-                size, first_tf2.shard_base + (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
-            )
-        else:
-            graph_shard = place(size, None)
-    if not shards:
-        place(0, 0)
-    order = sorted(shards)
-    graph_shard = None if graph_shard is None else order.index(graph_shard)
-    items_of = [shards[k] for k in order]
-    out_paths = new_shard_paths(p.dst, len(items_of))
-    items_of += [[] for _ in range(len(out_paths) - len(items_of))]  # extra shards: empty
-    return [
-        ShardTask(
-            k,
-            out_paths[k],
-            [s.ckpt.prefix for s in p.sources],
-            items,
-            p.object_graph if k == graph_shard else None,
-            options.overflow,
-            options.chunk_bytes,
-            options.backend,
-            options.durable,
-            p.storage_options if current_options() is None else current_options(),
-        )
-        for k, items in enumerate(items_of)
-    ]
+            graph_at = first_tf2.shard_base + (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
+        graph_shard = packer.place(graph_bytes(p.object_graph), graph_at)
+    return packer.tasks(
+        p.dst,
+        [s.ckpt.prefix for s in p.sources],
+        p.object_graph,
+        graph_shard,
+        options,
+        p.storage_options,
+    )
+
+
+def graph_bytes(object_graph: bytes) -> int:
+    """What the object-graph tensor takes in a data shard (its framing included)."""
+    return len(object_graph) + len(encode_varint(len(object_graph))) + 4
 
 
 def _run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
@@ -409,7 +479,9 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
 
     w = ShardWriter.create(task.path, durable=task.durable)
     try:
-        for source in sorted({item.source for item in task.items}):
+        needed = {item.source for item in task.items}
+        needed.update(k for item in task.items for k in range(len(item.weights)))
+        for source in sorted(needed):
             ckpts[source] = open_checkpoint(task.sources[source], mmap=False)
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
         stream_items(
@@ -531,16 +603,19 @@ def stream_items(
     called with source bytes done, on this thread.
     """
     out = _CastOutput(cast_ring())
-    casters: dict[tuple[str, str, bool], Caster] = {}
+    casters: dict[tuple[str, str, bool], Caster | ComplexCaster] = {}
 
-    def caster_for(item: TaskItem) -> Caster | None:
-        if item.dtype == item.new_dtype:
+    def caster_for(item: TaskItem) -> Caster | ComplexCaster | None:
+        read = item.read_dtype
+        if read == item.new_dtype:
             return None
-        key = (item.dtype, item.new_dtype, item.tf_cast)
+        key = (read, item.new_dtype, item.tf_cast)
         caster = casters.get(key)
-        if caster is None:
+        if caster is None and read == "complex128":  # a mean rounded to complex64
+            caster = casters[key] = ComplexCaster(overflow)
+        elif caster is None:
             caster = casters[key] = Caster(
-                _dt.lookup(item.dtype),
+                _dt.lookup(read),
                 _dt.lookup(item.new_dtype),
                 overflow,
                 convert=tf_convert if item.tf_cast else None,
@@ -653,6 +728,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         and not item.partitioned
         and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
         and item.perm is None
+        and not item.weights
         and dtype is not _dt.STRING
         and dtype.numpy is not None
         and item.bytes_in <= read_bytes // 2
@@ -682,16 +758,27 @@ def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int
             batch.append(item)
             size += item.bytes_in
         else:
-            yield from _item_reads(ckpts[item.source], item, chunk_bytes, ring, endianness)
+            yield from _item_reads(ckpts, item, chunk_bytes, ring, endianness)
     if batch:
         names = [i.name for i in batch]
         yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
 
 
-def _item_reads(ckpt: Any, t: TaskItem, chunk_bytes: int, ring: BufferRing, endianness):
+def _item_reads(
+    ckpts: Mapping[int, Any], t: TaskItem, chunk_bytes: int, ring: BufferRing, endianness
+):
+    ckpt = ckpts[t.source]
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
     read_bytes = _read_bytes(chunk_bytes)
+    if t.weights:
+        yield ("open", t, None, None)
+        sources = [ckpts[k] for k in range(len(t.weights))]
+        out = _dt.lookup(t.new_dtype)
+        for acc, nbytes in mean_chunks(sources, t.name, extents, t.weights, out, chunk_bytes):
+            yield ("chunk", t, acc, nbytes)
+        yield ("close", t, None, None)
+        return
     if t.perm is not None:
         yield ("open", t, None, None)
         for chunk in permuted_chunks(ckpt, t.name, t.perm, chunk_bytes, read_bytes, ring):
@@ -790,21 +877,6 @@ class ProgressSink:
             self._progress(op[2].nbytes)
         elif op[0] == "batch":
             self._progress(sum(a.nbytes for a in op[2]))
-
-
-def _write_state_file(p: Plan) -> None:
-    """Point the output directory's ``checkpoint`` file at the result.
-
-    Left alone when the directory holds a source checkpoint, whose state file
-    is the source's.
-    """
-    store = storage_for(p.dst)
-    directory = store.dirname(p.dst) or "."
-    for s in p.sources:
-        src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
-        if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
-            return
-    write_state_file(directory, store.basename(p.dst))
 
 
 @takes_storage_options()
