@@ -36,7 +36,7 @@ tf = pytest.importorskip("tensorflow")
 import tfckpt  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
 from tfckpt.format.table import BlockHandle, TableReader  # noqa: E402
-from tfckpt.rewrite.engine import shard_tasks  # noqa: E402
+from tfckpt.rewrite.tasks import shard_tasks  # noqa: E402
 
 CASES_PER_KIND = 12
 

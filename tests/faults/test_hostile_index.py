@@ -37,7 +37,7 @@ import tfckpt  # noqa: E402
 from tfckpt import inspection as tfinspect  # noqa: E402
 from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto  # noqa: E402
 from tfckpt.format.table import BlockHandle, TableReader  # noqa: E402
-from tfckpt.rewrite.engine import shard_tasks  # noqa: E402
+from tfckpt.rewrite.tasks import shard_tasks  # noqa: E402
 
 N_TENSORS = 20  # more than one restart interval: the data block has two restart points
 

@@ -49,7 +49,8 @@ from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY  # noqa: E402
 from tfckpt.io import paths  # noqa: E402
 from tfckpt.io.commit import commit_shards, merge_entries  # noqa: E402
 from tfckpt.io.temporaries import TMP_MARK  # noqa: E402
-from tfckpt.rewrite.engine import ShardTask, execute, run_shard_task, shard_tasks  # noqa: E402
+from tfckpt.rewrite.engine import execute  # noqa: E402
+from tfckpt.rewrite.tasks import ShardTask, run_shard_task, shard_tasks  # noqa: E402
 
 CASES = ("tf1_sharded", "max_shard_policy", "keras_manager")
 MEM = MemoryFileSystem.store  # the process-wide memory:// store (path -> MemoryFile)

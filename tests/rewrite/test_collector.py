@@ -11,7 +11,7 @@ import pytest
 import tfckpt
 from tfckpt import cli
 from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.rewrite import engine
+from tfckpt.rewrite import tasks as engine  # where shard tasks are run
 
 
 @pytest.fixture(scope="module")

@@ -34,10 +34,10 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
-from tfckpt.rewrite.engine import ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, compile_rules, new_name, plan
+from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
 from tfckpt.version import __version__
 
 
@@ -107,7 +107,7 @@ class _Out:
 
 class TensorFileSink:
     """A safetensors or npz file as the sink of the engine's pipeline
-    (:func:`~tfckpt.rewrite.engine.stream_items`): each tensor begun, written in
+    (:func:`~tfckpt.rewrite.streaming.stream_items`): each tensor begun, written in
     pieces, ended, in the order of the file's header."""
 
     def __init__(self, writer):

@@ -36,10 +36,10 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import remove_stale_temporaries
-from tfckpt.rewrite.engine import BundleSink, ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import DtypePolicy, compile_patterns, compile_rules, new_name
+from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
 @dataclass(slots=True)

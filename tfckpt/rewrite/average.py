@@ -34,16 +34,7 @@ from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.io import paths
 from tfckpt.io.storage import StorageOptions, kept_options, storage_for, takes_storage_options
-from tfckpt.rewrite.engine import (
-    TF_SLICE_COPYABLE,
-    ShardPacker,
-    Summary,
-    TaskItem,
-    graph_bytes,
-    restore_warnings,
-    run_and_commit,
-    state_file_warnings,
-)
+from tfckpt.rewrite.engine import Summary, run_and_commit, state_file_warnings
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
     DtypePolicy,
@@ -56,6 +47,8 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
+from tfckpt.rewrite.streaming import TaskItem
+from tfckpt.rewrite.tasks import TF_SLICE_COPYABLE, ShardPacker, graph_bytes, restore_warnings
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows

@@ -1,0 +1,372 @@
+"""The one pipeline every rewrite streams through: items read ahead (small tensors in
+batches, permuted ones in tiles, means of several sources in step), cast here, and
+written behind into a sink — a bundle shard (:class:`BundleSink`) or, for export, a
+safetensors/npz file. :func:`stream_items` runs it; the engine's shard tasks, export and
+import call it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tfckpt.checkpoint.writer import ShardWriter
+from tfckpt.errors import (
+    UnsupportedCheckpointError,
+)
+from tfckpt.format import dtypes as _dt
+from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
+from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks
+from tfckpt.rewrite.permute import permuted_chunks
+from tfckpt.rewrite.pipeline import (
+    BufferRing,
+    WriteBehind,
+    cast_ring,
+    prefetch,
+    read_ring,
+)
+
+
+@dataclass
+class TaskItem:
+    """One tensor, or one slice of one, that a shard task writes."""
+
+    source: int
+    name: str
+    new_name: str
+    dtype: str
+    new_dtype: str
+    shape: tuple
+    partitioned: bool  # the source tensor is partitioned
+    extents: tuple | None  # which slice (None: the whole tensor)
+    bytes_in: int
+    bytes_out: int
+    tf_cast: bool = False  # cast with tf.cast (a big tensor, tf backend)
+    perm: tuple[int, ...] | None = None  # axes of the output (a permuted whole tensor)
+    # With weights, the weighted mean of the tensor in sources 0, 1, ... (one weight
+    # each, oldest first), summed in float64 or complex128 (see tfckpt.rewrite.mean).
+    weights: tuple[float, ...] = ()
+
+    @property
+    def read_dtype(self) -> str:
+        """The dtype of the pieces read: a mean's accumulator, else the source's."""
+        if not self.weights:
+            return self.dtype
+        return accumulator(_dt.lookup(self.dtype)).name
+
+    @property
+    def out_shape(self) -> tuple:
+        """The shape written: the source's, or permuted."""
+        return self.shape if self.perm is None else tuple(self.shape[p] for p in self.perm)
+
+
+def _read_bytes(chunk_bytes: int) -> int:
+    """How many bytes one read takes: the budget covers every buffer of the rings."""
+    return max(chunk_bytes // 8, 1 << 16)
+
+
+def stream_items(
+    items: Sequence[TaskItem],
+    ckpts: Mapping[int, Any],
+    sink,
+    *,
+    overflow: OverflowPolicy,
+    chunk_bytes: int,
+    endianness: str,
+    counts: dict[str, tuple[int, int, int, int]],
+    tick: Callable[[int], None] | None = None,
+    tf_convert=None,
+) -> None:
+    """Every item through one pipeline: read ahead, cast here, write behind into ``sink``.
+
+    One reading thread and one writing thread serve all the items (see
+    :mod:`tfckpt.rewrite.pipeline`), so a tensor costs no thread of its own; small
+    tensors travel in batches, read together and cast together. ``ckpts`` maps each
+    item's ``source`` to a :class:`~tfckpt.checkpoint.reader.Checkpoint`, or to what
+    reads like one (``info``, ``iter_chunks``, ``read_together``, ``read_elements``,
+    ``[name]``: an import's safetensors and npz files). ``sink.write(op)``
+    takes the hand-overs in order, on the writing thread: ``open``/``write``/``close``
+    a tensor streamed in pieces, ``batch`` several whole ones, and for a bundle
+    ``lengths``/``data`` of a string tensor, ``add`` and ``raw`` (see
+    :class:`BundleSink`; a safetensors or npz file is another sink). ``counts``
+    gets each cast tensor's (overflow, to zero, subnormal, elements); ``tick`` is
+    called with source bytes done, on this thread.
+    """
+    out = _CastOutput(cast_ring())
+    casters: dict[tuple[str, str, bool], Caster | ComplexCaster] = {}
+
+    def caster_for(item: TaskItem) -> Caster | ComplexCaster | None:
+        read = item.read_dtype
+        if read == item.new_dtype:
+            return None
+        key = (read, item.new_dtype, item.tf_cast)
+        caster = casters.get(key)
+        if caster is None and read == "complex128":  # a mean rounded to complex64
+            caster = casters[key] = ComplexCaster(overflow)
+        elif caster is None:
+            caster = casters[key] = Caster(
+                _dt.lookup(read),
+                _dt.lookup(item.new_dtype),
+                overflow,
+                convert=tf_convert if item.tf_cast else None,
+                buffers=out,
+                bits=True,
+            )
+        return caster
+
+    def handle(event: tuple) -> None:
+        kind, item, payload, nbytes = event
+        if kind == "chunk":
+            caster = caster_for(item)
+            if caster is not None:
+                out.reserve(payload.size * caster.target.fixed_itemsize)
+                before = _snapshot(caster.counts)
+                payload = caster(payload)
+                _add_counts(counts, item.new_name, _snapshot(caster.counts), before)
+            writer.write(("write", item, payload))
+        elif kind == "batch":
+            writer.write(("batch", item, _cast_batch(item, payload, caster_for, out, counts)))
+        else:
+            if kind == "open" and caster_for(item) is not None:
+                counts.setdefault(item.new_name, (0, 0, 0, 0))
+            writer.write(event)
+        if nbytes is not None and tick is not None:
+            tick(nbytes)
+
+    reads = _reads(items, ckpts, chunk_bytes, endianness)
+    with WriteBehind(sink) as writer, contextlib.closing(prefetch(reads)) as events:
+        for event in events:
+            # In a function of its own, so that nothing here keeps a buffer past its turn.
+            handle(event)
+
+
+def _snapshot(c: CastCounts) -> tuple[int, int, int, int]:
+    return c.overflow, c.to_zero, c.subnormal, c.elements
+
+
+def _add_counts(counts: dict, name: str, after: tuple, before: tuple) -> None:
+    old = counts.get(name, (0, 0, 0, 0))
+    counts[name] = tuple(o + a - b for o, a, b in zip(old, after, before))
+
+
+class _CastOutput:
+    """Where cast results go: consecutive pieces of one buffer of the cast ring.
+
+    Each hand-over to the writer (a chunk, a batch) reserves one buffer, so the
+    cast ring's size holds whatever a batch mixes.
+    """
+
+    def __init__(self, ring: BufferRing):
+        self._ring = ring
+        self._buf = ring(0)
+        self._pos = 0
+
+    def reserve(self, nbytes: int) -> None:
+        self._buf = self._ring(nbytes)
+        self._pos = 0
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        piece = self._buf[self._pos : self._pos + nbytes]
+        if len(piece) != nbytes:
+            raise RuntimeError("a cast result is larger than the space reserved for it")
+        self._pos += nbytes
+        return piece
+
+
+def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutput, counts) -> list:
+    """Cast a batch of small tensors, each run of one cast in one call.
+
+    Batched tensors are whole ones, so each name comes once: its counts are set.
+    """
+    casters = [caster_for(item) for item in items]
+    out.reserve(sum(item.bytes_out for item, c in zip(items, casters) if c is not None))
+    result: list = []
+    i = 0
+    while i < len(items):
+        caster = casters[i]
+        j = i + 1
+        while j < len(items) and casters[j] is caster:
+            j += 1
+        group = arrays[i:j]
+        if caster is None:
+            result += group
+            i = j
+            continue
+        src = group[0] if len(group) == 1 else np.concatenate(group)
+        before = _snapshot(caster.counts)
+        cast = caster(src)
+        sizes = [a.size for a in group]
+        if _snapshot(caster.counts)[:3] == before[:3]:
+            for item, size in zip(items[i:j], sizes):
+                counts[item.new_name] = (0, 0, 0, size)
+        else:
+            rows = caster.count_segments(src, cast, sizes).tolist()
+            for item, (over, to_zero, subnormal), size in zip(items[i:j], rows, sizes):
+                counts[item.new_name] = (over, to_zero, subnormal, size)
+        pos = 0
+        for size in sizes:
+            result.append(cast[pos : pos + size])
+            pos += size
+        i = j
+    return result
+
+
+def _batchable(item: TaskItem, read_bytes: int) -> bool:
+    dtype = _dt.lookup(item.dtype)
+    return (
+        item.extents is None
+        and not item.partitioned
+        and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
+        and item.perm is None
+        and not item.weights
+        and dtype is not _dt.STRING
+        and dtype.numpy is not None
+        and item.bytes_in <= read_bytes // 2
+    )
+
+
+def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int, endianness: str):
+    """What the reading thread hands on: ``(kind, item, payload, source bytes)``.
+
+    Small tensors that follow each other come as one ``batch`` (up to
+    ``read_bytes``), read together; others as ``open``, their pieces, ``close``.
+    Every buffer comes from one ring, whose size pipeline derives.
+    """
+    read_bytes = _read_bytes(chunk_bytes)
+    ring = read_ring()
+    batch: list[TaskItem] = []
+    size = 0
+    for item in items:
+        small = _batchable(item, read_bytes)
+        if batch and (
+            not small or item.source != batch[0].source or size + item.bytes_in > read_bytes
+        ):
+            names = [i.name for i in batch]
+            yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
+            batch, size = [], 0
+        if small:
+            batch.append(item)
+            size += item.bytes_in
+        else:
+            yield from _item_reads(ckpts, item, chunk_bytes, ring, endianness)
+    if batch:
+        names = [i.name for i in batch]
+        yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
+
+
+def _item_reads(
+    ckpts: Mapping[int, Any], t: TaskItem, chunk_bytes: int, ring: BufferRing, endianness
+):
+    ckpt = ckpts[t.source]
+    dtype = _dt.lookup(t.dtype)
+    extents = t.extents
+    read_bytes = _read_bytes(chunk_bytes)
+    if t.weights:
+        yield ("open", t, None, None)
+        sources = [ckpts[k] for k in range(len(t.weights))]
+        out = _dt.lookup(t.new_dtype)
+        for acc, nbytes in mean_chunks(sources, t.name, extents, t.weights, out, chunk_bytes):
+            yield ("chunk", t, acc, nbytes)
+        yield ("close", t, None, None)
+        return
+    if t.perm is not None:
+        yield ("open", t, None, None)
+        for chunk in permuted_chunks(ckpt, t.name, t.perm, chunk_bytes, read_bytes, ring):
+            yield ("chunk", t, chunk, chunk.nbytes)
+        yield ("close", t, None, None)
+        return
+    if dtype is _dt.STRING:
+        if t.partitioned and extents is None:  # a partitioned tensor made whole
+            yield ("add", t, ckpt[t.name], t.bytes_in)
+            return
+        # Lengths, then element bytes, in bounded pieces; the writer frames them anew
+        # (in its own byte order), which gives the bytes TensorFlow writes.
+        yield ("open", t, None, None)
+        for kind, part, nbytes in ckpt.iter_string_parts(t.name, read_bytes, extents):
+            yield (kind, t, part, nbytes)
+        yield ("close", t, None, None)
+        return
+    if dtype.numpy is None:
+        if ckpt.header.endianness != endianness:
+            raise UnsupportedCheckpointError(
+                f"{dtype.name} tensors of a {ckpt.header.endianness}-endian checkpoint cannot "
+                "be rewritten",
+                path=ckpt.prefix,
+                tensor=t.name,
+            )
+        data = ckpt.read_bytes(t.name, extents)
+        yield ("raw", t, data, len(data))
+        return
+    yield ("open", t, None, None)
+    for chunk in ckpt.iter_chunks(t.name, read_bytes, extents=extents, buffers=ring):
+        yield ("chunk", t, chunk, chunk.nbytes)
+    yield ("close", t, None, None)
+
+
+class BundleSink:
+    """A shard of a V2 bundle as the sink of :func:`stream_items`: applies the
+    hand-overs to a :class:`~tfckpt.checkpoint.writer.ShardWriter`, in order."""
+
+    def __init__(self, w: ShardWriter):
+        self._w = w
+        self._stream: Any = None  # the open stream: a tensor's, or a string tensor's
+
+    def write(self, op: tuple) -> None:
+        kind, t = op[0], op[1]
+        w = self._w
+        if kind == "write":
+            self._stream.write(op[2])
+        elif kind == "batch":
+            w.add_arrays([(i.new_name, i.new_dtype, i.shape, data) for i, data in zip(t, op[2])])
+        elif kind == "open":
+            if t.extents:
+                self._stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, t.extents)
+            else:
+                self._stream = w.stream(t.new_name, t.new_dtype, t.out_shape)
+        elif kind == "close":
+            stream, self._stream = self._stream, None
+            stream.close()
+        elif kind == "lengths":
+            self._stream.write_lengths(op[2])
+        elif kind == "data":
+            self._stream.write_data(op[2])
+        elif kind == "add":
+            w.add(t.new_name, op[2], t.dtype)
+        elif kind == "raw":
+            extents = t.extents
+            shape = (
+                t.shape
+                if not extents
+                else tuple(d if n is None else n for d, (_, n) in zip(t.shape, extents))
+            )
+            w.add_raw(
+                t.new_name,
+                t.dtype,
+                shape,
+                op[2],
+                extents=extents,
+                full_shape=t.shape if extents else None,
+            )
+        else:
+            raise AssertionError(kind)
+
+
+class ProgressSink:
+    """Passes the hand-overs of :func:`stream_items` on to ``sink`` and reports the
+    bytes of each tensor piece written to ``progress`` (on the writing thread)."""
+
+    def __init__(self, sink, progress: Callable[[int], None] | None):
+        self._sink = sink
+        self._progress = progress
+
+    def write(self, op: tuple) -> None:
+        self._sink.write(op)
+        if self._progress is None:
+            return
+        if op[0] == "write":
+            self._progress(op[2].nbytes)
+        elif op[0] == "batch":
+            self._progress(sum(a.nbytes for a in op[2]))
