@@ -110,7 +110,8 @@ class TensorStream:
 class StringStream(TensorStream):
     """Receives one string tensor: every element's length, then the elements' bytes.
 
-    Writes the framing and computes the checksums exactly as :func:`encode_strings`.
+    Writes the framing and computes the checksums exactly as
+    :func:`~tfckpt.format.framing.encode_strings`.
     """
 
     def __init__(

@@ -221,8 +221,8 @@ def _stream_bytes(dt: _dt.DType, shape: tuple[int, ...]) -> int:
 
 class ShardWriter(_Adder):
     """Writes tensors into one data file at ``path`` (a local file or URL) and builds
-    their index entries: :meth:`finish` returns them, for :func:`~tfckpt.commit.merge_entries`
-    and :func:`~tfckpt.commit.commit_shards`.
+    their index entries: :meth:`finish` returns them, for :func:`~tfckpt.io.commit.merge_entries`
+    and :func:`~tfckpt.io.commit.commit_shards`.
 
     Within a :class:`BundleWriter`, the shards share one ``index`` (their entries,
     ``shard_id`` set) and a failed stream aborts the whole checkpoint (``on_abort``).
@@ -261,7 +261,7 @@ class ShardWriter(_Adder):
         """A writer of one data shard at ``path`` on its own, its directory made if missing.
 
         Used by tasks that each write one shard of a checkpoint; :meth:`finish`
-        returns the index entries, which :func:`~tfckpt.commit.commit_shards` commits.
+        returns the index entries, which :func:`~tfckpt.io.commit.commit_shards` commits.
         """
         store = storage_for(path)
         try:
