@@ -2,6 +2,10 @@
 
 Functions here return dicts and lists of JSON-ready values; printing them is the
 CLI's job.
+
+It runs past 600 lines because it holds the four read-only verbs (dump, diff, stats,
+verify) and the checkpoint listing, which share the readers' chunked comparisons and
+the record format, and the command line reaches them all through this one module.
 """
 
 from __future__ import annotations

@@ -283,3 +283,54 @@ def test_v1_on_object_storage(v1, tmp_path):
     reader = tf.train.load_checkpoint(str(tmp_path / "m"))
     for key, value in want.items():
         assert_same(_array(reader.get_tensor(key)), value, key)
+
+
+def build_large_graph():
+    """A tensor larger than a few tiles of 4 KiB, whole and partitioned."""
+    rng = np.random.default_rng(14)
+    return {
+        "big": tf.compat.v1.get_variable(
+            "big", initializer=rng.standard_normal((300, 40)).astype(np.float32)
+        ),
+        "parted": tf.compat.v1.get_variable(
+            "parted",
+            shape=[120, 30],
+            dtype=tf.float32,
+            initializer=tf.compat.v1.random_normal_initializer(seed=5),
+            partitioner=tf.compat.v1.fixed_size_partitioner(3),
+        ),
+    }
+
+
+def test_read_elements_and_tiled_permute(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    saved, want = save_v1(
+        build_large_graph, str(tmp_path / "large" / "model.ckpt"), write_meta_graph=False
+    )
+    flat = want["big"].reshape(-1)
+    with tfckpt.open(saved) as ckpt:
+        for start, count in [(0, 1), (0, flat.size), (37, 1000), (flat.size - 5, 5), (9, 0)]:
+            got = ckpt.read_elements("big", start, count)
+            assert got.dtype == np.float32 and got.shape == (count,)
+            np.testing.assert_array_equal(got, flat[start : start + count])
+        slices = ckpt.info("parted").slices
+        assert len(slices) == 3
+        for extents in slices:
+            index = tuple(slice(s, None if n is None else s + n) for s, n in extents)
+            part = want["parted"][index].reshape(-1)
+            for start, count in [(0, part.size), (3, 50), (part.size - 1, 1)]:
+                got = ckpt.read_elements("parted", start, count, extents)
+                np.testing.assert_array_equal(got, part[start : start + count])
+        for start, count in [(flat.size - 1, 2), (-1, 1), (0, -1)]:
+            with pytest.raises(ValueError, match="lie outside"):
+                ckpt.read_elements("big", start, count)
+    out = tmp_path / "out.safetensors"
+    tfckpt.export(
+        saved,
+        str(out),
+        permute=[("^big$", (1, 0)), ("^parted$", (1, 0))],
+        chunk_bytes=4096,
+    )
+    got = safetensors_numpy.load_file(str(out))
+    np.testing.assert_array_equal(got["big"], want["big"].T)
+    np.testing.assert_array_equal(got["parted"], want["parted"].T)

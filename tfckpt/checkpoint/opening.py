@@ -1,4 +1,5 @@
-"""One door to every checkpoint: a path resolved to a V2 bundle or a V1 checkpoint.
+"""One door to every checkpoint: a path resolved to a V2 bundle or a V1 checkpoint, or
+what else the file is.
 
 :func:`open_checkpoint` is what :func:`tfckpt.open` and every command call; the readers'
 own constructors take what it resolved, so a path is looked up once.
@@ -7,10 +8,17 @@ own constructors take what it resolved, so a path is looked up once.
 from __future__ import annotations
 
 from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.checkpoint.v1 import V1Checkpoint, not_a_checkpoint, resolve_files
-from tfckpt.errors import CheckpointNotFoundError, UnsupportedCheckpointError
+from tfckpt.checkpoint.v1 import V1Checkpoint
+from tfckpt.checkpoint.v1files import resolve_files
+from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from tfckpt.io import paths
-from tfckpt.io.storage import StorageOptions, takes_storage_options
+from tfckpt.io.storage import (
+    Storage,
+    StorageOptions,
+    normalize,
+    storage_for,
+    takes_storage_options,
+)
 
 
 @takes_storage_options()
@@ -41,3 +49,45 @@ def open_checkpoint(
             raise UnsupportedCheckpointError(why, path=e.path) from None
         raise
     return Checkpoint(path, verify=verify, mmap=mmap, resolved=prefix)
+
+
+def not_a_checkpoint(path) -> str | None:
+    """Why ``path``, a file that is no checkpoint, is not one; None when no kind is known."""
+    p = normalize(path)
+    store = storage_for(p)
+    if not store.isfile(p):
+        return None
+    try:
+        head = _head(store, p)
+    except (OSError, CheckpointError):
+        return None
+    lower = p.lower()
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"\x89HDF\r\n\x1a\n") or lower.endswith(".h5"):
+        return "a Keras HDF5 file, not a TensorFlow checkpoint; load it with Keras"
+    if head.startswith(b"PK\x03\x04") and lower.endswith(".keras"):
+        return "a Keras .keras archive, not a TensorFlow checkpoint; load it with Keras"
+    if head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar" or head.startswith(b"PK\x03\x04"):
+        return "an archive (tar/gzip/zip); extract it first and open what it holds"
+    if lower.endswith(".meta"):
+        return (
+            "a MetaGraphDef (.meta) graph file: it holds no variable values; "
+            "open the checkpoint beside it"
+        )
+    if lower.endswith(".pb") or lower.endswith(".pbtxt"):
+        return (
+            "a SavedModel graph (.pb): open the SavedModel directory "
+            "(its variables/ hold the values)"
+        )
+    return None
+
+
+def _head(store: Storage, path: str) -> bytes:
+    reader = store.open_reader(path)
+    try:
+        buf = bytearray(512)
+        n = reader.readinto(memoryview(buf), 0)
+        return bytes(buf[:n])
+    finally:
+        reader.close()

@@ -219,7 +219,7 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
         return self._decode(self._index.slice_entry(self._index.full_entry(name), tuple(extents)))
 
     def get_slice(self, name: str) -> TensorSlice:
-        """Tensor ``name`` as a :class:`~tfckpt.slicing.TensorSlice`: ``shape`` and
+        """Tensor ``name`` as a :class:`~tfckpt.checkpoint.slicing.TensorSlice`: ``shape`` and
         ``dtype`` without reading; indexing it reads only the bytes that cover the
         request (not checksummed unless the request is the whole tensor).
 
@@ -228,7 +228,7 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
         return TensorSlice(self, name)
 
     def read_region(self, name: str, region: Region) -> np.ndarray:
-        """A region of tensor ``name`` (see :mod:`tfckpt.slicing`): of a partitioned
+        """A region of tensor ``name`` (see :mod:`tfckpt.checkpoint.slicing`): of a partitioned
         tensor, only the slices it meets are read."""
         entry = self._index.full_entry(name)
         if not entry.slices:

@@ -55,7 +55,7 @@ class StreamingReads(ShardReads):
         ``buffers(n)`` returns the uint8 array of ``n`` bytes that the next chunk
         of a whole, fixed-size tensor or slice is read into (a chunk then lives
         only as long as the caller keeps that buffer unused; see
-        :class:`tfckpt.pipeline.BufferRing`). Other chunks are always fresh arrays.
+        :class:`tfckpt.rewrite.pipeline.BufferRing`). Other chunks are always fresh arrays.
 
         >>> total = sum(float(c.sum()) for c in ckpt.iter_chunks("emb", 1 << 20))
         """

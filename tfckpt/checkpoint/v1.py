@@ -1,30 +1,31 @@
 """The tensor-slice checkpoint format (TensorFlow's ``SaverDef.V1``), read through the
-:class:`~tfckpt.reader.Checkpoint` API.
+:class:`~tfckpt.checkpoint.reader.Checkpoint` API.
 
-A V1 checkpoint is one or more table files (the table of :mod:`tfckpt.table`). In each,
-the empty key holds the meta: every tensor's name, shape, dtype and the slices that file
-stores; every other key is the slice key of (name, slice) whose value holds that slice's
-values as typed repeated fields. A tensor may be stored in several slices, spread over
-several files (a sharded save writes ``PREFIX-00000-of-00002`` ...). Opening walks
-every block once (checksums, key order) and keeps only where each key is; a value is
-read back with its block and parsed one slice at a time.
+A V1 checkpoint is one or more table files (the table of :mod:`tfckpt.format.table`).
+In each, the empty key holds the meta: every tensor's name, shape, dtype and the slices
+that file stores; every other key is the slice key of (name, slice) whose value holds
+that slice's values as typed repeated fields. A tensor may be stored in several slices,
+spread over several files (a sharded save writes ``PREFIX-00000-of-00002`` ...).
+Opening walks every block once (checksums, key order) and keeps only where each key
+is; a value is read back with its block and parsed one slice at a time.
+
+Which files a path designates is :mod:`~tfckpt.checkpoint.v1files`; the values of a
+slice's ``TensorProto`` are decoded by :mod:`tfckpt.format.tensorproto`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import re
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from tfckpt._proto.saved_tensor_slice_pb2 import SavedTensorSlices, TensorProto
+from tfckpt._proto.saved_tensor_slice_pb2 import SavedTensorSlices
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.checkpoint.slicing import Region, assemble_region, region_index
+from tfckpt.checkpoint.v1files import SHARD_RE, resolve_files
 from tfckpt.errors import (
-    CheckpointError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     TensorNotFoundError,
@@ -45,11 +46,10 @@ from tfckpt.format.slices import (
     slice_index,
     slice_shape,
 )
-from tfckpt.format.table import FOOTER_SIZE, MAGIC, BlockHandle, TableReader
-from tfckpt.io import paths
+from tfckpt.format.table import BlockHandle, TableReader
+from tfckpt.format.tensorproto import decode_tensor_proto
 from tfckpt.io.storage import (
     Reader,
-    Storage,
     StorageOptions,
     current_options,
     normalize,
@@ -58,183 +58,6 @@ from tfckpt.io.storage import (
 )
 
 FORMAT_NAME = "V1 (tensor slices)"
-_SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<shard>\d{5}|\?{5})-of-(?P<num>\d{5})$")
-_MAGIC_BYTES = MAGIC.to_bytes(8, "little")
-
-# The repeated field of TensorProto that holds each dtype's values, and the numpy type
-# of that field's elements (converted to the tensor's dtype after the count is checked).
-_FIELDS: dict[str, tuple[str, np.dtype]] = {
-    "float32": ("float_val", np.dtype(np.float32)),
-    "float64": ("double_val", np.dtype(np.float64)),
-    "int32": ("int_val", np.dtype(np.int32)),
-    "uint8": ("int_val", np.dtype(np.int32)),
-    "int16": ("int_val", np.dtype(np.int32)),
-    "int8": ("int_val", np.dtype(np.int32)),
-    "uint16": ("int_val", np.dtype(np.int32)),
-    "qint8": ("int_val", np.dtype(np.int32)),
-    "quint8": ("int_val", np.dtype(np.int32)),
-    "qint16": ("int_val", np.dtype(np.int32)),
-    "quint16": ("int_val", np.dtype(np.int32)),
-    "qint32": ("int_val", np.dtype(np.int32)),
-    "int64": ("int64_val", np.dtype(np.int64)),
-    "bool": ("bool_val", np.dtype(np.bool_)),
-    "float16": ("half_val", np.dtype(np.int32)),  # the float16's bits
-    "bfloat16": ("half_val", np.dtype(np.int32)),
-    "complex64": ("scomplex_val", np.dtype(np.float32)),  # real, imaginary, ...
-    "complex128": ("dcomplex_val", np.dtype(np.float64)),
-    "uint32": ("uint32_val", np.dtype(np.uint32)),
-    "uint64": ("uint64_val", np.dtype(np.uint64)),
-}
-
-
-def is_table_file(store: Storage, path: str) -> bool:
-    """Whether ``path`` is a regular file ending in the table footer's magic number."""
-    try:
-        if not store.isfile(path):
-            return False
-        reader = store.open_reader(path)
-    except (OSError, CheckpointError):
-        return False
-    try:
-        size = getattr(reader, "size", None)
-        if size is None:
-            return store.read_bytes(path)[-8:] == _MAGIC_BYTES
-        if size < FOOTER_SIZE:
-            return False
-        buf = bytearray(8)
-        return reader.readinto(memoryview(buf), size - 8) == 8 and bytes(buf) == _MAGIC_BYTES
-    except OSError:
-        return False
-    finally:
-        reader.close()
-
-
-def _shard_siblings(store: Storage, path: str) -> list[str] | None:
-    """All shards of the sharded save ``path`` is one shard of; None if it names no shard."""
-    m = _SHARD_RE.match(store.basename(path))
-    if not m:
-        return None
-    return _glob(
-        store, store.join(store.dirname(path) or ".", f"{m['prefix']}-?????-of-{m['num']}")
-    )
-
-
-def _glob(store: Storage, pattern: str) -> list[str]:
-    directory = store.dirname(pattern) or "."
-    try:
-        names = store.listdir(directory)
-    except (OSError, CheckpointNotFoundError):
-        return []
-    base = store.basename(pattern)
-    return [store.join(directory, n) for n in sorted(names) if fnmatch.fnmatchcase(n, base)]
-
-
-def resolve_files(path, *, warn: bool = True) -> tuple[str, list[str]] | None:
-    """(what to call the checkpoint, its files) when ``path`` designates a V1 checkpoint.
-
-    ``path`` may be a V1 file, one shard of a sharded save, the pattern TensorFlow
-    names a sharded save by (``model.ckpt-5-?????-of-00002``), the prefix of a sharded
-    save, or a directory whose state file names one of those or that holds one V1
-    checkpoint (and no state file). None when it designates none. ``warn=False``
-    leaves out the :class:`~tfckpt.CheckpointPathWarning` of a moved state file (for
-    a caller that looked at the same state file already).
-    """
-    p = normalize(path)
-    store = storage_for(p)
-    if store.isdir(p):
-        return _resolve_directory(store, store.dir_path(p), warn)
-    return _resolve_file(store, p)
-
-
-def _resolve_file(store: Storage, p: str) -> tuple[str, list[str]] | None:
-    if any(c in store.basename(p) for c in "?*["):
-        files = [f for f in _glob(store, p) if is_table_file(store, f)]
-        m = _SHARD_RE.match(p)
-        return (m["prefix"] if m else p, files) if files else None
-    if is_table_file(store, p):
-        siblings = _shard_siblings(store, p)
-        if siblings and len(siblings) > 1:
-            m = _SHARD_RE.match(p)
-            assert m is not None
-            return m["prefix"], siblings
-        return p, [p]
-    shards = [f for f in _glob(store, f"{p}-?????-of-?????") if is_table_file(store, f)]
-    counts = {_SHARD_RE.match(f)["num"] for f in shards}  # type: ignore[index]
-    if len(counts) == 1:
-        return p, shards
-    return None
-
-
-def _resolve_directory(
-    store: Storage, directory: str, warn: bool = True
-) -> tuple[str, list[str]] | None:
-    latest = paths.state_file_latest(directory, warn=warn)
-    if latest is not None:
-        return _resolve_file(store, latest)
-    try:
-        names = sorted(store.listdir(directory))
-    except OSError:
-        return None
-    found: dict[str, list[str]] = {}
-    for name in names:
-        full = store.join(directory, name)
-        if name.endswith(".index") or not is_table_file(store, full):
-            continue
-        m = _SHARD_RE.match(name)
-        label = store.join(directory, m["prefix"]) if m else full
-        found.setdefault(label, []).append(full)
-    if len(found) == 1:
-        return next(iter(found.items()))
-    if len(found) > 1:
-        listed = ", ".join(store.basename(k) for k in list(found)[:5])
-        raise CheckpointNotFoundError(
-            f"{len(found)} V1 checkpoints in directory and no state file naming one: "
-            f"{listed}; name one of them",
-            path=directory,
-        )
-    return None
-
-
-def not_a_checkpoint(path) -> str | None:
-    """Why ``path``, a file that is no checkpoint, is not one; None when no kind is known."""
-    p = normalize(path)
-    store = storage_for(p)
-    if not store.isfile(p):
-        return None
-    try:
-        head = _head(store, p)
-    except (OSError, CheckpointError):
-        return None
-    lower = p.lower()
-    if not head:
-        return "the file is empty"
-    if head.startswith(b"\x89HDF\r\n\x1a\n") or lower.endswith(".h5"):
-        return "a Keras HDF5 file, not a TensorFlow checkpoint; load it with Keras"
-    if head.startswith(b"PK\x03\x04") and lower.endswith(".keras"):
-        return "a Keras .keras archive, not a TensorFlow checkpoint; load it with Keras"
-    if head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar" or head.startswith(b"PK\x03\x04"):
-        return "an archive (tar/gzip/zip); extract it first and open what it holds"
-    if lower.endswith(".meta"):
-        return (
-            "a MetaGraphDef (.meta) graph file: it holds no variable values; "
-            "open the checkpoint beside it"
-        )
-    if lower.endswith(".pb") or lower.endswith(".pbtxt"):
-        return (
-            "a SavedModel graph (.pb): open the SavedModel directory "
-            "(its variables/ hold the values)"
-        )
-    return None
-
-
-def _head(store: Storage, path: str) -> bytes:
-    reader = store.open_reader(path)
-    try:
-        buf = bytearray(512)
-        n = reader.readinto(memoryview(buf), 0)
-        return bytes(buf[:n])
-    finally:
-        reader.close()
 
 
 class _FileBytes:
@@ -309,6 +132,9 @@ class V1Checkpoint(Checkpoint):
         self._where: list[dict[bytes, tuple[int, int]]] = []
         self._tensors: dict[str, _Tensor] = {}
         self._last_block: tuple[tuple[int, int] | None, dict[bytes, bytes]] = (None, {})
+        # The last tensor read_elements read: its name, and its values (whole: None) or
+        # those of each stored slice read, flat.
+        self._last_values: tuple[str | None, dict[Slice | None, np.ndarray]] = (None, {})
         version: Version | None = None
         for i, f in enumerate(self.files):
             try:
@@ -390,6 +216,7 @@ class V1Checkpoint(Checkpoint):
         return isinstance(name, str) and name in self._tensors
 
     def close(self) -> None:
+        self._last_values = (None, {})
         readers, self._readers = self._readers, {}
         for reader in readers.values():
             reader.close()
@@ -478,7 +305,7 @@ class V1Checkpoint(Checkpoint):
         """What TensorFlow opens this checkpoint by: the file of a single-file save; for
         a sharded save the pattern it names it by (``model.ckpt-5-?????-of-00002``),
         which its V1 reader globs (it opens no bare prefix)."""
-        m = _SHARD_RE.match(self.files[0]) if len(self.files) > 1 else None
+        m = SHARD_RE.match(self.files[0]) if len(self.files) > 1 else None
         return f"{m['prefix']}-?????-of-{m['num']}" if m else self.files[0]
 
     @property
@@ -603,6 +430,31 @@ class V1Checkpoint(Checkpoint):
         t = self._tensor(name)
         return self._slice_values(t, self._stored(t, extents))
 
+    def read_elements(
+        self, name: str, start: int, count: int, extents: Slice | None = None
+    ) -> np.ndarray:
+        """Elements ``[start, start + count)`` (row-major) of a whole, fixed-size tensor,
+        or with ``extents`` of one stored slice of a partitioned one.
+
+        A V1 value is a protobuf message, parsed whole: the values of the last tensor
+        read here are kept (whole, or each of its slices read), so that reading it in
+        tiles parses each slice once, not once a tile.
+        """
+        t = self._tensor(name)
+        itemsize = t.dtype.fixed_itemsize  # refuses strings, as a bundle's reader does
+        stored = None if extents is None else self._stored(t, extents)
+        shape = t.shape if stored is None else slice_shape(t.shape, stored)
+        if start < 0 or count < 0 or (start + count) * itemsize > num_elements(shape) * itemsize:
+            raise ValueError(f"elements [{start}, {start + count}) lie outside {name!r}")
+        cached = self._last_values  # a local copy, so that threads reading at once never
+        if cached[0] != name:  # mix two tensors' values
+            cached = self._last_values = (name, {})
+        flat = cached[1].get(stored)
+        if flat is None:
+            flat = np.ascontiguousarray(self._value(name, stored)).reshape(-1)
+            cached[1][stored] = flat
+        return flat[start : start + count].copy()  # the kept values stay as they were read
+
     def _stored(self, t: _Tensor, extents: Slice) -> Slice:
         s: Slice = tuple((int(a), None if b is None else int(b)) for a, b in extents)
         if s in t.where:
@@ -679,41 +531,3 @@ def _canonical(extents: Slice, shape: tuple[int, ...]) -> Slice:
         (0, None) if (start == 0 and (n is None or n == dim)) else (start, n)
         for (start, n), dim in zip(extents, shape)
     )
-
-
-def decode_tensor_proto(proto: TensorProto, dtype: _dt.DType, shape: tuple[int, ...]) -> np.ndarray:
-    """The values a V1 slice's TensorProto holds, as an array of ``dtype`` and ``shape``.
-
-    ``ValueError`` when the proto does not hold exactly that many values of that dtype.
-    """
-    n = num_elements(shape)
-    if proto.dtype and proto.dtype != dtype.enum:
-        raise ValueError(f"values of dtype {proto.dtype}, the meta says {dtype.name}")
-    if dtype is _dt.STRING:
-        vals = proto.string_val
-        if len(vals) != n:
-            raise ValueError(f"{len(vals)} strings for {n} elements")
-        out = np.empty(n, dtype=object)
-        out[:] = list(vals) if n else []
-        return out.reshape(shape)
-    if dtype.numpy is None or dtype.name not in _FIELDS:
-        raise ValueError(f"{dtype.name} tensors cannot be stored in a V1 checkpoint")
-    target = np.dtype(dtype.numpy)
-    if proto.tensor_content:
-        content = proto.tensor_content
-        if len(content) != n * target.itemsize:
-            raise ValueError(f"{len(content)} content bytes for {n} {dtype.name} elements")
-        return np.frombuffer(content, dtype=target.newbyteorder("<")).astype(target).reshape(shape)
-    field, ftype = _FIELDS[dtype.name]
-    values = getattr(proto, field)
-    per = 2 if dtype.name.startswith("complex") else 1
-    if len(values) != n * per:
-        raise ValueError(f"{len(values)} values in {field} for {n} {dtype.name} elements")
-    arr = np.array(values, dtype=ftype) if n else np.empty(0, dtype=ftype)
-    if dtype.name in ("float16", "bfloat16"):
-        arr = arr.astype(np.uint16).view(target)
-    elif per == 2:
-        arr = arr.view(target)
-    elif arr.dtype != target:
-        arr = arr.astype(target)
-    return arr.reshape(shape)

@@ -3,12 +3,12 @@
 :class:`ShardWriter` turns one data file into index entries, as TensorFlow's
 ``BundleWriter`` does (whole tensors, raw bytes, slices of partitioned tensors,
 chunk by chunk streams, string tensors as lengths then bytes). :class:`BundleWriter`
-spreads tensors over several shards and commits them (:mod:`tfckpt.commit`);
+spreads tensors over several shards and commits them (:mod:`tfckpt.io.commit`);
 :func:`save` writes a dict. Byte layouts come from :mod:`tfckpt.format`.
 
-It runs past 600 lines because every way of adding a tensor (whole, raw, slices,
-streams, strings) shares one piece of bookkeeping — the index entries, the checks
-on names and slices, one stream at a time — which belongs with them in one place.
+Beside it: :mod:`~tfckpt.checkpoint.entries` (the index entries being built, the checks
+on names and slices) and :mod:`~tfckpt.checkpoint.streams` (a tensor written chunk by
+chunk).
 """
 
 from __future__ import annotations
@@ -18,31 +18,30 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
+from tfckpt.checkpoint.entries import IndexEntries
+from tfckpt.checkpoint.streams import StringStream, TensorStream, data_bytes, holds
 from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import NATIVE, VARIANT, add_slice, entry_proto
+from tfckpt.format.bundle import VARIANT, entry_proto
 from tfckpt.format.dtypes import Endianness
 from tfckpt.format.framing import (
     StringFraming,
     VariantFraming,
     as_string_array,
     encode_strings,
-    encode_varints,
-    lengths_crc,
     string_tensor_nbytes,
 )
-from tfckpt.format.orderedcode import encode_name, encode_slice_key
+from tfckpt.format.orderedcode import encode_name
 from tfckpt.format.slices import (
     Extent,
     Slice,
-    extents_fit,
     format_slice,
     is_full_slice,
     num_elements,
     shape_tuple,
     slice_shape,
 )
-from tfckpt.format.table import crc32c, mask_crc
+from tfckpt.format.table import crc32c
 from tfckpt.io import paths
 from tfckpt.io.commit import commit, discard
 from tfckpt.io.storage import (
@@ -56,63 +55,6 @@ from tfckpt.io.storage import (
 from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
 
 _WRITEBACK_STEP = 32 << 20
-
-
-class IndexEntries:
-    """The index entries being built, shared by the shards of one checkpoint.
-
-    Whole tensors and slices by key, partitioned tensors' own entries with the
-    slices they list, and whether a stream is open (one at a time).
-    """
-
-    def __init__(self):
-        self.entries: dict[bytes, BundleEntryProto] = {}
-        self.slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
-        self.streaming = False
-        self.done = False
-
-    def check_open(self, key: bytes, name: str) -> None:
-        if self.done:
-            raise ValueError("the writer is finished")
-        if self.streaming:
-            raise ValueError("another tensor is being streamed")
-        if not name:  # encode_name("") is the header's empty key
-            raise ValueError("invalid tensor name '': the empty key is the bundle header")
-        if key in self.entries:
-            raise ValueError(f"duplicate tensor name {name!r}")
-
-    def slice_key(self, name: str, dt: _dt.DType, full_shape, extents: Slice, shape) -> bytes:
-        """The key of a new slice, refused when it does not fit its tensor."""
-        full_shape = shape_tuple(full_shape)
-        if len(extents) != len(full_shape):
-            raise ValueError(f"{len(extents)} extents for a tensor of rank {len(full_shape)}")
-        if not extents_fit(extents, full_shape):
-            raise ValueError(f"slice {format_slice(extents)} lies outside {list(full_shape)}")
-        if tuple(shape) != slice_shape(full_shape, extents):
-            raise ValueError(
-                f"slice {format_slice(extents)} has shape "
-                f"{list(slice_shape(full_shape, extents))}, not {list(shape)}"
-            )
-        full_key = encode_name(name)
-        if full_key in self.entries and full_key not in self.slices_of:
-            raise ValueError(f"duplicate tensor name {name!r}")
-        known = self.slices_of.get(full_key)
-        if known is not None and known != (dt, full_shape):
-            raise ValueError(
-                f"slices of {name!r} disagree: {known[0].name} {list(known[1])} vs "
-                f"{dt.name} {list(full_shape)}"
-            )
-        return encode_slice_key(name, extents)
-
-    def register_slice(self, name: str, dt: _dt.DType, full_shape, extents: Slice) -> None:
-        """Record a written slice on its full tensor's entry."""
-        full_shape = shape_tuple(full_shape)
-        full_key = encode_name(name)
-        full = self.entries.get(full_key)
-        if full is None:
-            full = self.entries[full_key] = entry_proto(dt, full_shape)
-            self.slices_of[full_key] = (dt, full_shape)
-        add_slice(full, extents)
 
 
 def _infer_dtype(value, dtype) -> _dt.DType:
@@ -236,7 +178,7 @@ class _Adder:
         self._target(_nbytes(arr, dt), shard)._add(key, dt, arr)
         self.index.register_slice(name, dt, full_shape, extents)
 
-    def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> _TensorStream:
+    def stream(self, name: str, dtype, shape, *, shard: int | None = None) -> TensorStream:
         """Add a tensor chunk by chunk: ``with w.stream(...) as s: s.write(chunk)``.
 
         A ``string`` tensor is streamed as its format lays it out instead: every
@@ -253,7 +195,7 @@ class _Adder:
 
     def stream_slice(
         self, name: str, dtype, full_shape, extents: Sequence[Extent], *, shard: int | None = None
-    ) -> _TensorStream:
+    ) -> TensorStream:
         """Like :meth:`stream`, for one slice of a partitioned tensor."""
         dt = _dt.lookup(dtype)
         full_shape = shape_tuple(full_shape)
@@ -273,32 +215,14 @@ def _nbytes(arr: np.ndarray, dt: _dt.DType) -> int:
     return string_tensor_nbytes(arr) if dt is _dt.STRING else arr.size * dt.fixed_itemsize
 
 
-def _holds(values: np.ndarray, dt: _dt.DType) -> bool:
-    """Whether ``values`` are elements of ``dt``: of its numpy type, or a float type's
-    bit patterns as native unsigned integers of its size (what a cast to bfloat16 gives
-    without importing ml-dtypes; checked first, so that it imports nothing either)."""
-    d = values.dtype
-    if dt.is_floating and d.kind == "u" and d.isnative and d.itemsize == dt.itemsize:
-        return True
-    return d == dt.numpy
-
-
-def _data_bytes(values: np.ndarray, dt: _dt.DType, endianness: Endianness) -> np.ndarray:
-    """The bytes of fixed-size values in a data file of ``endianness``."""
-    data = np.ascontiguousarray(values.reshape(-1)).view(np.uint8)
-    if endianness != NATIVE and dt.swap_unit > 1:
-        data = data.view(np.dtype(f"u{dt.swap_unit}")).byteswap().view(np.uint8)
-    return data
-
-
 def _stream_bytes(dt: _dt.DType, shape: tuple[int, ...]) -> int:
     return 0 if dt is _dt.STRING else num_elements(shape) * dt.fixed_itemsize  # strings: unknown
 
 
 class ShardWriter(_Adder):
     """Writes tensors into one data file at ``path`` (a local file or URL) and builds
-    their index entries: :meth:`finish` returns them, for :func:`~tfckpt.commit.merge_entries`
-    and :func:`~tfckpt.commit.commit_shards`.
+    their index entries: :meth:`finish` returns them, for :func:`~tfckpt.io.commit.merge_entries`
+    and :func:`~tfckpt.io.commit.commit_shards`.
 
     Within a :class:`BundleWriter`, the shards share one ``index`` (their entries,
     ``shard_id`` set) and a failed stream aborts the whole checkpoint (``on_abort``).
@@ -337,7 +261,7 @@ class ShardWriter(_Adder):
         """A writer of one data shard at ``path`` on its own, its directory made if missing.
 
         Used by tasks that each write one shard of a checkpoint; :meth:`finish`
-        returns the index entries, which :func:`~tfckpt.commit.commit_shards` commits.
+        returns the index entries, which :func:`~tfckpt.io.commit.commit_shards` commits.
         """
         store = storage_for(path)
         try:
@@ -362,15 +286,15 @@ class ShardWriter(_Adder):
             self.index.check_open(key, name)
             dt = dtypes.get(dtype) or dtypes.setdefault(dtype, _dt.lookup(dtype))
             shape = shape_tuple(shape)
-            if not _holds(values, dt) or values.size != num_elements(shape):
+            if not holds(values, dt) or values.size != num_elements(shape):
                 raise ValueError(
                     f"{values.size} values of {values.dtype} for a {dt.name} tensor of shape "
                     f"{list(shape)}"
                 )
-            data = _data_bytes(values, dt, self.endianness)
+            data = data_bytes(values, dt, self.endianness)
             offset = self.size
             self._write(data)
-            self._record(key, dt, shape, offset, data.nbytes, crc32c(data))
+            self.record(key, dt, shape, offset, data.nbytes, crc32c(data))
 
     # -- the data file
 
@@ -387,6 +311,11 @@ class ShardWriter(_Adder):
                 self._flushed = self.size
         except OSError as e:
             raise CheckpointWriteError(f"write failed: {e.strerror}", path=self.path) from None
+
+    def append(self, data) -> None:
+        """Append bytes to the data file with no index entry: a stream's writes, which
+        :meth:`record` enters when it is closed."""
+        self._write(data)
 
     def close(self) -> None:
         """Flush and close the data file (fsync'ed when durable)."""
@@ -438,9 +367,10 @@ class ShardWriter(_Adder):
             raise ValueError(f"this writer writes shard {self.shard_id} only, not {shard}")
         return self
 
-    def _record(
+    def record(
         self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int, size: int, crc: int
     ) -> None:
+        """Enter a tensor whose ``size`` bytes lie at ``offset`` (as a stream does when closed)."""
         self.index.entries[key] = entry_proto(dtype, shape, self.shard_id, offset, size, crc)
 
     def _add_bytes(
@@ -448,7 +378,7 @@ class ShardWriter(_Adder):
     ) -> None:
         offset = self.size
         self._write(data)
-        self._record(key, dtype, shape, offset, len(data), crc)
+        self.record(key, dtype, shape, offset, len(data), crc)
 
     def _add(self, key: bytes, dt: _dt.DType, arr: np.ndarray) -> None:
         if dt is _dt.STRING:
@@ -464,141 +394,11 @@ class ShardWriter(_Adder):
         dt: _dt.DType,
         shape: tuple[int, ...],
         on_close: Callable[[], None] | None = None,
-    ) -> _TensorStream:
+    ) -> TensorStream:
         self.index.streaming = True
         if dt is _dt.STRING:  # its size is known only at the end
             return StringStream(self, key, shape, on_close)
-        return _TensorStream(
-            self, key, dt, shape, num_elements(shape) * dt.fixed_itemsize, on_close
-        )
-
-
-class _TensorStream:
-    """Receives one fixed-size tensor's elements in row-major order."""
-
-    def __init__(
-        self,
-        writer: ShardWriter,
-        key: bytes,
-        dtype: _dt.DType,
-        shape: tuple[int, ...],
-        size: int,
-        on_close: Callable[[], None] | None,
-    ):
-        self._w = writer
-        self._key = key
-        self.dtype = dtype
-        self.shape = shape
-        self._size = size
-        self._offset = writer.size
-        self._written = 0
-        self._crc = 0
-        self._on_close = on_close
-
-    def write(self, chunk) -> None:
-        arr = np.asarray(chunk)
-        if not _holds(arr, self.dtype):
-            raise ValueError(f"chunk of {arr.dtype} written to a {self.dtype.name} tensor")
-        data = _data_bytes(arr, self.dtype, self._w.endianness)
-        if self._written + data.nbytes > self._size:
-            raise ValueError(
-                f"more than the {self._size} bytes of shape {list(self.shape)} "
-                f"{self.dtype.name} written"
-            )
-        self._w._write(data)
-        self._crc = crc32c(data, self._crc)
-        self._written += data.nbytes
-
-    def close(self) -> None:
-        self._w.index.streaming = False
-        if self._written != self._size:
-            raise ValueError(f"{self._written} bytes written to a tensor of {self._size} bytes")
-        self._end(self._size)
-
-    def _end(self, size: int) -> None:
-        self._w._record(self._key, self.dtype, self.shape, self._offset, size, self._crc)
-        if self._on_close is not None:
-            self._on_close()
-
-    def __enter__(self) -> _TensorStream:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._w.index.streaming = False
-            self._w.abort()
-
-
-class StringStream(_TensorStream):
-    """Receives one string tensor: every element's length, then the elements' bytes.
-
-    Writes the framing and computes the checksums exactly as :func:`encode_strings`.
-    """
-
-    def __init__(
-        self,
-        writer: ShardWriter,
-        key: bytes,
-        shape: tuple[int, ...],
-        on_close: Callable[[], None] | None,
-    ):
-        super().__init__(writer, key, _dt.STRING, shape, 0, on_close)
-        self._count = num_elements(shape)
-        self._lengths = 0  # lengths received
-        self._expected = 0  # element bytes they add up to
-        self._framed = False  # the lengths' checksum is written
-
-    def write_lengths(self, lengths) -> None:
-        arr = np.asarray(lengths)
-        if (
-            arr.ndim != 1
-            or arr.dtype.kind not in "ui"
-            or (arr.dtype.kind == "i" and len(arr) and int(arr.min()) < 0)
-        ):
-            raise ValueError("lengths must be a 1-D array of non-negative integers")
-        if self._framed or self._lengths + len(arr) > self._count:
-            raise ValueError(f"more than the {self._count} lengths of shape {list(self.shape)}")
-        arr = arr.astype(np.uint64, copy=False)
-        self._w._write(encode_varints(arr))
-        self._crc = lengths_crc(arr, self._w.endianness, self._crc)
-        self._lengths += len(arr)
-        self._expected += int(arr.sum())
-        if self._lengths == self._count:
-            self._end_lengths()
-
-    def _end_lengths(self) -> None:
-        check = mask_crc(self._crc).to_bytes(4, self._w.endianness)
-        self._w._write(check)
-        self._crc = crc32c(check, self._crc)
-        self._framed = True
-
-    def write_data(self, data) -> None:
-        data = memoryview(data).cast("B")
-        if not self._framed:
-            if self._lengths != self._count:
-                raise ValueError(f"element bytes after {self._lengths} of {self._count} lengths")
-            self._end_lengths()
-        if self._written + len(data) > self._expected:
-            raise ValueError(f"more than the {self._expected} bytes the lengths add up to")
-        self._w._write(data)
-        self._crc = crc32c(data, self._crc)
-        self._written += len(data)
-
-    def write(self, chunk) -> None:
-        raise ValueError("string tensors are streamed with write_lengths and write_data")
-
-    def close(self) -> None:
-        self._w.index.streaming = False
-        if not self._framed and self._lengths == self._count:
-            self._end_lengths()
-        if self._lengths != self._count or self._written != self._expected:
-            raise ValueError(
-                f"{self._lengths} of {self._count} lengths and {self._written} of "
-                f"{self._expected} element bytes written"
-            )
-        self._end(self._w.size - self._offset)
+        return TensorStream(self, key, dt, shape, num_elements(shape) * dt.fixed_itemsize, on_close)
 
 
 class BundleWriter(_Adder):

@@ -53,7 +53,7 @@ def write_index(
 def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
     """The index entries of shards written separately: shard ids set, slices joined.
 
-    ``shards[k]`` are the entries :meth:`~tfckpt.writer.ShardWriter.finish` returned
+    ``shards[k]`` are the entries :meth:`~tfckpt.checkpoint.writer.ShardWriter.finish` returned
     for shard ``k``; a partitioned tensor's slices may be spread over several. A whole
     tensor's entry is taken, not copied: its shard id is set in place.
     """

@@ -20,6 +20,11 @@ make them current for the duration of the call (:func:`takes_storage_options`), 
 the code beneath asks :func:`storage_for` for a path and gets them without passing
 them along; objects that outlive the call (a checkpoint, a writer) keep their own.
 Tasks that run elsewhere carry them (they are plain, picklable values).
+
+It runs past 600 lines on purpose: being the one module that touches files is the
+point, so the local and remote implementations of the same operations, their options,
+retries and error translation stay side by side where they can be checked against
+each other.
 """
 
 from __future__ import annotations

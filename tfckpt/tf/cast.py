@@ -45,5 +45,6 @@ class _Converter:
 
 
 def converter(device: str | None = None) -> _Converter:
-    """A ``convert(chunk, numpy_dtype)`` for :class:`tfckpt.cast.Caster` running ``tf.cast``."""
+    """A ``convert(chunk, numpy_dtype)`` for :class:`tfckpt.rewrite.cast.Caster` running
+    ``tf.cast``."""
     return _Converter(device or best_device())

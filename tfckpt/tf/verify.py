@@ -123,91 +123,12 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
                 f"{ckpt.prefix}: names differ: only TensorFlow lists "
                 f"{only_tf[:5]}, only tfckpt lists {only_us[:5]}"
             )
-        dtypes = reader.get_variable_to_dtype_map()
-        for name in ckpt.keys():
-            if name not in dtypes:
-                continue
-            info = ckpt.info(name)
-            if dtypes[name].name != info.dtype:
-                mismatches.append(
-                    f"{ckpt.prefix}: {name}: TensorFlow says {dtypes[name].name}, "
-                    f"tfckpt says {info.dtype}"
-                )
-                continue
-            if info.dtype in ("variant", "resource"):
-                continue
-            if info.partial:  # pre-sliced: only its slices exist, for TensorFlow too
-                try:
-                    same = all(
-                        _same_bits(
-                            ckpt.read_slice(name, e), _tf_slice(tf, ckpt.tf_path, name, info, e)
-                        )
-                        for e in info.slices
-                    )
-                except Exception as e:
-                    mismatches.append(
-                        f"{ckpt.prefix}: {name}: TensorFlow cannot read a stored "
-                        f"slice: {str(e).splitlines()[0][:200]}"
-                    )
-                    continue
-                if not same:
-                    mismatches.append(
-                        f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader"
-                    )
-                continue
-            try:
-                theirs = _tf_value(tf, reader, ckpt.tf_path, name, info, ckpt)
-            except Exception as e:  # TensorFlow's own reader refused it
-                mismatches.append(
-                    f"{ckpt.prefix}: {name}: TensorFlow cannot read it: "
-                    f"{str(e).splitlines()[0][:200]}"
-                )
-                continue
-            if not _same_bits(ckpt[name], theirs):
-                mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader")
+        mismatches += _value_mismatches(tf, reader, ckpt)
         if reference is not None:
-            with open_checkpoint(reference, storage_options=storage_options) as ref:
-                for name in ckpt.keys():
-                    if name not in ref:
-                        continue
-                    old, new = ref.info(name), ckpt.info(name)
-                    if old.dtype == new.dtype or old.shape != new.shape:
-                        continue
-                    # A pre-sliced tensor exists only as its slices, for TensorFlow too.
-                    pairs = (
-                        [
-                            (
-                                lambda e=e, n=name: ckpt.read_slice(n, e),
-                                lambda e=e, n=name: ref.read_slice(n, e),
-                            )
-                            for e in new.slices
-                        ]
-                        if new.partial
-                        else [(lambda n=name: ckpt[n], lambda n=name: ref[n])]
-                    )
-                    cast_checked += 1
-                    equal, flushed, nans = True, 0, 0
-                    for ours, source in pairs:
-                        src = source()
-                        expected = tf.cast(tf.constant(src), new.dtype).numpy()
-                        ok, f, n = _cast_compare(
-                            ours(), np.asarray(expected), src, old.dtype, new.dtype
-                        )
-                        equal, flushed, nans = equal and ok, flushed + f, nans + n
-                    if not equal:
-                        mismatches.append(
-                            f"{ckpt.prefix}: {name}: differs from tf.cast of the "
-                            f"reference ({old.dtype} -> {new.dtype})"
-                        )
-                    elif flushed or nans:
-                        differences.append(
-                            {
-                                "tensor": name,
-                                "cast": f"{old.dtype} -> {new.dtype}",
-                                "subnormals_tf_flushes": flushed,
-                                "nans_other_bits": nans,
-                            }
-                        )
+            cast_checked, wrong_casts, differences = _cast_checks(
+                tf, ckpt, reference, storage_options
+            )
+            mismatches += wrong_casts
         return {
             "prefix": ckpt.prefix,
             "tensors": len(ckpt),
@@ -215,3 +136,97 @@ def verify_with_tf(path, *, reference=None, storage_options: StorageOptions | No
             "cast_differences": differences,
             "mismatches": mismatches,
         }
+
+
+def _value_mismatches(tf, reader, ckpt) -> list[str]:
+    """Where ``ckpt``'s tensors differ from what TensorFlow's ``reader`` of it says."""
+    mismatches: list[str] = []
+    dtypes = reader.get_variable_to_dtype_map()
+    for name in ckpt.keys():
+        if name not in dtypes:
+            continue
+        info = ckpt.info(name)
+        if dtypes[name].name != info.dtype:
+            mismatches.append(
+                f"{ckpt.prefix}: {name}: TensorFlow says {dtypes[name].name}, "
+                f"tfckpt says {info.dtype}"
+            )
+            continue
+        if info.dtype in ("variant", "resource"):
+            continue
+        if info.partial:  # pre-sliced: only its slices exist, for TensorFlow too
+            try:
+                same = all(
+                    _same_bits(ckpt.read_slice(name, e), _tf_slice(tf, ckpt.tf_path, name, info, e))
+                    for e in info.slices
+                )
+            except Exception as e:
+                mismatches.append(
+                    f"{ckpt.prefix}: {name}: TensorFlow cannot read a stored "
+                    f"slice: {str(e).splitlines()[0][:200]}"
+                )
+                continue
+            if not same:
+                mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader")
+            continue
+        try:
+            theirs = _tf_value(tf, reader, ckpt.tf_path, name, info, ckpt)
+        except Exception as e:  # TensorFlow's own reader refused it
+            mismatches.append(
+                f"{ckpt.prefix}: {name}: TensorFlow cannot read it: {str(e).splitlines()[0][:200]}"
+            )
+            continue
+        if not _same_bits(ckpt[name], theirs):
+            mismatches.append(f"{ckpt.prefix}: {name}: values differ from TensorFlow's reader")
+    return mismatches
+
+
+def _cast_checks(
+    tf, ckpt, reference, storage_options: StorageOptions | None
+) -> tuple[int, list[str], list[dict]]:
+    """The tensors of ``ckpt`` cast from ``reference`` compared with ``tf.cast``: how many,
+    the mismatches, and the documented differences (see :func:`verify_with_tf`)."""
+    mismatches: list[str] = []
+    differences: list[dict] = []
+    cast_checked = 0
+    with open_checkpoint(reference, storage_options=storage_options) as ref:
+        for name in ckpt.keys():
+            if name not in ref:
+                continue
+            old, new = ref.info(name), ckpt.info(name)
+            if old.dtype == new.dtype or old.shape != new.shape:
+                continue
+            # A pre-sliced tensor exists only as its slices, for TensorFlow too.
+            pairs = (
+                [
+                    (
+                        lambda e=e, n=name: ckpt.read_slice(n, e),
+                        lambda e=e, n=name: ref.read_slice(n, e),
+                    )
+                    for e in new.slices
+                ]
+                if new.partial
+                else [(lambda n=name: ckpt[n], lambda n=name: ref[n])]
+            )
+            cast_checked += 1
+            equal, flushed, nans = True, 0, 0
+            for ours, source in pairs:
+                src = source()
+                expected = tf.cast(tf.constant(src), new.dtype).numpy()
+                ok, f, n = _cast_compare(ours(), np.asarray(expected), src, old.dtype, new.dtype)
+                equal, flushed, nans = equal and ok, flushed + f, nans + n
+            if not equal:
+                mismatches.append(
+                    f"{ckpt.prefix}: {name}: differs from tf.cast of the "
+                    f"reference ({old.dtype} -> {new.dtype})"
+                )
+            elif flushed or nans:
+                differences.append(
+                    {
+                        "tensor": name,
+                        "cast": f"{old.dtype} -> {new.dtype}",
+                        "subnormals_tf_flushes": flushed,
+                        "nans_other_bits": nans,
+                    }
+                )
+    return cast_checked, mismatches, differences
