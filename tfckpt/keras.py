@@ -35,12 +35,12 @@ import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.errors import CastOverflowError, CheckpointError, KerasWeightsError
+from tfckpt.errors import CheckpointError, KerasWeightsError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
 from tfckpt.format.tf2names import VALUE_SUFFIX
 from tfckpt.io.storage import StorageOptions, takes_storage_options
-from tfckpt.rewrite.cast import OVERFLOW_POLICIES, Caster, OverflowPolicy
+from tfckpt.rewrite.cast import OVERFLOW_POLICIES, Caster, OverflowPolicy, check_overflow
 from tfckpt.rewrite.options import RenameRules
 from tfckpt.rewrite.planner import compile_rules, new_name
 
@@ -196,11 +196,9 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
         value, counts = _converted(ckpt[tensor], source, target, overflow, label, tensor)
         if source != target:
             report.cast[var.path] = (source, target)
-        if counts and overflow == "error":
-            overflows[var.path] = counts
+        overflows[var.path] = counts
         values.append((var, value))
-    if overflows:
-        raise CastOverflowError(overflows, label)
+    check_overflow(overflows, overflow, label)
     for var, value in values:
         var.assign(value)
     return report

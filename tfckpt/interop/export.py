@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import (
-    CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
 )
@@ -34,6 +33,7 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
+from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, compile_rules, new_name, plan
@@ -437,8 +437,7 @@ def export(
     try:
         replaced = _replaced_files(store, ep) if options.overwrite else []
         w.write_all()
-        if options.overflow == "error" and w.overflow:
-            raise CastOverflowError(w.overflow, ep.out)
+        check_overflow(w.overflow, options.overflow, ep.out)
         w.commit()
     except OSError as e:
         w.discard()

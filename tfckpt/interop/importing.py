@@ -18,7 +18,6 @@ import numpy as np
 
 from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
-    CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
@@ -36,6 +35,7 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import remove_stale_temporaries
+from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import DtypePolicy, compile_patterns, compile_rules, new_name
@@ -241,8 +241,7 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
                 counts=counts,
             )
             overflow = {n: c[0] for n, c in counts.items() if c[0]}
-            if options.overflow == "error" and overflow:
-                raise CastOverflowError(overflow, prefix)
+            check_overflow(overflow, options.overflow, prefix)
             entries = w.finish()
             for extra in shard_paths[1:]:
                 ShardWriter.create(extra, durable=options.durable).finish()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from tfckpt.errors import CastOverflowError
 from tfckpt.format import dtypes as _dt
 
 OverflowPolicy = Literal["error", "clip", "inf"]
@@ -376,3 +377,17 @@ def should_cast(
     if target is None or dtype is target or not dtype.is_floating:
         return False
     return cast_from is None or dtype.name in cast_from
+
+
+def check_overflow(overflowed: Mapping[str, int], policy: OverflowPolicy, path: str) -> None:
+    """The overflow policy's verdict on a finished run, before anything is committed: with
+    ``'error'``, finite values beyond a target's range (``overflowed``: tensor -> how
+    many; zeros allowed) fail it with a :class:`~tfckpt.CastOverflowError` naming them.
+
+    >>> check_overflow({"dense/kernel": 3}, "error", "fp16/model")
+    Traceback (most recent call last):
+    tfckpt.errors.CastOverflowError: fp16/model: values beyond the target dtype's range ...
+    """
+    hit = {name: n for name, n in overflowed.items() if n}
+    if policy == "error" and hit:
+        raise CastOverflowError(hit, path)

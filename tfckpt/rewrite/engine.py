@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tfckpt.errors import (
-    CastOverflowError,
     CheckpointError,
     CheckpointWriteError,
 )
@@ -32,7 +31,7 @@ from tfckpt.io.storage import (
 )
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
-from tfckpt.rewrite.cast import CastCounts
+from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import Plan, Source, plan
 from tfckpt.rewrite.tasks import ShardTask, restore_warnings, run_tasks, shard_tasks
@@ -157,9 +156,7 @@ def run_and_commit(
     try:
         results = run_tasks(tasks, options.executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
-        overflowed = {n: c.overflow for n, c in counts.items() if c.overflow}
-        if options.overflow == "error" and overflowed:
-            raise CastOverflowError(overflowed, dst)
+        check_overflow({n: c.overflow for n, c in counts.items()}, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
         commit_shards(
             dst, [t.path for t in tasks], entries, durable=options.durable, overwrite=overwrite
