@@ -28,7 +28,7 @@ from tfckpt.format.table import (
     FOOTER_SIZE,
     TableBuilder,
     TableReader,
-    _shortest_separator,
+    shortest_separator,
 )
 
 RANDOM_CASES = int(os.environ.get("TFCKPT_FUZZ_CASES", "5000"))
@@ -210,9 +210,7 @@ class _AnyOrderBuilder(TableBuilder):
     def add(self, key: bytes, value: bytes) -> None:
         if self._pending is not None:
             self._index.add(
-                _shortest_separator(self._last_key, key)
-                if key > self._last_key
-                else self._last_key,
+                shortest_separator(self._last_key, key) if key > self._last_key else self._last_key,
                 self._pending.encode(),
             )
             self._pending = None

@@ -33,12 +33,12 @@ from tfckpt.format.table import (
     BLOCK_TRAILER_SIZE,
     FOOTER_SIZE,
     KEY_BYTES_PER_FILE_BYTE,
+    BlockBuilder,
     BlockHandle,
     Footer,
     KeyBudgetExceeded,
     TableBuilder,
     TableReader,
-    _BlockBuilder,
     block_columns,
     decode_varint,
     parse_block,
@@ -501,7 +501,7 @@ def _damage_contents(contents: bytes, damage) -> bytes:
 
 
 def _block(entries, interval: int) -> bytes:
-    b = _BlockBuilder(interval)
+    b = BlockBuilder(interval)
     for k, v in entries:
         b.add(k, v)
     return b.finish()

@@ -186,7 +186,7 @@ def test_cli_storage_option(s3, tf_checkpoints, tmp_path):
 
 
 def test_storage_option_values():
-    parse = cli._parse_storage_option
+    parse = cli.parse_storage_option
     pairs = [
         parse(t)
         for t in (
@@ -201,7 +201,7 @@ def test_storage_option_values():
             "requester_pays=null",
         )
     ]
-    assert cli._storage_options(pairs) == {
+    assert cli.nested_storage_options(pairs) == {
         "anon": True,
         "use_ssl": False,
         "endpoint_url": "http://127.0.0.1:9000",

@@ -52,7 +52,7 @@ def _depth(value: object, limit: int) -> int:
     return depth
 
 
-def _parse_storage_option(text: str) -> tuple[list[str], object]:
+def parse_storage_option(text: str) -> tuple[list[str], object]:
     """``KEY=VALUE`` as (the dotted key's parts, the typed value)."""
     key, sep, raw = text.partition("=")
     parts = key.strip().split(".")
@@ -93,8 +93,8 @@ def _typed_option_value(key: str, raw: str) -> object:
     return value
 
 
-def _storage_options(pairs: list[tuple[list[str], object]]) -> dict | None:
-    """The ``--storage-option`` pairs (:func:`_parse_storage_option`) as one (nested)
+def nested_storage_options(pairs: list[tuple[list[str], object]]) -> dict | None:
+    """The ``--storage-option`` pairs (:func:`parse_storage_option`) as one (nested)
     dict; None without any."""
     if not pairs:
         return None
@@ -174,7 +174,7 @@ def _main(argv: list[str] | None) -> int:
         with (
             warnings.catch_warnings(),
             using_options(
-                _storage_options(list(map(_parse_storage_option, args.storage_options))),
+                nested_storage_options(list(map(parse_storage_option, args.storage_options))),
                 "--storage-option",
             ),
         ):

@@ -453,7 +453,13 @@ class TableReader:
 # --- writing ---------------------------------------------------------------
 
 
-class _BlockBuilder:
+class BlockBuilder:
+    """One block of a table being built: entries with their keys' shared prefixes cut,
+    a restart point every ``restart_interval`` entries, then the restart array.
+
+    >>> b = BlockBuilder(16); b.add(b"a", b"1"); data = b.finish()
+    """
+
     def __init__(self, restart_interval: int):
         self.restart_interval = restart_interval
         self.reset()
@@ -499,7 +505,7 @@ class _BlockBuilder:
         return bytes(self.buffer) + tail
 
 
-def _shortest_separator(start: bytes, limit: bytes) -> bytes:
+def shortest_separator(start: bytes, limit: bytes) -> bytes:
     """A short key k with start <= k < limit (TensorFlow's choice, for identical files)."""
     n = min(len(start), len(limit))
     i = 0
@@ -534,8 +540,8 @@ class TableBuilder:
         self._file = file
         self._block_size = block_size
         self._offset = 0
-        self._data = _BlockBuilder(RESTART_INTERVAL)
-        self._index = _BlockBuilder(1)
+        self._data = BlockBuilder(RESTART_INTERVAL)
+        self._index = BlockBuilder(1)
         self._last_key: bytes | None = None
         self._pending: BlockHandle | None = None
         self._closed = False
@@ -548,7 +554,7 @@ class TableBuilder:
                 self._flush()
         if self._pending is not None:
             assert self._last_key is not None  # a pending block holds at least one key
-            self._index.add(_shortest_separator(self._last_key, key), self._pending.encode())
+            self._index.add(shortest_separator(self._last_key, key), self._pending.encode())
             self._pending = None
         self._last_key = key
         self._data.add(key, value)
@@ -560,7 +566,7 @@ class TableBuilder:
             return
         self._pending = self._write_block(self._data)
 
-    def _write_block(self, block: _BlockBuilder) -> BlockHandle:
+    def _write_block(self, block: BlockBuilder) -> BlockHandle:
         contents = block.finish()
         block.reset()
         handle = BlockHandle(self._offset, len(contents))
@@ -577,7 +583,7 @@ class TableBuilder:
             raise ValueError("table already finished")
         self._closed = True
         self._flush()
-        metaindex = self._write_block(_BlockBuilder(RESTART_INTERVAL))
+        metaindex = self._write_block(BlockBuilder(RESTART_INTERVAL))
         if self._pending is not None:
             assert self._last_key is not None
             self._index.add(_short_successor(self._last_key), self._pending.encode())
