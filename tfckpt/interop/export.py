@@ -36,7 +36,8 @@ from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
 from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
-from tfckpt.rewrite.planner import Plan, PlannedTensor, compile_rules, new_name, plan
+from tfckpt.rewrite.planner import Plan, PlannedTensor, plan
+from tfckpt.rewrite.rules import compile_rules, new_name
 from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
 from tfckpt.version import __version__
 
