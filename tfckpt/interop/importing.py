@@ -38,7 +38,7 @@ from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
-from tfckpt.rewrite.planner import DtypePolicy, compile_patterns, compile_rules, new_name
+from tfckpt.rewrite.rules import DtypePolicy, NameRules
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
@@ -151,32 +151,10 @@ def import_(
     src = normalize(src)
     prefix = normalize(out_prefix)
     ins = _import_entries(src)
-    includes, excludes = compile_patterns(options.include), compile_patterns(options.exclude)
-    rules, exact = compile_rules(options.rename), dict(options.rename_exact or {})
+    naming = NameRules.of(options)
     policy = DtypePolicy.of(options)
-    permuter = Permuter(permute)
+    chosen, dropped = _chosen(ins, naming, policy, Permuter(permute))
     ruled = bool(policy.labels)
-    chosen: list[tuple[_In, str, str, tuple[int, ...] | None, str | None]] = []
-    seen: dict[str, str] = {}
-    dropped = 0
-    for i in ins:
-        name = i.entry.name
-        if (includes and not any(rx.search(name) for rx in includes)) or any(
-            rx.search(name) for rx in excludes
-        ):
-            dropped += 1
-            continue
-        new = new_name(name, exact, rules)
-        if new in seen:
-            raise CheckpointError(
-                f"{seen[new]!r} and {name!r} would both be named {new!r}",
-                path=i.file,
-                tensor=name,
-            )
-        seen[new] = name
-        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
-        perm = permuter(new, i.entry.shape, path=i.file)
-        chosen.append((i, new, to.name, perm, by))
     store = storage_for(prefix)
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
@@ -212,7 +190,35 @@ def import_(
     return summary
 
 
+# Per imported tensor: it, its new name, new dtype, permutation, the DtypePolicy label.
 _Chosen = list[tuple[_In, str, str, tuple[int, ...] | None, str | None]]
+
+
+def _chosen(
+    ins: list[_In], naming: NameRules, policy: DtypePolicy, permuter: Permuter
+) -> tuple[_Chosen, int]:
+    """The tensors the patterns keep, each with its new name, dtype and permutation; and
+    how many they leave out. Two tensors given one name are an error."""
+    chosen: _Chosen = []
+    seen: dict[str, str] = {}
+    dropped = 0
+    for i in ins:
+        name = i.entry.name
+        if naming.drop_reason(name) is not None:
+            dropped += 1
+            continue
+        new = naming.new_name(name)
+        if new in seen:
+            raise CheckpointError(
+                f"{seen[new]!r} and {name!r} would both be named {new!r}",
+                path=i.file,
+                tensor=name,
+            )
+        seen[new] = name
+        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
+        perm = permuter(new, i.entry.shape, path=i.file)
+        chosen.append((i, new, to.name, perm, by))
+    return chosen, dropped
 
 
 def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progress):

@@ -37,7 +37,6 @@ from tfckpt.io.storage import StorageOptions, kept_options, storage_for, takes_s
 from tfckpt.rewrite.engine import Summary, run_and_commit, state_file_warnings
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
-    DtypePolicy,
     Plan,
     PlannedTensor,
     Source,
@@ -47,6 +46,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
+from tfckpt.rewrite.rules import DtypePolicy
 from tfckpt.rewrite.streaming import TaskItem
 from tfckpt.rewrite.tasks import TF_SLICE_COPYABLE, ShardPacker, graph_bytes, restore_warnings
 
@@ -320,73 +320,16 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
     # The destination's name inside a directory is the newest source's.
     dst = resolve_destination(dst, [newest] + srcs[:-1], options.overwrite)
     names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
-    present = set(names)
-    graph = newest.graph
     # Before the graph is cut: dtype rules match flat names too.
     flat = source_flat_names(newest) if policy.labels else {}
     read_from = {n: n for n in names}
-    gone: dict[str, str] = {}
-
-    def drop_keys(keys, reason: str) -> None:
-        for k in keys:
-            for t in attribute_tensors(k, present):
-                if t in present:
-                    gone.setdefault(t, reason)
-
+    gone = _Gone(set(names))
     if use_ema:
-        if graph is None:
-            pairs = {
-                n[: -len(EMA_SUFFIX)]: n
-                for n in names
-                if n.endswith(EMA_SUFFIX) and n[: -len(EMA_SUFFIX)] in present
-            }
-            for n in names:
-                if n.endswith(EMA_SUFFIX):
-                    gone[n] = (
-                        "moving average written as its variable"
-                        if n[: -len(EMA_SUFFIX)] in present
-                        else "moving average of no variable in the checkpoint"
-                    )
-        else:
-            pairs, shadow_nodes = _keras_ema_pairs(graph)
-            drop_keys(_cut_nodes(graph, shadow_nodes), "moving average written as its variable")
-        if not pairs:
-            raise CheckpointError(
-                f"no exponential moving averages found (TF1: names ending in {EMA_SUFFIX}; "
-                f"TF2: a Keras optimizer's {KERAS_EMA_LIST})",
-                path=newest.ckpt.prefix,
-            )
-        for var, shadow in pairs.items():
-            a, b = newest.ckpt.info(var), newest.ckpt.info(shadow)
-            if (a.dtype, a.shape) != (b.dtype, b.shape):
-                raise CheckpointError(
-                    f"its moving average {shadow!r} is {b.dtype} {list(b.shape)}, "
-                    f"the variable {a.dtype} {list(a.shape)}",
-                    path=newest.ckpt.prefix,
-                    tensor=var,
-                )
-            read_from[var] = shadow
-    if options.drop_objects:
-        if graph is None:
-            raise CheckpointError(
-                f"--drop-object needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
-                path=newest.ckpt.prefix,
-            )
-        for spec in options.drop_objects:
-            drop_keys(graph.drop_objects([spec]), f"object {spec!r} dropped")
-    graph_bytes = None
-    if graph is not None:
-        missing = graph.missing_keys({n for n in names if n not in gone})
-        if missing:
-            raise CheckpointError(
-                f"the object graph names tensors the checkpoint lacks: {', '.join(missing[:5])}",
-                path=newest.ckpt.prefix,
-            )
-        graph_bytes = graph.serialize()
-
+        read_from.update(_ema_pairs(newest, names, gone))
+    graph_bytes = _output_graph(newest, names, options.drop_objects, gone)
     tensors = []
     for new in names:
-        if new in gone:
+        if new in gone.why:
             continue
         name = read_from[new]
         info = newest.ckpt.info(name)
@@ -394,16 +337,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         averaged = dtype.kind in ("float", "complex") and new not in fixed
         # By the variable's name: with use_ema its value is read from its shadow's.
         new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
-        # A copied tensor is the newest's alone: the others' slicing does not matter.
-        sliced = bool(info.slices) and (not averaged or _same_slices(srcs, name))
-        if info.slices and not sliced and info.partial:
-            raise CheckpointError(
-                "the sources store different slices of this pre-sliced tensor",
-                path=newest.ckpt.prefix,
-                tensor=name,
-            )
-        if sliced and graph is not None and new_dtype.name not in TF_SLICE_COPYABLE:
-            sliced = info.partial  # TF2 restores it whole: see engine._keep_sliced
+        sliced = _written_sliced(srcs, name, info, averaged, new_dtype)
         tensors.append(AveragedTensor(name, new, info, new_dtype.name, averaged, sliced, dtype_by))
     # Read each source in file order.
     tensors.sort(
@@ -413,10 +347,106 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
             t.new_name,
         )
     )
-    dropped = [(n, gone[n]) for n in names if n in gone]
+    dropped = [(n, gone.why[n]) for n in names if n in gone.why]
     return AveragePlan(
         srcs, w, dst, tensors, dropped, graph_bytes, options, plan_storage_options(srcs)
     )
+
+
+class _Gone:
+    """The newest source's tensors left out of an average, each with the first reason."""
+
+    def __init__(self, present: set[str]):
+        self.present = present
+        self.why: dict[str, str] = {}
+
+    def drop_keys(self, keys: Iterable[str], reason: str) -> None:
+        """Leave out the tensors of the object graph's attributes ``keys``."""
+        for k in keys:
+            for t in attribute_tensors(k, self.present):
+                if t in self.present:
+                    self.why.setdefault(t, reason)
+
+
+def _ema_pairs(newest: Source, names: list[str], gone: _Gone) -> dict[str, str]:
+    """``{variable: its moving average}`` of the newest source, the averages left out
+    (cut from its object graph); an error without any, or with one unlike its variable."""
+    present, graph = gone.present, newest.graph
+    if graph is None:
+        pairs = {
+            n[: -len(EMA_SUFFIX)]: n
+            for n in names
+            if n.endswith(EMA_SUFFIX) and n[: -len(EMA_SUFFIX)] in present
+        }
+        for n in names:
+            if n.endswith(EMA_SUFFIX):
+                gone.why[n] = (
+                    "moving average written as its variable"
+                    if n[: -len(EMA_SUFFIX)] in present
+                    else "moving average of no variable in the checkpoint"
+                )
+    else:
+        pairs, shadow_nodes = _keras_ema_pairs(graph)
+        gone.drop_keys(_cut_nodes(graph, shadow_nodes), "moving average written as its variable")
+    if not pairs:
+        raise CheckpointError(
+            f"no exponential moving averages found (TF1: names ending in {EMA_SUFFIX}; "
+            f"TF2: a Keras optimizer's {KERAS_EMA_LIST})",
+            path=newest.ckpt.prefix,
+        )
+    for var, shadow in pairs.items():
+        a, b = newest.ckpt.info(var), newest.ckpt.info(shadow)
+        if (a.dtype, a.shape) != (b.dtype, b.shape):
+            raise CheckpointError(
+                f"its moving average {shadow!r} is {b.dtype} {list(b.shape)}, "
+                f"the variable {a.dtype} {list(a.shape)}",
+                path=newest.ckpt.prefix,
+                tensor=var,
+            )
+    return pairs
+
+
+def _output_graph(
+    newest: Source, names: list[str], drop_objects: Sequence[str], gone: _Gone
+) -> bytes | None:
+    """The output's object graph: the newest source's, less ``drop_objects`` (their
+    tensors left out); None for TF1 sources, which ``drop_objects`` are an error for."""
+    graph = newest.graph
+    if drop_objects:
+        if graph is None:
+            raise CheckpointError(
+                f"--drop-object needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
+                path=newest.ckpt.prefix,
+            )
+        for spec in drop_objects:
+            gone.drop_keys(graph.drop_objects([spec]), f"object {spec!r} dropped")
+    if graph is None:
+        return None
+    missing = graph.missing_keys({n for n in names if n not in gone.why})
+    if missing:
+        raise CheckpointError(
+            f"the object graph names tensors the checkpoint lacks: {', '.join(missing[:5])}",
+            path=newest.ckpt.prefix,
+        )
+    return graph.serialize()
+
+
+def _written_sliced(
+    srcs: list[Source], name: str, info: TensorInfo, averaged: bool, new_dtype: _dt.DType
+) -> bool:
+    """Whether the tensor ``name`` is written slice by slice, as the sources store it;
+    an error for a pre-sliced tensor the sources slice differently."""
+    # A copied tensor is the newest's alone: the others' slicing does not matter.
+    sliced = bool(info.slices) and (not averaged or _same_slices(srcs, name))
+    if info.slices and not sliced and info.partial:
+        raise CheckpointError(
+            "the sources store different slices of this pre-sliced tensor",
+            path=srcs[-1].ckpt.prefix,
+            tensor=name,
+        )
+    if sliced and srcs[-1].graph is not None and new_dtype.name not in TF_SLICE_COPYABLE:
+        sliced = info.partial  # TF2 restores it whole: see engine._keep_sliced
+    return sliced
 
 
 def _same_slices(srcs: list[Source], name: str) -> bool:

@@ -39,16 +39,15 @@ from tfckpt.rewrite.planner import (
     SAVE_COUNTER,
     Plan,
     PlannedTensor,
-    compile_patterns,
-    compile_rules,
+    Source,
     finished_plan,
-    matches,
-    new_name,
+    follow_source_layouts,
     open_sources,
     plan,
     resolve_destination,
     source_flat_names,
 )
+from tfckpt.rewrite.rules import NameRules, compile_patterns, compile_rules, new_name
 
 
 def _as_list(sources) -> list:
@@ -83,8 +82,28 @@ def plan_graft(
     if not sources:
         raise CheckpointError("no source checkpoint given")
     srcs = open_sources([template, *sources])
-    tpl = srcs[0]
     dst = resolve_destination(dst, srcs, options.overwrite)
+    names, candidates, graph_bytes = _template_tensors(srcs[0], options)
+    target, shared = _lookup_names(names, candidates)
+    naming = NameRules(  # compiled in this order: which bad option is reported first
+        renames=compile_rules(options.rename),
+        exact=dict(options.rename_exact or {}),
+        includes=compile_patterns(options.include),
+        excludes=compile_patterns(options.exclude),
+    )
+    dropped: list[tuple[str, str, str]] = []
+    found = _found_in_sources(srcs, target, shared, naming, dropped)
+    planned = _grafted_tensors(srcs, names, found, options.prefer, allow_missing, dropped)
+    follow_source_layouts(srcs, options)
+    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
+
+
+def _template_tensors(
+    tpl: Source, options: Options
+) -> tuple[list[str], dict[str, list[str]], bytes | None]:
+    """The template's tensors (less the objects ``drop_objects`` cuts), the names each is
+    found by (its key, then in a TF2 template its path and flat name), and the output's
+    object graph: the template's, cut."""
     names = [n for n in tpl.ckpt.keys() if n != OBJECT_GRAPH_KEY]
     present = set(names)
     graph_bytes = None
@@ -113,9 +132,18 @@ def plan_graft(
         raise CheckpointError(
             f"drop_objects needs a TF2 template (one with {OBJECT_GRAPH_KEY})", path=tpl.label
         )
+    return names, candidates, graph_bytes
 
-    # The name each template tensor is found by: its key first, then its path, then
-    # its flat name; a path or flat name shared by two tensors finds neither.
+
+def _lookup_names(
+    names: list[str], candidates: dict[str, list[str]]
+) -> tuple[dict[str, str], set[str]]:
+    """Which template tensor each name finds, and the names shared by several (which
+    find none).
+
+    The name each template tensor is found by: its key first, then its path, then
+    its flat name; a path or flat name shared by two tensors finds neither.
+    """
     target: dict[str, str] = {n: n for n in names}
     shared: set[str] = set()
     for level in (1, 2):
@@ -129,25 +157,33 @@ def plan_graft(
                 target[name] = owners[0]
             else:
                 shared.add(name)
+    return target, shared
 
-    rules = compile_rules(options.rename)
-    exact = dict(options.rename_exact or {})
-    includes, excludes = compile_patterns(options.include), compile_patterns(options.exclude)
-    dropped: list[tuple[str, str, str]] = []
-    found: dict[str, dict[str, list[tuple[int, str]]]] = {}  # template name -> name -> hits
+
+_Hits = dict[str, list[tuple[int, str]]]  # a source tensor's new name -> (source, name)
+
+
+def _found_in_sources(
+    srcs: list[Source],
+    target: dict[str, str],
+    shared: set[str],
+    naming: NameRules,
+    dropped: list[tuple[str, str, str]],
+) -> dict[str, _Hits]:
+    """Per template tensor, the source tensors whose new names find it; those that find
+    none, or that the patterns leave out, listed in ``dropped``."""
+    found: dict[str, _Hits] = {}
     for i, s in enumerate(srcs[1:], 1):
         local: dict[str, str] = {}
-        flat = source_flat_names(s) if includes or excludes else {}
+        flat = source_flat_names(s) if naming.includes or naming.excludes else {}
         for n in s.ckpt.keys():
             if n == OBJECT_GRAPH_KEY:
                 continue
-            if includes and not any(matches(rx, n, flat.get(n)) for rx in includes):
-                dropped.append((s.label, n, "not included"))
+            why = naming.drop_reason(n, flat.get(n))
+            if why is not None:
+                dropped.append((s.label, n, why))
                 continue
-            if any(matches(rx, n, flat.get(n)) for rx in excludes):
-                dropped.append((s.label, n, "excluded"))
-                continue
-            new = new_name(n, exact, rules)
+            new = naming.new_name(n)
             if new in local:
                 raise CheckpointError(
                     f"{local[new]!r} and {n!r} would both be named {new!r}", path=s.label
@@ -159,7 +195,20 @@ def plan_graft(
                 dropped.append((s.label, n, why or f"no template tensor is named {new!r}"))
                 continue
             found.setdefault(t, {}).setdefault(new, []).append((i, n))
+    return found
 
+
+def _grafted_tensors(
+    srcs: list[Source],
+    names: list[str],
+    found: dict[str, _Hits],
+    prefer: str | None,
+    allow_missing: bool,
+    dropped: list[tuple[str, str, str]],
+) -> list[PlannedTensor]:
+    """Each template tensor, from the source tensor that fills it (the template's own
+    value for ``save_counter`` and, with ``allow_missing``, for one none fills)."""
+    tpl = srcs[0]
     planned: list[PlannedTensor] = []
     unmatched: list[str] = []
     for t in names:
@@ -171,35 +220,7 @@ def plan_graft(
             else:
                 unmatched.append(t)
             continue
-        if tensor_path(t) == SAVE_COUNTER:
-            # Bookkeeping, not a value to choose: the first source's, as merge keeps it.
-            every = sorted((i, n, name) for name, where in hits.items() for i, n in where)
-            i, n, name = every[0]
-            dropped += [
-                (srcs[j].label, m, f"{t!r} taken from {srcs[i].label}") for j, m, _ in every[1:]
-            ]
-            hits = {name: [(i, n)]}
-        if len(hits) > 1:
-            listed = " and ".join(
-                f"{srcs[i].label} ({n!r})" for where in hits.values() for i, n in where[:1]
-            )
-            raise CheckpointError(f"the template's {t!r} is found in both {listed}")
-        ((name, where),) = hits.items()
-        if len(where) > 1:
-            if options.prefer is None:
-                raise CheckpointError(
-                    f"{name!r} comes from both {srcs[where[0][0]].label} and "
-                    f"{srcs[where[1][0]].label}; choose with --prefer first|last "
-                    "(prefer='first' or 'last')"
-                )
-            keep = where[0] if options.prefer == "first" else where[-1]
-            dropped += [
-                (srcs[i].label, n, f"{name!r} taken from {srcs[keep[0]].label}")
-                for i, n in where
-                if (i, n) != keep
-            ]
-            where = [keep]
-        ((i, n),) = where
+        i, n = _one_hit(srcs, t, hits, prefer, dropped)
         info = srcs[i].ckpt.info(n)
         if tuple(info.shape) != tuple(want.shape):
             raise CheckpointError(
@@ -224,13 +245,49 @@ def plan_graft(
             "(match names with rename rules, or keep the template's values with allow_missing)",
             path=tpl.label,
         )
+    return planned
 
-    if options.max_shard_bytes is None:
-        base = 0
-        for s in srcs:
-            s.shard_base = base
-            base += s.ckpt.header.num_shards
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
+
+def _one_hit(
+    srcs: list[Source],
+    t: str,
+    hits: _Hits,
+    prefer: str | None,
+    dropped: list[tuple[str, str, str]],
+) -> tuple[int, str]:
+    """The ``(source, name)`` that fills the template's ``t`` of its ``hits``; the others
+    listed in ``dropped``. _Hits by two names are an error, as is one name in several
+    sources unless ``prefer`` says which wins."""
+    if tensor_path(t) == SAVE_COUNTER:
+        # Bookkeeping, not a value to choose: the first source's, as merge keeps it.
+        every = sorted((i, n, name) for name, where in hits.items() for i, n in where)
+        i, n, name = every[0]
+        dropped += [
+            (srcs[j].label, m, f"{t!r} taken from {srcs[i].label}") for j, m, _ in every[1:]
+        ]
+        hits = {name: [(i, n)]}
+    if len(hits) > 1:
+        listed = " and ".join(
+            f"{srcs[i].label} ({n!r})" for where in hits.values() for i, n in where[:1]
+        )
+        raise CheckpointError(f"the template's {t!r} is found in both {listed}")
+    ((name, where),) = hits.items()
+    if len(where) > 1:
+        if prefer is None:
+            raise CheckpointError(
+                f"{name!r} comes from both {srcs[where[0][0]].label} and "
+                f"{srcs[where[1][0]].label}; choose with --prefer first|last "
+                "(prefer='first' or 'last')"
+            )
+        keep = where[0] if prefer == "first" else where[-1]
+        dropped += [
+            (srcs[i].label, n, f"{name!r} taken from {srcs[keep[0]].label}")
+            for i, n in where
+            if (i, n) != keep
+        ]
+        where = [keep]
+    ((i, n),) = where
+    return i, n
 
 
 @takes_storage_options()

@@ -8,8 +8,7 @@ then writes the plan.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tfckpt.checkpoint.opening import open_checkpoint
@@ -28,8 +27,12 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.rewrite import collector
-from tfckpt.rewrite.cast import CAST_TARGETS, should_cast
-from tfckpt.rewrite.options import Options, RenameRules
+from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.rules import DtypePolicy, NameRules
+
+# Re-exported: tfckpt.keras takes them from here.
+from tfckpt.rewrite.rules import compile_rules as compile_rules
+from tfckpt.rewrite.rules import new_name as new_name
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -129,109 +132,6 @@ class Plan:
         }
 
 
-@dataclass(frozen=True)
-class DtypePolicy:
-    """Which dtype each tensor is written in: ``keep_dtype``, then the first matching
-    ``dtype_rules`` entry, then ``cast`` (narrowed by ``cast_from``).
-
-    Patterns are ``re.search``-ed on source names, as ``include``/``exclude`` are:
-    a tensor of a TF2 source matches by its key or its flat name (see
-    :func:`source_flat_names`).
-    Only floating-point tensors are ever cast; others keep their dtype whatever
-    matches them. ``cast`` casts only variables (see :func:`fixed_dtype_tensors`): a
-    lookup table's keys and values keep their dtype unless a keep pattern or a rule
-    matches them. :meth:`decide` gives the dtype and the label of what decided it:
-    ``'keep REGEX'``, ``'rule REGEX=DTYPE'``, ``'cast'``, or None (unchanged, nothing
-    applied).
-
-    >>> policy = DtypePolicy.of(Options(cast="float16", keep_dtype=["LayerNorm"]))
-    >>> policy.decide("bert/LayerNorm/gamma", tfckpt.dtypes.lookup("float32"))
-    """
-
-    keep: tuple[tuple[re.Pattern, str], ...] = ()
-    rules: tuple[tuple[re.Pattern, _dt.DType, str], ...] = ()
-    target: _dt.DType | None = None
-    cast_from: frozenset[str] | None = None
-
-    @classmethod
-    def of(cls, options: Options) -> DtypePolicy:
-        """The policy of ``options``; a bad pattern or dtype is a CheckpointError naming it."""
-        target = None
-        if options.cast is not None:
-            target = _cast_target(options.cast, "cast")
-        from_set = None
-        if options.cast_from is not None:
-            from_set = frozenset(_dt.lookup(d).name for d in options.cast_from)
-        keep_specs = options.keep_dtype
-        keep = tuple(
-            (_compile(p, f"keep_dtype pattern {p!r}"), f"keep {p}")
-            for p in ([keep_specs] if isinstance(keep_specs, str) else keep_specs)
-        )
-        items = (
-            options.dtype_rules.items()
-            if isinstance(options.dtype_rules, Mapping)
-            else options.dtype_rules
-        )
-        if isinstance(items, (str, bytes)):
-            raise CheckpointError(f"dtype rules are (regex, dtype) pairs or a dict, not {items!r}")
-        rules = []
-        for item in items:
-            try:
-                pattern, dtype = () if isinstance(item, (str, bytes)) else item
-            except (TypeError, ValueError):
-                raise CheckpointError(
-                    f"a dtype rule is a (regex, dtype) pair, not {item!r}"
-                ) from None
-            what = f"dtype rule {f'{pattern}={dtype}'!r}"
-            rules.append(
-                (_compile(pattern, what), _cast_target(dtype, what), f"rule {pattern}={dtype}")
-            )
-        if keep and target is None and not rules:
-            raise CheckpointError("keep_dtype keeps nothing: no cast and no dtype_rules given")
-        return cls(keep, tuple(rules), target, from_set)
-
-    @property
-    def labels(self) -> list[str]:
-        """The keep patterns' and rules' labels, in order."""
-        return [label for _, label in self.keep] + [label for _, _, label in self.rules]
-
-    def counts(self, decided_by: Iterable[str | None]) -> dict[str, int] | None:
-        """Tensors per keep pattern and rule (zero included), in the order given, from
-        the labels :meth:`decide` returned; None when there are neither."""
-        if not self.labels:
-            return None
-        counts = dict.fromkeys(self.labels, 0)
-        for label in decided_by:
-            if label in counts:
-                counts[label] += 1
-        return counts
-
-    def decide(
-        self, name: str, dtype: _dt.DType, flat: str | None = None, *, variable: bool = True
-    ) -> tuple[_dt.DType, str | None]:
-        """The dtype a tensor named ``name`` (in its source) of ``dtype`` is written in,
-        and the label of what decided it; a pattern matching ``flat`` (its flat name)
-        matches it too. ``variable=False`` (a tensor TensorFlow restores only in its
-        stored dtype) leaves it to keep patterns and rules: ``cast`` passes it by."""
-        if not dtype.is_floating:
-            return dtype, None
-        for rx, label in self.keep:
-            if matches(rx, name, flat):
-                return dtype, label
-        for rx, target, label in self.rules:
-            if matches(rx, name, flat):
-                return target, label
-        if variable and should_cast(dtype, self.target, self.cast_from):
-            assert self.target is not None
-            return self.target, "cast"
-        return dtype, None
-
-
-def matches(rx: re.Pattern, name: str, flat: str | None = None) -> bool:
-    """Whether ``rx`` is found in a source tensor's name or, given, its flat name."""
-    return rx.search(name) is not None or (flat is not None and rx.search(flat) is not None)
-
-
 def source_flat_names(source: Source) -> dict[str, str]:
     """Each tensor of a TF2 source and its flat name (see :mod:`tfckpt.format.tf2names`); {} for
     a TF1 source. Patterns on source names match these too: Keras 3 keys a trained
@@ -272,80 +172,6 @@ def fixed_dtype_tensors(source: Source) -> set[str]:
         if n.endswith(keys) and n[: -len(keys)] + values in present:
             out |= {n, n[: -len(keys)] + values}
     return out
-
-
-def _compile(pattern: str, what: str) -> re.Pattern:
-    try:
-        return re.compile(pattern)
-    except (re.error, TypeError) as e:
-        raise CheckpointError(f"bad {what}: {e}") from None
-
-
-def _cast_target(spec: str, what: str) -> _dt.DType:
-    try:
-        # Only a name or a dtype: numpy would read None as float64.
-        target = _dt.lookup(spec) if spec is not None else None
-    except (ValueError, TypeError):
-        target = None
-    if target is None or target.name not in CAST_TARGETS:
-        raise CheckpointError(
-            f"{what}: cannot cast to {spec!r}; targets: {', '.join(CAST_TARGETS)}"
-        )
-    return target
-
-
-def compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
-    """Rename rules (a mapping or pairs of regex and replacement) compiled, in order.
-
-    >>> new_name("dense/kernel", {}, compile_rules({"^dense/": "head/"}))
-    'head/kernel'
-    """
-    if rename is None:
-        return []
-    items = rename.items() if isinstance(rename, Mapping) else rename
-    out = []
-    for pattern, repl in items:
-        try:
-            out.append((re.compile(pattern), repl))
-        except re.error as e:
-            raise CheckpointError(f"bad rename pattern {pattern!r}: {e}") from None
-    return out
-
-
-def new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
-    """``name`` renamed: by ``exact`` first, else by the first rule that matches; never to
-    an empty name (every renaming command comes here, so none can write one)."""
-    if name in exact:
-        if not exact[name]:
-            raise CheckpointError("the exact renames give it an empty name", tensor=name)
-        return exact[name]
-    for rx, repl in rules:
-        m = rx.match(name)
-        if m:
-            try:
-                new = m.expand(repl) + name[m.end() :]
-            except (re.error, IndexError) as e:
-                raise CheckpointError(
-                    f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}"
-                ) from None
-            if not new:
-                raise CheckpointError(
-                    f"rename {rx.pattern!r} -> {repl!r} gives it an empty name", tensor=name
-                )
-            return new
-    return name
-
-
-def compile_patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
-    """Include/exclude/keep patterns (one regex or several) compiled; [] for None."""
-    if values is None:
-        return []
-    if isinstance(values, str):
-        values = [values]
-    try:
-        return [re.compile(v) for v in values]
-    except re.error as e:
-        raise CheckpointError(f"bad regular expression: {e}") from None
 
 
 def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
@@ -435,103 +261,140 @@ def plan(
     >>> tfckpt.execute(p)
     """
     options = Options.of(options, **changes)
-    prefer = options.prefer
     policy = DtypePolicy.of(options)
     srcs = open_sources(sources)
-    includes, excludes = compile_patterns(options.include), compile_patterns(options.exclude)
-    rules = compile_rules(options.rename)
-    exact = dict(options.rename_exact or {})
+    naming = NameRules.of(options)
     dst = resolve_destination(dst, srcs, options.overwrite)
 
     dropped: list[tuple[str, str, str]] = []
-    graphs: list[tuple[int, ObjectGraph]] = []
-    per_source: list[list[tuple[str, str]]] = []  # (old, new) per kept tensor
     drop_specs = list(options.drop_objects)
     if drop_specs and not any(s.graph for s in srcs):
         raise CheckpointError(
             f"--drop-object needs a TF2 object-based checkpoint (one with {OBJECT_GRAPH_KEY})",
             path=srcs[0].ckpt.prefix,
         )
-    matched_specs: set[str] = set()
-    winner = _root_object_owners(srcs, prefer)
+    winner = _root_object_owners(srcs, options.prefer)
     # Built once per source, before its graph is cut, and only for patterns to match.
-    patterned = bool(includes or excludes or policy.labels)
+    patterned = bool(naming.includes or naming.excludes or policy.labels)
     flats = [source_flat_names(s) if patterned else {} for s in srcs]
     fixed = [fixed_dtype_tensors(s) if policy.target is not None else set() for s in srcs]
+    matched: set[str] = set()  # the drop specs some source's graph has
+    per_source: list[list[tuple[str, str]]] = []  # (old, new) per kept tensor
     for i, s in enumerate(srcs):
         names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
-        flat = flats[i]
-        present = set(names)
-        gone: set[str] = set()
-
-        def tensors_of(keys: Iterable[str], present: set[str] = present) -> set[str]:
-            return {t for k in keys for t in attribute_tensors(k, present)}
-
-        if s.graph is not None:
-            for spec in drop_specs:
-                try:
-                    removed = tensors_of(s.graph.drop_objects([spec]))
-                except CheckpointError:
-                    continue  # this source lacks the object; another may have it
-                matched_specs.add(spec)
-                gone |= removed
-                dropped += [
-                    (s.label, n, f"object {spec!r} dropped") for n in sorted(removed) if n in s.ckpt
-                ]
-            for child in s.graph.root_children():
-                owner = winner.get(child, i)
-                if owner != i:
-                    removed = tensors_of(s.graph.drop_root_child(child))
-                    gone |= removed
-                    dropped += [
-                        (s.label, n, f"root object {child!r} taken from {srcs[owner].label}")
-                        for n in sorted(removed)
-                        if n in s.ckpt
-                    ]
-            missing = s.graph.missing_keys(present)
-            if missing:
-                raise CheckpointError(
-                    f"the object graph names tensors the checkpoint lacks: "
-                    f"{', '.join(missing[:5])}",
-                    path=s.ckpt.prefix,
-                )
-        kept = []
-        for n in names:
-            if n in gone:
-                continue
-            if includes and not any(matches(rx, n, flat.get(n)) for rx in includes):
-                dropped.append((s.label, n, "not included"))
-                continue
-            if excludes and any(matches(rx, n, flat.get(n)) for rx in excludes):
-                dropped.append((s.label, n, "excluded"))
-                continue
-            kept.append((n, new_name(n, exact, rules)))
-        if s.graph is not None:
-            # An attribute stored as several tensors is kept whole or not at all,
-            # and its tensors keep one key plus their suffixes.
-            new_of = dict(kept)
-            dead, rekey = set(), {}
-            for key, tensors in s.graph.attribute_tensors(present).items():
-                if all(t in new_of for t in tensors):
-                    new_key = renamed_key(key, tensors, new_of, path=s.label)
-                    if new_key != key:
-                        rekey[key] = new_key
-                    continue
-                dead.add(key)
-                for t in tensors:
-                    if new_of.pop(t, None) is not None:
-                        dropped.append((s.label, t, f"its attribute {key!r} is not kept whole"))
-            kept = [(n, new) for n, new in kept if n in new_of]
-            s.graph.drop_keys(dead)
-            s.graph.rekey(rekey)
-            graphs.append((i, s.graph))
-        per_source.append(kept)
+        gone = _cut_graph(srcs, i, names, drop_specs, winner, matched, dropped)
+        per_source.append(_kept_tensors(s, names, gone, flats[i], naming, dropped))
     for spec in drop_specs:
-        if spec not in matched_specs:
+        if spec not in matched:
             raise CheckpointError(f"no object {spec!r} in the object graph of any source")
+    chosen = _choose_by_name(srcs, per_source, options.prefer, dropped)
+    graph_bytes = _merged_graph(srcs, per_source, chosen)
+    follow_source_layouts(srcs, options)
+    planned = _planned_tensors(srcs, chosen, policy, flats, fixed)
+    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
 
-    # One name, one tensor: clashes inside a source are errors; across sources
-    # they are errors unless the user said which source wins.
+
+def _cut_graph(
+    srcs: list[Source],
+    i: int,
+    names: list[str],
+    drop_specs: list[str],
+    winner: dict[str, int],
+    matched: set[str],
+    dropped: list[tuple[str, str, str]],
+) -> set[str]:
+    """Cut from source ``i``'s object graph the objects ``drop_specs`` name (adding those
+    it has to ``matched``) and the root objects another source keeps (``winner``); the
+    tensors gone with them, each listed in ``dropped``. None for a TF1 source."""
+    s = srcs[i]
+    if s.graph is None:
+        return set()
+    present = set(names)
+    gone: set[str] = set()
+
+    def tensors_of(keys: Iterable[str]) -> set[str]:
+        return {t for k in keys for t in attribute_tensors(k, present)}
+
+    for spec in drop_specs:
+        try:
+            removed = tensors_of(s.graph.drop_objects([spec]))
+        except CheckpointError:
+            continue  # this source lacks the object; another may have it
+        matched.add(spec)
+        gone |= removed
+        dropped += [
+            (s.label, n, f"object {spec!r} dropped") for n in sorted(removed) if n in s.ckpt
+        ]
+    for child in s.graph.root_children():
+        owner = winner.get(child, i)
+        if owner != i:
+            removed = tensors_of(s.graph.drop_root_child(child))
+            gone |= removed
+            dropped += [
+                (s.label, n, f"root object {child!r} taken from {srcs[owner].label}")
+                for n in sorted(removed)
+                if n in s.ckpt
+            ]
+    missing = s.graph.missing_keys(present)
+    if missing:
+        raise CheckpointError(
+            f"the object graph names tensors the checkpoint lacks: {', '.join(missing[:5])}",
+            path=s.ckpt.prefix,
+        )
+    return gone
+
+
+def _kept_tensors(
+    s: Source,
+    names: list[str],
+    gone: set[str],
+    flat: dict[str, str],
+    naming: NameRules,
+    dropped: list[tuple[str, str, str]],
+) -> list[tuple[str, str]]:
+    """The tensors of ``s`` the patterns keep, as ``(name, new name)``; in a TF2 source
+    only those of attributes kept whole, its graph rekeyed to their new names."""
+    kept = []
+    for n in names:
+        if n in gone:
+            continue
+        why = naming.drop_reason(n, flat.get(n))
+        if why is not None:
+            dropped.append((s.label, n, why))
+            continue
+        kept.append((n, naming.new_name(n)))
+    if s.graph is None:
+        return kept
+    # An attribute stored as several tensors is kept whole or not at all,
+    # and its tensors keep one key plus their suffixes.
+    new_of = dict(kept)
+    dead, rekey = set(), {}
+    for key, tensors in s.graph.attribute_tensors(set(names)).items():
+        if all(t in new_of for t in tensors):
+            new_key = renamed_key(key, tensors, new_of, path=s.label)
+            if new_key != key:
+                rekey[key] = new_key
+            continue
+        dead.add(key)
+        for t in tensors:
+            if new_of.pop(t, None) is not None:
+                dropped.append((s.label, t, f"its attribute {key!r} is not kept whole"))
+    s.graph.drop_keys(dead)
+    s.graph.rekey(rekey)
+    return [(n, new) for n, new in kept if n in new_of]
+
+
+def _choose_by_name(
+    srcs: list[Source],
+    per_source: list[list[tuple[str, str]]],
+    prefer: str | None,
+    dropped: list[tuple[str, str, str]],
+) -> dict[str, tuple[int, str]]:
+    """Each output name and the ``(source, name)`` it is written from.
+
+    One name, one tensor: clashes inside a source are errors; across sources they are
+    errors unless ``prefer`` says which source wins (the loser listed in ``dropped``).
+    """
     chosen: dict[str, tuple[int, str]] = {}
     for i, kept in enumerate(per_source):
         local: dict[str, str] = {}
@@ -556,30 +419,51 @@ def plan(
                     continue
                 dropped.append((srcs[j].label, other, f"{new!r} taken from {srcs[i].label}"))
             chosen[new] = (i, old)
+    return chosen
 
-    # Graphs lose the attributes of tensors another source won, then merge.
-    graph_bytes = None
-    if graphs:
-        for i, g in graphs:
-            mine = {new for _, new in per_source[i]}
-            lost = {new for new in mine if chosen[new][0] != i}
-            if lost:
-                g.drop_keys(
-                    {k for k, ts in g.attribute_tensors(mine).items() if lost.intersection(ts)}
-                )
-        merged = (
-            graphs[0][1]
-            if len(graphs) == 1
-            else ObjectGraph.merge([g for _, g in graphs], [srcs[i].label for i, _ in graphs])
-        )
-        graph_bytes = merged.serialize()
 
+def _merged_graph(
+    srcs: list[Source],
+    per_source: list[list[tuple[str, str]]],
+    chosen: dict[str, tuple[int, str]],
+) -> bytes | None:
+    """The output's object graph: the sources' graphs, less the attributes of tensors
+    another source won, merged; None without TF2 sources."""
+    graphs = [(i, s.graph) for i, s in enumerate(srcs) if s.graph is not None]
+    if not graphs:
+        return None
+    for i, g in graphs:
+        mine = {new for _, new in per_source[i]}
+        lost = {new for new in mine if chosen[new][0] != i}
+        if lost:
+            g.drop_keys({k for k, ts in g.attribute_tensors(mine).items() if lost.intersection(ts)})
+    merged = (
+        graphs[0][1]
+        if len(graphs) == 1
+        else ObjectGraph.merge([g for _, g in graphs], [srcs[i].label for i, _ in graphs])
+    )
+    return merged.serialize()
+
+
+def follow_source_layouts(srcs: list[Source], options: Options) -> None:
+    """Without ``max_shard_bytes`` the output keeps the sources' shards: each source's
+    start after the previous source's (see :attr:`Source.shard_base`)."""
     if options.max_shard_bytes is None:
         base = 0
         for s in srcs:
             s.shard_base = base
             base += s.ckpt.header.num_shards
 
+
+def _planned_tensors(
+    srcs: list[Source],
+    chosen: dict[str, tuple[int, str]],
+    policy: DtypePolicy,
+    flats: list[dict[str, str]],
+    fixed: list[set[str]],
+) -> list[PlannedTensor]:
+    """The chosen tensors with their infos, and the dtype ``policy`` writes each in
+    (``fixed``: per source, the tensors ``cast`` passes by)."""
     planned: list[PlannedTensor] = []
     dtypes: dict[str, _dt.DType] = {}  # a handful of names for any number of tensors
     wanted: list[list[str]] = [[] for _ in srcs]  # per source, its tensors' old names
@@ -609,7 +493,7 @@ def plan(
         planned.append(
             PlannedTensor(i, old, new, info, new_dtype.name, out_bytes, dtype_by=dtype_by)
         )
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
+    return planned
 
 
 def plan_storage_options(srcs: list[Source]) -> dict | None:
