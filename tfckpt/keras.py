@@ -42,7 +42,7 @@ from tfckpt.format.tf2names import VALUE_SUFFIX
 from tfckpt.io.storage import StorageOptions, takes_storage_options
 from tfckpt.rewrite.cast import OVERFLOW_POLICIES, Caster, OverflowPolicy, check_overflow
 from tfckpt.rewrite.options import RenameRules
-from tfckpt.rewrite.planner import compile_rules, new_name
+from tfckpt.rewrite.rules import compile_rules, new_name
 
 _SHOWN = 10  # problems named in an error message; the report has them all
 _LAYER_WITH_WEIGHTS = re.compile(r"layer_with_weights-(\d+)\Z")

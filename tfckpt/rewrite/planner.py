@@ -30,10 +30,6 @@ from tfckpt.rewrite import collector
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.rules import DtypePolicy, NameRules
 
-# Re-exported: tfckpt.keras takes them from here.
-from tfckpt.rewrite.rules import compile_rules as compile_rules
-from tfckpt.rewrite.rules import new_name as new_name
-
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
 
