@@ -24,22 +24,21 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.io import paths
-from tfckpt.io.storage import StorageOptions, kept_options, storage_for, takes_storage_options
-from tfckpt.rewrite.engine import Summary, run_and_commit, state_file_warnings
+from tfckpt.io.storage import StorageOptions, storage_for, takes_storage_options
+from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
     Plan,
     PlannedTensor,
     Source,
+    cast_bytes,
     fixed_dtype_tensors,
     open_sources,
     plan_storage_options,
@@ -47,8 +46,7 @@ from tfckpt.rewrite.planner import (
     source_flat_names,
 )
 from tfckpt.rewrite.rules import DtypePolicy
-from tfckpt.rewrite.streaming import TaskItem
-from tfckpt.rewrite.tasks import TF_SLICE_COPYABLE, ShardPacker, graph_bytes, restore_warnings
+from tfckpt.rewrite.tasks import TF_SLICE_COPYABLE
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows
@@ -56,85 +54,6 @@ KERAS_VARIABLE_LIST = "_trainable_variables"  # ... and the variables they shado
 
 # Options of a transform that averaging does not take (it keeps every name and source).
 _UNSUPPORTED = ("include", "exclude", "rename", "rename_exact", "prefer", "executor")
-
-
-@dataclass
-class AveragedTensor:
-    """One output tensor: read as ``name`` from the sources, written as ``new_name``."""
-
-    name: str
-    new_name: str
-    info: TensorInfo  # the newest source's
-    new_dtype: str
-    averaged: bool  # else copied from the newest source
-    sliced: bool  # written slice by slice, as the sources store it
-    dtype_by: str | None = None  # the DtypePolicy label that decided new_dtype
-
-    @property
-    def bytes_out(self) -> int:
-        dt = _dt.lookup(self.new_dtype)
-        if self.new_dtype == self.info.dtype:
-            return self.info.nbytes
-        stored = self.info.size if self.info.stored_elements is None else self.info.stored_elements
-        return stored * dt.fixed_itemsize
-
-
-@dataclass
-class AveragePlan:
-    """What :func:`average` will write; ``to_dict()`` is what ``--dry-run --json`` prints."""
-
-    sources: list[Source]  # oldest first: the last is the newest
-    weights: list[float]
-    dst: str
-    tensors: list[AveragedTensor]
-    dropped: list[tuple[str, str]]  # (name, reason)
-    object_graph: bytes | None
-    options: Options
-    storage_options: dict | None = field(default=None, repr=False, compare=False)
-
-    def close(self) -> None:
-        """Close the sources (the plan cannot be written after)."""
-        for s in self.sources:
-            s.ckpt.close()
-
-    @property
-    def bytes_in(self) -> int:
-        n = len(self.sources)
-        return sum(t.info.nbytes * (n if t.averaged else 1) for t in self.tensors)
-
-    @property
-    def bytes_out(self) -> int:
-        return sum(t.bytes_out for t in self.tensors)
-
-    def dtype_rule_counts(self) -> dict[str, int] | None:
-        """Tensors per keep pattern and dtype rule; None when there are neither."""
-        return DtypePolicy.of(self.options).counts(t.dtype_by for t in self.tensors)
-
-    def to_dict(self) -> dict:
-        counts = self.dtype_rule_counts()
-        return {
-            "dst": self.dst,
-            "sources": [s.label for s in self.sources],
-            "weights": self.weights,
-            "tensors": [
-                {
-                    "name": t.name,
-                    "new_name": t.new_name,
-                    "dtype": t.info.dtype,
-                    "new_dtype": t.new_dtype,
-                    "shape": list(t.info.shape),
-                    "averaged": t.averaged,
-                    "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
-                }
-                for t in self.tensors
-            ],
-            "dropped": [{"name": n, "reason": r} for n, r in self.dropped],
-            "object_graph": self.object_graph is not None,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            **({"dtype_rules": counts} if counts is not None else {}),
-        }
 
 
 def last_checkpoints(directory, n: int) -> list[str]:
@@ -146,7 +65,7 @@ def last_checkpoints(directory, n: int) -> list[str]:
     gone (a moved directory, another machine's) are found beside the state file, as
     :func:`tfckpt.latest_checkpoint` finds them.
 
-    >>> from tfckpt.average import last_checkpoints
+    >>> from tfckpt.rewrite.average import last_checkpoints
     >>> last_checkpoints("train", 3)
     ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
     """
@@ -289,8 +208,14 @@ def plan_average(
     last: int | None = None,
     storage_options: StorageOptions | None = None,
     **changes,
-) -> AveragePlan:
-    """Decide what :func:`average` writes, from the sources' indexes alone."""
+) -> Plan:
+    """Decide what :func:`average` writes, from the sources' indexes alone: a
+    :class:`~tfckpt.rewrite.planner.Plan` with ``weights``, whose tensors are read from
+    the newest source (the last), each averaged or copied.
+
+    >>> p = plan_average(["train/ckpt-9", "train/ckpt-10"], "avg/", weights=[1, 3])
+    >>> tfckpt.execute(p)
+    """
     options = Options.of(options, **changes)
     given = [f for f in _UNSUPPORTED if getattr(options, f)]
     if options.backend != "numpy":
@@ -310,7 +235,7 @@ def plan_average(
         raise
 
 
-def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> AveragePlan:
+def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> Plan:
     w = _weights(weights, len(srcs))
     policy = DtypePolicy.of(options)
     newest = srcs[-1]
@@ -338,7 +263,20 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         # By the variable's name: with use_ema its value is read from its shadow's.
         new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
         sliced = _written_sliced(srcs, name, info, averaged, new_dtype)
-        tensors.append(AveragedTensor(name, new, info, new_dtype.name, averaged, sliced, dtype_by))
+        out_bytes = info.nbytes if new_dtype.name == info.dtype else cast_bytes(info, new_dtype)
+        tensors.append(
+            PlannedTensor(
+                len(srcs) - 1,  # copies come from the newest source
+                name,
+                new,
+                info,
+                new_dtype.name,
+                out_bytes,
+                dtype_by=dtype_by,
+                averaged=averaged,
+                sliced=sliced,
+            )
+        )
     # Read each source in file order.
     tensors.sort(
         key=lambda t: (
@@ -347,10 +285,9 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
             t.new_name,
         )
     )
-    dropped = [(n, gone.why[n]) for n in names if n in gone.why]
-    return AveragePlan(
-        srcs, w, dst, tensors, dropped, graph_bytes, options, plan_storage_options(srcs)
-    )
+    dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
+    storage = plan_storage_options(srcs)
+    return Plan(srcs, dst, tensors, dropped, graph_bytes, options, storage, weights=w)
 
 
 class _Gone:
@@ -485,84 +422,9 @@ def average(
     """
     p = plan_average(sources, dst, options, weights=weights, use_ema=use_ema, last=last, **changes)
     try:
-        return write_average(p, progress=progress)
+        return execute(p, progress=progress)
     finally:
         p.close()
 
 
-@takes_storage_options(kept_options)
-def write_average(
-    p: AveragePlan,
-    *,
-    progress: Callable[[int], None] | None = None,
-    storage_options: StorageOptions | None = None,
-) -> Summary:
-    """Write a planned average and commit it atomically (see :func:`average`): shard
-    tasks for the one engine, whose mean items read every source in step."""
-    start = time.perf_counter()
-    opts = p.options
-    keep_layout = opts.max_shard_bytes is None
-    newest = p.sources[-1].ckpt
-    n = len(p.sources)
-    packer = ShardPacker(opts.max_shard_bytes)
-    for t in p.tensors:
-        out = _dt.lookup(t.new_dtype)
-        pieces = sorted(newest.slice_info(t.name), key=_file_order) if t.sliced else [t.info]
-        for piece in pieces:
-            nbytes = piece.nbytes
-            if t.new_dtype != t.info.dtype:
-                nbytes = piece.size * out.fixed_itemsize
-            item = TaskItem(
-                n - 1,  # copies come from the newest source
-                t.name,
-                t.new_name,
-                t.info.dtype,
-                t.new_dtype,
-                t.info.shape,
-                bool(t.info.slices),
-                piece.extents if t.sliced else None,
-                piece.nbytes * (n if t.averaged else 1),
-                t.bytes_out if not t.sliced else nbytes,
-                weights=tuple(p.weights) if t.averaged else (),
-            )
-            packer.add(item, (piece.shard or 0) if keep_layout else None)
-    graph_shard = None
-    if p.object_graph is not None:
-        at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
-        graph_shard = packer.place(graph_bytes(p.object_graph), at)
-    prefixes = [s.ckpt.prefix for s in p.sources]
-    tasks = packer.tasks(p.dst, prefixes, p.object_graph, graph_shard, opts, p.storage_options)
-    counts = run_and_commit(p.dst, tasks, opts, bool(opts.overwrite), progress)
-    warnings = restore_warnings(_sliced_as_plan(p)) + state_file_warnings(p.dst, p.sources)
-    return Summary(
-        p.dst,
-        kept=len(p.tensors),
-        dropped=len(p.dropped),
-        renamed=sum(t.name != t.new_name for t in p.tensors),
-        cast=sum(t.info.dtype != t.new_dtype for t in p.tensors),
-        bytes_in=p.bytes_in,
-        bytes_out=p.bytes_out,
-        seconds=time.perf_counter() - start,
-        cast_counts=counts,
-        warnings=warnings,
-        dtype_rules=p.dtype_rule_counts(),
-    )
-
-
-def _sliced_as_plan(p: AveragePlan) -> Plan:
-    """The tensors written in slices, as a plan reading them from the newest source:
-    what TensorFlow can restore of them is what it can of a convert's."""
-    newest = len(p.sources) - 1
-    planned = [
-        PlannedTensor(newest, t.name, t.new_name, t.info, t.new_dtype, t.bytes_out)
-        for t in p.tensors
-        if t.sliced
-    ]
-    return Plan(p.sources, p.dst, planned, [], p.object_graph, p.options)
-
-
-def _file_order(info: TensorInfo) -> tuple[int, int]:
-    return (info.shard or 0, info.offset or 0)
-
-
-__all__ = ["average", "plan_average", "write_average", "last_checkpoints", "AveragePlan"]
+__all__ = ["average", "plan_average", "last_checkpoints"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
@@ -56,6 +57,11 @@ class PlannedTensor:
     # Read back whole, as TF2 restores, even from a source without an object graph.
     restored_whole: bool = False
     dtype_by: str | None = None  # the DtypePolicy label that decided new_dtype
+    # An average's: the weighted mean of every source's value (else read from ``source``).
+    averaged: bool = False
+    # Written slice by slice as the sources store it: an average decides when it plans;
+    # None leaves it to the engine (:func:`~tfckpt.rewrite.tasks.written_sliced`).
+    sliced: bool | None = None
 
     @property
     def renamed(self) -> bool:
@@ -68,7 +74,16 @@ class PlannedTensor:
 
 @dataclass
 class Plan:
-    """What a transform will write; ``to_dict()`` is what ``--dry-run --json`` prints."""
+    """What a rewrite will write, decided from the sources' indexes alone; ``execute()``
+    writes it and ``to_dict()`` is what ``--dry-run --json`` prints.
+
+    Every verb plans one: a transform (convert, rename, select, merge), a graft or a
+    flatten, an average (``weights``: one per source, oldest first; the newest is the
+    last), an export (``output``: the files it writes instead of a checkpoint).
+
+    >>> p = tfckpt.plan("train/", "fp16/", cast="float16")
+    >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
+    """
 
     sources: list[Source]
     dst: str
@@ -78,10 +93,19 @@ class Plan:
     options: Options  # those it was planned with; execute() writes with them
     # Those its paths were opened with; execute() writes with them too.
     storage_options: dict | None = field(default=None, repr=False, compare=False)
+    weights: list[float] | None = None  # an average's, one per source
+    # An export's files (see tfckpt.interop.export); None: a V2 checkpoint at ``dst``.
+    output: Any = field(default=None, repr=False)
+
+    def close(self) -> None:
+        """Close the sources (the plan cannot be written after)."""
+        for s in self.sources:
+            s.ckpt.close()
 
     @property
     def bytes_in(self) -> int:
-        return sum(t.info.nbytes for t in self.tensors)
+        n = len(self.sources)
+        return sum(t.info.nbytes * (n if t.averaged else 1) for t in self.tensors)
 
     @property
     def bytes_out(self) -> int:
@@ -101,6 +125,8 @@ class Plan:
         return DtypePolicy.of(self.options).counts(t.dtype_by for t in self.tensors)
 
     def to_dict(self) -> dict:
+        if self.weights is not None:
+            return self._average_dict()
         counts = self.dtype_rule_counts()
         return {
             "dst": self.dst,
@@ -122,6 +148,33 @@ class Plan:
             "dropped": [{"source": s, "name": n, "reason": r} for s, n, r in self.dropped],
             "object_graph": self.object_graph is not None,
             "object_graph_copied": self.object_graph_copied,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            **({"dtype_rules": counts} if counts is not None else {}),
+        }
+
+    def _average_dict(self) -> dict:
+        """An average's plan: its weights, and which tensors are averaged or copied."""
+        counts = self.dtype_rule_counts()
+        return {
+            "dst": self.dst,
+            "sources": [s.label for s in self.sources],
+            "weights": self.weights,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "new_name": t.new_name,
+                    "dtype": t.info.dtype,
+                    "new_dtype": t.new_dtype,
+                    "shape": list(t.info.shape),
+                    "averaged": t.averaged,
+                    "bytes_out": t.bytes_out,
+                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                }
+                for t in self.tensors
+            ],
+            "dropped": [{"name": n, "reason": r} for _, n, r in self.dropped],
+            "object_graph": self.object_graph is not None,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
@@ -484,12 +537,17 @@ def _planned_tensors(
             if decided is None:
                 decided = by_dtype[info.dtype] = policy.decide(old, dtype)
             new_dtype, dtype_by = decided
-        stored = info.size if info.stored_elements is None else info.stored_elements
-        out_bytes = info.nbytes if new_dtype is dtype else stored * new_dtype.fixed_itemsize
+        out_bytes = info.nbytes if new_dtype is dtype else cast_bytes(info, new_dtype)
         planned.append(
             PlannedTensor(i, old, new, info, new_dtype.name, out_bytes, dtype_by=dtype_by)
         )
     return planned
+
+
+def cast_bytes(info: TensorInfo, new_dtype: _dt.DType) -> int:
+    """What the tensor ``info`` takes cast to ``new_dtype`` (the elements it stores)."""
+    stored = info.size if info.stored_elements is None else info.stored_elements
+    return stored * new_dtype.fixed_itemsize
 
 
 def plan_storage_options(srcs: list[Source]) -> dict | None:

@@ -154,6 +154,8 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     >>> results = [run_shard_task(t) for t in shard_tasks(p)]
     """
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
+    if p.weights is not None:
+        return _mean_tasks(p, options)
     follow = p.options.max_shard_bytes is None
     packer = ShardPacker(p.options.max_shard_bytes)
     tf_threshold = options.tf_threshold
@@ -182,7 +184,7 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
             packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
             continue
         parts = src.ckpt.slice_info(t.name)
-        if _keep_sliced(src, t):
+        if written_sliced(p, t):
             target = _dt.lookup(t.new_dtype)
             for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
                 out = sl.nbytes if not cast else sl.size * target.fixed_itemsize
@@ -207,6 +209,48 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
         options,
         p.storage_options,
     )
+
+
+def _mean_tasks(p: Plan, options: Options) -> list[ShardTask]:
+    """An average's shard tasks: mean items read every source in step (copies only the
+    newest), each tensor whole or slice by slice as the plan decided, in the newest
+    source's layout unless ``max_shard_bytes`` packs them."""
+    keep_layout = p.options.max_shard_bytes is None
+    newest = p.sources[-1].ckpt
+    n = len(p.sources)
+    assert p.weights is not None
+    packer = ShardPacker(p.options.max_shard_bytes)
+    for t in p.tensors:
+        out = _dt.lookup(t.new_dtype)
+        pieces = sorted(newest.slice_info(t.name), key=_file_order) if t.sliced else [t.info]
+        for piece in pieces:
+            nbytes = piece.nbytes
+            if t.new_dtype != t.info.dtype:
+                nbytes = piece.size * out.fixed_itemsize
+            item = TaskItem(
+                t.source,
+                t.name,
+                t.new_name,
+                t.info.dtype,
+                t.new_dtype,
+                t.info.shape,
+                bool(t.info.slices),
+                piece.extents if t.sliced else None,
+                piece.nbytes * (n if t.averaged else 1),
+                t.bytes_out if not t.sliced else nbytes,
+                weights=tuple(p.weights) if t.averaged else (),
+            )
+            packer.add(item, (piece.shard or 0) if keep_layout else None)
+    graph_shard = None
+    if p.object_graph is not None:
+        at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
+        graph_shard = packer.place(graph_bytes(p.object_graph), at)
+    prefixes = [s.ckpt.prefix for s in p.sources]
+    return packer.tasks(p.dst, prefixes, p.object_graph, graph_shard, options, p.storage_options)
+
+
+def _file_order(info) -> tuple[int, int]:
+    return (info.shard or 0, info.offset or 0)
 
 
 def graph_bytes(object_graph: bytes) -> int:
@@ -315,6 +359,14 @@ TF_SLICE_COPYABLE = frozenset(
 )
 
 
+def written_sliced(p: Plan, t: PlannedTensor) -> bool:
+    """Whether the planned tensor ``t`` is written slice by slice: as its plan decided
+    (an average), else when it is partitioned and stays so (:func:`_keep_sliced`)."""
+    if t.sliced is not None:
+        return t.sliced
+    return bool(t.info.slices) and _keep_sliced(p.sources[t.source], t)
+
+
 def _keep_sliced(src: Source, t: PlannedTensor) -> bool:
     """Whether a partitioned tensor stays partitioned in the output.
 
@@ -343,7 +395,7 @@ def restore_warnings(p: Plan) -> list[str]:
         if t.info.slices
         and t.cast
         and t.new_dtype not in TF_SLICE_COPYABLE
-        and _keep_sliced(p.sources[t.source], t)
+        and written_sliced(p, t)
     ]
     if not sliced:
         return []

@@ -266,7 +266,7 @@ def cmd_flatten(args) -> int:
 
 def cmd_average(args) -> int:
     """``tfckpt average``: the (weighted) element-wise mean of several checkpoints."""
-    from tfckpt.rewrite.average import check_weights, plan_average, write_average
+    from tfckpt.rewrite.average import check_weights, plan_average
 
     if args.last is not None and len(args.sources) != 1:
         raise CheckpointError("--last N takes one directory, DIR")
@@ -291,12 +291,12 @@ def cmd_average(args) -> int:
         last=args.last,
     )
     try:
-        return _run_average(args, p, write_average)
+        return _run_average(args, p)
     finally:
         p.close()
 
 
-def _run_average(args, p, write_average) -> int:
+def _run_average(args, p) -> int:
     if args.dry_run:
         if args.json:
             print_json(p.to_dict())
@@ -316,7 +316,7 @@ def _run_average(args, p, write_average) -> int:
                 + ([] if counts is None else [t.dtype_by or "-"])
             )
         table(rows, right={5})
-        for name, why in p.dropped:
+        for _, name, why in p.dropped:
             emit(f"drop  {name}  ({why})")
         emit()
         for label, n in (counts or {}).items():
@@ -328,9 +328,11 @@ def _run_average(args, p, write_average) -> int:
             f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
         )
         return 0
+    from tfckpt.rewrite.engine import execute
+
     update, close = _progress(p.bytes_in)
     try:
-        summary = write_average(p, progress=update)
+        summary = execute(p, progress=update)
     finally:
         close()
     if args.json:
