@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
@@ -31,40 +31,14 @@ from tfckpt.io.storage import (
     storage_for,
     takes_storage_options,
 )
-from tfckpt.rewrite.cast import check_overflow
+from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.rewrite.engine import Summary
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, plan
 from tfckpt.rewrite.rules import compile_rules, new_name
 from tfckpt.rewrite.streaming import TaskItem
 from tfckpt.version import __version__
-
-
-@dataclass
-class ExportSummary:
-    """What an export or import wrote (or, dry, would write)."""
-
-    out: str
-    files: list[str]
-    tensors: list[dict]  # name, new_name, dtype, new_dtype, shape, file, permute
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why)
-    dropped: int = 0
-    bytes_out: int = 0
-    seconds: float = 0.0
-    cast_counts: dict[str, int] = field(default_factory=dict)  # overflows per tensor
-
-    def to_dict(self) -> dict:
-        return {
-            "out": self.out,
-            "files": self.files,
-            "tensors": self.tensors,
-            "skipped": [{"name": n, "reason": r} for n, r in self.skipped],
-            "dropped": self.dropped,
-            "bytes_out": self.bytes_out,
-            "seconds": self.seconds,
-            "overflow": self.cast_counts,
-        }
-
 
 # -- export
 
@@ -189,12 +163,21 @@ class ExportPlan:
     skipped: list[tuple[str, str]]
     protected: frozenset[str] = frozenset()  # the sources' files (real paths)
 
-    def summary(self) -> ExportSummary:
+    def summary(self) -> Summary:
+        """What the export writes, before it is written (seconds and counts are zero)."""
         ruled = self.plan.dtype_rule_counts() is not None
-        return ExportSummary(
+        outs = [o for _, outs in self.files for o in outs]
+        return Summary(
             self.out,
-            [f for f, _ in self.files] + ([self.index] if self.index else []),
-            [
+            kept=len(outs),
+            dropped=len(self.plan.dropped),
+            renamed=sum(o.pt.renamed for o in outs),
+            cast=sum(o.pt.cast for o in outs),
+            bytes_in=sum(o.pt.info.nbytes for o in outs),
+            bytes_out=sum(o.pt.bytes_out for o in outs),
+            seconds=0.0,
+            files=[f for f, _ in self.files] + ([self.index] if self.index else []),
+            tensors=[
                 {
                     "name": o.pt.name,
                     "new_name": o.pt.new_name,
@@ -208,9 +191,7 @@ class ExportPlan:
                 for path, outs in self.files
                 for o in outs
             ],
-            self.skipped,
-            dropped=len(self.plan.dropped),
-            bytes_out=sum(o.pt.bytes_out for _, outs in self.files for o in outs),
+            skipped=self.skipped,
         )
 
 
@@ -313,7 +294,7 @@ def export(
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
     **changes,
-) -> ExportSummary:
+) -> Summary:
     """Write a checkpoint's tensors to safetensors or npz, streaming, in bounded memory.
 
     ``out`` ends in ``.safetensors`` or ``.npz`` (or ``format`` says which). Every
@@ -357,16 +338,15 @@ def export(
     summary = ep.summary()
     if dry_run:
         return summary
-    overflow = _write_export(ep, options, sources, progress)
+    summary.cast_counts = _write_export(ep, options, sources, progress)
     summary.seconds = time.perf_counter() - start
-    summary.cast_counts = overflow
     return summary
 
 
-def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[str, int]:
+def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[str, CastCounts]:
     """Write and commit the planned export, then remove the files it replaces; on a
     failure, this run's files. Closes the sources it opened (not those ``sources``
-    gave open). The overflows per tensor."""
+    gave open). What the casts did, per tensor."""
     store = storage_for(ep.out)
     label = ep.plan.sources[0].ckpt.prefix
     metadata = {
@@ -380,7 +360,7 @@ def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[s
     try:
         replaced = replaced_files(store, ep) if options.overwrite else []
         w.write_all()
-        check_overflow(w.overflow, options.overflow, ep.out)
+        check_overflow(w.counts, options.overflow, ep.out)
         w.commit()
     except OSError as e:
         w.discard()
@@ -396,4 +376,4 @@ def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[s
     w.finish(replaced)
     if options.durable:
         store.fsync_dir(store.dirname(ep.out) or ".")
-    return w.overflow
+    return w.counts

@@ -16,6 +16,7 @@ from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.io.commit import discard
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
+from tfckpt.rewrite.cast import CastCounts
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.streaming import ProgressSink, stream_items
 
@@ -154,7 +155,7 @@ class ExportWriting:
         self.store, self.ep, self.options = store, ep, options
         self.ckpts, self.metadata, self.progress = ckpts, metadata, progress
         self.renames = store.atomic_rename
-        self.overflow: dict[str, int] = {}
+        self.counts: dict[str, CastCounts] = {}  # what the casts did, per tensor
         self.fresh: list[str] = []  # this run's files, none of them live yet
         self.temps: dict[str, str] = {}  # final -> temporary (locally)
         self.made: list[str] = []
@@ -214,7 +215,7 @@ class ExportWriting:
                 endianness="little",  # unused: raw (no numpy) tensors are never exported
                 counts=counts,
             )
-            self.overflow.update({n: c[0] for n, c in counts.items() if c[0]})
+            self.counts.update({n: CastCounts(*c) for n, c in counts.items()})
             w.close()
             f.flush()
             if options.durable:

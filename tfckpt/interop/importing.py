@@ -24,7 +24,6 @@ from tfckpt.errors import (
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
-from tfckpt.interop.export import ExportSummary
 from tfckpt.io import paths
 from tfckpt.io.commit import commit_shards, discard, new_shard_paths
 from tfckpt.io.storage import (
@@ -35,7 +34,8 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.io.temporaries import remove_stale_temporaries
-from tfckpt.rewrite.cast import check_overflow
+from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.rewrite.engine import Summary
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.rules import DtypePolicy, NameRules
@@ -137,7 +137,7 @@ def import_(
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
     **changes,
-) -> ExportSummary:
+) -> Summary:
     """Read safetensors (one file, or the ``.index.json`` of sharded files) or npz into
     a V2 checkpoint at ``out_prefix``, tensor by tensor in bounded chunks.
 
@@ -161,10 +161,17 @@ def import_(
         raise CheckpointError(
             "the destination already exists (use overwrite)", path=index_filename(prefix)
         )
-    summary = ExportSummary(
+    summary = Summary(
         prefix,
-        [index_filename(prefix)],
-        [
+        kept=len(chosen),
+        dropped=dropped,
+        renamed=sum(i.entry.name != new for i, new, *_ in chosen),
+        cast=sum(i.entry.dtype != nd for i, _, nd, *_ in chosen),
+        bytes_in=sum(_nbytes(i.entry.shape, i.entry.dtype) for i, *_ in chosen),
+        bytes_out=sum(_nbytes(i.entry.shape, nd) for i, _, nd, *_ in chosen),
+        seconds=0.0,
+        files=[index_filename(prefix)],
+        tensors=[
             {
                 "name": i.entry.name,
                 "new_name": new,
@@ -177,17 +184,16 @@ def import_(
             }
             for i, new, nd, perm, by in chosen
         ],
-        dropped=dropped,
-        bytes_out=sum(
-            int(np.prod(i.entry.shape, dtype=np.int64)) * _dt.lookup(nd).fixed_itemsize
-            for i, _, nd, _, _ in chosen
-        ),
     )
     if dry_run:
         return summary
     summary.cast_counts = _write_import(store, prefix, chosen, options, progress)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _nbytes(shape, dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * _dt.lookup(dtype).fixed_itemsize
 
 
 # Per imported tensor: it, its new name, new dtype, permutation, the DtypePolicy label.
@@ -223,7 +229,8 @@ def _chosen(
 
 def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progress):
     """Stream ``chosen`` into one shard and commit it; on any failure (an interrupt
-    too) the shard and the directories this run made are removed. The overflows."""
+    too) the shard and the directories this run made are removed. What the casts did,
+    per tensor."""
     remove_stale_temporaries(prefix)
     shard_paths = new_shard_paths(prefix, 1)
     try:
@@ -246,8 +253,8 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
                 endianness=w.endianness,
                 counts=counts,
             )
-            overflow = {n: c[0] for n, c in counts.items() if c[0]}
-            check_overflow(overflow, options.overflow, prefix)
+            cast_counts = {n: CastCounts(*c) for n, c in counts.items()}
+            check_overflow(cast_counts, options.overflow, prefix)
             entries = w.finish()
             for extra in shard_paths[1:]:
                 ShardWriter.create(extra, durable=options.durable).finish()
@@ -263,7 +270,7 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
     except BaseException:
         store.remove_dirs(made)  # only those still empty
         raise
-    return overflow
+    return cast_counts
 
 
 def _item(i: _In, new: str, new_dtype: str, perm: tuple[int, ...] | None) -> TaskItem:

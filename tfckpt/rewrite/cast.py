@@ -379,15 +379,22 @@ def should_cast(
     return cast_from is None or dtype.name in cast_from
 
 
-def check_overflow(overflowed: Mapping[str, int], policy: OverflowPolicy, path: str) -> None:
+def check_overflow(
+    overflowed: Mapping[str, int | CastCounts], policy: OverflowPolicy, path: str
+) -> None:
     """The overflow policy's verdict on a finished run, before anything is committed: with
     ``'error'``, finite values beyond a target's range (``overflowed``: tensor -> how
-    many; zeros allowed) fail it with a :class:`~tfckpt.CastOverflowError` naming them.
+    many, or its :class:`CastCounts`; zeros allowed) fail it with a
+    :class:`~tfckpt.CastOverflowError` naming them.
 
     >>> check_overflow({"dense/kernel": 3}, "error", "fp16/model")
     Traceback (most recent call last):
     tfckpt.errors.CastOverflowError: fp16/model: values beyond the target dtype's range ...
     """
-    hit = {name: n for name, n in overflowed.items() if n}
+    hit = {}
+    for name, c in overflowed.items():
+        n = c.overflow if isinstance(c, CastCounts) else c
+        if n:
+            hit[name] = n
     if policy == "error" and hit:
         raise CastOverflowError(hit, path)

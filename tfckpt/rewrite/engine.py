@@ -39,7 +39,16 @@ from tfckpt.rewrite.tasks import ShardTask, restore_warnings, run_tasks, shard_t
 
 @dataclass
 class Summary:
-    """What a transform did."""
+    """What a rewrite did (or, for a dry export or import, would do).
+
+    Every verb returns one. An export or an import adds the files it writes
+    (``files``), a record per tensor (``tensors``: name, new_name, dtype, new_dtype,
+    shape, permute, file) and what it left out (``skipped``: (name, why)); its
+    ``to_dict()`` is then that of a file export.
+
+    >>> sm = tfckpt.convert("train/", "fp16/", "float16")
+    >>> sm.kept, sm.cast, sm.bytes_out, sm.cast_counts["dense/kernel"].overflow
+    """
 
     dst: str
     kept: int
@@ -55,8 +64,23 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
     # Tensors per keep_dtype pattern and dtype rule, when the plan has any.
     dtype_rules: dict[str, int] | None = None
+    # An export's or an import's: the files, one record per tensor, what was left out.
+    files: list[str] | None = None
+    tensors: list[dict] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        if self.files is not None:
+            return {
+                "out": self.dst,
+                "files": self.files,
+                "tensors": self.tensors,
+                "skipped": [{"name": n, "reason": r} for n, r in self.skipped],
+                "dropped": self.dropped,
+                "bytes_out": self.bytes_out,
+                "seconds": self.seconds,
+                "overflow": self._counted("overflow"),
+            }
         d = {
             k: getattr(self, k)
             for k in (
@@ -71,12 +95,15 @@ class Summary:
                 "warnings",
             )
         }
-        d["overflow"] = {n: c.overflow for n, c in self.cast_counts.items() if c.overflow}
-        d["to_zero"] = {n: c.to_zero for n, c in self.cast_counts.items() if c.to_zero}
-        d["subnormal"] = {n: c.subnormal for n, c in self.cast_counts.items() if c.subnormal}
+        for what in ("overflow", "to_zero", "subnormal"):
+            d[what] = self._counted(what)
         if self.dtype_rules is not None:
             d["dtype_rules"] = self.dtype_rules
         return d
+
+    def _counted(self, what: str) -> dict[str, int]:
+        """Per tensor, the values ``what`` happened to (overflow, to_zero, subnormal)."""
+        return {n: getattr(c, what) for n, c in self.cast_counts.items() if getattr(c, what)}
 
 
 @collector.paused()
@@ -156,7 +183,7 @@ def run_and_commit(
     try:
         results = run_tasks(tasks, options.executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
-        check_overflow({n: c.overflow for n, c in counts.items()}, options.overflow, dst)
+        check_overflow(counts, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
         commit_shards(
             dst, [t.path for t in tasks], entries, durable=options.durable, overwrite=overwrite

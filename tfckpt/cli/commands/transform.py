@@ -397,7 +397,7 @@ def _print_export(sm, dry_run: bool) -> None:
         table(rows, right=set())
     verb = "would write" if dry_run else "wrote"
     emit(
-        f"{verb} {sm.out}: {len(sm.tensors)} tensors in {len(sm.files)} file(s), "
+        f"{verb} {sm.dst}: {len(sm.tensors)} tensors in {len(sm.files)} file(s), "
         f"{sm.dropped} dropped, {human_bytes(sm.bytes_out)}"
         + ("" if dry_run else f", {sm.seconds:.2f} s"),
         err=True,
