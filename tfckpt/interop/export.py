@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
@@ -32,7 +32,7 @@ from tfckpt.io.storage import (
     takes_storage_options,
 )
 from tfckpt.rewrite.cast import CastCounts, check_overflow
-from tfckpt.rewrite.engine import Summary
+from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, plan
@@ -152,10 +152,15 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
 
 
 @dataclass
-class ExportPlan:
-    """What :func:`export` writes: the transform plan, then files of tensors."""
+class ExportFiles:
+    """The output of an export's :class:`~tfckpt.rewrite.planner.Plan` (its ``output``):
+    the files its tensors go to, instead of a checkpoint; :func:`~tfckpt.execute`
+    writes them through :meth:`write`.
 
-    plan: Plan
+    >>> p = plan_export("bert/bert_model.ckpt", "hf/model.safetensors")
+    >>> [path for path, _ in p.output.files], p.output.format
+    """
+
     format: str
     out: str
     files: list[tuple[str, list[ExportTensor]]]  # final path, its tensors in order
@@ -163,14 +168,14 @@ class ExportPlan:
     skipped: list[tuple[str, str]]
     protected: frozenset[str] = frozenset()  # the sources' files (real paths)
 
-    def summary(self) -> Summary:
-        """What the export writes, before it is written (seconds and counts are zero)."""
-        ruled = self.plan.dtype_rule_counts() is not None
+    def summary(self, p: Plan) -> Summary:
+        """What the export of ``p`` writes, before it is written (seconds and counts zero)."""
+        ruled = p.dtype_rule_counts() is not None
         outs = [o for _, outs in self.files for o in outs]
         return Summary(
             self.out,
             kept=len(outs),
-            dropped=len(self.plan.dropped),
+            dropped=len(p.dropped),
             renamed=sum(o.pt.renamed for o in outs),
             cast=sum(o.pt.cast for o in outs),
             bytes_in=sum(o.pt.info.nbytes for o in outs),
@@ -194,6 +199,16 @@ class ExportPlan:
             skipped=self.skipped,
         )
 
+    def write(self, p: Plan, options: Options, progress=None) -> Summary:
+        """Write and commit these files from the sources of ``p`` (what
+        :func:`~tfckpt.execute` does for an export's plan); the files they replace are
+        removed after the commit, this run's files after a failure."""
+        start = time.perf_counter()
+        summary = self.summary(p)
+        summary.cast_counts = _write_files(p, self, options, progress)
+        summary.seconds = time.perf_counter() - start
+        return summary
+
 
 def plan_export(
     sources,
@@ -207,8 +222,14 @@ def plan_export(
     with_bookkeeping: bool = False,
     skip_unsupported: bool = False,
     **changes,
-) -> ExportPlan:
-    """Decide an export from the indexes alone (see :func:`export`)."""
+) -> Plan:
+    """Decide an export from the indexes alone (see :func:`export`): the transform's
+    :class:`~tfckpt.rewrite.planner.Plan`, whose ``output`` is the files
+    (:class:`ExportFiles`); :func:`~tfckpt.execute` writes it.
+
+    >>> p = plan_export("bert/bert_model.ckpt", "hf/model.safetensors", cast="float16")
+    >>> tfckpt.execute(p).files
+    """
     options = Options.of(options, **changes)
     out = normalize(out)
     fmt = _format_of(out, format)
@@ -262,7 +283,7 @@ def plan_export(
         for path in [f for f, _ in files] + [out, out + ".index.json"]:
             if store.exists(path):
                 raise CheckpointError("the output already exists (use overwrite)", path=path)
-    return ExportPlan(p, fmt, out, files, index, skipped + left_out, protected)
+    return replace(p, output=ExportFiles(fmt, out, files, index, skipped + left_out, protected))
 
 
 def _groups(outs: list[ExportTensor], limit: int | None) -> list[list[ExportTensor]]:
@@ -323,8 +344,7 @@ def export(
     ...               permute=[("dense/kernel$", (1, 0))], max_shard_bytes=2 << 30)
     """
     start = time.perf_counter()
-    options = Options.of(options, **changes)
-    ep = plan_export(
+    p = plan_export(
         sources,
         out,
         options,
@@ -334,28 +354,33 @@ def export(
         with_optimizer=with_optimizer,
         with_bookkeeping=with_bookkeeping,
         skip_unsupported=skip_unsupported,
+        **changes,
     )
-    summary = ep.summary()
-    if dry_run:
-        return summary
-    summary.cast_counts = _write_export(ep, options, sources, progress)
+    try:
+        if dry_run:
+            return p.output.summary(p)
+        summary = execute(p, progress=progress)
+    finally:
+        given = sources if isinstance(sources, (list, tuple)) else [sources]
+        for s in p.sources:
+            if not any(s.ckpt is g for g in given):
+                s.ckpt.close()
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[str, CastCounts]:
-    """Write and commit the planned export, then remove the files it replaces; on a
-    failure, this run's files. Closes the sources it opened (not those ``sources``
-    gave open). What the casts did, per tensor."""
+def _write_files(p: Plan, ep: ExportFiles, options: Options, progress) -> dict[str, CastCounts]:
+    """Write and commit the files of the export ``p``, then remove the files they replace;
+    on a failure, this run's files. What the casts did, per tensor."""
     store = storage_for(ep.out)
-    label = ep.plan.sources[0].ckpt.prefix
+    label = p.sources[0].ckpt.prefix
     metadata = {
         "format": "pt" if ep.format == tfiles.SAFETENSORS else "np",
         "source": store.basename(label),
         "source_format": "tensorflow checkpoint (tensor bundle v2)",
         "producer": f"tfckpt {__version__}",
     }
-    ckpts = {i: s.ckpt for i, s in enumerate(ep.plan.sources)}
+    ckpts = {i: s.ckpt for i, s in enumerate(p.sources)}
     w = ExportWriting(store, ep, options, ckpts, metadata, progress)
     try:
         replaced = replaced_files(store, ep) if options.overwrite else []
@@ -368,11 +393,6 @@ def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[s
     except BaseException:
         w.discard()
         raise
-    finally:
-        given = sources if isinstance(sources, (list, tuple)) else [sources]
-        for s in ep.plan.sources:
-            if not any(s.ckpt is g for g in given):
-                s.ckpt.close()
     w.finish(replaced)
     if options.durable:
         store.fsync_dir(store.dirname(ep.out) or ".")

@@ -21,7 +21,7 @@ from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.streaming import ProgressSink, stream_items
 
 if TYPE_CHECKING:
-    from tfckpt.interop.export import ExportPlan, ExportTensor
+    from tfckpt.interop.export import ExportFiles, ExportTensor
 
 
 class TensorFileSink:
@@ -108,7 +108,7 @@ def _indexed_shards(store, index: str, out: str) -> list[str]:
     ]
 
 
-def _remove_killed_runs(store, ep: ExportPlan) -> None:
+def _remove_killed_runs(store, ep: ExportFiles) -> None:
     """Delete what exports to this name killed part-way left (locally): their temporaries,
     and the shards an index temporary of theirs names (moved into place before a commit
     that never came) that the live index does not name."""
@@ -151,7 +151,7 @@ class ExportWriting:
     is the commit.
     """
 
-    def __init__(self, store, ep: ExportPlan, options: Options, ckpts, metadata, progress):
+    def __init__(self, store, ep: ExportFiles, options: Options, ckpts, metadata, progress):
         self.store, self.ep, self.options = store, ep, options
         self.ckpts, self.metadata, self.progress = ckpts, metadata, progress
         self.renames = store.atomic_rename
@@ -316,7 +316,7 @@ def _holds(store, path: str, data: bytes) -> bool:
         return True  # cannot tell: it may
 
 
-def replaced_files(store, ep: ExportPlan) -> list[str]:
+def replaced_files(store, ep: ExportFiles) -> list[str]:
     """The files of the export at ``ep.out`` this one replaces and does not rewrite, to
     remove after the commit: the single file, the index and the shards it names.
 

@@ -116,7 +116,9 @@ def execute(
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Summary:
-    """Write the planned checkpoint: one task per output shard, then the index.
+    """Write a plan: the planned checkpoint, one task per output shard, then the index
+    (an average's plan too: its mean items read every source in step); an export's plan
+    writes its files (its ``output``) through the same pipeline.
 
     Each task reads the byte ranges its tensors need from the sources, streams
     them through the cast and writes its shard; the commit merges the tasks'
@@ -140,8 +142,10 @@ def execute(
     >>> p = tfckpt.plan("train/", "fp16/", cast="float16")
     >>> tfckpt.execute(p, overflow="clip", executor=ThreadPoolExecutor(2))
     """
-    start = time.perf_counter()
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
+    if p.output is not None:  # files of another format (an export) write themselves
+        return p.output.write(p, options, progress)
+    start = time.perf_counter()
     tasks = shard_tasks(p, options)
     counts = run_and_commit(p.dst, tasks, options, bool(p.options.overwrite), progress)
     warnings = state_file_warnings(p.dst, p.sources)
