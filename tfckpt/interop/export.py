@@ -38,6 +38,7 @@ from tfckpt.rewrite.permute import Permuter, Permutes
 from tfckpt.rewrite.planner import Plan, PlannedTensor, plan
 from tfckpt.rewrite.rules import compile_rules, new_name
 from tfckpt.rewrite.streaming import TaskItem
+from tfckpt.rewrite.tasks import task_item
 from tfckpt.version import __version__
 
 # -- export
@@ -62,20 +63,8 @@ class ExportTensor:
     @property
     def item(self) -> TaskItem:
         """What the engine's pipeline streams for this tensor."""
-        pt, info = self.pt, self.pt.info
-        return TaskItem(
-            pt.source,
-            pt.name,
-            pt.new_name,
-            info.dtype,
-            pt.new_dtype,
-            info.shape,
-            bool(info.slices),
-            None,
-            info.nbytes,
-            pt.bytes_out,
-            perm=self.perm,
-        )
+        pt = self.pt
+        return task_item(pt, None, pt.info.nbytes, pt.bytes_out, perm=self.perm)
 
 
 def _format_of(out: str, fmt: str | None) -> str:

@@ -167,9 +167,9 @@ def _result_blocks(out_shape: tuple[int, ...], half: int) -> Iterator[Box]:
             yield head + ((j0, min(j0 + step, out_shape[t])),) + tail
 
 
-def _pieces(box: Box, shape: tuple[int, ...], limit: int) -> Iterator[tuple[Box, int, int]]:
-    """``box`` of the row-major array of ``shape`` as contiguous pieces of at most
-    ``limit`` elements (or one element): (piece's box, first element, count)."""
+def _cut(box: Box, shape: tuple[int, ...], limit: int) -> tuple[int, int, int]:
+    """Where :func:`_pieces` cuts ``box``: the axis ``q`` stepped through (the axes after
+    it whole in each piece), the elements those whole axes hold, and the step along ``q``."""
     k = len(shape)
     f = k
     while f > 0 and box[f - 1] == (0, shape[f - 1]):
@@ -178,8 +178,14 @@ def _pieces(box: Box, shape: tuple[int, ...], limit: int) -> Iterator[tuple[Box,
     while q < k - 1 and int(np.prod(shape[q + 1 :], dtype=np.int64)) > limit:
         q += 1
     inner = int(np.prod(shape[q + 1 :], dtype=np.int64))
-    strides = [int(np.prod(shape[s + 1 :], dtype=np.int64)) for s in range(k)]
-    step = max(1, limit // inner)
+    return q, inner, max(1, limit // inner)
+
+
+def _pieces(box: Box, shape: tuple[int, ...], limit: int) -> Iterator[tuple[Box, int, int]]:
+    """``box`` of the row-major array of ``shape`` as contiguous pieces of at most
+    ``limit`` elements (or one element): (piece's box, first element, count)."""
+    q, inner, step = _cut(box, shape, limit)
+    strides = [int(np.prod(shape[s + 1 :], dtype=np.int64)) for s in range(len(shape))]
     tail = tuple((0, n) for n in shape[q + 1 :])
     lo, hi = box[q]
     for index in itertools.product(*(range(a, b) for a, b in box[:q])):
@@ -192,14 +198,7 @@ def _pieces(box: Box, shape: tuple[int, ...], limit: int) -> Iterator[tuple[Box,
 
 def _piece_count(box: Box, shape: tuple[int, ...], limit: int) -> int:
     """How many pieces :func:`_pieces` cuts ``box`` into, without cutting it."""
-    k = len(shape)
-    f = k
-    while f > 0 and box[f - 1] == (0, shape[f - 1]):
-        f -= 1
-    q = max(f - 1, 0)
-    while q < k - 1 and int(np.prod(shape[q + 1 :], dtype=np.int64)) > limit:
-        q += 1
-    step = max(1, limit // int(np.prod(shape[q + 1 :], dtype=np.int64)))
+    q, _, step = _cut(box, shape, limit)
     outer = int(np.prod([b - a for a, b in box[:q]], dtype=np.int64))
     return outer * -(-(box[q][1] - box[q][0]) // step)
 

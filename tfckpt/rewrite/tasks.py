@@ -163,21 +163,10 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
         src = p.sources[t.source]
         info = t.info
         cast = info.dtype != t.new_dtype
+        tf_cast = cast and info.nbytes >= tf_threshold
 
-        def item(extents, bytes_in: int, bytes_out: int, t=t, cast=cast) -> TaskItem:
-            return TaskItem(
-                t.source,
-                t.name,
-                t.new_name,
-                t.info.dtype,
-                t.new_dtype,
-                t.info.shape,
-                bool(t.info.slices),
-                extents,
-                bytes_in,
-                bytes_out,
-                cast and t.info.nbytes >= tf_threshold,
-            )
+        def item(extents, bytes_in: int, bytes_out: int, t=t, tf_cast=tf_cast) -> TaskItem:
+            return task_item(t, extents, bytes_in, bytes_out, tf_cast)
 
         if not info.slices:  # the common case, a whole tensor
             at = src.shard_base + (info.shard or 0)
@@ -211,6 +200,35 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     )
 
 
+def task_item(
+    t: PlannedTensor,
+    extents,
+    bytes_in: int,
+    bytes_out: int,
+    tf_cast: bool = False,
+    weights: tuple[float, ...] = (),
+    perm: tuple[int, ...] | None = None,
+) -> TaskItem:
+    """What the pipeline streams for the planned tensor ``t`` (the slice ``extents`` of
+    it, or None: all of it); ``weights``: the mean of every source's value; ``perm``:
+    its axes reordered."""
+    return TaskItem(
+        t.source,
+        t.name,
+        t.new_name,
+        t.info.dtype,
+        t.new_dtype,
+        t.info.shape,
+        bool(t.info.slices),
+        extents,
+        bytes_in,
+        bytes_out,
+        tf_cast,
+        perm=perm,
+        weights=weights,
+    )
+
+
 def _mean_tasks(p: Plan, options: Options) -> list[ShardTask]:
     """An average's shard tasks: mean items read every source in step (copies only the
     newest), each tensor whole or slice by slice as the plan decided, in the newest
@@ -227,14 +245,8 @@ def _mean_tasks(p: Plan, options: Options) -> list[ShardTask]:
             nbytes = piece.nbytes
             if t.new_dtype != t.info.dtype:
                 nbytes = piece.size * out.fixed_itemsize
-            item = TaskItem(
-                t.source,
-                t.name,
-                t.new_name,
-                t.info.dtype,
-                t.new_dtype,
-                t.info.shape,
-                bool(t.info.slices),
+            item = task_item(
+                t,
                 piece.extents if t.sliced else None,
                 piece.nbytes * (n if t.averaged else 1),
                 t.bytes_out if not t.sliced else nbytes,
