@@ -8,6 +8,11 @@ class CheckpointError(Exception):
 
     ``path`` is the file involved and ``tensor`` the tensor name, when known;
     both are also part of the message.
+
+    >>> try:
+    ...     tfckpt.open("train/model.ckpt-7")["no/such/tensor"]
+    ... except tfckpt.CheckpointError as e:
+    ...     print(e.path, e.tensor, e.detail)
     """
 
     def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None):
@@ -27,23 +32,50 @@ class CheckpointError(Exception):
 
 
 class CheckpointNotFoundError(CheckpointError):
-    """No checkpoint, or no such tensor, where one was asked for."""
+    """No checkpoint, or no such tensor, where one was asked for.
+
+    >>> tfckpt.open("empty-dir")
+    Traceback (most recent call last):
+    tfckpt.errors.CheckpointNotFoundError: empty-dir: no checkpoint in directory; ...
+    """
 
 
 class TensorNotFoundError(CheckpointNotFoundError, KeyError):
-    """The checkpoint has no tensor of that name (also a ``KeyError``, as in a mapping)."""
+    """The checkpoint has no tensor of that name (also a ``KeyError``, as in a mapping).
+
+    >>> "dense/kernel" in ckpt, ckpt.get("no/such", None)
+    (True, None)
+    """
 
 
 class CorruptCheckpointError(CheckpointError):
-    """The bytes on disk are not a valid checkpoint: checksum, truncation, malformed entry."""
+    """The bytes on disk are not a valid checkpoint: checksum, truncation, malformed entry.
+
+    >>> ckpt["dense/kernel"]  # its bytes changed on disk since it was written
+    Traceback (most recent call last):
+    tfckpt.errors.CorruptCheckpointError: train/model.ckpt-7.data-00000-of-00001: tensor
+    'dense/kernel': checksum mismatch: stored 0xe0717c79, computed 0xa94d015e ...
+    """
 
 
 class UnsupportedCheckpointError(CheckpointError):
-    """Valid content that tfckpt cannot represent in the form asked for."""
+    """Valid content that tfckpt cannot represent in the form asked for.
+
+    >>> tfckpt.open("from-a-newer-tensorflow/model")  # a bundle version it cannot read
+    Traceback (most recent call last):
+    tfckpt.errors.UnsupportedCheckpointError: from-a-newer-tensorflow/model.index: bundle
+    format version producer=2 min_consumer=3 ... cannot be read by a version 1 reader
+    """
 
 
 class CheckpointWriteError(CheckpointError):
-    """Writing a checkpoint failed; nothing was left at the destination."""
+    """Writing a checkpoint failed; nothing was left at the destination.
+
+    >>> tfckpt.convert("train/", "/read-only/fp16", "float16")
+    Traceback (most recent call last):
+    tfckpt.errors.CheckpointWriteError: /read-only/fp16: cannot create directory: Permission
+    denied
+    """
 
 
 _LISTED = 50  # tensors an overflow message names
@@ -54,6 +86,11 @@ class CastOverflowError(CheckpointError):
 
     ``counts`` maps each affected output tensor to its number of such values;
     nothing was written.
+
+    >>> try:
+    ...     tfckpt.convert("train/", "fp16/", "float16", overflow="error")
+    ... except tfckpt.CastOverflowError as e:
+    ...     print(e.counts)  # {'dense/bias': 2}
     """
 
     def __init__(self, counts: dict[str, int], dst: str):
@@ -72,7 +109,10 @@ class CastOverflowError(CheckpointError):
 
 class CheckpointPathWarning(UserWarning):
     """A path was found other than where it was written: a state file naming checkpoints
-    by paths of another machine or directory, taken from beside the state file instead."""
+    by paths of another machine or directory, taken from beside the state file instead.
+
+    >>> warnings.simplefilter("error", tfckpt.CheckpointPathWarning)  # refuse such guesses
+    """
 
 
 class KerasWeightsError(CheckpointError):

@@ -61,6 +61,10 @@ class TensorInfo:
     None for a partitioned tensor, whose bytes live in its slices.
     ``stored_elements`` is how many of its elements the checkpoint holds: fewer
     than ``size`` for a pre-sliced tensor, whose slices leave parts out on purpose.
+
+    >>> info = tfckpt.open("train/model.ckpt-7").info("dense/kernel")
+    >>> info.dtype, info.shape, info.nbytes, info.shard
+    ('float32', (784, 10), 31360, 0)
     """
 
     name: str
