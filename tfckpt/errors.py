@@ -43,8 +43,10 @@ class CheckpointNotFoundError(CheckpointError):
 class TensorNotFoundError(CheckpointNotFoundError, KeyError):
     """The checkpoint has no tensor of that name (also a ``KeyError``, as in a mapping).
 
-    >>> "dense/kernel" in ckpt, ckpt.get("no/such", None)
-    (True, None)
+    >>> ckpt["dense/kernl"]
+    Traceback (most recent call last):
+    tfckpt.errors.TensorNotFoundError: train/model.ckpt-7: tensor 'dense/kernl': no such
+    tensor in the checkpoint
     """
 
 
