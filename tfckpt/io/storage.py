@@ -15,7 +15,7 @@ Remote calls are retried a bounded number of times and time out (see
 exception.
 
 Storage options (``storage_options=``: endpoint, credentials, ``anon=True`` ...) go to
-fsspec when a URL's file system is made. Nothing here is looked up from the context:
+fsspec when a URL's file system is made, and are never looked up from a context:
 a public function takes them as a keyword argument and resolves each path it is given
 to a :class:`Storage` once, with :func:`storage_for` (the edge); everything beneath is
 handed that object (a ``store`` parameter, a reader's or writer's ``storage``), and a
