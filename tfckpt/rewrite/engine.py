@@ -139,9 +139,9 @@ def run_and_commit(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, CastCounts]:
     """Run the shard tasks of one output (``options.executor`` runs them, else here)
-    and commit them as the checkpoint ``dst`` on ``store``, the index last; each tensor's cast
-    counts. A failure (an overflow with ``overflow='error'`` too) commits nothing and
-    removes the tasks' files and the directories this run made."""
+    and commit them as the checkpoint ``dst`` on ``store``, the index last; each
+    tensor's cast counts. A failure (an overflow with ``overflow='error'`` too) commits
+    nothing and removes the tasks' files and the directories this run made."""
     remove_stale_temporaries(store, dst)
     remove_stale_temporaries(store, store.join(store.dirname(dst), paths.STATE_FILENAME))
     try:
