@@ -25,12 +25,7 @@ from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
 from tfckpt.interop.export_files import ExportWriting, file_names, replaced_files
-from tfckpt.io.storage import (
-    StorageOptions,
-    normalize,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import Storage, StorageOptions, normalize
 from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
@@ -112,10 +107,17 @@ def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[s
     return names, optimizer
 
 
-def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bool) -> Options:
+def _export_names(
+    sources,
+    options: Options,
+    keep_keys: bool,
+    with_optimizer: bool,
+    storage_options: StorageOptions | None,
+) -> Options:
     """Options whose renames first make TF2 keys readable, then apply the user's rules
     and exact map to the readable names (one exact map, for the planner), and which
-    leave the optimizer's state out unless asked to keep it."""
+    leave the optimizer's state out unless asked to keep it. Sources given as paths are
+    opened with ``storage_options``."""
     srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
     rules = compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
@@ -123,7 +125,11 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
     drop = list(options.drop_objects)
     for src in srcs:
         given = isinstance(src, Checkpoint)
-        ckpt: Checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, mmap=False)
+        ckpt: Checkpoint = (
+            src
+            if isinstance(src, Checkpoint)
+            else open_checkpoint(src, mmap=False, storage_options=storage_options)
+        )
         try:
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
@@ -179,7 +185,7 @@ class ExportFiles:
                     "new_dtype": o.pt.new_dtype,
                     "shape": list(o.shape),
                     "permute": list(o.perm) if o.perm else None,
-                    "file": storage_for(path).basename(path),
+                    "file": p.storage.basename(path),
                     **({"dtype_by": o.pt.dtype_by} if ruled else {}),
                 }
                 for path, outs in self.files
@@ -188,13 +194,13 @@ class ExportFiles:
             skipped=self.skipped,
         )
 
-    def write(self, p: Plan, options: Options, progress=None) -> Summary:
-        """Write and commit these files from the sources of ``p`` (what
+    def write(self, p: Plan, store: Storage, options: Options, progress=None) -> Summary:
+        """Write and commit these files on ``store`` from the sources of ``p`` (what
         :func:`~tfckpt.execute` does for an export's plan); the files they replace are
         removed after the commit, this run's files after a failure."""
         start = time.perf_counter()
         summary = self.summary(p)
-        summary.cast_counts = _write_files(p, self, options, progress)
+        summary.cast_counts = _write_files(p, self, store, options, progress)
         summary.seconds = time.perf_counter() - start
         return summary
 
@@ -204,6 +210,7 @@ def plan_export(
     out,
     options: Options | None = None,
     *,
+    storage_options: StorageOptions | None = None,
     format: str | None = None,
     permute: Permutes = (),
     keep_keys: bool = False,
@@ -214,7 +221,8 @@ def plan_export(
 ) -> Plan:
     """Decide an export from the indexes alone (see :func:`export`): the transform's
     :class:`~tfckpt.rewrite.planner.Plan`, whose ``output`` is the files
-    (:class:`ExportFiles`); :func:`~tfckpt.execute` writes it.
+    (:class:`ExportFiles`) on the storage of the plan (``plan.storage``);
+    :func:`~tfckpt.execute` writes it.
 
     >>> p = plan_export("bert/bert_model.ckpt", "hf/model.safetensors", cast="float16")
     >>> tfckpt.execute(p).files
@@ -224,10 +232,12 @@ def plan_export(
     fmt = _format_of(out, format)
     if fmt == tfiles.NPZ and options.max_shard_bytes is not None:
         raise CheckpointError("npz output is one file; max_shard_bytes is for safetensors")
-    options = _export_names(sources, options, keep_keys, with_optimizer)
-    store = storage_for(out)
+    options = _export_names(sources, options, keep_keys, with_optimizer, storage_options)
     # The planner's destination is a checkpoint prefix; an export's is its file.
-    p = plan(sources, out, Options.of(options, max_shard_bytes=None))
+    p = plan(
+        sources, out, Options.of(options, max_shard_bytes=None), storage_options=storage_options
+    )
+    store = p.storage
     permuter = Permuter(permute)
     outs, skipped, left_out = [], [], []
     for pt in p.tensors:
@@ -288,7 +298,6 @@ def _groups(outs: list[ExportTensor], limit: int | None) -> list[list[ExportTens
     return groups
 
 
-@takes_storage_options()
 def export(
     sources,
     out,
@@ -337,6 +346,7 @@ def export(
         sources,
         out,
         options,
+        storage_options=storage_options,
         format=format,
         permute=permute,
         keep_keys=keep_keys,
@@ -358,10 +368,11 @@ def export(
     return summary
 
 
-def _write_files(p: Plan, ep: ExportFiles, options: Options, progress) -> dict[str, CastCounts]:
-    """Write and commit the files of the export ``p``, then remove the files they replace;
-    on a failure, this run's files. What the casts did, per tensor."""
-    store = storage_for(ep.out)
+def _write_files(
+    p: Plan, ep: ExportFiles, store: Storage, options: Options, progress
+) -> dict[str, CastCounts]:
+    """Write and commit the files of the export ``p`` on ``store``, then remove the files
+    they replace; on a failure, this run's files. What the casts did, per tensor."""
     label = p.sources[0].ckpt.prefix
     metadata = {
         "format": "pt" if ep.format == tfiles.SAFETENSORS else "np",

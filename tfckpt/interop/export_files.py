@@ -112,7 +112,7 @@ def _remove_killed_runs(store, ep: ExportFiles) -> None:
     """Delete what exports to this name killed part-way left (locally): their temporaries,
     and the shards an index temporary of theirs names (moved into place before a commit
     that never came) that the live index does not name."""
-    stale = stale_temporaries(store.dirname(ep.out), _owned_names(ep.out))
+    stale = stale_temporaries(store, store.dirname(ep.out), _owned_names(ep.out))
     if not stale:
         return
     index = ep.out + ".index.json"
@@ -304,7 +304,7 @@ class ExportWriting:
         except BaseException:
             committed = True  # unknown: keep what may be live
         if not committed:
-            discard(self.fresh)
+            discard(self.store, self.fresh)
         self.fresh = []
         self.store.remove_dirs(self.made)
 

@@ -27,18 +27,20 @@ from tfckpt.format.dtypes import Endianness
 from tfckpt.format.slices import check_slice_cover
 from tfckpt.format.table import TableBuilder
 from tfckpt.io import paths
-from tfckpt.io.storage import storage_for
+from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, temporary_base
 
 
 def write_index(
+    store: Storage,
     path: str,
     entries: Mapping[bytes, BundleEntryProto],
     num_shards: int,
     endianness: Endianness,
     durable: bool,
 ) -> None:
-    """Write the index table (a new file): the header, then every entry in key order."""
+    """Write the index table (a new file on ``store``): the header, then every entry in key
+    order."""
     # Built whole in memory first (an index is small): then an interrupted run has
     # nothing to store, and an object store gets it in one request or not at all.
     buf = io.BytesIO()
@@ -47,7 +49,7 @@ def write_index(
     for key in sorted(entries):
         table.add(key, entries[key].SerializeToString())
     table.finish()
-    storage_for(path).write_new(path, buf.getbuffer(), durable=durable)
+    store.write_new(path, buf.getbuffer(), durable=durable)
 
 
 def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
@@ -91,9 +93,8 @@ def check_partitions(entries: Mapping[bytes, BundleEntryProto]) -> None:
             )
 
 
-def data_files(prefix: str) -> list[str]:
-    """Every data file (or object) of ``prefix`` there is, whatever its shard count."""
-    store = storage_for(prefix)
+def data_files(store: Storage, prefix: str) -> list[str]:
+    """Every data file (or object) of ``prefix`` on ``store``, whatever its shard count."""
     directory = store.dirname(prefix) or "."
     base = store.basename(prefix)
     try:
@@ -127,44 +128,44 @@ def _file_name(path: str) -> str:
     return path.replace(os.sep, "/").rsplit("/", 1)[-1]
 
 
-def remove_replaced_data(old: Sequence[str], keep: Sequence[str]) -> None:
+def remove_replaced_data(store: Storage, old: Sequence[str], keep: Sequence[str]) -> None:
     """After a commit: delete the data files the replaced checkpoint used (best effort)."""
     kept = {_file_name(k) for k in keep}
     for stale in old:
         if _file_name(stale) in kept:
             continue
         try:
-            storage_for(stale).remove(stale)
+            store.remove(stale)
         except (OSError, CheckpointError):
             pass
 
 
-def new_shard_paths(prefix: str, count: int) -> list[str]:
-    """Where a run writes the ``count`` data shards of ``prefix`` before its commit.
+def new_shard_paths(store: Storage, prefix: str, count: int) -> list[str]:
+    """Where a run writes the ``count`` data shards of ``prefix`` (on ``store``) before its
+    commit.
 
     Where commits rename, temporaries beside the prefix; elsewhere (object stores) the
     final names, under a shard count no committed index uses (see
     :func:`free_shard_count`): the shards past ``count`` are to stay empty.
     """
-    if storage_for(prefix).atomic_rename:
+    if store.atomic_rename:
         base = temporary_base(prefix)
         return [f"{base}.data-{k}" for k in range(count)]
-    total = free_shard_count(data_files(prefix), count)
+    total = free_shard_count(data_files(store, prefix), count)
     return [paths.data_filename(prefix, k, total) for k in range(total)]
 
 
-def discard(files: Sequence[str]) -> None:
-    """Remove files a failed run wrote (best effort: some may be gone already)."""
+def discard(store: Storage, files: Sequence[str]) -> None:
+    """Remove files a failed run wrote on ``store`` (best effort: some may be gone already)."""
     for path in files:
         try:
-            storage_for(path).remove(path)
+            store.remove(path)
         except (OSError, CheckpointError):
             pass
 
 
-def _empty_shard(path: str, durable: bool) -> None:
+def _empty_shard(store: Storage, path: str, durable: bool) -> None:
     """An extra shard, written as any shard is, that holds no tensor."""
-    store = storage_for(path)
     f = store.open_writer(path)
     try:
         f.flush()
@@ -174,7 +175,9 @@ def _empty_shard(path: str, durable: bool) -> None:
         f.close()
 
 
-def _add_empty_shards(shard_paths: list[str], count: int, base: str, durable: bool) -> None:
+def _add_empty_shards(
+    store: Storage, shard_paths: list[str], count: int, base: str, durable: bool
+) -> None:
     """Grow ``shard_paths`` (in place) to ``count`` shards with empty ones named after ``base``."""
     try:
         while len(shard_paths) < count:
@@ -182,12 +185,13 @@ def _add_empty_shards(shard_paths: list[str], count: int, base: str, durable: bo
             # Listed before it exists: an interrupt between the two leaves no file the
             # clean-up does not know of.
             shard_paths.append(path)
-            _empty_shard(path, durable)
+            _empty_shard(store, path, durable)
     except OSError as e:
         raise CheckpointWriteError(f"cannot create data file: {e.strerror}", path=base) from None
 
 
 def commit(
+    store: Storage,
     prefix: str,
     shard_paths: Sequence[str],
     entries: Mapping[bytes, BundleEntryProto],
@@ -197,7 +201,8 @@ def commit(
     durable: bool = True,
     overwrite: bool = True,
 ) -> str:
-    """Make closed temporary data files one checkpoint at ``prefix``, the index last.
+    """Make closed temporary data files one checkpoint at ``prefix`` on ``store``, the
+    index last.
 
     ``base`` names this run's other temporaries (the index, extra empty shards).
     Locally the files are renamed into place and the index's rename commits;
@@ -209,11 +214,10 @@ def commit(
     or moved is removed; ``shard_paths`` themselves are the caller's.
     """
     check_partitions(entries)
-    store = storage_for(prefix)
     index = paths.index_filename(prefix)
     shard_paths = list(shard_paths)
     given = len(shard_paths)
-    old_shards = data_files(prefix)
+    old_shards = data_files(store, prefix)
     if store.atomic_rename:
         # Leftovers of killed runs, with no index, may be replaced by an overwriting
         # run; a run that may not replace anything links its files in, and a link
@@ -226,7 +230,7 @@ def commit(
     index_tmp = f"{base}.index"
     placed: list[str] = []  # ours at their final names
     try:
-        _add_empty_shards(shard_paths, num_shards, base, durable)
+        _add_empty_shards(store, shard_paths, num_shards, base, durable)
         if store.atomic_rename:
             _place(
                 store,
@@ -245,26 +249,27 @@ def commit(
                 for path, final in zip(shard_paths, finals):
                     store.replace(path, final)
                     placed.append(final)
-                write_index(index, entries, num_shards, endianness, durable)
+                write_index(store, index, entries, num_shards, endianness, durable)
             except OSError as e:
                 raise CheckpointWriteError(
                     f"write failed: {e.strerror or e}", path=prefix
                 ) from None
     except BaseException:
         discard(
+            store,
             placed
             + shard_paths[max(given, len(placed)) :]
-            + ([index_tmp] if store.atomic_rename else [])
+            + ([index_tmp] if store.atomic_rename else []),
         )
         raise
     if durable:
         store.fsync_dir(store.dirname(prefix) or ".")
-    remove_replaced_data(old_shards, finals)
+    remove_replaced_data(store, old_shards, finals)
     return prefix
 
 
 def _place(
-    store,
+    store: Storage,
     prefix: str,
     shard_paths: list[str],
     finals: list[str],
@@ -278,7 +283,7 @@ def _place(
     """Write the index beside the data, then rename them all into place, the index last."""
     index = paths.index_filename(prefix)
     try:
-        write_index(index_tmp, entries, len(finals), endianness, durable)
+        write_index(store, index_tmp, entries, len(finals), endianness, durable)
     except OSError as e:
         raise CheckpointWriteError(f"write failed: {e.strerror}", path=prefix) from None
     try:
@@ -301,6 +306,7 @@ def _place(
 
 
 def commit_shards(
+    store: Storage,
     prefix: str,
     shard_paths: Sequence[str],
     entries: dict,
@@ -309,7 +315,8 @@ def commit_shards(
     durable: bool = True,
     overwrite: bool = True,
 ) -> str:
-    """Make shards written separately one checkpoint at ``prefix``: the index goes last.
+    """Make shards written separately one checkpoint at ``prefix`` on ``store``: the index
+    goes last.
 
     Locally, ``shard_paths`` are temporary files renamed into place before the index
     (as :func:`commit` does; without ``overwrite``, a checkpoint another run
@@ -318,21 +325,21 @@ def commit_shards(
     commit, and the data objects of the checkpoint it replaced are deleted after it.
     On failure the shards are removed.
     """
-    store = storage_for(prefix)
     num_shards = len(shard_paths)
     if not store.atomic_rename:
         check_partitions(entries)
         finals = [paths.data_filename(prefix, i, num_shards) for i in range(num_shards)]
         if list(shard_paths) != finals:
             raise ValueError("remote shards must be written under their final names")
-        old_shards = data_files(prefix)
-        write_index(paths.index_filename(prefix), entries, num_shards, endianness, durable)
-        remove_replaced_data(old_shards, finals)
+        old_shards = data_files(store, prefix)
+        write_index(store, paths.index_filename(prefix), entries, num_shards, endianness, durable)
+        remove_replaced_data(store, old_shards, finals)
         return prefix
     # Extra (empty) shards go beside the ones written.
     base = shard_paths[0].rsplit(".data-", 1)[0] if shard_paths else temporary_base(prefix)
     try:
         return commit(
+            store,
             prefix,
             shard_paths,
             entries,
@@ -342,18 +349,18 @@ def commit_shards(
             overwrite=overwrite,
         )
     except BaseException:
-        discard(shard_paths)
+        discard(store, shard_paths)
         raise
 
 
-def write_state_file(directory: str, prefix_name: str) -> None:
-    """Record ``prefix_name`` as the latest checkpoint of ``directory`` (atomically)."""
-    state = paths.read_state_file(directory) or CheckpointState()
+def write_state_file(store: Storage, directory: str, prefix_name: str) -> None:
+    """Record ``prefix_name`` as the latest checkpoint of ``directory`` on ``store``
+    (atomically)."""
+    state = paths.read_state_file(store, directory) or CheckpointState()
     state.model_checkpoint_path = prefix_name
     if prefix_name not in state.all_model_checkpoint_paths:
         state.all_model_checkpoint_paths.append(prefix_name)
         del state.all_model_checkpoint_timestamps[:]
-    store = storage_for(directory)
     path = store.join(directory, paths.STATE_FILENAME)
     data = MessageToString(state).encode("utf-8")
     if not store.atomic_rename:

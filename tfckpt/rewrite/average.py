@@ -31,7 +31,7 @@ from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.io import paths
-from tfckpt.io.storage import StorageOptions, storage_for, takes_storage_options
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
@@ -39,14 +39,16 @@ from tfckpt.rewrite.planner import (
     PlannedTensor,
     Source,
     cast_bytes,
+    destination_storage,
     fixed_dtype_tensors,
     open_sources,
-    plan_storage_options,
     resolve_destination,
     source_flat_names,
 )
 from tfckpt.rewrite.rules import DtypePolicy
-from tfckpt.rewrite.tasks import TF_SLICE_COPYABLE
+from tfckpt.rewrite.tasks import (
+    TF_SLICE_COPYABLE,
+)
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows
@@ -56,7 +58,9 @@ KERAS_VARIABLE_LIST = "_trainable_variables"  # ... and the variables they shado
 _UNSUPPORTED = ("include", "exclude", "rename", "rename_exact", "prefer", "executor")
 
 
-def last_checkpoints(directory, n: int) -> list[str]:
+def last_checkpoints(
+    directory, n: int, *, storage_options: StorageOptions | None = None
+) -> list[str]:
     """The ``n`` newest checkpoints the state file of ``directory`` lists, oldest first.
 
     In the order of its ``all_model_checkpoint_paths`` (TensorFlow's ``Saver`` and
@@ -69,15 +73,19 @@ def last_checkpoints(directory, n: int) -> list[str]:
     >>> last_checkpoints("train", 3)
     ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
     """
+    directory = str(directory)
+    return newest_checkpoints(storage_for(directory, storage_options), directory, n)
+
+
+def newest_checkpoints(store: Storage, directory: str, n: int) -> list[str]:
+    """:func:`last_checkpoints` of ``directory`` on ``store``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise CheckpointError(
             f"the number of checkpoints to average must be a whole number > 0, not {n!r}"
         )
-    directory = str(directory)
-    store = storage_for(directory)
     state_path = store.join(directory, paths.STATE_FILENAME)
     # Paths from another machine or a moved directory are found beside the state file.
-    listed = paths.state_file_checkpoints(directory)
+    listed = paths.state_file_checkpoints(store, directory)
     if listed is None:
         raise CheckpointError(
             "no checkpoint state file to take the newest checkpoints from", path=state_path
@@ -197,7 +205,6 @@ def _cut_nodes(graph: ObjectGraph, ids: set[int]) -> set[str]:
     return graph.prune()
 
 
-@takes_storage_options()
 def plan_average(
     sources,
     dst,
@@ -209,9 +216,9 @@ def plan_average(
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Plan:
-    """Decide what :func:`average` writes, from the sources' indexes alone: a
-    :class:`~tfckpt.rewrite.planner.Plan` with ``weights``, whose tensors are read from
-    the newest source (the last), each averaged or copied.
+    """Decide what :func:`average` writes, from the sources' indexes alone (paths opened
+    with ``storage_options``): a :class:`~tfckpt.rewrite.planner.Plan` with ``weights``,
+    whose tensors are read from the newest source (the last), each averaged or copied.
 
     >>> p = plan_average(["train/ckpt-9", "train/ckpt-10"], "avg/", weights=[1, 3])
     >>> tfckpt.execute(p)
@@ -225,17 +232,28 @@ def plan_average(
     if last is not None:
         if not isinstance(sources, (str, bytes)) and not hasattr(sources, "__fspath__"):
             raise CheckpointError("last= takes one directory as the source")
-        sources = last_checkpoints(sources, last)
-    srcs = open_sources(sources)
+        directory = str(sources)
+        # The checkpoints the state file names are on the storage of its directory.
+        store = storage_for(normalize(directory), storage_options)
+        srcs = open_sources(newest_checkpoints(store, directory, last), None, store=store)
+    else:
+        srcs = open_sources(sources, storage_options)
     try:
-        return _plan(srcs, dst, options, weights, use_ema)
+        return _plan(srcs, dst, options, weights, use_ema, storage_options)
     except BaseException:
         for s in srcs:
             s.ckpt.close()
         raise
 
 
-def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> Plan:
+def _plan(
+    srcs: list[Source],
+    dst,
+    options: Options,
+    weights,
+    use_ema: bool,
+    storage_options: StorageOptions | None,
+) -> Plan:
     w = _weights(weights, len(srcs))
     policy = DtypePolicy.of(options)
     newest = srcs[-1]
@@ -243,7 +261,8 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
     fixed = fixed_dtype_tensors(newest)
     _check_agree(srcs, fixed)
     # The destination's name inside a directory is the newest source's.
-    dst = resolve_destination(dst, [newest] + srcs[:-1], options.overwrite)
+    store = destination_storage(dst, srcs, storage_options)
+    dst = resolve_destination(store, dst, [newest] + srcs[:-1], options.overwrite)
     names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
     # Before the graph is cut: dtype rules match flat names too.
     flat = source_flat_names(newest) if policy.labels else {}
@@ -286,8 +305,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         )
     )
     dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
-    storage = plan_storage_options(srcs)
-    return Plan(srcs, dst, tensors, dropped, graph_bytes, options, storage, weights=w)
+    return Plan(srcs, dst, tensors, dropped, graph_bytes, options, store, weights=w)
 
 
 class _Gone:
@@ -391,7 +409,6 @@ def _same_slices(srcs: list[Source], name: str) -> bool:
     return all(set(s.ckpt.info(name).slices) == first for s in srcs[:-1])
 
 
-@takes_storage_options()
 def average(
     sources,
     dst,
@@ -420,7 +437,16 @@ def average(
     >>> tfckpt.average(["train/ckpt-8", "train/ckpt-9", "train/ckpt-10"], "avg/")
     >>> tfckpt.average("train/", "avg/model", last=5, use_ema=True, drop_objects=["optimizer"])
     """
-    p = plan_average(sources, dst, options, weights=weights, use_ema=use_ema, last=last, **changes)
+    p = plan_average(
+        sources,
+        dst,
+        options,
+        weights=weights,
+        use_ema=use_ema,
+        last=last,
+        storage_options=storage_options,
+        **changes,
+    )
     try:
         return execute(p, progress=progress)
     finally:

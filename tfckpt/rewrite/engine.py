@@ -23,18 +23,13 @@ from tfckpt.io.commit import (
     merge_entries,
     write_state_file,
 )
-from tfckpt.io.storage import (
-    StorageOptions,
-    kept_options,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import Storage, StorageOptions
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import Plan, Source, plan
-from tfckpt.rewrite.tasks import ShardTask, restore_warnings, run_tasks, shard_tasks
+from tfckpt.rewrite.tasks import RunStorage, ShardTask, restore_warnings, run_tasks, shard_tasks
 
 
 @dataclass
@@ -107,7 +102,6 @@ class Summary:
 
 
 @collector.paused()
-@takes_storage_options(kept_options)
 def execute(
     p: Plan,
     options: Options | None = None,
@@ -137,18 +131,21 @@ def execute(
     affected tensor). ``backend='tf'`` casts tensors of at least
     ``tf_threshold`` bytes with ``tf.cast`` on the best device (a GPU if
     TensorFlow sees one); ``'auto'`` does so only when there is a GPU. The bits
-    are the same either way.
+    are the same either way. The output is written where the plan was made for
+    (``p.storage``) and the sources read where they were opened; ``storage_options``
+    make those of the run's URLs anew with other options.
 
     >>> p = tfckpt.plan("train/", "fp16/", cast="float16")
     >>> tfckpt.execute(p, overflow="clip", executor=ThreadPoolExecutor(2))
     """
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
+    stores = RunStorage.of(p, storage_options)
     if p.output is not None:  # files of another format (an export) write themselves
-        return p.output.write(p, options, progress)
+        return p.output.write(p, stores.out, options, progress)
     start = time.perf_counter()
-    tasks = shard_tasks(p, options)
-    counts = run_and_commit(p.dst, tasks, options, bool(p.options.overwrite), progress)
-    warnings = state_file_warnings(p.dst, p.sources)
+    tasks = shard_tasks(p, options, stores=stores)
+    counts = run_and_commit(stores.out, p.dst, tasks, options, bool(p.options.overwrite), progress)
+    warnings = state_file_warnings(stores.out, p.dst, p.sources)
     return Summary(
         p.dst,
         kept=len(p.tensors),
@@ -165,6 +162,7 @@ def execute(
 
 
 def run_and_commit(
+    store: Storage,
     dst: str,
     tasks: list[ShardTask],
     options: Options,
@@ -172,12 +170,11 @@ def run_and_commit(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, CastCounts]:
     """Run the shard tasks of one output (``options.executor`` runs them, else here)
-    and commit them as the checkpoint ``dst``, the index last; each tensor's cast
-    counts. A failure (an overflow with ``overflow='error'`` too) commits nothing and
-    removes the tasks' files and the directories this run made."""
-    store = storage_for(dst)
-    remove_stale_temporaries(dst)
-    remove_stale_temporaries(store.join(store.dirname(dst), paths.STATE_FILENAME))
+    and commit them as the checkpoint ``dst`` on ``store``, the index last; each
+    tensor's cast counts. A failure (an overflow with ``overflow='error'`` too) commits
+    nothing and removes the tasks' files and the directories this run made."""
+    remove_stale_temporaries(store, dst)
+    remove_stale_temporaries(store, store.join(store.dirname(dst), paths.STATE_FILENAME))
     try:
         made_dirs = store.makedirs(store.dirname(dst))  # innermost first
     except OSError as e:
@@ -190,12 +187,17 @@ def run_and_commit(
         check_overflow(counts, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
         commit_shards(
-            dst, [t.path for t in tasks], entries, durable=options.durable, overwrite=overwrite
+            store,
+            dst,
+            [t.path for t in tasks],
+            entries,
+            durable=options.durable,
+            overwrite=overwrite,
         )
     except BaseException:
         for t in tasks:
             try:
-                storage_for(t.path).remove(t.path)
+                store.remove(t.path)
             except (OSError, CheckpointError):
                 pass
         store.remove_dirs(made_dirs)  # only those still empty
@@ -203,18 +205,17 @@ def run_and_commit(
     return counts
 
 
-def state_file_warnings(dst: str, sources: Sequence[Source]) -> list[str]:
-    """Point the ``checkpoint`` state file beside ``dst`` at it, unless a source's
-    directory is that directory (its state file is the source's); what the user must
-    know when it cannot be written (the checkpoint is committed all the same)."""
-    store = storage_for(dst)
+def state_file_warnings(store: Storage, dst: str, sources: Sequence[Source]) -> list[str]:
+    """Point the ``checkpoint`` state file beside ``dst`` (on ``store``) at it, unless a
+    source's directory is that directory (its state file is the source's); what the user
+    must know when it cannot be written (the checkpoint is committed all the same)."""
     directory = store.dirname(dst) or "."
     for s in sources:
         src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
         if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
             return []
     try:
-        write_state_file(directory, store.basename(dst))
+        write_state_file(store, directory, store.basename(dst))
     except (OSError, CheckpointError) as e:
         # The checkpoint is committed: only the pointer to it is missing.
         detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -222,7 +223,6 @@ def state_file_warnings(dst: str, sources: Sequence[Source]) -> list[str]:
     return []
 
 
-@takes_storage_options()
 def transform(
     sources,
     dst,
@@ -243,10 +243,12 @@ def transform(
     >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
     >>> tfckpt.transform(["a/ckpt", "b/ckpt"], "c/", tfckpt.Options(prefer="last"))
     """
-    return execute(plan(sources, dst, options, **changes), progress=progress)
+    return execute(
+        plan(sources, dst, options, storage_options=storage_options, **changes),
+        progress=progress,
+    )
 
 
-@takes_storage_options()
 def convert(
     src,
     dst,
@@ -261,10 +263,9 @@ def convert(
     >>> tfckpt.convert("train/model.ckpt-7", "fp16/", "float16")
     >>> tfckpt.convert("train/model.ckpt-7", "bf16/", "bfloat16", overflow="clip")
     """
-    return transform(src, dst, options, cast=dtype, **changes)
+    return transform(src, dst, options, storage_options=storage_options, cast=dtype, **changes)
 
 
-@takes_storage_options()
 def rename(
     src,
     dst,
@@ -278,10 +279,9 @@ def rename(
 
     >>> tfckpt.rename("pre/model", "new/model", {"simple-conv1/": "complex-conv1/"})
     """
-    return transform(src, dst, options, rename=rules, **changes)
+    return transform(src, dst, options, storage_options=storage_options, rename=rules, **changes)
 
 
-@takes_storage_options()
 def select(
     src,
     dst,
@@ -295,10 +295,9 @@ def select(
 
     >>> tfckpt.select("trained/ckpt-3", "shipped/", drop_objects=["optimizer"])
     """
-    return transform(src, dst, options, **changes)
+    return transform(src, dst, options, storage_options=storage_options, **changes)
 
 
-@takes_storage_options()
 def merge(
     sources: Sequence,
     dst,
@@ -312,4 +311,4 @@ def merge(
 
     >>> tfckpt.merge(["a/ckpt-1", "b/ckpt-1"], "c/ckpt", prefer="first")
     """
-    return transform(list(sources), dst, options, **changes)
+    return transform(list(sources), dst, options, storage_options=storage_options, **changes)
