@@ -5,8 +5,8 @@ work as for every transform), then streams each tensor chunk by chunk through
 the cast into the writers of :mod:`tfckpt.tensorfiles`; ``permute`` reorders
 axes tile by tile (:mod:`tfckpt.permute`). Files are written under temporary
 names and renamed into place at the end (see
-:class:`~tfckpt.interop.export_files.ExportWriting`), the index of a sharded export
-last. The way back is :mod:`tfckpt.importing`.
+:class:`~tfckpt.interop.export_files.ExportWriting` and :class:`~tfckpt.io.commit.Commit`),
+the index of a sharded export last. The way back is :mod:`tfckpt.importing`.
 """
 
 from __future__ import annotations
@@ -381,19 +381,17 @@ def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[s
         replaced = replaced_files(store, ep) if options.overwrite else []
         w.write_all()
         check_overflow(w.overflow, options.overflow, ep.out)
-        w.commit()
+        w.publish()
     except OSError as e:
-        w.discard()
+        w.commit.discard()
         raise CheckpointWriteError(f"cannot write: {e.strerror or e}", path=ep.out) from None
     except BaseException:
-        w.discard()
+        w.commit.discard()
         raise
     finally:
         given = sources if isinstance(sources, (list, tuple)) else [sources]
         for s in ep.plan.sources:
             if not any(s.ckpt is g for g in given):
                 s.ckpt.close()
-    w.finish(replaced)
-    if options.durable:
-        store.fsync_dir(store.dirname(ep.out) or ".")
+    w.commit.remove_replaced(replaced)
     return w.overflow

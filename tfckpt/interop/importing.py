@@ -26,7 +26,7 @@ from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.interop.export import ExportSummary
 from tfckpt.io import paths
-from tfckpt.io.commit import commit_shards, discard, new_shard_paths
+from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import (
     ReaderFile,
     StorageOptions,
@@ -226,8 +226,11 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
     too) the shard and the directories this run made are removed. The overflows."""
     remove_stale_temporaries(prefix)
     shard_paths = new_shard_paths(prefix, 1)
+    commit = bundle_commit(
+        store, prefix, shard_paths, overwrite=options.overwrite, durable=options.durable
+    )
     try:
-        made = store.makedirs(store.dirname(prefix))  # innermost first
+        commit.make_directory(store.dirname(prefix))
     except OSError as e:
         raise CheckpointWriteError(
             f"cannot create directory: {e.strerror or e}", path=prefix
@@ -253,15 +256,19 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
                 ShardWriter.create(extra, durable=options.durable).finish()
         except BaseException:
             w.abort()
-            discard(shard_paths[1:])
             raise
         finally:
             source.close()
         commit_shards(
-            prefix, shard_paths, entries, durable=options.durable, overwrite=options.overwrite
+            prefix,
+            shard_paths,
+            entries,
+            durable=options.durable,
+            overwrite=options.overwrite,
+            commit=commit,
         )
     except BaseException:
-        store.remove_dirs(made)  # only those still empty
+        commit.discard()  # unless committed: the shards, the directories made
         raise
     return overflow
 

@@ -19,6 +19,7 @@ from tfckpt.errors import (
 )
 from tfckpt.io import paths
 from tfckpt.io.commit import (
+    bundle_commit,
     commit_shards,
     merge_entries,
     write_state_file,
@@ -147,8 +148,12 @@ def run_and_commit(
     store = storage_for(dst)
     remove_stale_temporaries(dst)
     remove_stale_temporaries(store.join(store.dirname(dst), paths.STATE_FILENAME))
+    shard_paths = [t.path for t in tasks]
+    commit = bundle_commit(
+        store, dst, shard_paths, overwrite=overwrite, durable=options.durable
+    )  # the tasks' files are its own from now on
     try:
-        made_dirs = store.makedirs(store.dirname(dst))  # innermost first
+        commit.make_directory(store.dirname(dst))
     except OSError as e:
         raise CheckpointWriteError(
             f"cannot create directory: {e.strerror or e}", path=dst
@@ -159,15 +164,15 @@ def run_and_commit(
         check_overflow({n: c.overflow for n, c in counts.items()}, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
         commit_shards(
-            dst, [t.path for t in tasks], entries, durable=options.durable, overwrite=overwrite
+            dst,
+            shard_paths,
+            entries,
+            durable=options.durable,
+            overwrite=overwrite,
+            commit=commit,
         )
     except BaseException:
-        for t in tasks:
-            try:
-                storage_for(t.path).remove(t.path)
-            except (OSError, CheckpointError):
-                pass
-        store.remove_dirs(made_dirs)  # only those still empty
+        commit.discard()  # unless committed: the tasks' files, the directories made
         raise
     return counts
 
