@@ -1,5 +1,6 @@
-"""An export's files: their names, writing them under temporary names, the commit that
-renames them into place, and removing what a replaced or killed export left.
+"""An export's files: their names, writing them and their index through the one commit
+(:class:`~tfckpt.io.commit.Commit`: temporaries renamed into place, the index or the
+single file last), and which files of a replaced or killed export are to be removed.
 
 :func:`tfckpt.export` plans (:mod:`tfckpt.interop.export`), then writes through
 :class:`ExportWriting`.

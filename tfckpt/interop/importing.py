@@ -19,7 +19,6 @@ import numpy as np
 from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
     CheckpointError,
-    CheckpointWriteError,
     CorruptCheckpointError,
 )
 from tfckpt.format import dtypes as _dt
@@ -229,12 +228,6 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
     commit = bundle_commit(
         store, prefix, shard_paths, overwrite=options.overwrite, durable=options.durable
     )
-    try:
-        commit.make_directory(store.dirname(prefix))
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot create directory: {e.strerror or e}", path=prefix
-        ) from None
     source = TensorFileSource([i for i, *_ in chosen])
     try:
         w = ShardWriter.create(shard_paths[0], durable=options.durable)

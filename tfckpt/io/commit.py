@@ -56,7 +56,7 @@ class Commit:
 
     >>> c = Commit(store, "out/model.safetensors.index.json", overwrite=True, what="an export")
     >>> write_shard(c.new_file("out/model-00001-of-00001.safetensors"))
-    >>> c.write_last(index_bytes)
+    >>> c.write_last(json.dumps(index).encode())
     >>> c.publish(); c.remove_replaced(old_files)
     """
 
@@ -378,18 +378,32 @@ def new_shard_paths(prefix: str, count: int) -> list[str]:
 def bundle_commit(
     store: Storage, prefix: str, shard_paths: Sequence[str], *, overwrite: bool, durable: bool
 ) -> Commit:
-    """The :class:`Commit` of a checkpoint at ``prefix`` whose shards are written (by this
-    run or its tasks) at ``shard_paths`` (see :func:`new_shard_paths`): they are its
-    files from now on, removed after a failure."""
-    commit = Commit(
+    """The :class:`Commit` of a run writing a checkpoint at ``prefix``, its shards at
+    ``shard_paths`` (see :func:`new_shard_paths`; written by the run or its tasks),
+    with the prefix's directory made: shards and directories are the run's from now
+    on, removed after a failure (:meth:`Commit.discard`)."""
+    commit = _bundle_commit(store, prefix, _temporary_base(prefix, shard_paths), overwrite, durable)
+    commit.own(*shard_paths)
+    try:
+        commit.make_directory(store.dirname(prefix))
+    except OSError as e:
+        raise CheckpointWriteError(
+            f"cannot create directory: {e.strerror or e}", path=prefix
+        ) from None
+    return commit
+
+
+def _bundle_commit(
+    store: Storage, prefix: str, base: str, overwrite: bool, durable: bool
+) -> Commit:
+    """A checkpoint's :class:`Commit`: its index last; ``base`` names the temporary index."""
+    return Commit(
         store,
         paths.index_filename(prefix),
         overwrite=overwrite,
         durable=durable,
-        temporary=f"{_temporary_base(prefix, shard_paths)}.index",
+        temporary=f"{base}.index",
     )
-    commit.own(*shard_paths)
-    return commit
 
 
 def _temporary_base(prefix: str, shard_paths: Sequence[str]) -> str:
@@ -480,29 +494,15 @@ def commit(
     overwrite: bool = True,
 ) -> str:
     """Make closed temporary data files one checkpoint at ``prefix``, the index last
-    (:func:`publish_bundle` through a :class:`Commit`), then remove the data the replaced
-    checkpoint used.
+    (:func:`publish_bundle`), then remove the data the replaced checkpoint used.
 
     ``base`` names this run's other temporaries (the index, extra empty shards).
     Without ``overwrite`` a checkpoint another run committed meanwhile is an error,
     never replaced. On failure what this call created or moved is removed;
     ``shard_paths`` themselves are the caller's.
     """
-    store = storage_for(prefix)
-    c = Commit(
-        store,
-        paths.index_filename(prefix),
-        overwrite=overwrite,
-        durable=durable,
-        temporary=f"{base}.index",
-    )
-    try:
-        replaced = publish_bundle(c, prefix, shard_paths, entries, base=base, endianness=endianness)
-    except BaseException:
-        c.discard()
-        raise
-    c.remove_replaced(replaced)
-    return prefix
+    c = _bundle_commit(storage_for(prefix), prefix, base, overwrite, durable)
+    return _commit_bundle(c, prefix, shard_paths, entries, base, endianness, None)
 
 
 def commit_shards(
@@ -524,24 +524,33 @@ def commit_shards(
     checkpoint it replaced are deleted after. On failure the shards are removed, unless
     the commit happened. ``commit``: the run's :func:`bundle_commit`, when it has one.
     """
-    store = storage_for(prefix) if commit is None else commit.store
+    base = _temporary_base(prefix, shard_paths)
     if commit is None:
-        commit = bundle_commit(store, prefix, shard_paths, overwrite=overwrite, durable=durable)
-    count = None if store.atomic_rename else len(shard_paths)
+        commit = _bundle_commit(storage_for(prefix), prefix, base, overwrite, durable)
+        commit.own(*shard_paths)
+    count = None if commit.renames else len(shard_paths)
+    return _commit_bundle(commit, prefix, shard_paths, entries, base, endianness, count)
+
+
+def _commit_bundle(
+    c: Commit,
+    prefix: str,
+    shard_paths: Sequence[str],
+    entries: Mapping[bytes, BundleEntryProto],
+    base: str,
+    endianness: Endianness,
+    count: int | None,
+) -> str:
+    """:func:`publish_bundle`, then the replaced data removed; on failure
+    :meth:`Commit.discard`."""
     try:
         replaced = publish_bundle(
-            commit,
-            prefix,
-            shard_paths,
-            entries,
-            base=_temporary_base(prefix, shard_paths),
-            endianness=endianness,
-            count=count,
+            c, prefix, shard_paths, entries, base=base, endianness=endianness, count=count
         )
     except BaseException:
-        commit.discard()
+        c.discard()
         raise
-    commit.remove_replaced(replaced)
+    c.remove_replaced(replaced)
     return prefix
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from tfckpt.errors import (
     CheckpointError,
-    CheckpointWriteError,
 )
 from tfckpt.io import paths
 from tfckpt.io.commit import (
@@ -151,13 +150,7 @@ def run_and_commit(
     shard_paths = [t.path for t in tasks]
     commit = bundle_commit(
         store, dst, shard_paths, overwrite=overwrite, durable=options.durable
-    )  # the tasks' files are its own from now on
-    try:
-        commit.make_directory(store.dirname(dst))
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot create directory: {e.strerror or e}", path=dst
-        ) from None
+    )  # the tasks' files and the directories made are its own from now on
     try:
         results = run_tasks(tasks, options.executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
