@@ -252,14 +252,7 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
             raise
         finally:
             source.close()
-        commit_shards(
-            prefix,
-            shard_paths,
-            entries,
-            durable=options.durable,
-            overwrite=options.overwrite,
-            commit=commit,
-        )
+        commit_shards(prefix, shard_paths, entries, commit=commit)
     except BaseException:
         commit.discard()  # unless committed: the shards, the directories made
         raise

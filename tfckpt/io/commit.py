@@ -522,7 +522,8 @@ def commit_shards(
     never replaced); on an object store they already carry their final names (see
     :func:`new_shard_paths`) and writing the index is the commit. The data files of the
     checkpoint it replaced are deleted after. On failure the shards are removed, unless
-    the commit happened. ``commit``: the run's :func:`bundle_commit`, when it has one.
+    the commit happened. ``commit``: the run's :func:`bundle_commit`, when it has one (its
+    ``overwrite`` and ``durable`` apply).
     """
     base = _temporary_base(prefix, shard_paths)
     if commit is None:

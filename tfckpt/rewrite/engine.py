@@ -156,14 +156,7 @@ def run_and_commit(
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
         check_overflow({n: c.overflow for n, c in counts.items()}, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
-        commit_shards(
-            dst,
-            shard_paths,
-            entries,
-            durable=options.durable,
-            overwrite=overwrite,
-            commit=commit,
-        )
+        commit_shards(dst, shard_paths, entries, commit=commit)
     except BaseException:
         commit.discard()  # unless committed: the tasks' files, the directories made
         raise
