@@ -17,6 +17,7 @@ from tfckpt.errors import CheckpointError
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.io.commit import Commit
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
+from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.streaming import ProgressSink, stream_items
 
@@ -214,6 +215,8 @@ class ExportWriting:
                 counts=counts,
             )
             self.overflow.update({n: c[0] for n, c in counts.items() if c[0]})
+            if where == self.commit.last:  # an object store's single file: closing commits
+                check_overflow(self.overflow, options.overflow, self.ep.out)
             w.close()
             f.flush()
             if options.durable:
