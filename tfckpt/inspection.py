@@ -20,7 +20,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
@@ -28,7 +28,7 @@ from tfckpt.format.bundle import TensorTable
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.slices import format_slice
 from tfckpt.io import paths
-from tfckpt.io.storage import StorageOptions, normalize, storage_for, takes_storage_options
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.cast import Caster
 
 
@@ -530,7 +530,6 @@ class _Moments:
 # --- every checkpoint of a directory --------------------------------------------
 
 
-@takes_storage_options()
 def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> dict:
     """Every checkpoint in a directory: ``{"directory", "state_file", "latest",
     "checkpoints": [{"prefix", "name", "step", "format", "tensors", "bytes",
@@ -548,16 +547,18 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
     [('model.ckpt-3', 3), ('model.ckpt-4', 4), ('model.ckpt-5', 5)]
     """
     directory = normalize(directory)
-    store = storage_for(directory)
+    store = storage_for(directory, storage_options)
     if not store.isdir(directory):
         raise CheckpointNotFoundError("not a directory", path=directory)
     directory = store.dir_path(directory)
-    listed = paths.state_file_checkpoints(directory)
+    listed = paths.state_file_checkpoints(store, directory)
     in_state, latest = listed if listed is not None else ([], None)
     # A Saver's state file names absolute paths: the directory's own files are the
     # same checkpoints however the directory was named.
     listed_at = {store.realpath(p) for p in in_state}
-    others = [p for p in paths.bundle_prefixes(directory) if store.realpath(p) not in listed_at]
+    others = [
+        p for p in paths.bundle_prefixes(store, directory) if store.realpath(p) not in listed_at
+    ]
     prefixes = list(dict.fromkeys(in_state + others))
     rows = []
     for prefix in prefixes:
@@ -573,13 +574,15 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
             "error": None,
         }
         try:
-            with open_checkpoint(prefix) as ckpt:
+            with open_in(store, prefix) as ckpt:
                 files = (
                     [ckpt.index_path, *ckpt.data_files]
                     if ckpt.format == Checkpoint.format
                     else list(getattr(ckpt, "files", []))
                 )
-                row.update(format=ckpt.format, tensors=len(ckpt), bytes=_file_bytes(files))
+                row.update(
+                    format=ckpt.format, tensors=len(ckpt), bytes=_file_bytes(ckpt.storage, files)
+                )
         except (CheckpointError, OSError) as e:
             if isinstance(e, CheckpointError):
                 row["error"] = str(e)
@@ -594,10 +597,10 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
     }
 
 
-def _file_bytes(files: list[str]) -> int:
+def _file_bytes(store: Storage, files: list[str]) -> int:
     total = 0
     for f in files:
-        reader = storage_for(f).open_reader(f)
+        reader = store.open_reader(f)
         try:
             total += reader.size
         finally:
@@ -608,7 +611,6 @@ def _file_bytes(files: list[str]) -> int:
 # --- verify ------------------------------------------------------------------
 
 
-@takes_storage_options()
 def verify(
     path,
     *,
@@ -628,7 +630,7 @@ def verify(
     """
     problems: list[str] = []
     try:
-        ckpt = open_checkpoint(path, verify=True)
+        ckpt = open_checkpoint(path, verify=True, storage_options=storage_options)
     except CheckpointNotFoundError:
         raise  # nothing to verify: a usage error, not a finding
     except CheckpointError as e:

@@ -39,7 +39,7 @@ from tfckpt.errors import CheckpointError, KerasWeightsError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
 from tfckpt.format.tf2names import VALUE_SUFFIX
-from tfckpt.io.storage import StorageOptions, takes_storage_options
+from tfckpt.io.storage import StorageOptions
 from tfckpt.rewrite.cast import OVERFLOW_POLICIES, Caster, OverflowPolicy, check_overflow
 from tfckpt.rewrite.options import RenameRules
 from tfckpt.rewrite.rules import compile_rules, new_name
@@ -89,7 +89,6 @@ class LoadReport:
         )
 
 
-@takes_storage_options()
 def load_weights(
     model,
     path,
@@ -131,7 +130,7 @@ def load_weights(
     keras = importlib.import_module("keras")
     if isinstance(path, Checkpoint):
         return _load(keras, model, path, assignment_map, allow_missing, skip_mismatch, overflow)
-    with open_checkpoint(path) as ckpt:
+    with open_checkpoint(path, storage_options=storage_options) as ckpt:
         return _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow)
 
 

@@ -13,6 +13,7 @@ import pytest
 import tfckpt
 from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.io.commit import commit_shards, merge_entries
+from tfckpt.io.storage import LOCAL
 from tfckpt.rewrite.pipeline import READ_RING, BufferRing
 
 PACKAGE = Path(tfckpt.__file__).parent
@@ -58,11 +59,11 @@ def test_shard_writers_committed_together_equal_save(saved, tmp_path):
     entries = []
     shard_paths = [str(tmp_path / "out" / f"part{k}") for k in range(len(parts))]
     for path, names in zip(shard_paths, parts):
-        w = ShardWriter.create(path)
+        w = ShardWriter.create(LOCAL, path)
         for name in names:
             w.add(name, tensors[name])
         entries.append(w.finish())
-    commit_shards(out, shard_paths, merge_entries(entries))
+    commit_shards(LOCAL, out, shard_paths, merge_entries(entries))
     with tfckpt.open(out) as ckpt:
         assert ckpt.header.num_shards == 2
         for name in tensors:

@@ -12,7 +12,7 @@ import pytest
 
 from tfckpt.errors import CheckpointWriteError
 from tfckpt.io.commit import Commit
-from tfckpt.io.storage import storage_for
+from tfckpt.io.storage import LOCAL, storage_for
 from tfckpt.io.temporaries import TMP_MARK
 
 
@@ -22,7 +22,7 @@ def listing(d) -> dict[str, bytes]:
 
 def export_commit(d, **kw) -> Commit:
     """A sharded export's commit to ``d/model``: two data files, then the index."""
-    c = Commit(storage_for(str(d)), str(d / "model.index.json"), what="an export", **kw)
+    c = Commit(LOCAL, str(d / "model.index.json"), what="an export", **kw)
     for k in (1, 2):
         where = c.new_file(str(d / f"model-{k}.bin"))
         assert TMP_MARK in where and os.path.dirname(where) == str(d)
@@ -114,7 +114,7 @@ def test_the_replaced_index_is_retired_then_removed_with_its_files(tmp_path, mon
 
 def test_a_single_file_is_the_last_file(tmp_path):
     (tmp_path / "model.bin").write_bytes(b"old")
-    c = Commit(storage_for(str(tmp_path)), str(tmp_path / "model.bin"), overwrite=True)
+    c = Commit(LOCAL, str(tmp_path / "model.bin"), overwrite=True)
     with open(c.last_file(), "wb") as f:
         f.write(b"new")
     assert listing(tmp_path)["model.bin"] == b"old"
@@ -124,7 +124,7 @@ def test_a_single_file_is_the_last_file(tmp_path):
 
 def test_directories_made_are_removed_after_a_failure(tmp_path):
     out = tmp_path / "a" / "b"
-    c = Commit(storage_for(str(out)), str(out / "model.bin"), overwrite=False)
+    c = Commit(LOCAL, str(out / "model.bin"), overwrite=False)
     c.make_directory(str(out))
     with open(c.last_file(), "wb") as f:
         f.write(b"part")
@@ -146,12 +146,12 @@ def mem():
 
 
 def objects(url: str) -> dict[str, bytes]:
-    store = storage_for(url)
+    store = storage_for(url, None)
     return {n: store.read_bytes(f"{url}/{n}") for n in sorted(store.listdir(url))}
 
 
 def remote_commit(url: str) -> Commit:
-    store = storage_for(url)
+    store = storage_for(url, None)
     c = Commit(store, f"{url}/model.index.json", overwrite=True, what="an export")
     where = c.new_file(f"{url}/model-1.bin")
     assert where == f"{url}/model-1.bin"  # no rename: the final (free) name
@@ -169,7 +169,7 @@ def test_object_store_uploads_the_index_last(mem):
 
 
 def test_object_store_failed_index_upload_removes_the_new_data(mem, monkeypatch):
-    store = storage_for(mem)
+    store = storage_for(mem, None)
     store.write_bytes(f"{mem}/model.index.json", b"old index")
     c = remote_commit(mem)
 

@@ -491,8 +491,8 @@ def test_shard_tasks_and_manual_commit_to_memory(cases, mem, reference, tmp_path
     assert not fsspec.filesystem("memory").exists(f"{mem.root}/out/policy.index")
     entries = merge_entries([r.entries for r in results])
     with pytest.raises(ValueError, match="final names"):
-        commit_shards(p.dst, [t.path + ".tmp" for t in tasks], entries)
-    assert commit_shards(p.dst, [t.path for t in tasks], entries) == p.dst
+        commit_shards(p.storage, p.dst, [t.path + ".tmp" for t in tasks], entries)
+    assert commit_shards(p.storage, p.dst, [t.path for t in tasks], entries) == p.dst
     want = reference("max_shard_policy", max_shard_bytes=600)
     got = mem_files(f"{mem.url}/out")
     assert got == {f: b for f, b in want.items() if f != "checkpoint"}

@@ -24,6 +24,7 @@ from tfckpt.format.orderedcode import encode_slice_key  # noqa: E402
 from tfckpt.format.table import TableReader  # noqa: E402
 from tfckpt.inspection import diff, dump, verify  # noqa: E402
 from tfckpt.io.commit import write_index  # noqa: E402
+from tfckpt.io.storage import LOCAL  # noqa: E402
 
 
 def _dataset():
@@ -420,7 +421,7 @@ def test_unlisted_slice_is_listed_and_reported(nul_names, tmp_path):
     entries = {k: BundleEntryProto.FromString(v) for k, v in rows if k}
     del entries[b"emb"].slices[1]  # rows 4..6 stay stored, no longer listed
     Path(prefix + ".index").unlink()
-    write_index(prefix + ".index", entries, 1, "little", False)
+    write_index(LOCAL, prefix + ".index", entries, 1, "little", False)
     orphan = encode_slice_key("emb", ((4, 2), (0, None)))
     with tfckpt.open(prefix) as ckpt:
         assert ckpt.orphan_slice_keys() == [orphan]

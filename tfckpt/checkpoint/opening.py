@@ -1,8 +1,10 @@
 """One door to every checkpoint: a path resolved to a V2 bundle or a V1 checkpoint, or
 what else the file is.
 
-:func:`open_checkpoint` is what :func:`tfckpt.open` and every command call; the readers'
-own constructors take what it resolved, so a path is looked up once.
+:func:`open_checkpoint` is what :func:`tfckpt.open` and every command call, with the
+storage options given; :func:`open_in` opens a path on a storage at hand (a task's source,
+a checkpoint listed in a directory). The readers' own constructors take the storage and
+what was resolved, so a path is looked up once.
 """
 
 from __future__ import annotations
@@ -17,11 +19,9 @@ from tfckpt.io.storage import (
     StorageOptions,
     normalize,
     storage_for,
-    takes_storage_options,
 )
 
 
-@takes_storage_options()
 def open_checkpoint(
     path,
     *,
@@ -37,24 +37,29 @@ def open_checkpoint(
     >>> with open_checkpoint("train/model.ckpt-7", mmap=False) as ckpt:
     ...     names = ckpt.keys()
     """
+    return open_in(storage_for(normalize(path), storage_options), path, verify=verify, mmap=mmap)
+
+
+def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:
+    """The checkpoint ``path``, on ``store``, designates (see :func:`open_checkpoint`)."""
     try:
-        prefix = paths.resolve_prefix(path)
+        prefix = paths.find_prefix(store, path)
     except CheckpointNotFoundError as e:
-        # resolve_prefix warned already about a state file naming moved paths.
-        files = resolve_files(path, warn=False)
+        # find_prefix warned already about a state file naming moved paths.
+        files = resolve_files(store, path, warn=False)
         if files is not None:
-            return V1Checkpoint(path, verify=verify, mmap=mmap, resolved=files)
-        why = not_a_checkpoint(path)
+            return V1Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=files)
+        why = not_a_checkpoint(store, path)
         if why is not None:
             raise UnsupportedCheckpointError(why, path=e.path) from None
         raise
-    return Checkpoint(path, verify=verify, mmap=mmap, resolved=prefix)
+    return Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=prefix)
 
 
-def not_a_checkpoint(path) -> str | None:
-    """Why ``path``, a file that is no checkpoint, is not one; None when no kind is known."""
+def not_a_checkpoint(store: Storage, path) -> str | None:
+    """Why ``path``, a file on ``store`` that is no checkpoint, is not one; None when no
+    kind is known."""
     p = normalize(path)
-    store = storage_for(p)
     if not store.isfile(p):
         return None
     try:

@@ -30,7 +30,7 @@ from tfckpt.format.bundle import VARIANT, TensorInfo, TensorTable
 from tfckpt.format.framing import VariantFraming
 from tfckpt.format.slices import Slice, num_elements, slice_shape
 from tfckpt.io import paths
-from tfckpt.io.storage import StorageOptions, current_options, storage_for, takes_storage_options
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 
 # Rows of a lazy slice closer than this are read as one range: a gap costs less to read
 # than another request (an object store's latency is worth far more than this).
@@ -59,7 +59,6 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
 
     format = "bundle v2"
 
-    @takes_storage_options()
     def __init__(
         self,
         path,
@@ -67,16 +66,17 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
         verify: bool = True,
         mmap: bool = True,
         storage_options: StorageOptions | None = None,
+        storage: Storage | None = None,
         resolved: str | None = None,
     ):
-        # ``resolved``: the prefix :func:`~tfckpt.checkpoint.opening.open_checkpoint` found
-        # for ``path`` already; on object stores each look is a request.
-        self.storage_options = current_options()
-        self.prefix = resolved or paths.resolve_prefix(path)
+        # ``storage``: where ``path`` is (else made from ``storage_options``); ``resolved``:
+        # the prefix :func:`~tfckpt.checkpoint.opening.open_checkpoint` found for ``path``
+        # already (on object stores each look is a request).
+        self.storage = storage or storage_for(normalize(path), storage_options)
+        self.prefix = resolved or paths.find_prefix(self.storage, path)
         self.verify = verify
         self.mmap = mmap
         self.index_path = paths.index_filename(self.prefix)
-        self.storage = storage_for(self.prefix)
         self._readers = {}
         try:
             data = self.storage.read_bytes(self.index_path)

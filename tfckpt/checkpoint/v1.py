@@ -50,11 +50,10 @@ from tfckpt.format.table import BlockHandle, TableReader
 from tfckpt.format.tensorproto import decode_tensor_proto
 from tfckpt.io.storage import (
     Reader,
+    Storage,
     StorageOptions,
-    current_options,
     normalize,
     storage_for,
-    takes_storage_options,
 )
 
 FORMAT_NAME = "V1 (tensor slices)"
@@ -104,7 +103,6 @@ class V1Checkpoint(Checkpoint):
 
     format = FORMAT_NAME
 
-    @takes_storage_options()
     def __init__(
         self,
         path,
@@ -112,19 +110,19 @@ class V1Checkpoint(Checkpoint):
         verify: bool = True,
         mmap: bool = True,
         storage_options: StorageOptions | None = None,
+        storage: Storage | None = None,
         resolved: tuple[str, list[str]] | None = None,
     ):
-        self.storage_options = current_options()
-        # ``resolved``: the files open_checkpoint() found (it warned about a moved state
-        # file then).
-        resolved = resolved or resolve_files(path)
+        # ``storage``: where ``path`` is (else made from ``storage_options``); ``resolved``:
+        # the files open_checkpoint() found (it warned about a moved state file then).
+        self.storage = storage or storage_for(normalize(path), storage_options)
+        resolved = resolved or resolve_files(self.storage, path)
         if resolved is None:
             raise CheckpointNotFoundError("no V1 checkpoint found", path=normalize(path))
         self.prefix, self.files = resolved
         self.verify = verify
         self.mmap = mmap
         self.index_path = self.files[0]
-        self.storage = storage_for(self.files[0])
         self._readers = {}
         self._tables: list[TableReader] = []
         self._blocks: list[list[BlockHandle]] = []

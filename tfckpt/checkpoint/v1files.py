@@ -13,7 +13,7 @@ import re
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError
 from tfckpt.format.table import FOOTER_SIZE, MAGIC
 from tfckpt.io import paths
-from tfckpt.io.storage import Storage, normalize, storage_for
+from tfckpt.io.storage import Storage, normalize
 
 # A shard of a sharded save, or the pattern TensorFlow names all its shards by.
 SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<shard>\d{5}|\?{5})-of-(?P<num>\d{5})$")
@@ -62,8 +62,9 @@ def _glob(store: Storage, pattern: str) -> list[str]:
     return [store.join(directory, n) for n in sorted(names) if fnmatch.fnmatchcase(n, base)]
 
 
-def resolve_files(path, *, warn: bool = True) -> tuple[str, list[str]] | None:
-    """(what to call the checkpoint, its files) when ``path`` designates a V1 checkpoint.
+def resolve_files(store: Storage, path, *, warn: bool = True) -> tuple[str, list[str]] | None:
+    """(what to call the checkpoint, its files) when ``path``, on ``store``, designates a
+    V1 checkpoint.
 
     ``path`` may be a V1 file, one shard of a sharded save, the pattern TensorFlow
     names a sharded save by (``model.ckpt-5-?????-of-00002``), the prefix of a sharded
@@ -73,7 +74,6 @@ def resolve_files(path, *, warn: bool = True) -> tuple[str, list[str]] | None:
     a caller that looked at the same state file already).
     """
     p = normalize(path)
-    store = storage_for(p)
     if store.isdir(p):
         return _resolve_directory(store, store.dir_path(p), warn)
     return _resolve_file(store, p)
@@ -101,7 +101,7 @@ def _resolve_file(store: Storage, p: str) -> tuple[str, list[str]] | None:
 def _resolve_directory(
     store: Storage, directory: str, warn: bool = True
 ) -> tuple[str, list[str]] | None:
-    latest = paths.state_file_latest(directory, warn=warn)
+    latest = paths.state_file_latest(store, directory, warn=warn)
     if latest is not None:
         return _resolve_file(store, latest)
     try:

@@ -44,14 +44,7 @@ from tfckpt.format.slices import (
 from tfckpt.format.table import crc32c
 from tfckpt.io import paths
 from tfckpt.io.commit import commit, discard
-from tfckpt.io.storage import (
-    StorageOptions,
-    current_options,
-    kept_options,
-    normalize,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import remove_stale_temporaries, temporary_base
 
 _WRITEBACK_STEP = 32 << 20
@@ -220,7 +213,7 @@ def _stream_bytes(dt: _dt.DType, shape: tuple[int, ...]) -> int:
 
 
 class ShardWriter(_Adder):
-    """Writes tensors into one data file at ``path`` (a local file or URL) and builds
+    """Writes tensors into one data file at ``path`` on ``store`` and builds
     their index entries: :meth:`finish` returns them, for :func:`~tfckpt.io.commit.merge_entries`
     and :func:`~tfckpt.io.commit.commit_shards`.
 
@@ -232,6 +225,7 @@ class ShardWriter(_Adder):
 
     def __init__(
         self,
+        store: Storage,
         path: str,
         *,
         endianness: Endianness = "little",
@@ -249,24 +243,24 @@ class ShardWriter(_Adder):
         self.shard_id = shard_id
         self.index = index if index is not None else IndexEntries()
         self.size = 0
-        self._store = storage_for(path)
+        self.storage = store
         self._flushed = 0  # bytes handed to the disk so far
         self._on_abort = on_abort
-        self._file = self._store.open_writer(path, exclusive=exclusive)
+        self._file = self.storage.open_writer(path, exclusive=exclusive)
 
     @classmethod
     def create(
-        cls, path: str, *, endianness: Endianness = "little", durable: bool = True
+        cls, store: Storage, path: str, *, endianness: Endianness = "little", durable: bool = True
     ) -> ShardWriter:
-        """A writer of one data shard at ``path`` on its own, its directory made if missing.
+        """A writer of one data shard at ``path`` on ``store`` on its own, its directory
+        made if missing.
 
         Used by tasks that each write one shard of a checkpoint; :meth:`finish`
         returns the index entries, which :func:`~tfckpt.io.commit.commit_shards` commits.
         """
-        store = storage_for(path)
         try:
             store.makedirs(store.dirname(path))
-            return cls(path, endianness=endianness, durable=durable)
+            return cls(store, path, endianness=endianness, durable=durable)
         except OSError as e:
             raise CheckpointWriteError(
                 f"cannot create data file: {e.strerror or e}", path=path
@@ -306,7 +300,7 @@ class ShardWriter(_Adder):
             if (
                 self.durable
                 and self.size - self._flushed >= _WRITEBACK_STEP
-                and self._store.writeback(self._file, self._flushed, self.size - self._flushed)
+                and self.storage.writeback(self._file, self._flushed, self.size - self._flushed)
             ):
                 self._flushed = self.size
         except OSError as e:
@@ -323,7 +317,7 @@ class ShardWriter(_Adder):
             return
         self._file.flush()
         if self.durable:
-            self._store.fsync(self._file)
+            self.storage.fsync(self._file)
         self._file.close()
         self._file = None
 
@@ -337,7 +331,7 @@ class ShardWriter(_Adder):
                 file.close()
         except (OSError, CheckpointError):
             pass
-        discard([self.path])
+        discard(self.storage, [self.path])
 
     def finish(self) -> dict[bytes, BundleEntryProto]:
         """Close the data file; the index entries of what it holds."""
@@ -421,13 +415,13 @@ class BundleWriter(_Adder):
     given shard instead (to keep a source checkpoint's layout).
 
     ``prefix`` may be an fsspec URL; ``storage_options`` (endpoint, credentials...) go to
-    fsspec with it, and the writer keeps them until it is finished.
+    fsspec with it, and the writer keeps the storage made with them (``storage``) until
+    it is finished.
 
     >>> with BundleWriter("out/model") as w:
     ...     w.add("dense/kernel", np.ones((3, 4), np.float16))
     """
 
-    @takes_storage_options()
     def __init__(
         self,
         prefix,
@@ -438,7 +432,6 @@ class BundleWriter(_Adder):
         durable: bool = True,
         storage_options: StorageOptions | None = None,
     ):
-        self.storage_options = current_options()
         if max_shard_bytes is not None and max_shard_bytes <= 0:
             raise ValueError("max_shard_bytes must be positive")
         if endianness not in ("little", "big"):
@@ -448,20 +441,20 @@ class BundleWriter(_Adder):
         self.overwrite = overwrite
         self.endianness = endianness
         self.durable = durable
-        self._store = storage_for(self.prefix)
+        self.storage = storage_for(self.prefix, storage_options)
         self.index = IndexEntries()
         self._tmp_base = temporary_base(self.prefix)
         self._shards: list[ShardWriter] = []
         self._created_dirs: list[str] = []
         self._current = 0
-        remove_stale_temporaries(self.prefix)
+        remove_stale_temporaries(self.storage, self.prefix)
         index = paths.index_filename(self.prefix)
-        if self._store.isfile(index) and not overwrite:
+        if self.storage.isfile(index) and not overwrite:
             raise CheckpointWriteError(
                 "a checkpoint already exists here (pass overwrite=True to replace it)", path=index
             )
         try:
-            self._created_dirs = self._store.makedirs(self._store.dirname(self.prefix))
+            self._created_dirs = self.storage.makedirs(self.storage.dirname(self.prefix))
             self._shard(0)
         except OSError as e:
             self.abort()
@@ -471,11 +464,11 @@ class BundleWriter(_Adder):
 
     # -- shards
 
-    @takes_storage_options(kept_options)
     def _shard(self, shard_id: int) -> ShardWriter:
         while len(self._shards) <= shard_id:
             self._shards.append(
                 ShardWriter(
+                    self.storage,
                     f"{self._tmp_base}.data-{len(self._shards)}",
                     endianness=self.endianness,
                     durable=self.durable,
@@ -529,16 +522,14 @@ class BundleWriter(_Adder):
         else:
             self.abort()
 
-    @takes_storage_options(kept_options)
     def abort(self) -> None:
         """Discard everything written; nothing is left at the destination."""
         self.index.done = True
         for shard in self._shards:
             shard.discard()
-        discard([f"{self._tmp_base}.index"])
-        self._store.remove_dirs(self._created_dirs)  # only those still empty
+        discard(self.storage, [f"{self._tmp_base}.index"])
+        self.storage.remove_dirs(self._created_dirs)  # only those still empty
 
-    @takes_storage_options(kept_options)
     def finish(self) -> str:
         """Write the index and move everything into place; returns the prefix."""
         if self.index.done:
@@ -555,6 +546,7 @@ class BundleWriter(_Adder):
                     f"write failed: {e.strerror or e}", path=self.prefix
                 ) from None
             commit(
+                self.storage,
                 self.prefix,
                 [s.path for s in self._shards],
                 self.index.entries,
@@ -570,7 +562,6 @@ class BundleWriter(_Adder):
         return self.prefix
 
 
-@takes_storage_options()
 def save(
     tensors: Mapping[str, object],
     prefix,
@@ -597,6 +588,7 @@ def save(
         overwrite=overwrite,
         endianness=endianness,
         durable=durable,
+        storage_options=storage_options,
     ) as w:
         for name in sorted(tensors, key=encode_name):
             w.add(name, tensors[name])

@@ -27,7 +27,7 @@ from tfckpt.cli.display import emit
 from tfckpt.cli.options import parse_size
 from tfckpt.cli.parsers import COMMANDS
 from tfckpt.errors import CheckpointError, CheckpointPathWarning
-from tfckpt.io.storage import using_options
+from tfckpt.io.storage import check_options
 from tfckpt.rewrite import collector
 from tfckpt.version import __version__
 
@@ -171,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with (
-            warnings.catch_warnings(),
-            using_options(
-                nested_storage_options(list(map(parse_storage_option, args.storage_options))),
-                "--storage-option",
-            ),
-        ):
+        # Checked once, here; their errors (and the library's, later) name --storage-option.
+        args.storage_options = check_options(
+            nested_storage_options(list(map(parse_storage_option, args.storage_option_texts))),
+            "--storage-option",
+        )
+        with warnings.catch_warnings():
             warnings.simplefilter("default", CheckpointPathWarning)
             warnings.showwarning = _show_warning(warnings.showwarning)
             # Commands load with their module, when one runs: --help and --version need none.

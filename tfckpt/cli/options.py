@@ -36,10 +36,11 @@ def _parse_size_or_zero(text: str) -> int:
 
 
 def add_storage_option(p: Container) -> None:
-    """``--storage-option KEY=VALUE`` (parsed by :mod:`tfckpt.cli` when the command runs)."""
+    """``--storage-option KEY=VALUE``: the texts, which :mod:`tfckpt.cli` makes the checked
+    options ``args.storage_options`` that each command hands to the library."""
     p.add_argument(
         "--storage-option",
-        dest="storage_options",
+        dest="storage_option_texts",
         metavar="KEY=VALUE",
         action="append",
         default=[],

@@ -25,12 +25,7 @@ from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
 from tfckpt.interop.export_files import ExportWriting, file_names, replaced_files
-from tfckpt.io.storage import (
-    StorageOptions,
-    normalize,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import StorageOptions, normalize
 from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
@@ -149,10 +144,17 @@ def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[s
     return names, optimizer
 
 
-def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bool) -> Options:
+def _export_names(
+    sources,
+    options: Options,
+    keep_keys: bool,
+    with_optimizer: bool,
+    storage_options: StorageOptions | None,
+) -> Options:
     """Options whose renames first make TF2 keys readable, then apply the user's rules
     and exact map to the readable names (one exact map, for the planner), and which
-    leave the optimizer's state out unless asked to keep it."""
+    leave the optimizer's state out unless asked to keep it. Sources given as paths are
+    opened with ``storage_options``."""
     srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
     rules = compile_rules(options.rename)
     exact = dict(options.rename_exact or {})
@@ -160,7 +162,11 @@ def _export_names(sources, options: Options, keep_keys: bool, with_optimizer: bo
     drop = list(options.drop_objects)
     for src in srcs:
         given = isinstance(src, Checkpoint)
-        ckpt: Checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, mmap=False)
+        ckpt: Checkpoint = (
+            src
+            if isinstance(src, Checkpoint)
+            else open_checkpoint(src, mmap=False, storage_options=storage_options)
+        )
         try:
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
@@ -202,7 +208,7 @@ class ExportPlan:
                     "new_dtype": o.pt.new_dtype,
                     "shape": list(o.shape),
                     "permute": list(o.perm) if o.perm else None,
-                    "file": storage_for(path).basename(path),
+                    "file": self.plan.storage.basename(path),
                     **({"dtype_by": o.pt.dtype_by} if ruled else {}),
                 }
                 for path, outs in self.files
@@ -219,6 +225,7 @@ def plan_export(
     out,
     options: Options | None = None,
     *,
+    storage_options: StorageOptions | None = None,
     format: str | None = None,
     permute: Permutes = (),
     keep_keys: bool = False,
@@ -227,16 +234,19 @@ def plan_export(
     skip_unsupported: bool = False,
     **changes,
 ) -> ExportPlan:
-    """Decide an export from the indexes alone (see :func:`export`)."""
+    """Decide an export from the indexes alone (see :func:`export`); the files are
+    written on the storage of its plan (``plan.storage``)."""
     options = Options.of(options, **changes)
     out = normalize(out)
     fmt = _format_of(out, format)
     if fmt == tfiles.NPZ and options.max_shard_bytes is not None:
         raise CheckpointError("npz output is one file; max_shard_bytes is for safetensors")
-    options = _export_names(sources, options, keep_keys, with_optimizer)
-    store = storage_for(out)
+    options = _export_names(sources, options, keep_keys, with_optimizer, storage_options)
     # The planner's destination is a checkpoint prefix; an export's is its file.
-    p = plan(sources, out, Options.of(options, max_shard_bytes=None))
+    p = plan(
+        sources, out, Options.of(options, max_shard_bytes=None), storage_options=storage_options
+    )
+    store = p.storage
     permuter = Permuter(permute)
     outs, skipped, left_out = [], [], []
     for pt in p.tensors:
@@ -297,7 +307,6 @@ def _groups(outs: list[ExportTensor], limit: int | None) -> list[list[ExportTens
     return groups
 
 
-@takes_storage_options()
 def export(
     sources,
     out,
@@ -347,6 +356,7 @@ def export(
         sources,
         out,
         options,
+        storage_options=storage_options,
         format=format,
         permute=permute,
         keep_keys=keep_keys,
@@ -367,7 +377,7 @@ def _write_export(ep: ExportPlan, options: Options, sources, progress) -> dict[s
     """Write and commit the planned export, then remove the files it replaces; on a
     failure, this run's files. Closes the sources it opened (not those ``sources``
     gave open). The overflows per tensor."""
-    store = storage_for(ep.out)
+    store = ep.plan.storage
     label = ep.plan.sources[0].ckpt.prefix
     metadata = {
         "format": "pt" if ep.format == tfiles.SAFETENSORS else "np",

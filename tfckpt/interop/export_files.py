@@ -113,7 +113,7 @@ def _remove_killed_runs(store, ep: ExportPlan) -> None:
     """Delete what exports to this name killed part-way left (locally): their temporaries,
     and the shards an index temporary of theirs names (moved into place before a commit
     that never came) that the live index does not name."""
-    stale = stale_temporaries(store.dirname(ep.out), _owned_names(ep.out))
+    stale = stale_temporaries(store, store.dirname(ep.out), _owned_names(ep.out))
     if not stale:
         return
     index = ep.out + ".index.json"

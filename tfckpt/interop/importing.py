@@ -26,13 +26,7 @@ from tfckpt.format import tensorfiles as tfiles
 from tfckpt.interop.export import ExportSummary
 from tfckpt.io import paths
 from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
-from tfckpt.io.storage import (
-    ReaderFile,
-    StorageOptions,
-    normalize,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import check_overflow
 from tfckpt.rewrite.options import Options
@@ -51,11 +45,10 @@ class _In:
     crc: tuple[int, int] | None = None
 
 
-def _import_entries(src: str) -> list[_In]:
-    """The tensors ``src`` holds, in the order they are read: the shards of an index
-    (each a plain file name beside it, read as safetensors), an npz's members, or one
-    safetensors file's tensors."""
-    store = storage_for(src)
+def _import_entries(store: Storage, src: str) -> list[_In]:
+    """The tensors ``src`` (on ``store``) holds, in the order they are read: the shards of
+    an index (each a plain file name beside it, read as safetensors), an npz's members, or
+    one safetensors file's tensors."""
     if src.endswith(".index.json"):
         reader = store.open_reader(src)
         try:
@@ -72,7 +65,9 @@ def _import_entries(src: str) -> list[_In]:
         shards = tfiles.safetensors_index_shards(data, src)
         del data
         directory = store.dirname(src)
-        return [i for name in shards for i in _safetensors_entries(store.join(directory, name))]
+        return [
+            i for name in shards for i in _safetensors_entries(store, store.join(directory, name))
+        ]
     if src.endswith(".npz"):
         npz = store.open_reader(src)
         try:
@@ -86,11 +81,11 @@ def _import_entries(src: str) -> list[_In]:
             else _In(m.entry, src, 0, m.member)
             for m in members
         ]
-    return _safetensors_entries(src)
+    return _safetensors_entries(store, src)
 
 
-def _safetensors_entries(src: str) -> list[_In]:
-    reader = storage_for(src).open_reader(src)
+def _safetensors_entries(store: Storage, src: str) -> list[_In]:
+    reader = store.open_reader(src)
     try:
         first = bytearray(min(reader.size, 8))
         read_exactly(reader, memoryview(first), 0, src)
@@ -125,7 +120,6 @@ def _file_reader(src: str, reader):
     return read
 
 
-@takes_storage_options()
 def import_(
     src,
     out_prefix,
@@ -141,7 +135,8 @@ def import_(
     a V2 checkpoint at ``out_prefix``, tensor by tensor in bounded chunks.
 
     ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
-    ``overflow``), ``permute``, ``overwrite`` and ``progress`` apply as in :func:`export`.
+    ``overflow``), ``permute``, ``overwrite`` and ``progress`` apply as in :func:`export`;
+    ``storage_options`` go to fsspec with both URLs.
 
     >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
     """
@@ -149,12 +144,13 @@ def import_(
     options = Options.of(options, **changes)
     src = normalize(src)
     prefix = normalize(out_prefix)
-    ins = _import_entries(src)
+    src_store = storage_for(src, storage_options)
+    ins = _import_entries(src_store, src)
     naming = NameRules.of(options)
     policy = DtypePolicy.of(options)
     chosen, dropped = _chosen(ins, naming, policy, Permuter(permute))
     ruled = bool(policy.labels)
-    store = storage_for(prefix)
+    store = storage_for(prefix, storage_options)
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
         raise CheckpointError(
@@ -171,7 +167,7 @@ def import_(
                 "new_dtype": nd,
                 "shape": list(i.entry.shape if perm is None else [i.entry.shape[p] for p in perm]),
                 "permute": list(perm) if perm else None,
-                "file": store.basename(i.file),
+                "file": src_store.basename(i.file),
                 **({"dtype_by": by} if ruled else {}),
             }
             for i, new, nd, perm, by in chosen
@@ -184,7 +180,7 @@ def import_(
     )
     if dry_run:
         return summary
-    summary.cast_counts = _write_import(store, prefix, chosen, options, progress)
+    summary.cast_counts = _write_import(store, prefix, src_store, chosen, options, progress)
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -220,17 +216,25 @@ def _chosen(
     return chosen, dropped
 
 
-def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progress):
-    """Stream ``chosen`` into one shard and commit it; on any failure (an interrupt
-    too) the shard and the directories this run made are removed. The overflows."""
-    remove_stale_temporaries(prefix)
-    shard_paths = new_shard_paths(prefix, 1)
+def _write_import(
+    store: Storage,
+    prefix: str,
+    src_store: Storage,
+    chosen: _Chosen,
+    options: Options,
+    progress,
+):
+    """Stream ``chosen`` (files on ``src_store``) into one shard and commit it at
+    ``prefix`` on ``store``; on any failure (an interrupt too) the shard and the
+    directories this run made are removed. The overflows."""
+    remove_stale_temporaries(store, prefix)
+    shard_paths = new_shard_paths(store, prefix, 1)
     commit = bundle_commit(
         store, prefix, shard_paths, overwrite=options.overwrite, durable=options.durable
     )
-    source = TensorFileSource([i for i, *_ in chosen])
+    source = TensorFileSource(src_store, [i for i, *_ in chosen])
     try:
-        w = ShardWriter.create(shard_paths[0], durable=options.durable)
+        w = ShardWriter.create(store, shard_paths[0], durable=options.durable)
         try:
             counts: dict[str, tuple[int, int, int, int]] = {}
             stream_items(
@@ -246,13 +250,13 @@ def _write_import(store, prefix: str, chosen: _Chosen, options: Options, progres
             check_overflow(overflow, options.overflow, prefix)
             entries = w.finish()
             for extra in shard_paths[1:]:
-                ShardWriter.create(extra, durable=options.durable).finish()
+                ShardWriter.create(store, extra, durable=options.durable).finish()
         except BaseException:
             w.abort()
             raise
         finally:
             source.close()
-        commit_shards(prefix, shard_paths, entries, commit=commit)
+        commit_shards(store, prefix, shard_paths, entries, commit=commit)
     except BaseException:
         commit.discard()  # unless committed: the shards, the directories made
         raise
@@ -281,14 +285,13 @@ class TensorFileSource:
     """The tensors of safetensors and npz files, read through the calls the engine's
     pipeline reads a checkpoint with (``info``, ``iter_chunks``, ``read_together``,
     ``read_elements``, ``source[name]``), by their names in the files; each file is
-    opened once. Stored npz members read in order are checked against their CRC-32;
-    bool tensors must hold bytes 0 and 1 only."""
+    opened once, on ``store`` (that of the file imported: an index's shards are beside
+    it). Stored npz members read in order are checked against their CRC-32; bool tensors
+    must hold bytes 0 and 1 only."""
 
-    def __init__(self, ins: list[_In]):
+    def __init__(self, store: Storage, ins: list[_In]):
         self._ins = {i.entry.name: i for i in ins}
-        # Resolved here, on the caller's thread, with its storage options: the files are
-        # opened on the pipeline's reading thread, where no current options are set.
-        self._stores = {i.file: storage_for(i.file) for i in ins}
+        self._store = store
         self._readers: dict[str, tuple] = {}  # path -> (read, raw reader)
         self._zips: dict[str, zipfile.ZipFile] = {}
         self._closers: list[Callable[[], None]] = []
@@ -395,14 +398,14 @@ class TensorFileSource:
     def _reader(self, path: str):
         """``(read, raw reader)`` of one file, opened on first use."""
         if path not in self._readers:
-            reader = self._stores[path].open_reader(path)
+            reader = self._store.open_reader(path)
             self._closers.append(reader.close)
             self._readers[path] = (_file_reader(path, reader), reader)
         return self._readers[path]
 
     def _zip(self, path: str) -> zipfile.ZipFile:
         if path not in self._zips:
-            reader = self._stores[path].open_reader(path)
+            reader = self._store.open_reader(path)
             self._closers.append(reader.close)
             self._zips[path] = zipfile.ZipFile(io.BufferedReader(ReaderFile(reader)))
             self._closers.append(self._zips[path].close)

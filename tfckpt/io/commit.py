@@ -33,7 +33,7 @@ from tfckpt.format.dtypes import Endianness
 from tfckpt.format.slices import check_slice_cover
 from tfckpt.format.table import TableBuilder
 from tfckpt.io import paths
-from tfckpt.io.storage import Storage, storage_for
+from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, temporary_base
 
 
@@ -210,7 +210,7 @@ class Commit:
         """After a failure: remove this run's files, unless its commit happened, and the
         directories it made that are empty (best effort; once)."""
         if not self.committed():
-            discard(list(self._ours), self.store)
+            discard(self.store, list(self._ours))
         self._ours = {}
         self.store.remove_dirs(self._made)  # only those still empty
         self._made = []
@@ -246,11 +246,11 @@ def _holds(store: Storage, path: str, data: bytes) -> bool:
         return True  # cannot tell: it may
 
 
-def discard(files: Sequence[str], store: Storage | None = None) -> None:
-    """Remove files a failed run wrote (best effort: some may be gone already)."""
+def discard(store: Storage, files: Sequence[str]) -> None:
+    """Remove files a failed run wrote on ``store`` (best effort: some may be gone already)."""
     for path in files:
         try:
-            (store or storage_for(path)).remove(path)
+            store.remove(path)
         except (OSError, CheckpointError):
             pass
 
@@ -274,14 +274,15 @@ def index_bytes(
 
 
 def write_index(
+    store: Storage,
     path: str,
     entries: Mapping[bytes, BundleEntryProto],
     num_shards: int,
     endianness: Endianness,
     durable: bool,
 ) -> None:
-    """Write the index table as a new file (see :func:`index_bytes`)."""
-    storage_for(path).write_new(path, index_bytes(entries, num_shards, endianness), durable=durable)
+    """Write the index table as a new file on ``store`` (see :func:`index_bytes`)."""
+    store.write_new(path, index_bytes(entries, num_shards, endianness), durable=durable)
 
 
 def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
@@ -326,7 +327,7 @@ def check_partitions(entries: Mapping[bytes, BundleEntryProto]) -> None:
 
 
 def data_files(store: Storage, prefix: str) -> list[str]:
-    """Every data file (or object) of ``prefix`` there is, whatever its shard count."""
+    """Every data file (or object) of ``prefix`` on ``store``, whatever its shard count."""
     directory = store.dirname(prefix) or "."
     base = store.basename(prefix)
     try:
@@ -360,14 +361,14 @@ def _file_name(path: str) -> str:
     return path.replace(os.sep, "/").rsplit("/", 1)[-1]
 
 
-def new_shard_paths(prefix: str, count: int) -> list[str]:
-    """Where a run writes the ``count`` data shards of ``prefix`` before its commit.
+def new_shard_paths(store: Storage, prefix: str, count: int) -> list[str]:
+    """Where a run writes the ``count`` data shards of ``prefix`` (on ``store``) before its
+    commit.
 
     Where commits rename, temporaries beside the prefix; elsewhere (object stores) the
     final names, under a shard count no committed index uses (see
     :func:`free_shard_count`): the shards past ``count`` are to stay empty.
     """
-    store = storage_for(prefix)
     if store.atomic_rename:
         base = temporary_base(prefix)
         return [f"{base}.data-{k}" for k in range(count)]
@@ -484,6 +485,7 @@ def publish_bundle(
 
 
 def commit(
+    store: Storage,
     prefix: str,
     shard_paths: Sequence[str],
     entries: Mapping[bytes, BundleEntryProto],
@@ -493,19 +495,20 @@ def commit(
     durable: bool = True,
     overwrite: bool = True,
 ) -> str:
-    """Make closed temporary data files one checkpoint at ``prefix``, the index last
-    (:func:`publish_bundle`), then remove the data the replaced checkpoint used.
+    """Make closed temporary data files one checkpoint at ``prefix`` on ``store``, the
+    index last (:func:`publish_bundle`), then remove the data the replaced checkpoint used.
 
     ``base`` names this run's other temporaries (the index, extra empty shards).
     Without ``overwrite`` a checkpoint another run committed meanwhile is an error,
     never replaced. On failure what this call created or moved is removed;
     ``shard_paths`` themselves are the caller's.
     """
-    c = _bundle_commit(storage_for(prefix), prefix, base, overwrite, durable)
+    c = _bundle_commit(store, prefix, base, overwrite, durable)
     return _commit_bundle(c, prefix, shard_paths, entries, base, endianness, None)
 
 
 def commit_shards(
+    store: Storage,
     prefix: str,
     shard_paths: Sequence[str],
     entries: dict,
@@ -515,7 +518,8 @@ def commit_shards(
     overwrite: bool = True,
     commit: Commit | None = None,
 ) -> str:
-    """Make shards written separately one checkpoint at ``prefix``: the index goes last.
+    """Make shards written separately one checkpoint at ``prefix`` on ``store``: the index
+    goes last.
 
     Locally, ``shard_paths`` are temporary files renamed into place before the index
     (without ``overwrite``, a checkpoint another run committed meanwhile is an error,
@@ -527,7 +531,7 @@ def commit_shards(
     """
     base = _temporary_base(prefix, shard_paths)
     if commit is None:
-        commit = _bundle_commit(storage_for(prefix), prefix, base, overwrite, durable)
+        commit = _bundle_commit(store, prefix, base, overwrite, durable)
         commit.own(*shard_paths)
     count = None if commit.renames else len(shard_paths)
     return _commit_bundle(commit, prefix, shard_paths, entries, base, endianness, count)
@@ -555,14 +559,14 @@ def _commit_bundle(
     return prefix
 
 
-def write_state_file(directory: str, prefix_name: str) -> None:
-    """Record ``prefix_name`` as the latest checkpoint of ``directory`` (atomically)."""
-    state = paths.read_state_file(directory) or CheckpointState()
+def write_state_file(store: Storage, directory: str, prefix_name: str) -> None:
+    """Record ``prefix_name`` as the latest checkpoint of ``directory`` on ``store``
+    (atomically)."""
+    state = paths.read_state_file(store, directory) or CheckpointState()
     state.model_checkpoint_path = prefix_name
     if prefix_name not in state.all_model_checkpoint_paths:
         state.all_model_checkpoint_paths.append(prefix_name)
         del state.all_model_checkpoint_timestamps[:]
-    store = storage_for(directory)
     path = store.join(directory, paths.STATE_FILENAME)
     data = MessageToString(state).encode("utf-8")
     if not store.atomic_rename:

@@ -16,7 +16,7 @@ from tfckpt.errors import (
     CheckpointPathWarning,
     CorruptCheckpointError,
 )
-from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for, takes_storage_options
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import TMP_MARK
 
 STATE_FILENAME = "checkpoint"
@@ -44,12 +44,9 @@ def parse_data_filename(path: str) -> tuple[str, int, int] | None:
     return m["prefix"], int(m["shard"]), int(m["num"])
 
 
-@takes_storage_options()
-def read_state_file(
-    directory: str, *, storage_options: StorageOptions | None = None
-) -> CheckpointState | None:
-    """The ``checkpoint`` state file of ``directory``, or None when there is none."""
-    store = storage_for(directory)
+def read_state_file(store: Storage, directory: str) -> CheckpointState | None:
+    """The ``checkpoint`` state file of ``directory`` (on ``store``), or None when there is
+    none."""
     path = store.join(directory, STATE_FILENAME)
     if not store.isfile(path):
         return None
@@ -59,7 +56,6 @@ def read_state_file(
         raise CorruptCheckpointError(f"unreadable checkpoint state file: {e}", path=path) from None
 
 
-@takes_storage_options()
 def latest_checkpoint(
     directory: str, *, storage_options: StorageOptions | None = None
 ) -> str | None:
@@ -76,18 +72,19 @@ def latest_checkpoint(
     >>> tfckpt.latest_checkpoint("train")
     'train/model.ckpt-7'
     """
-    prefix = state_file_latest(directory)
-    if prefix is None or not checkpoint_exists(storage_for(directory), prefix):
+    store = storage_for(directory, storage_options)
+    prefix = state_file_latest(store, directory)
+    if prefix is None or not checkpoint_exists(store, prefix):
         return None
     return prefix
 
 
-def state_file_latest(directory: str, *, warn: bool = True) -> str | None:
-    """The prefix the state file names, whether or not its files exist; None without one."""
-    state = read_state_file(directory)
+def state_file_latest(store: Storage, directory: str, *, warn: bool = True) -> str | None:
+    """The prefix the state file of ``directory`` (on ``store``) names, whether or not its
+    files exist; None without one."""
+    state = read_state_file(store, directory)
     if state is None:
         return None
-    store = storage_for(directory)
     if not state.model_checkpoint_path:
         raise CorruptCheckpointError(
             "the checkpoint state file names no checkpoint (model_checkpoint_path is empty)",
@@ -99,16 +96,15 @@ def state_file_latest(directory: str, *, warn: bool = True) -> str | None:
     return prefix
 
 
-def state_file_checkpoints(directory: str) -> tuple[list[str], str] | None:
-    """The checkpoints the state file of ``directory`` lists, oldest first, and the latest
-    (found beside the state file when their paths are from elsewhere, as for
-    :func:`latest_checkpoint`); None without a state file."""
-    latest = state_file_latest(directory, warn=False)
+def state_file_checkpoints(store: Storage, directory: str) -> tuple[list[str], str] | None:
+    """The checkpoints the state file of ``directory`` (on ``store``) lists, oldest first,
+    and the latest (found beside the state file when their paths are from elsewhere, as
+    for :func:`latest_checkpoint`); None without a state file."""
+    latest = state_file_latest(store, directory, warn=False)
     if latest is None:
         return None
-    state = read_state_file(directory)
+    state = read_state_file(store, directory)
     assert state is not None
-    store = storage_for(directory)
     prefixes, moved = [], []
     for name in [*state.all_model_checkpoint_paths, state.model_checkpoint_path]:
         prefix, was_moved = _locate(store, directory, name)
@@ -188,9 +184,9 @@ def _index_names(store: Storage, directory: str) -> list[str]:
     return [n for n in store.listdir(directory) if n.endswith(".index") and TMP_MARK not in n]
 
 
-def bundle_prefixes(directory: str) -> list[str]:
-    """Every prefix with an ``.index`` file in ``directory``, steps in numeric order."""
-    store = storage_for(directory)
+def bundle_prefixes(store: Storage, directory: str) -> list[str]:
+    """Every prefix with an ``.index`` file in ``directory`` (on ``store``), steps in
+    numeric order."""
     names = [n[: -len(".index")] for n in _index_names(store, directory)]
     return [store.join(directory, n) for n in sorted(names, key=_natural)]
 
@@ -222,16 +218,22 @@ def _did_you_mean(store: Storage, p: str) -> str:
     return f"; did you mean {', '.join(shown)}{more}?"
 
 
-@takes_storage_options()
 def resolve_prefix(path, *, storage_options: StorageOptions | None = None) -> str:
     """The checkpoint prefix that ``path`` designates.
 
     ``path`` may be a prefix, its ``.index`` or a data file, a directory with a
     ``checkpoint`` state file (the latest checkpoint is taken), or a SavedModel
-    directory (its ``variables/variables``); a local path or an fsspec URL.
+    directory (its ``variables/variables``); a local path or an fsspec URL, opened with
+    ``storage_options``. :func:`find_prefix` does the same on a storage at hand.
     """
     p = normalize(path)
-    store = storage_for(p)
+    return find_prefix(storage_for(p, storage_options), p)
+
+
+def find_prefix(store: Storage, path) -> str:
+    """The checkpoint prefix that ``path``, on ``store``, designates (see
+    :func:`resolve_prefix`)."""
+    p = normalize(path)
     if store.isfile(index_filename(p)):
         return p
     if p.endswith(".index") and store.isfile(p):
@@ -258,7 +260,7 @@ def resolve_prefix(path, *, storage_options: StorageOptions | None = None) -> st
 
 def _resolve_directory(store: Storage, directory: str) -> str:
     # With a state file, its latest checkpoint or an error: never another .index.
-    latest = state_file_latest(directory)
+    latest = state_file_latest(store, directory)
     if latest is not None:
         if store.isfile(index_filename(latest)):
             return latest

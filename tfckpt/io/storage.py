@@ -14,12 +14,17 @@ Remote calls are retried a bounded number of times and time out (see
 :class:`CheckpointError` naming the object, never as the client library's own
 exception.
 
-Storage options (``storage_options=``: endpoint, credentials, ``anon=True`` ...) are
-handed to fsspec with every URL. Public functions take them as a keyword argument and
-make them current for the duration of the call (:func:`takes_storage_options`), so
-the code beneath asks :func:`storage_for` for a path and gets them without passing
-them along; objects that outlive the call (a checkpoint, a writer) keep their own.
-Tasks that run elsewhere carry them (they are plain, picklable values).
+Storage options (``storage_options=``: endpoint, credentials, ``anon=True`` ...) go to
+fsspec when a URL's file system is made, and are never looked up from a context:
+a public function takes them as a keyword argument and resolves each path it is given
+to a :class:`Storage` once, with :func:`storage_for` (the edge); everything beneath is
+handed that object (a ``store`` parameter, a reader's or writer's ``storage``), and a
+path beside another one (a shard beside its index, a state file's target, a temporary
+beside its final name) is on the storage of that other path. :class:`RemoteStorage`
+pickles to a re-creation from its URL and options, :data:`LOCAL` to itself, so tasks
+that run in other processes carry their storage with them. Options checked once
+(:func:`check_options`) keep the words that name one in a message: ``storage option``
+in the library, ``--storage-option`` on the command line.
 
 It runs past 600 lines on purpose: being the one module that touches files is the
 point, so the local and remote implementations of the same operations, their options,
@@ -29,10 +34,7 @@ each other.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import errno
-import functools
 import io
 import mmap
 import os
@@ -40,7 +42,7 @@ import posixpath
 import re
 import stat
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from tfckpt.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
 
@@ -62,32 +64,41 @@ def is_url(path) -> bool:
 
 
 StorageOptions = Mapping[str, Any]
-_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    "tfckpt_storage_options", default=None
-)
-_WHAT: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "tfckpt_storage_options_given_as", default="storage option"
-)
-_F = TypeVar("_F", bound=Callable[..., Any])
+GIVEN_AS = "storage option"  # how the library names an option in a message
 
 
-def storage_for(path, storage_options: StorageOptions | None = None) -> Storage:
-    """The storage that holds ``path``: for a URL, its fsspec file system made with
-    ``storage_options`` (by default, the current ones: :func:`using_options`). Local
-    paths ignore them."""
+def storage_for(path, storage_options: StorageOptions | None) -> Storage:
+    """The storage that holds ``path``: :data:`LOCAL`, or for a URL its fsspec file system
+    made with ``storage_options`` (None: fsspec's defaults). Local paths ignore them.
+
+    Called where a path enters tfckpt (a public function's argument); what is beneath
+    is handed the result, never the options.
+    """
     if is_url(path):
-        if storage_options is None:
-            storage_options = _OPTIONS.get()
         return RemoteStorage.for_url(os.fspath(path), storage_options)
     return LOCAL
 
 
-def check_options(storage_options, what: str = "storage option") -> dict | None:
+class CheckedOptions(dict):
+    """Storage options that passed :func:`check_options`, and how they were given
+    (``given_as``: the words naming one of them in a message)."""
+
+    def __init__(self, options: StorageOptions, given_as: str = GIVEN_AS):
+        super().__init__(options)
+        self.given_as = given_as
+
+    def __reduce__(self):
+        return (CheckedOptions, (dict(self), self.given_as))
+
+
+def check_options(storage_options, what: str | None = None) -> CheckedOptions | None:
     """``storage_options`` as a dict of its own; ``TypeError`` unless a mapping of str keys.
 
     Options fsspec or s3fs would take but misuse (a negative block size reads nothing;
     ``loop`` replaces the event loop tfckpt calls through) are refused here as a
-    :class:`CheckpointError` naming the option, ``what`` saying where it was given.
+    :class:`CheckpointError` naming the option, ``what`` saying where it was given
+    (``--storage-option`` on the command line; by default, as options checked before
+    said, else ``storage option``). The result keeps ``what`` for later messages.
     """
     if storage_options is None:
         return None
@@ -95,11 +106,13 @@ def check_options(storage_options, what: str = "storage option") -> dict | None:
         isinstance(k, str) for k in storage_options
     ):
         raise TypeError("storage_options must be a mapping of option names (str) to values")
+    if what is None:
+        what = storage_options.given_as if isinstance(storage_options, CheckedOptions) else GIVEN_AS
     for key, value in storage_options.items():
         problem = _option_problem(key, value)
         if problem:
             raise CheckpointError(f"{what} {key}: {problem}")
-    return dict(storage_options)
+    return CheckedOptions(storage_options, what)
 
 
 def _positive_int(v) -> bool:
@@ -158,60 +171,6 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def current_options() -> dict | None:
-    """The storage options that URLs opened now get (None: fsspec's defaults)."""
-    return _OPTIONS.get()
-
-
-@contextlib.contextmanager
-def using_options(storage_options: StorageOptions | None, what: str | None = None):
-    """Within the block (in this thread), URLs opened without options of their own get
-    ``storage_options``; None keeps the current ones. ``what`` names an option in an
-    error (``--storage-option`` on the command line; by default ``storage option``)."""
-    if storage_options is None:
-        yield
-        return
-    what = what or _WHAT.get()
-    token = _OPTIONS.set(check_options(storage_options, what))
-    what_token = _WHAT.set(what)
-    try:
-        yield
-    finally:
-        _WHAT.reset(what_token)
-        _OPTIONS.reset(token)
-
-
-def takes_storage_options(
-    default: Callable[..., StorageOptions | None] | None = None,
-) -> Callable[[_F], _F]:
-    """Decorate a function with a keyword-only ``storage_options`` parameter: during the
-    call, those options are current (:func:`using_options`). Without them,
-    ``default(*args, **kwargs)`` (if given) names the options to use, e.g. those an
-    object or a task keeps.
-    """
-
-    def decorate(fn: _F) -> _F:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            options = kwargs.get("storage_options")
-            if options is None and default is not None:
-                options = default(*args, **kwargs)
-            if options is None:
-                return fn(*args, **kwargs)
-            with using_options(options):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
-
-
-def kept_options(holder, *args, **kwargs) -> StorageOptions | None:
-    """The storage options an object keeps (``holder.storage_options``): a ``default`` of
-    :func:`takes_storage_options` for its methods, or for functions of a plan or task."""
-    return holder.storage_options
-
-
 class Storage:
     """The operations tfckpt needs from where files live: here, the local file system."""
 
@@ -220,6 +179,10 @@ class Storage:
     # Renames replace a name in one step and hard links exist: files can be written
     # under temporary names and moved into place, so a commit is one rename.
     atomic_rename = True
+    options: CheckedOptions | None = None  # those it was made with
+
+    def __reduce__(self):
+        return "LOCAL"  # the module's one local storage, in any process
 
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)
@@ -507,18 +470,42 @@ LOCAL = Storage()
 
 
 class RemoteStorage(Storage):
-    """An fsspec file system; paths are full URLs."""
+    """An fsspec file system; paths are full URLs.
+
+    Made by :meth:`for_url` with the options given; it pickles to that call again (for a
+    task run in another process), and two are equal when their file systems are.
+    """
 
     local = False
     sep = "/"
     atomic_rename = False  # no rename: the index written last is the commit
 
-    def __init__(self, fs, protocol: str):
+    def __init__(self, fs, protocol: str, url: str, options: CheckedOptions | None = None):
         self.fs = fs
         self.protocol = protocol
+        self.url = url  # the URL it was made for: some file systems take settings from it
+        self.options = options
+
+    def __reduce__(self):
+        return (RemoteStorage.for_url, (self.url, self.options))
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, RemoteStorage)
+            and self.protocol == other.protocol
+            and self.fs == other.fs
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.protocol, self.fs))
+
+    def __repr__(self) -> str:
+        return f"<RemoteStorage {self.protocol}://>"
 
     @classmethod
     def for_url(cls, url: str, storage_options: StorageOptions | None = None) -> RemoteStorage:
+        """The file system of ``url``, made with ``storage_options`` (checked: see
+        :func:`check_options`) over tfckpt's own defaults (:func:`remote_options`)."""
         try:
             import fsspec
         except ImportError:
@@ -529,7 +516,8 @@ class RemoteStorage(Storage):
             ) from None
         protocol = url.split("://", 1)[0]
         retries, options = remote_options(protocol)
-        for key, value in (check_options(storage_options, _WHAT.get()) or {}).items():
+        given = check_options(storage_options)
+        for key, value in (given or {}).items():
             default = options.get(key)  # given options win; nested ones key by key
             if isinstance(value, Mapping) and isinstance(default, Mapping):
                 value = {**default, **value}
@@ -543,14 +531,14 @@ class RemoteStorage(Storage):
         except ImportError as e:
             raise CheckpointError(f"cannot open this URL's file system: {e}", path=url) from None
         except Exception as e:
-            blamed = _blamed_options(storage_options, e)
+            blamed = _blamed_options(given, e)
             raise CheckpointError(
                 f"cannot open this URL's file system{blamed}: {_describe(e)}", path=url
             ) from None
         if retries is not None and hasattr(fs, "retries"):
             fs.retries = retries  # s3fs's own loop around botocore's retries
         _quiet_abandoned_requests(getattr(fs, "loop", None))
-        return cls(fs, protocol)
+        return cls(fs, protocol, url, given)
 
     def _strip(self, url: str) -> str:
         return self.fs._strip_protocol(url)
@@ -732,8 +720,11 @@ def _quiet_abandoned_requests(loop) -> None:
     loop._tfckpt_quiet = True
 
 
-def _blamed_options(storage_options: StorageOptions | None, e: BaseException) -> str:
-    """`` with {what} a, b``: the given options an error names, or all of them; '' if none."""
+def _blamed_options(storage_options: CheckedOptions | None, e: BaseException) -> str:
+    """`` with {what} a, b``: the given options an error names, or all of them; '' if none
+    (``what`` as they were given: see :class:`CheckedOptions`)."""
+    if not storage_options:
+        return ""
     names: list[str] = []
 
     def walk(options: Mapping, prefix: str) -> None:
@@ -742,12 +733,10 @@ def _blamed_options(storage_options: StorageOptions | None, e: BaseException) ->
             if isinstance(value, Mapping):
                 walk(value, prefix + key + ".")
 
-    walk(storage_options or {}, "")
-    if not names:
-        return ""
+    walk(storage_options, "")
     text = str(e)
     named = [n for n in names if re.search(rf"\b{re.escape(n.rsplit('.', 1)[-1])}\b", text)]
-    return f" with {_WHAT.get()} {', '.join(named or names)}"
+    return f" with {storage_options.given_as} {', '.join(named or names)}"
 
 
 def _describe(e: BaseException) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from tfckpt.io.storage import storage_for
+from tfckpt.io.storage import Storage
 
 TMP_MARK = ".tfckpt-tmp-"
 
@@ -17,30 +17,32 @@ def temporary_base(prefix: str) -> str:
     return f"{prefix}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
-def remove_stale_temporaries(prefix: str) -> None:
-    """Delete what a killed writer left at ``prefix`` (temporaries of processes now gone).
+def remove_stale_temporaries(store: Storage, prefix: str) -> None:
+    """Delete what a killed writer left at ``prefix`` on ``store`` (temporaries of
+    processes now gone).
 
     Only where commits rename temporaries into place: elsewhere none are made.
     """
-    store = storage_for(prefix)
     base = store.basename(prefix)
-    remove_stale_temporaries_in(store.dirname(prefix), lambda name: name == base)
+    remove_stale_temporaries_in(store, store.dirname(prefix), lambda name: name == base)
 
 
-def remove_stale_temporaries_in(directory: str, owns: Callable[[str], bool]) -> None:
-    """Delete the temporaries of processes now gone in ``directory`` whose final name
-    (the part before :data:`TMP_MARK`) ``owns`` accepts; local storage only."""
-    for path in stale_temporaries(directory, owns):
+def remove_stale_temporaries_in(
+    store: Storage, directory: str, owns: Callable[[str], bool]
+) -> None:
+    """Delete the temporaries of processes now gone in ``directory`` (on ``store``) whose
+    final name (the part before :data:`TMP_MARK`) ``owns`` accepts; local storage only."""
+    for path in stale_temporaries(store, directory, owns):
         try:
-            storage_for(path).remove(path)
+            store.remove(path)
         except OSError:
             pass
 
 
-def stale_temporaries(directory: str, owns: Callable[[str], bool]) -> list[str]:
-    """The temporaries in ``directory`` of processes now gone whose final name ``owns``
-    accepts (see :func:`remove_stale_temporaries_in`); none where nothing is renamed."""
-    store = storage_for(directory or ".")
+def stale_temporaries(store: Storage, directory: str, owns: Callable[[str], bool]) -> list[str]:
+    """The temporaries in ``directory`` (on ``store``) of processes now gone whose final
+    name ``owns`` accepts (see :func:`remove_stale_temporaries_in`); none where nothing is
+    renamed."""
     if not store.atomic_rename:
         return []
     directory = directory or "."

@@ -33,22 +33,28 @@ from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.io import paths
-from tfckpt.io.storage import StorageOptions, kept_options, storage_for, takes_storage_options
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, run_and_commit, state_file_warnings
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
     Plan,
     PlannedTensor,
     Source,
+    destination_storage,
     fixed_dtype_tensors,
     open_sources,
-    plan_storage_options,
     resolve_destination,
     source_flat_names,
 )
 from tfckpt.rewrite.rules import DtypePolicy
 from tfckpt.rewrite.streaming import TaskItem
-from tfckpt.rewrite.tasks import TF_SLICE_COPYABLE, ShardPacker, graph_bytes, restore_warnings
+from tfckpt.rewrite.tasks import (
+    TF_SLICE_COPYABLE,
+    RunStorage,
+    ShardPacker,
+    graph_bytes,
+    restore_warnings,
+)
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows
@@ -90,7 +96,7 @@ class AveragePlan:
     dropped: list[tuple[str, str]]  # (name, reason)
     object_graph: bytes | None
     options: Options
-    storage_options: dict | None = field(default=None, repr=False, compare=False)
+    storage: Storage = field(repr=False, compare=False)  # where dst is
 
     def close(self) -> None:
         """Close the sources (the plan cannot be written after)."""
@@ -137,7 +143,9 @@ class AveragePlan:
         }
 
 
-def last_checkpoints(directory, n: int) -> list[str]:
+def last_checkpoints(
+    directory, n: int, *, storage_options: StorageOptions | None = None
+) -> list[str]:
     """The ``n`` newest checkpoints the state file of ``directory`` lists, oldest first.
 
     In the order of its ``all_model_checkpoint_paths`` (TensorFlow's ``Saver`` and
@@ -150,15 +158,19 @@ def last_checkpoints(directory, n: int) -> list[str]:
     >>> last_checkpoints("train", 3)
     ['train/model.ckpt-800', 'train/model.ckpt-900', 'train/model.ckpt-1000']
     """
+    directory = str(directory)
+    return newest_checkpoints(storage_for(directory, storage_options), directory, n)
+
+
+def newest_checkpoints(store: Storage, directory: str, n: int) -> list[str]:
+    """:func:`last_checkpoints` of ``directory`` on ``store``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise CheckpointError(
             f"the number of checkpoints to average must be a whole number > 0, not {n!r}"
         )
-    directory = str(directory)
-    store = storage_for(directory)
     state_path = store.join(directory, paths.STATE_FILENAME)
     # Paths from another machine or a moved directory are found beside the state file.
-    listed = paths.state_file_checkpoints(directory)
+    listed = paths.state_file_checkpoints(store, directory)
     if listed is None:
         raise CheckpointError(
             "no checkpoint state file to take the newest checkpoints from", path=state_path
@@ -278,7 +290,6 @@ def _cut_nodes(graph: ObjectGraph, ids: set[int]) -> set[str]:
     return graph.prune()
 
 
-@takes_storage_options()
 def plan_average(
     sources,
     dst,
@@ -290,7 +301,8 @@ def plan_average(
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> AveragePlan:
-    """Decide what :func:`average` writes, from the sources' indexes alone."""
+    """Decide what :func:`average` writes, from the sources' indexes alone (paths opened
+    with ``storage_options``)."""
     options = Options.of(options, **changes)
     given = [f for f in _UNSUPPORTED if getattr(options, f)]
     if options.backend != "numpy":
@@ -300,17 +312,28 @@ def plan_average(
     if last is not None:
         if not isinstance(sources, (str, bytes)) and not hasattr(sources, "__fspath__"):
             raise CheckpointError("last= takes one directory as the source")
-        sources = last_checkpoints(sources, last)
-    srcs = open_sources(sources)
+        directory = str(sources)
+        # The checkpoints the state file names are on the storage of its directory.
+        store = storage_for(normalize(directory), storage_options)
+        srcs = open_sources(newest_checkpoints(store, directory, last), None, store=store)
+    else:
+        srcs = open_sources(sources, storage_options)
     try:
-        return _plan(srcs, dst, options, weights, use_ema)
+        return _plan(srcs, dst, options, weights, use_ema, storage_options)
     except BaseException:
         for s in srcs:
             s.ckpt.close()
         raise
 
 
-def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> AveragePlan:
+def _plan(
+    srcs: list[Source],
+    dst,
+    options: Options,
+    weights,
+    use_ema: bool,
+    storage_options: StorageOptions | None,
+) -> AveragePlan:
     w = _weights(weights, len(srcs))
     policy = DtypePolicy.of(options)
     newest = srcs[-1]
@@ -318,7 +341,8 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
     fixed = fixed_dtype_tensors(newest)
     _check_agree(srcs, fixed)
     # The destination's name inside a directory is the newest source's.
-    dst = resolve_destination(dst, [newest] + srcs[:-1], options.overwrite)
+    store = destination_storage(dst, srcs, storage_options)
+    dst = resolve_destination(store, dst, [newest] + srcs[:-1], options.overwrite)
     names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
     # Before the graph is cut: dtype rules match flat names too.
     flat = source_flat_names(newest) if policy.labels else {}
@@ -348,9 +372,7 @@ def _plan(srcs: list[Source], dst, options: Options, weights, use_ema: bool) -> 
         )
     )
     dropped = [(n, gone.why[n]) for n in names if n in gone.why]
-    return AveragePlan(
-        srcs, w, dst, tensors, dropped, graph_bytes, options, plan_storage_options(srcs)
-    )
+    return AveragePlan(srcs, w, dst, tensors, dropped, graph_bytes, options, store)
 
 
 class _Gone:
@@ -454,7 +476,6 @@ def _same_slices(srcs: list[Source], name: str) -> bool:
     return all(set(s.ckpt.info(name).slices) == first for s in srcs[:-1])
 
 
-@takes_storage_options()
 def average(
     sources,
     dst,
@@ -483,14 +504,22 @@ def average(
     >>> tfckpt.average(["train/ckpt-8", "train/ckpt-9", "train/ckpt-10"], "avg/")
     >>> tfckpt.average("train/", "avg/model", last=5, use_ema=True, drop_objects=["optimizer"])
     """
-    p = plan_average(sources, dst, options, weights=weights, use_ema=use_ema, last=last, **changes)
+    p = plan_average(
+        sources,
+        dst,
+        options,
+        weights=weights,
+        use_ema=use_ema,
+        last=last,
+        storage_options=storage_options,
+        **changes,
+    )
     try:
         return write_average(p, progress=progress)
     finally:
         p.close()
 
 
-@takes_storage_options(kept_options)
 def write_average(
     p: AveragePlan,
     *,
@@ -498,7 +527,8 @@ def write_average(
     storage_options: StorageOptions | None = None,
 ) -> Summary:
     """Write a planned average and commit it atomically (see :func:`average`): shard
-    tasks for the one engine, whose mean items read every source in step."""
+    tasks for the one engine, whose mean items read every source in step. Where the plan
+    was made for, or, with ``storage_options``, its URLs opened anew with those."""
     start = time.perf_counter()
     opts = p.options
     keep_layout = opts.max_shard_bytes is None
@@ -531,9 +561,12 @@ def write_average(
         at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
         graph_shard = packer.place(graph_bytes(p.object_graph), at)
     prefixes = [s.ckpt.prefix for s in p.sources]
-    tasks = packer.tasks(p.dst, prefixes, p.object_graph, graph_shard, opts, p.storage_options)
-    counts = run_and_commit(p.dst, tasks, opts, bool(opts.overwrite), progress)
-    warnings = restore_warnings(_sliced_as_plan(p)) + state_file_warnings(p.dst, p.sources)
+    stores = RunStorage.of(p, storage_options)
+    tasks = packer.tasks(stores, p.dst, prefixes, p.object_graph, graph_shard, opts)
+    counts = run_and_commit(stores.out, p.dst, tasks, opts, bool(opts.overwrite), progress)
+    warnings = restore_warnings(_sliced_as_plan(p)) + state_file_warnings(
+        stores.out, p.dst, p.sources
+    )
     return Summary(
         p.dst,
         kept=len(p.tensors),
@@ -558,7 +591,7 @@ def _sliced_as_plan(p: AveragePlan) -> Plan:
         for t in p.tensors
         if t.sliced
     ]
-    return Plan(p.sources, p.dst, planned, [], p.object_graph, p.options)
+    return Plan(p.sources, p.dst, planned, [], p.object_graph, p.options, p.storage)
 
 
 def _file_order(info: TensorInfo) -> tuple[int, int]:

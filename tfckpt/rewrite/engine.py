@@ -23,18 +23,13 @@ from tfckpt.io.commit import (
     merge_entries,
     write_state_file,
 )
-from tfckpt.io.storage import (
-    StorageOptions,
-    kept_options,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import Storage, StorageOptions
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import Plan, Source, plan
-from tfckpt.rewrite.tasks import ShardTask, restore_warnings, run_tasks, shard_tasks
+from tfckpt.rewrite.tasks import RunStorage, ShardTask, restore_warnings, run_tasks, shard_tasks
 
 
 @dataclass
@@ -80,7 +75,6 @@ class Summary:
 
 
 @collector.paused()
-@takes_storage_options(kept_options)
 def execute(
     p: Plan,
     options: Options | None = None,
@@ -108,16 +102,19 @@ def execute(
     affected tensor). ``backend='tf'`` casts tensors of at least
     ``tf_threshold`` bytes with ``tf.cast`` on the best device (a GPU if
     TensorFlow sees one); ``'auto'`` does so only when there is a GPU. The bits
-    are the same either way.
+    are the same either way. The output is written where the plan was made for
+    (``p.storage``) and the sources read where they were opened; ``storage_options``
+    make those of the run's URLs anew with other options.
 
     >>> p = tfckpt.plan("train/", "fp16/", cast="float16")
     >>> tfckpt.execute(p, overflow="clip", executor=ThreadPoolExecutor(2))
     """
     start = time.perf_counter()
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
-    tasks = shard_tasks(p, options)
-    counts = run_and_commit(p.dst, tasks, options, bool(p.options.overwrite), progress)
-    warnings = state_file_warnings(p.dst, p.sources)
+    stores = RunStorage.of(p, storage_options)
+    tasks = shard_tasks(p, options, stores=stores)
+    counts = run_and_commit(stores.out, p.dst, tasks, options, bool(p.options.overwrite), progress)
+    warnings = state_file_warnings(stores.out, p.dst, p.sources)
     return Summary(
         p.dst,
         kept=len(p.tensors),
@@ -134,6 +131,7 @@ def execute(
 
 
 def run_and_commit(
+    store: Storage,
     dst: str,
     tasks: list[ShardTask],
     options: Options,
@@ -141,12 +139,11 @@ def run_and_commit(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, CastCounts]:
     """Run the shard tasks of one output (``options.executor`` runs them, else here)
-    and commit them as the checkpoint ``dst``, the index last; each tensor's cast
-    counts. A failure (an overflow with ``overflow='error'`` too) commits nothing and
-    removes the tasks' files and the directories this run made."""
-    store = storage_for(dst)
-    remove_stale_temporaries(dst)
-    remove_stale_temporaries(store.join(store.dirname(dst), paths.STATE_FILENAME))
+    and commit them as the checkpoint ``dst`` on ``store``, the index last; each
+    tensor's cast counts. A failure (an overflow with ``overflow='error'`` too) commits
+    nothing and removes the tasks' files and the directories this run made."""
+    remove_stale_temporaries(store, dst)
+    remove_stale_temporaries(store, store.join(store.dirname(dst), paths.STATE_FILENAME))
     shard_paths = [t.path for t in tasks]
     commit = bundle_commit(
         store, dst, shard_paths, overwrite=overwrite, durable=options.durable
@@ -156,25 +153,24 @@ def run_and_commit(
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
         check_overflow({n: c.overflow for n, c in counts.items()}, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
-        commit_shards(dst, shard_paths, entries, commit=commit)
+        commit_shards(store, dst, shard_paths, entries, commit=commit)
     except BaseException:
         commit.discard()  # unless committed: the tasks' files, the directories made
         raise
     return counts
 
 
-def state_file_warnings(dst: str, sources: Sequence[Source]) -> list[str]:
-    """Point the ``checkpoint`` state file beside ``dst`` at it, unless a source's
-    directory is that directory (its state file is the source's); what the user must
-    know when it cannot be written (the checkpoint is committed all the same)."""
-    store = storage_for(dst)
+def state_file_warnings(store: Storage, dst: str, sources: Sequence[Source]) -> list[str]:
+    """Point the ``checkpoint`` state file beside ``dst`` (on ``store``) at it, unless a
+    source's directory is that directory (its state file is the source's); what the user
+    must know when it cannot be written (the checkpoint is committed all the same)."""
     directory = store.dirname(dst) or "."
     for s in sources:
         src_dir = s.ckpt.storage.dirname(s.ckpt.prefix) or "."
         if s.ckpt.storage.realpath(src_dir) == store.realpath(directory):
             return []
     try:
-        write_state_file(directory, store.basename(dst))
+        write_state_file(store, directory, store.basename(dst))
     except (OSError, CheckpointError) as e:
         # The checkpoint is committed: only the pointer to it is missing.
         detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -182,7 +178,6 @@ def state_file_warnings(dst: str, sources: Sequence[Source]) -> list[str]:
     return []
 
 
-@takes_storage_options()
 def transform(
     sources,
     dst,
@@ -203,10 +198,12 @@ def transform(
     >>> tfckpt.transform("ckpt/model", "out/", cast="float16", exclude=["/Adam"])
     >>> tfckpt.transform(["a/ckpt", "b/ckpt"], "c/", tfckpt.Options(prefer="last"))
     """
-    return execute(plan(sources, dst, options, **changes), progress=progress)
+    return execute(
+        plan(sources, dst, options, storage_options=storage_options, **changes),
+        progress=progress,
+    )
 
 
-@takes_storage_options()
 def convert(
     src,
     dst,
@@ -221,10 +218,9 @@ def convert(
     >>> tfckpt.convert("train/model.ckpt-7", "fp16/", "float16")
     >>> tfckpt.convert("train/model.ckpt-7", "bf16/", "bfloat16", overflow="clip")
     """
-    return transform(src, dst, options, cast=dtype, **changes)
+    return transform(src, dst, options, storage_options=storage_options, cast=dtype, **changes)
 
 
-@takes_storage_options()
 def rename(
     src,
     dst,
@@ -238,10 +234,9 @@ def rename(
 
     >>> tfckpt.rename("pre/model", "new/model", {"simple-conv1/": "complex-conv1/"})
     """
-    return transform(src, dst, options, rename=rules, **changes)
+    return transform(src, dst, options, storage_options=storage_options, rename=rules, **changes)
 
 
-@takes_storage_options()
 def select(
     src,
     dst,
@@ -255,10 +250,9 @@ def select(
 
     >>> tfckpt.select("trained/ckpt-3", "shipped/", drop_objects=["optimizer"])
     """
-    return transform(src, dst, options, **changes)
+    return transform(src, dst, options, storage_options=storage_options, **changes)
 
 
-@takes_storage_options()
 def merge(
     sources: Sequence,
     dst,
@@ -272,4 +266,4 @@ def merge(
 
     >>> tfckpt.merge(["a/ckpt-1", "b/ckpt-1"], "c/ckpt", prefer="first")
     """
-    return transform(list(sources), dst, options, **changes)
+    return transform(list(sources), dst, options, storage_options=storage_options, **changes)

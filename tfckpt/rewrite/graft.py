@@ -32,7 +32,7 @@ from tfckpt.format.objectgraph import (
     attribute_tensors,
 )
 from tfckpt.format.tf2names import flat_names, tensor_path
-from tfckpt.io.storage import StorageOptions, takes_storage_options
+from tfckpt.io.storage import StorageOptions
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
@@ -40,6 +40,7 @@ from tfckpt.rewrite.planner import (
     Plan,
     PlannedTensor,
     Source,
+    destination_storage,
     finished_plan,
     follow_source_layouts,
     open_sources,
@@ -56,7 +57,6 @@ def _as_list(sources) -> list:
     return list(sources)
 
 
-@takes_storage_options()
 def plan_graft(
     template,
     sources,
@@ -81,8 +81,9 @@ def plan_graft(
     sources = _as_list(sources)
     if not sources:
         raise CheckpointError("no source checkpoint given")
-    srcs = open_sources([template, *sources])
-    dst = resolve_destination(dst, srcs, options.overwrite)
+    srcs = open_sources([template, *sources], storage_options)
+    store = destination_storage(dst, srcs, storage_options)
+    dst = resolve_destination(store, dst, srcs, options.overwrite)
     names, candidates, graph_bytes = _template_tensors(srcs[0], options)
     target, shared = _lookup_names(names, candidates)
     naming = NameRules(  # compiled in this order: which bad option is reported first
@@ -95,7 +96,7 @@ def plan_graft(
     found = _found_in_sources(srcs, target, shared, naming, dropped)
     planned = _grafted_tensors(srcs, names, found, options.prefer, allow_missing, dropped)
     follow_source_layouts(srcs, options)
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
+    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
 
 
 def _template_tensors(
@@ -290,7 +291,6 @@ def _one_hit(
     return i, n
 
 
-@takes_storage_options()
 def graft(
     template,
     sources,
@@ -323,12 +323,19 @@ def graft(
     ...              rename={"simple-fc/weights": "model/fc/kernel"})
     """
     return execute(
-        plan_graft(template, sources, dst, options, allow_missing=allow_missing, **changes),
+        plan_graft(
+            template,
+            sources,
+            dst,
+            options,
+            allow_missing=allow_missing,
+            storage_options=storage_options,
+            **changes,
+        ),
         progress=progress,
     )
 
 
-@takes_storage_options()
 def plan_flatten(
     src,
     dst,
@@ -347,7 +354,9 @@ def plan_flatten(
     exact = dict(options.rename_exact or {})
     composed: dict[str, str] = {}
     given = isinstance(src, Checkpoint)
-    ckpt: Checkpoint = src if given else open_checkpoint(src, mmap=False)
+    ckpt: Checkpoint = (
+        src if given else open_checkpoint(src, mmap=False, storage_options=storage_options)
+    )
     try:
         if OBJECT_GRAPH_KEY not in ckpt:
             raise CheckpointError(
@@ -362,12 +371,16 @@ def plan_flatten(
     finally:
         if not given:
             ckpt.close()
-    p = plan(src, dst, Options.of(options, rename=None, rename_exact=composed))
+    p = plan(
+        src,
+        dst,
+        Options.of(options, rename=None, rename_exact=composed),
+        storage_options=storage_options,
+    )
     p.object_graph = None  # names are all a name-based reader needs
     return p
 
 
-@takes_storage_options()
 def flatten(
     src,
     dst,
@@ -388,4 +401,7 @@ def flatten(
 
     >>> tfckpt.flatten("tf2/ckpt-3", "tf1/model.ckpt")
     """
-    return execute(plan_flatten(src, dst, options, **changes), progress=progress)
+    return execute(
+        plan_flatten(src, dst, options, storage_options=storage_options, **changes),
+        progress=progress,
+    )

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
@@ -19,13 +19,7 @@ from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 from tfckpt.format.tf2names import VARIABLE_VALUE, flat_names
 from tfckpt.io import paths
-from tfckpt.io.storage import (
-    StorageOptions,
-    current_options,
-    normalize,
-    storage_for,
-    takes_storage_options,
-)
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.rules import DtypePolicy, NameRules
@@ -76,8 +70,7 @@ class Plan:
     dropped: list[tuple[str, str, str]]  # (source label, name, reason)
     object_graph: bytes | None
     options: Options  # those it was planned with; execute() writes with them
-    # Those its paths were opened with; execute() writes with them too.
-    storage_options: dict | None = field(default=None, repr=False, compare=False)
+    storage: Storage = field(repr=False, compare=False)  # where dst is; execute() writes there
 
     @property
     def bytes_in(self) -> int:
@@ -149,7 +142,7 @@ def fixed_dtype_tensors(source: Source) -> set[str]:
     other saveables); in a TF1 source, which names no attribute, each ``NAME-keys``
     stored beside a ``NAME-values``, and that ``NAME-values``.
 
-    >>> fixed_dtype_tensors(open_sources("train/ckpt-3")[0])
+    >>> fixed_dtype_tensors(open_sources("train/ckpt-3", None)[0])
     {'table/.ATTRIBUTES/table-keys', 'table/.ATTRIBUTES/table-values'}
     """
     present = set(source.ckpt.keys())
@@ -170,10 +163,21 @@ def fixed_dtype_tensors(source: Source) -> set[str]:
     return out
 
 
-def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
-    """The output prefix; refuses sources and (without ``overwrite``) existing checkpoints."""
+def destination_storage(
+    dst, sources: list[Source], storage_options: StorageOptions | None
+) -> Storage:
+    """The storage of the output ``dst``: made with ``storage_options``, else with those of
+    the first source opened with some."""
+    if storage_options is None:
+        given = (s.ckpt.storage.options for s in sources if s.ckpt.storage.options is not None)
+        storage_options = next(given, None)
+    return storage_for(normalize(dst), storage_options)
+
+
+def resolve_destination(store: Storage, dst, sources: list[Source], overwrite: bool) -> str:
+    """The output prefix on ``store``; refuses sources and (without ``overwrite``) existing
+    checkpoints."""
     dst = normalize(dst)
-    store = storage_for(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
         dst = store.join(
             store.dir_path(dst), sources[0].ckpt.storage.basename(sources[0].ckpt.prefix)
@@ -197,12 +201,22 @@ def resolve_destination(dst, sources: list[Source], overwrite: bool) -> str:
     return dst
 
 
-def open_sources(sources) -> list[Source]:
+def open_sources(
+    sources, storage_options: StorageOptions | None, *, store: Storage | None = None
+) -> list[Source]:
+    """The sources of a transform: those given as paths opened on ``store`` (the paths
+    are read from a file on it), else with ``storage_options``; a
+    :class:`~tfckpt.Checkpoint` given keeps its own storage."""
     if isinstance(sources, (str, os.PathLike, Checkpoint)):
         sources = [sources]
     out = []
     for src in sources:
-        ckpt = src if isinstance(src, Checkpoint) else open_checkpoint(src, mmap=False)
+        if isinstance(src, Checkpoint):
+            ckpt = src
+        elif store is not None:
+            ckpt = open_in(store, src, mmap=False)
+        else:
+            ckpt = open_checkpoint(src, mmap=False, storage_options=storage_options)
         graph = None
         if OBJECT_GRAPH_KEY in ckpt:
             graph = ObjectGraph.of(ckpt)
@@ -238,7 +252,6 @@ def _root_object_owners(srcs: list[Source], prefer: str | None) -> dict[str, int
 
 
 @collector.paused()
-@takes_storage_options()
 def plan(
     sources,
     dst,
@@ -250,7 +263,9 @@ def plan(
     """Decide every output tensor from the sources' indexes; reads no tensor data.
 
     ``options`` (see :class:`~tfckpt.Options`), amended by keyword arguments,
-    are kept in the plan: :func:`~tfckpt.execute` writes it with them.
+    are kept in the plan: :func:`~tfckpt.execute` writes it with them. Paths may be
+    fsspec URLs, opened with ``storage_options``; the output's storage (``Plan.storage``:
+    made with them, else with those of the first source opened with some) is kept too.
 
     >>> p = tfckpt.plan("train/", "out/", cast="float16", exclude=["/Adam"])
     >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
@@ -258,9 +273,10 @@ def plan(
     """
     options = Options.of(options, **changes)
     policy = DtypePolicy.of(options)
-    srcs = open_sources(sources)
+    srcs = open_sources(sources, storage_options)
     naming = NameRules.of(options)
-    dst = resolve_destination(dst, srcs, options.overwrite)
+    store = destination_storage(dst, srcs, storage_options)
+    dst = resolve_destination(store, dst, srcs, options.overwrite)
 
     dropped: list[tuple[str, str, str]] = []
     drop_specs = list(options.drop_objects)
@@ -287,7 +303,7 @@ def plan(
     graph_bytes = _merged_graph(srcs, per_source, chosen)
     follow_source_layouts(srcs, options)
     planned = _planned_tensors(srcs, chosen, policy, flats, fixed)
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options)
+    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
 
 
 def _cut_graph(
@@ -492,16 +508,6 @@ def _planned_tensors(
     return planned
 
 
-def plan_storage_options(srcs: list[Source]) -> dict | None:
-    """The storage options a plan keeps for writing: those current while planning, else
-    those of the first source opened with some."""
-    given = current_options()
-    if given is not None:
-        return given
-    opened = (s.ckpt.storage_options for s in srcs if s.ckpt.storage_options is not None)
-    return next(opened, None)
-
-
 def finished_plan(
     srcs: list[Source],
     dst: str,
@@ -509,9 +515,10 @@ def finished_plan(
     dropped: list,
     graph_bytes: bytes | None,
     options: Options,
+    store: Storage,
 ) -> Plan:
-    """The plan of ``planned`` tensors, once every shard file they need is known to
-    exist, with its tensors in reading order."""
+    """The plan of ``planned`` tensors (written to ``dst`` on ``store``), once every shard
+    file they need is known to exist, with its tensors in reading order."""
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for pt in planned:
@@ -533,4 +540,4 @@ def finished_plan(
             pt.new_name,
         )
     )
-    return Plan(srcs, dst, planned, dropped, graph_bytes, options, plan_storage_options(srcs))
+    return Plan(srcs, dst, planned, dropped, graph_bytes, options, store)

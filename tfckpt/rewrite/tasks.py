@@ -5,13 +5,14 @@ partitioned."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
-from tfckpt.checkpoint.opening import open_checkpoint
+from tfckpt.checkpoint.opening import open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
@@ -23,11 +24,7 @@ from tfckpt.format.table import encode_varint
 from tfckpt.io.commit import (
     new_shard_paths,
 )
-from tfckpt.io.storage import (
-    current_options,
-    kept_options,
-    takes_storage_options,
-)
+from tfckpt.io.storage import Storage, StorageOptions, storage_for
 from tfckpt.rewrite.cast import OverflowPolicy
 from tfckpt.rewrite.options import BACKENDS, EXECUTION, Options
 from tfckpt.rewrite.pipeline import (
@@ -80,21 +77,23 @@ class ShardPacker:
 
     def tasks(
         self,
+        stores: RunStorage,
         dst: str,
         sources: list[str],
         object_graph: bytes | None,
         graph_shard: int | None,
         options: Options,
-        storage_options: dict | None,
     ) -> list[ShardTask]:
         """One task per shard that holds anything, in shard order (the object graph in
-        ``graph_shard``), written where :func:`~tfckpt.io.commit.new_shard_paths` says."""
+        ``graph_shard``), written where :func:`~tfckpt.io.commit.new_shard_paths` says;
+        ``sources`` (prefixes) are read from ``stores.sources``, ``dst`` is on
+        ``stores.out``."""
         if not self.shards:
             self.place(0, 0)
         order = sorted(self.shards)
         graph_at = None if graph_shard is None else order.index(graph_shard)
         items_of = [self.shards[k] for k in order]
-        out_paths = new_shard_paths(dst, len(items_of))
+        out_paths = new_shard_paths(stores.out, dst, len(items_of))
         items_of += [[] for _ in range(len(out_paths) - len(items_of))]  # extra shards: empty
         return [
             ShardTask(
@@ -107,10 +106,29 @@ class ShardPacker:
                 options.chunk_bytes,
                 options.backend,
                 options.durable,
-                storage_options if current_options() is None else current_options(),
+                stores.out,
+                list(stores.sources),
             )
             for k, items in enumerate(items_of)
         ]
+
+
+class RunStorage(NamedTuple):
+    """Where a run writes its output, and where it reads each of its sources."""
+
+    out: Storage
+    sources: Sequence[Storage]
+
+    @classmethod
+    def of(cls, p, storage_options: StorageOptions | None = None) -> RunStorage:
+        """Those a plan (a :class:`~tfckpt.Plan` or an average's) was made with; with
+        ``storage_options`` (given to the run), storages of the same paths made with those."""
+        if storage_options is None:
+            return cls(p.storage, [s.ckpt.storage for s in p.sources])
+        return cls(
+            storage_for(p.dst, storage_options),
+            [storage_for(s.ckpt.prefix, storage_options) for s in p.sources],
+        )
 
 
 @dataclass
@@ -126,7 +144,8 @@ class ShardTask:
     chunk_bytes: int
     backend: str
     durable: bool
-    storage_options: dict | None = field(default=None, repr=False)  # for sources and path
+    store: Storage = field(repr=False)  # where path is
+    source_stores: list[Storage] = field(repr=False)  # where each of the sources is
 
     @property
     def bytes_in(self) -> int:
@@ -141,7 +160,9 @@ class ShardResult:
     bytes_in: int
 
 
-def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[ShardTask]:
+def shard_tasks(
+    p: Plan, options: Options | None = None, *, stores: RunStorage | None = None, **changes
+) -> list[ShardTask]:
     """Cut the plan into one task per output shard (the same cut for any executor).
 
     By default each tensor keeps its source shard (offset by the shards of the
@@ -149,7 +170,7 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
     shards, in their order (what a header declares creates nothing); with
     ``max_shard_bytes``, tensors are packed in plan order into shards of at most
     that size (a bigger tensor gets one of its own). Execution options as in
-    :func:`execute`.
+    :func:`execute`. The tasks write and read where the plan was made for, or ``stores``.
 
     >>> results = [run_shard_task(t) for t in shard_tasks(p)]
     """
@@ -200,12 +221,12 @@ def shard_tasks(p: Plan, options: Options | None = None, **changes) -> list[Shar
             graph_at = first_tf2.shard_base + (first_tf2.ckpt.info(OBJECT_GRAPH_KEY).shard or 0)
         graph_shard = packer.place(graph_bytes(p.object_graph), graph_at)
     return packer.tasks(
+        stores if stores is not None else RunStorage.of(p),
         p.dst,
         [s.ckpt.prefix for s in p.sources],
         p.object_graph,
         graph_shard,
         options,
-        p.storage_options,
     )
 
 
@@ -247,7 +268,6 @@ def run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     return results
 
 
-@takes_storage_options(kept_options)
 def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardResult:
     """Write one shard: its tensors, read from the sources and cast, in plan order.
 
@@ -264,12 +284,12 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
         if progress:
             progress(nbytes)
 
-    w = ShardWriter.create(task.path, durable=task.durable)
+    w = ShardWriter.create(task.store, task.path, durable=task.durable)
     try:
         needed = {item.source for item in task.items}
         needed.update(k for item in task.items for k in range(len(item.weights)))
         for source in sorted(needed):
-            ckpts[source] = open_checkpoint(task.sources[source], mmap=False)
+            ckpts[source] = open_in(task.source_stores[source], task.sources[source], mmap=False)
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
         stream_items(
             task.items,

@@ -257,7 +257,7 @@ def cmd_dump(args) -> int:
     if args.all:
         if args.tensor or args.object_graph or args.filter:
             raise CheckpointError("--all lists checkpoints: no --tensor, --object-graph, --filter")
-        data = _inspect.checkpoints(args.path)
+        data = _inspect.checkpoints(args.path, storage_options=args.storage_options)
         if not data["checkpoints"]:
             raise CheckpointNotFoundError("no checkpoint in directory", path=data["directory"])
         if args.json:
@@ -265,7 +265,7 @@ def cmd_dump(args) -> int:
         else:
             _print_checkpoints(data)
         return 0
-    with open_checkpoint(args.path) as ckpt:
+    with open_checkpoint(args.path, storage_options=args.storage_options) as ckpt:
         if args.tensor:
             if args.json:
                 _dump_values_json(ckpt, args.tensor)
@@ -292,7 +292,10 @@ def cmd_dump(args) -> int:
 
 def cmd_diff(args) -> int:
     """``tfckpt diff``: what differs between two checkpoints; exit status 1 if anything does."""
-    with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
+    with (
+        open_checkpoint(args.a, storage_options=args.storage_options) as a,
+        open_checkpoint(args.b, storage_options=args.storage_options) as b,
+    ):
         data = _inspect.diff(
             a, b, atol=args.atol, rtol=args.rtol, values=not args.names_only, filter=args.filter
         )
@@ -336,7 +339,7 @@ def cmd_diff(args) -> int:
 
 def cmd_stats(args) -> int:
     """``tfckpt stats``: value statistics per tensor, and what a float16/bfloat16 cast would do."""
-    with open_checkpoint(args.path) as ckpt:
+    with open_checkpoint(args.path, storage_options=args.storage_options) as ckpt:
         data = _inspect.stats(ckpt, filter=args.filter)
     if args.json:
         print_json(data)
@@ -383,11 +386,13 @@ def cmd_stats(args) -> int:
 def cmd_verify(args) -> int:
     """``tfckpt verify``: every checksum and structure check (with --tf, TensorFlow's reading
     too); exit status 1 if a problem is found."""
-    data = _inspect.verify(args.path)
+    data = _inspect.verify(args.path, storage_options=args.storage_options)
     if args.tf and not data["problems"]:
         from tfckpt.tf import verify_with_tf
 
-        tf_report = verify_with_tf(args.path, reference=args.reference)
+        tf_report = verify_with_tf(
+            args.path, reference=args.reference, storage_options=args.storage_options
+        )
         data["tf"] = tf_report
         data["problems"] += tf_report["mismatches"]
     if args.json:

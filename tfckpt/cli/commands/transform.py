@@ -242,7 +242,7 @@ def cmd_transform(args) -> int:
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
-    return _run_plan(args, plan(sources, dst, options))
+    return _run_plan(args, plan(sources, dst, options, storage_options=args.storage_options))
 
 
 def cmd_graft(args) -> int:
@@ -251,7 +251,12 @@ def cmd_graft(args) -> int:
 
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
     p = plan_graft(
-        args.template, args.sources, args.output, options, allow_missing=args.allow_missing
+        args.template,
+        args.sources,
+        args.output,
+        options,
+        allow_missing=args.allow_missing,
+        storage_options=args.storage_options,
     )
     return _run_plan(args, p)
 
@@ -261,7 +266,8 @@ def cmd_flatten(args) -> int:
     from tfckpt.rewrite.graft import plan_flatten
 
     options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
-    return _run_plan(args, plan_flatten(args.src, args.dst, options))
+    p = plan_flatten(args.src, args.dst, options, storage_options=args.storage_options)
+    return _run_plan(args, p)
 
 
 def cmd_average(args) -> int:
@@ -289,6 +295,7 @@ def cmd_average(args) -> int:
         weights=check_weights(args.weights, "--weights") if args.weights else None,
         use_ema=args.use_ema,
         last=args.last,
+        storage_options=args.storage_options,
     )
     try:
         return _run_average(args, p, write_average)
@@ -359,9 +366,18 @@ def cmd_export(args) -> int:
             with_bookkeeping=args.with_bookkeeping,
             skip_unsupported=args.skip_unsupported,
         )
-        run = functools.partial(export, args.src, args.out, options, **kwargs)
+        run = functools.partial(
+            export, args.src, args.out, options, storage_options=args.storage_options, **kwargs
+        )
     else:
-        run = functools.partial(import_, args.src, args.out, options, permute=permute)
+        run = functools.partial(
+            import_,
+            args.src,
+            args.out,
+            options,
+            storage_options=args.storage_options,
+            permute=permute,
+        )
     if args.dry_run:
         sm = run(dry_run=True)
     else:
