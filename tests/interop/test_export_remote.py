@@ -83,6 +83,17 @@ def test_failed_overwrite_keeps_the_old_export(s3, weights, failing, sharded):
         assert len(index) == 1 and max(puts) < index[0] < min(deleted)
 
 
+def test_overflow_keeps_the_old_single_file(s3, tmp_path):
+    """The single file's upload is the commit: the overflow verdict comes before it."""
+    src = tfckpt.save({"w": np.array([1.0, 1e30], np.float32)}, str(tmp_path / "src" / "m"))
+    out = f"{s3.url}/hf/model.safetensors"
+    tfckpt.export(src, out)
+    before = s3.files("hf")
+    with pytest.raises(tfckpt.CastOverflowError, match="nothing written"):
+        tfckpt.export(src, out, cast="float16", overwrite=True)
+    assert s3.files("hf") == before
+
+
 def test_ctrl_c_mid_export_leaves_nothing_new(s3, weights):
     """SIGINT while the second shard uploads (the first one stored): the old export stays
     byte for byte, the stored shard is deleted again and no temporary object is left."""

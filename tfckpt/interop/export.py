@@ -5,8 +5,8 @@ work as for every transform), then streams each tensor chunk by chunk through
 the cast into the writers of :mod:`tfckpt.tensorfiles`; ``permute`` reorders
 axes tile by tile (:mod:`tfckpt.permute`). Files are written under temporary
 names and renamed into place at the end (see
-:class:`~tfckpt.interop.export_files.ExportWriting`), the index of a sharded export
-last. The way back is :mod:`tfckpt.importing`.
+:class:`~tfckpt.interop.export_files.ExportWriting` and :class:`~tfckpt.io.commit.Commit`),
+the index of a sharded export last. The way back is :mod:`tfckpt.importing`.
 """
 
 from __future__ import annotations
@@ -386,14 +386,12 @@ def _write_files(
         replaced = replaced_files(store, ep) if options.overwrite else []
         w.write_all()
         check_overflow(w.counts, options.overflow, ep.out)
-        w.commit()
+        w.publish()
     except OSError as e:
-        w.discard()
+        w.commit.discard()
         raise CheckpointWriteError(f"cannot write: {e.strerror or e}", path=ep.out) from None
     except BaseException:
-        w.discard()
+        w.commit.discard()
         raise
-    w.finish(replaced)
-    if options.durable:
-        store.fsync_dir(store.dirname(ep.out) or ".")
+    w.commit.remove_replaced(replaced)
     return w.counts

@@ -1,5 +1,6 @@
-"""An export's files: their names, writing them under temporary names, the commit that
-renames them into place, and removing what a replaced or killed export left.
+"""An export's files: their names, writing them and their index through the one commit
+(:class:`~tfckpt.io.commit.Commit`: temporaries renamed into place, the index or the
+single file last), and which files of a replaced or killed export are to be removed.
 
 :func:`tfckpt.export` plans (:mod:`tfckpt.interop.export`), then writes through
 :class:`ExportWriting`.
@@ -12,11 +13,11 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfckpt.errors import CheckpointError, CheckpointWriteError
+from tfckpt.errors import CheckpointError
 from tfckpt.format import tensorfiles as tfiles
-from tfckpt.io.commit import discard
-from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
-from tfckpt.rewrite.cast import CastCounts
+from tfckpt.io.commit import Commit
+from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
+from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.streaming import ProgressSink, stream_items
 
@@ -139,47 +140,45 @@ def _owned_names(out: str) -> Callable[[str], bool]:
 
 
 class ExportWriting:
-    """One export's files being written and committed; what to remove if it fails.
+    """One export's files written through a :class:`~tfckpt.io.commit.Commit` (``commit``),
+    which names where each goes and makes them appear, the index (or the single file)
+    last.
 
-    Locally every file is written under a temporary name beside its final one; the
-    commit renames them into place, shards first (under names no file has, see
-    :func:`file_names`; linked, so a name taken meanwhile is an error), the index
-    (or the single file) last: replacing with ``overwrite``, else linked too, so an
-    export another run committed meanwhile is refused, never replaced. On an object
-    store, where an upload appears whole or not at all, files are uploaded under
-    their final names; the single file's upload, or the index's after the shards,
-    is the commit.
+    Locally every file is written under a temporary name beside its final one; shards
+    move into place first, under names no file has (see :func:`file_names`; linked, so
+    a name taken meanwhile is an error), then the index or the single file: replacing
+    with ``overwrite`` (the replaced index kept under a temporary name until its files
+    are removed, see :func:`_remove_killed_runs`), else linked too, so an export
+    another run committed meanwhile is refused, never replaced. On an object store,
+    where an upload appears whole or not at all, files are uploaded under their final
+    names; the single file's upload, or the index's after the shards, is the commit.
     """
 
     def __init__(self, store, ep: ExportFiles, options: Options, ckpts, metadata, progress):
         self.store, self.ep, self.options = store, ep, options
         self.ckpts, self.metadata, self.progress = ckpts, metadata, progress
-        self.renames = store.atomic_rename
         self.counts: dict[str, CastCounts] = {}  # what the casts did, per tensor
-        self.fresh: list[str] = []  # this run's files, none of them live yet
-        self.temps: dict[str, str] = {}  # final -> temporary (locally)
-        self.made: list[str] = []
-        self.commit_check: Callable[[], bool] | None = None  # did the commit happen?
-        self.retired: str | None = None  # a copy of the replaced index, see _retire_index
+        self.commit = Commit(
+            store,
+            ep.index or ep.out,
+            overwrite=bool(options.overwrite),
+            durable=options.durable,
+            what="an export",
+        )
 
     def write_all(self) -> None:
-        store, ep = self.store, self.ep
-        directory = store.dirname(ep.out)
+        """Write every file of the export (not yet visible), the index's bytes last."""
+        store, ep, commit = self.store, self.ep, self.commit
         _remove_killed_runs(store, ep)
-        self.made = store.makedirs(directory)
+        commit.make_directory(store.dirname(ep.out))
         for path, outs in ep.files:
-            if self.renames:
-                where = self.temps[path] = temporary_base(path)
-                self.fresh.append(where)
-            else:
-                where = path
-                if ep.index is not None:  # a shard under a name no index uses yet
-                    self.fresh.append(where)
-            self._write_file(where, outs)
-        if ep.index is not None and self.renames:
-            tmp = self.temps[ep.index] = temporary_base(ep.index)
-            self.fresh.append(tmp)
-            store.write_new(tmp, self._index_bytes(), durable=self.options.durable)
+            self._write_file(commit.new_file(path) if ep.index else commit.last_file(), outs)
+        if ep.index is not None:
+            commit.write_last(self._index_bytes())
+
+    def publish(self) -> None:
+        """The commit: the shards into place, then the index or the single file."""
+        self.commit.publish(retire=self.ep.out + ".index.json")
 
     def _index_bytes(self) -> bytes:
         ep, store = self.ep, self.store
@@ -216,6 +215,8 @@ class ExportWriting:
                 counts=counts,
             )
             self.counts.update({n: CastCounts(*c) for n, c in counts.items()})
+            if where == self.commit.last:  # an object store's single file: closing commits
+                check_overflow(self.counts, options.overflow, self.ep.out)
             w.close()
             f.flush()
             if options.durable:
@@ -232,88 +233,6 @@ class ExportWriting:
                     pass
             raise
         f.close()
-
-    def commit(self) -> None:
-        store, ep, overwrite = self.store, self.ep, self.options.overwrite
-        if not self.renames:
-            if ep.index is not None:
-                data = self._index_bytes()
-                self.commit_check = lambda: _holds(store, ep.index, data)
-                store.write_bytes(ep.index, data)  # one request: the commit
-            self.fresh = []
-            return
-        try:
-            if ep.index is not None:
-                for final, _ in ep.files:
-                    tmp = self.temps[final]
-                    self.fresh.append(final)  # before the move: never unlisted
-                    try:
-                        store.rename_noreplace(tmp, final)
-                    except FileExistsError:
-                        self.fresh.remove(final)  # another run's
-                        raise
-                    self.fresh.remove(tmp)
-            self._retire_index()
-            final = ep.index or ep.out
-            tmp = self.temps[final]
-            self.commit_check = lambda: not store.exists(tmp)
-            if overwrite:
-                store.replace(tmp, final)
-            else:
-                store.rename_noreplace(tmp, final)
-        except FileExistsError as e:
-            raise CheckpointWriteError(
-                "another run wrote an export here meanwhile (pass overwrite to replace it)",
-                path=e.filename or ep.out,
-            ) from None
-        self.fresh = []
-
-    def _retire_index(self) -> None:
-        """Keep a copy of the index being replaced under a temporary name of this run until
-        the files it names are removed: a later run removes them if this one is killed
-        in between (see :func:`_remove_killed_runs`)."""
-        index = self.ep.out + ".index.json"
-        if not self.options.overwrite or not self.store.isfile(index):
-            return
-        retired = temporary_base(index)
-        self.fresh.append(retired)
-        self.store.write_new(retired, self.store.read_bytes(index))
-        self.retired = retired
-
-    def finish(self, replaced: list[str]) -> None:
-        """After the commit: remove the replaced export's files, then the retired index."""
-        interrupted = None
-        for stale in replaced + ([self.retired] if self.retired else []):
-            for _ in range(2):  # an interrupt: this one again, and the rest (quick)
-                try:
-                    self.store.remove(stale)
-                except (OSError, CheckpointError):
-                    pass
-                except KeyboardInterrupt as e:
-                    interrupted = e
-                    continue
-                break
-        if interrupted is not None:
-            raise interrupted
-
-    def discard(self) -> None:
-        """After a failure: remove this run's files, unless its commit happened."""
-        check = self.commit_check
-        try:
-            committed = check is not None and check()
-        except BaseException:
-            committed = True  # unknown: keep what may be live
-        if not committed:
-            discard(self.store, self.fresh)
-        self.fresh = []
-        self.store.remove_dirs(self.made)
-
-
-def _holds(store, path: str, data: bytes) -> bool:
-    try:
-        return store.read_bytes(path) == data
-    except (OSError, CheckpointError):
-        return True  # cannot tell: it may
 
 
 def replaced_files(store, ep: ExportFiles) -> list[str]:

@@ -19,13 +19,12 @@ import numpy as np
 from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
     CheckpointError,
-    CheckpointWriteError,
     CorruptCheckpointError,
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.io import paths
-from tfckpt.io.commit import commit_shards, discard, new_shard_paths
+from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import CastCounts, check_overflow
@@ -236,12 +235,9 @@ def _write_import(
     directories this run made are removed. What the casts did, per tensor."""
     remove_stale_temporaries(store, prefix)
     shard_paths = new_shard_paths(store, prefix, 1)
-    try:
-        made = store.makedirs(store.dirname(prefix))  # innermost first
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot create directory: {e.strerror or e}", path=prefix
-        ) from None
+    commit = bundle_commit(
+        store, prefix, shard_paths, overwrite=options.overwrite, durable=options.durable
+    )
     source = TensorFileSource(src_store, [i for i, *_ in chosen])
     try:
         w = ShardWriter.create(store, shard_paths[0], durable=options.durable)
@@ -263,20 +259,12 @@ def _write_import(
                 ShardWriter.create(store, extra, durable=options.durable).finish()
         except BaseException:
             w.abort()
-            discard(store, shard_paths[1:])
             raise
         finally:
             source.close()
-        commit_shards(
-            store,
-            prefix,
-            shard_paths,
-            entries,
-            durable=options.durable,
-            overwrite=options.overwrite,
-        )
+        commit_shards(store, prefix, shard_paths, entries, commit=commit)
     except BaseException:
-        store.remove_dirs(made)  # only those still empty
+        commit.discard()  # unless committed: the shards, the directories made
         raise
     return cast_counts
 

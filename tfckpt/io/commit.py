@@ -1,20 +1,26 @@
-"""Making written data files a checkpoint: the index goes last, or nothing appears.
+"""Making written files an output: new data files first, the index (or the single file)
+last, or nothing appears.
 
-Writes the index table (temporaries and their clean-up after a killed run are
-:mod:`tfckpt.io.temporaries`), merging the entries of shards written
-separately, choosing a shard count no committed checkpoint uses, the commit
-itself (locally: renames, the index's the last, refusing to replace a checkpoint
-unless asked to; on an object store: the index written last) and removing the
-data the replaced checkpoint used. The state file that names the latest
-checkpoint is committed here too. File operations go through
-:mod:`tfckpt.io.storage`.
+:class:`Commit` is the one commit every writer goes through (checkpoints, imports,
+exports): where each new file is written, the order in which they appear, what a
+failure removes, whether the commit happened, and the removal of what the new output
+replaced. Locally, files are written under temporaries (named by
+:mod:`tfckpt.io.temporaries`, which also removes a killed run's) and renamed into
+place, the last file's rename being the commit; on an object store, which has no
+rename, data files are written under free final names and the last file's upload is the
+commit.
+
+What is a checkpoint's own stays here as small helpers: its index table, merging the
+entries of shards written separately, choosing a shard count no committed checkpoint
+uses, the empty extra shards, and the state file that names the latest checkpoint. File
+operations go through :mod:`tfckpt.io.storage`.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from google.protobuf.text_format import MessageToString
 
@@ -31,6 +37,242 @@ from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, temporary_base
 
 
+class Commit:
+    """One output made visible at once: its data files first, then its last file (a
+    checkpoint's index, an export's index or single file), whose appearance is the commit.
+
+    A run asks :meth:`new_file` (or :meth:`last_file`) where to write: locally a
+    temporary beside the final name, on an object store the final name itself, which
+    must be one no live file has. :meth:`publish` renames the data files into place,
+    then the last file: replacing what is there with ``overwrite``, else linked in, so
+    an output another run committed meanwhile is refused, never replaced. On an object
+    store the last file's upload (:meth:`write_last`, stored at :meth:`publish` in one
+    request) is the commit.
+
+    Every file this run made that no reader uses yet is tracked from before it exists:
+    after a failure or an interrupt :meth:`discard` removes exactly those (and the
+    directories made), unless :meth:`committed` says the commit happened. After the
+    commit :meth:`remove_replaced` deletes what the new output replaced.
+
+    >>> c = Commit(store, "out/model.safetensors.index.json", overwrite=True, what="an export")
+    >>> write_shard(c.new_file("out/model-00001-of-00001.safetensors"))
+    >>> c.write_last(json.dumps(index).encode())
+    >>> c.publish(); c.remove_replaced(old_files)
+    """
+
+    def __init__(
+        self,
+        store: Storage,
+        last: str,
+        *,
+        overwrite: bool,
+        durable: bool = True,
+        what: str = "a checkpoint",
+        temporary: str | None = None,
+    ):
+        self.store = store
+        self.last = last  # the file whose appearance is the commit
+        self.overwrite = overwrite
+        self.durable = durable
+        self.what = what  # in the words of the refusal of an output committed meanwhile
+        self.renames = store.atomic_rename
+        self._last_tmp = (temporary or temporary_base(last)) if self.renames else last
+        self._last_data: bytes | None = None  # to upload at publish (object stores)
+        self._moves: list[tuple[str, str]] = []  # (written, final), in order
+        self._ours: dict[str, None] = {}  # this run's files, none of them live yet
+        self._made: list[str] = []  # directories this run created, innermost first
+        self._check: Callable[[], bool] | None = None  # did the commit happen?
+        self._done = False
+        self.retired: str | None = None  # a copy of a replaced index, see publish
+
+    # -- where files are written
+
+    def make_directory(self, directory: str) -> None:
+        """Create ``directory`` and its missing parents; :meth:`discard` removes those
+        created again (when still empty). ``OSError`` as the file system raises it."""
+        self._made = self.store.makedirs(directory) + self._made
+
+    def new_file(self, final: str) -> str:
+        """Where to write a new data file that is to appear as ``final`` (a name no live
+        file has): a temporary beside it locally, moved into place by :meth:`publish`;
+        ``final`` itself on an object store."""
+        if not self.renames:
+            self.own(final)
+            return final
+        tmp = temporary_base(final)
+        self.own(tmp)
+        self._moves.append((tmp, final))
+        return tmp
+
+    def last_file(self) -> str:
+        """Where to write the last file as a stream (an export's single file): its
+        temporary locally; on an object store its final name, whose upload commits."""
+        if self.renames:
+            self.own(self._last_tmp)
+        return self._last_tmp
+
+    def own(self, *files: str) -> None:
+        """Count ``files`` (written, or about to be, by this run or its tasks) as this
+        run's: :meth:`discard` removes them after a failure."""
+        for f in files:
+            self._ours[f] = None
+
+    def move(self, written: str, final: str) -> None:
+        """Have :meth:`publish` move ``written`` to ``final`` before the last file (a name
+        chosen once everything is written: a checkpoint's shard count)."""
+        self._moves.append((written, final))
+
+    def write_last(self, data) -> None:
+        """The last file's bytes (an index): locally written now under its temporary;
+        on an object store kept for :meth:`publish` to store in one request."""
+        if not self.renames:
+            self._last_data = bytes(data)
+            return
+        self.own(self._last_tmp)  # before it exists: an interrupt leaves nothing unknown
+        self.store.write_new(self._last_tmp, data, durable=self.durable)
+
+    # -- the commit
+
+    def publish(self, *, replace_data: bool = False, retire: str | None = None) -> None:
+        """Move the data files into place, then the last file: the commit.
+
+        A data file replaces a file of its name only with ``replace_data`` (else a name
+        taken is refused). ``retire``: an index the commit replaces (locally), copied
+        under a temporary name of this run first and removed only by
+        :meth:`remove_replaced`, so a later run can tell which files a run killed in
+        between left. A name taken that may not be replaced is a
+        :class:`CheckpointWriteError`; other failures are the ``OSError`` raised.
+        """
+        try:
+            for written, final in self._moves:
+                self._move(written, final, replace_data or not self.renames)
+            if retire is not None and self.renames:
+                self._retire(retire)
+            self._move_last()
+        except FileExistsError as e:
+            raise CheckpointWriteError(
+                f"another run wrote {self.what} here meanwhile (pass overwrite to replace it)",
+                path=e.filename or self.last,
+            ) from None
+        self._done = True
+        self._ours = {}
+        if self.durable:
+            self.store.fsync_dir(self.store.dirname(self.last) or ".")
+
+    def _move(self, written: str, final: str, replace: bool) -> None:
+        self.own(final)  # before the move: never unlisted
+        try:
+            if replace:
+                self.store.replace(written, final)
+            else:
+                self.store.rename_noreplace(written, final)
+        except FileExistsError:
+            del self._ours[final]  # another run's
+            raise
+        self._ours.pop(written, None)
+
+    def _move_last(self) -> None:
+        store = self.store
+        if not self.renames:
+            data = self._last_data
+            if data is not None:  # else the last file's upload was the commit
+                self._check = lambda: _holds(store, self.last, data)
+                store.write_bytes(self.last, data)  # one request: the commit
+            return
+        tmp = self._last_tmp
+        self._check = lambda: not store.exists(tmp)
+        if self.overwrite:
+            store.replace(tmp, self.last)
+        else:
+            store.rename_noreplace(tmp, self.last)
+
+    def _retire(self, index: str) -> None:
+        if not self.overwrite or not self.store.isfile(index):
+            return
+        retired = temporary_base(index)
+        self.own(retired)
+        self.store.write_new(retired, self.store.read_bytes(index))
+        self.retired = retired
+
+    def committed(self) -> bool:
+        """Whether the commit happened (also when :meth:`publish` failed part-way or was
+        interrupted): what cannot be told counts as committed."""
+        if self._done:
+            return True
+        try:
+            return self._check is not None and self._check()
+        except BaseException:
+            return True  # unknown: keep what may be live
+
+    # -- afterwards
+
+    def discard(self) -> None:
+        """After a failure: remove this run's files, unless its commit happened, and the
+        directories it made that are empty (best effort; once)."""
+        if not self.committed():
+            discard(self.store, list(self._ours))
+        self._ours = {}
+        self.store.remove_dirs(self._made)  # only those still empty
+        self._made = []
+
+    def remove_replaced(self, files: Sequence[str]) -> None:
+        """After the commit: delete the replaced output's ``files``, then the retired
+        index (best effort). An interrupt does not stop it: the file is tried again and
+        the rest removed (quick), then the interrupt is raised."""
+        interrupted = None
+        for stale in [*files, *([self.retired] if self.retired else [])]:
+            for _ in range(2):
+                try:
+                    self.store.remove(stale)
+                except (OSError, CheckpointError):
+                    pass
+                except KeyboardInterrupt as e:
+                    interrupted = e
+                    continue
+                break
+        if interrupted is not None:
+            raise interrupted
+        if self.durable and (files or self.retired):
+            self.store.fsync_dir(self.store.dirname(self.last) or ".")
+
+
+def _holds(store: Storage, path: str, data: bytes) -> bool:
+    """Whether the object ``path`` holds ``data``: an upload that failed may have landed."""
+    try:
+        return store.read_bytes(path) == data
+    except FileNotFoundError:
+        return False
+    except (OSError, CheckpointError):
+        return True  # cannot tell: it may
+
+
+def discard(store: Storage, files: Sequence[str]) -> None:
+    """Remove files a failed run wrote on ``store`` (best effort: some may be gone already)."""
+    for path in files:
+        try:
+            store.remove(path)
+        except (OSError, CheckpointError):
+            pass
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def index_bytes(
+    entries: Mapping[bytes, BundleEntryProto], num_shards: int, endianness: Endianness
+) -> bytes:
+    """The index table: the header, then every entry in key order."""
+    # Built whole in memory (an index is small): then an interrupted run has nothing to
+    # store, and an object store gets it in one request or not at all.
+    buf = io.BytesIO()
+    table = TableBuilder(buf)
+    table.add(HEADER_KEY, encode_header(num_shards, endianness))
+    for key in sorted(entries):
+        table.add(key, entries[key].SerializeToString())
+    table.finish()
+    return buf.getvalue()
+
+
 def write_index(
     store: Storage,
     path: str,
@@ -39,17 +281,8 @@ def write_index(
     endianness: Endianness,
     durable: bool,
 ) -> None:
-    """Write the index table (a new file on ``store``): the header, then every entry in key
-    order."""
-    # Built whole in memory first (an index is small): then an interrupted run has
-    # nothing to store, and an object store gets it in one request or not at all.
-    buf = io.BytesIO()
-    table = TableBuilder(buf)
-    table.add(HEADER_KEY, encode_header(num_shards, endianness))
-    for key in sorted(entries):
-        table.add(key, entries[key].SerializeToString())
-    table.finish()
-    store.write_new(path, buf.getbuffer(), durable=durable)
+    """Write the index table as a new file on ``store`` (see :func:`index_bytes`)."""
+    store.write_new(path, index_bytes(entries, num_shards, endianness), durable=durable)
 
 
 def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
@@ -128,18 +361,6 @@ def _file_name(path: str) -> str:
     return path.replace(os.sep, "/").rsplit("/", 1)[-1]
 
 
-def remove_replaced_data(store: Storage, old: Sequence[str], keep: Sequence[str]) -> None:
-    """After a commit: delete the data files the replaced checkpoint used (best effort)."""
-    kept = {_file_name(k) for k in keep}
-    for stale in old:
-        if _file_name(stale) in kept:
-            continue
-        try:
-            store.remove(stale)
-        except (OSError, CheckpointError):
-            pass
-
-
 def new_shard_paths(store: Storage, prefix: str, count: int) -> list[str]:
     """Where a run writes the ``count`` data shards of ``prefix`` (on ``store``) before its
     commit.
@@ -155,39 +376,112 @@ def new_shard_paths(store: Storage, prefix: str, count: int) -> list[str]:
     return [paths.data_filename(prefix, k, total) for k in range(total)]
 
 
-def discard(store: Storage, files: Sequence[str]) -> None:
-    """Remove files a failed run wrote on ``store`` (best effort: some may be gone already)."""
-    for path in files:
-        try:
-            store.remove(path)
-        except (OSError, CheckpointError):
-            pass
-
-
-def _empty_shard(store: Storage, path: str, durable: bool) -> None:
-    """An extra shard, written as any shard is, that holds no tensor."""
-    f = store.open_writer(path)
+def bundle_commit(
+    store: Storage, prefix: str, shard_paths: Sequence[str], *, overwrite: bool, durable: bool
+) -> Commit:
+    """The :class:`Commit` of a run writing a checkpoint at ``prefix``, its shards at
+    ``shard_paths`` (see :func:`new_shard_paths`; written by the run or its tasks),
+    with the prefix's directory made: shards and directories are the run's from now
+    on, removed after a failure (:meth:`Commit.discard`)."""
+    commit = _bundle_commit(store, prefix, _temporary_base(prefix, shard_paths), overwrite, durable)
+    commit.own(*shard_paths)
     try:
-        f.flush()
-        if durable:
-            store.fsync(f)
-    finally:
-        f.close()
+        commit.make_directory(store.dirname(prefix))
+    except OSError as e:
+        raise CheckpointWriteError(
+            f"cannot create directory: {e.strerror or e}", path=prefix
+        ) from None
+    return commit
 
 
-def _add_empty_shards(
-    store: Storage, shard_paths: list[str], count: int, base: str, durable: bool
-) -> None:
+def _bundle_commit(
+    store: Storage, prefix: str, base: str, overwrite: bool, durable: bool
+) -> Commit:
+    """A checkpoint's :class:`Commit`: its index last; ``base`` names the temporary index."""
+    return Commit(
+        store,
+        paths.index_filename(prefix),
+        overwrite=overwrite,
+        durable=durable,
+        temporary=f"{base}.index",
+    )
+
+
+def _temporary_base(prefix: str, shard_paths: Sequence[str]) -> str:
+    """What names a run's other temporaries (the index, extra empty shards): the base of
+    its shards' (see :func:`new_shard_paths`)."""
+    return shard_paths[0].rsplit(".data-", 1)[0] if shard_paths else temporary_base(prefix)
+
+
+def _add_empty_shards(commit: Commit, shard_paths: list[str], count: int, base: str) -> None:
     """Grow ``shard_paths`` (in place) to ``count`` shards with empty ones named after ``base``."""
+    store = commit.store
     try:
         while len(shard_paths) < count:
             path = f"{base}.data-{len(shard_paths)}"
             # Listed before it exists: an interrupt between the two leaves no file the
             # clean-up does not know of.
             shard_paths.append(path)
-            _empty_shard(store, path, durable)
+            commit.own(path)
+            f = store.open_writer(path)  # written as any shard is, holding no tensor
+            try:
+                f.flush()
+                if commit.durable:
+                    store.fsync(f)
+            finally:
+                f.close()
     except OSError as e:
         raise CheckpointWriteError(f"cannot create data file: {e.strerror}", path=base) from None
+
+
+def publish_bundle(
+    commit: Commit,
+    prefix: str,
+    shard_paths: Sequence[str],
+    entries: Mapping[bytes, BundleEntryProto],
+    *,
+    base: str,
+    endianness: Endianness = "little",
+    count: int | None = None,
+) -> list[str]:
+    """Make closed data files one checkpoint at ``prefix`` through ``commit``, the index
+    last; the data files of the checkpoint it replaced (to remove after).
+
+    ``count``: the shards are already at their final names for that many shards (on an
+    object store, see :func:`new_shard_paths`). Otherwise the shard count is chosen now:
+    locally, with an index there or without ``overwrite``, one no file there has (a
+    link fails on a name taken); leftovers of killed runs, with no index, may be
+    replaced by an overwriting run. On an object store, one no committed index uses.
+    Extra shards are written empty, named after ``base``.
+    """
+    check_partitions(entries)
+    store = commit.store
+    old = data_files(store, prefix)
+    if count is None:
+        fresh = store.atomic_rename and commit.overwrite and not store.exists(commit.last)
+        count = free_shard_count([] if fresh else old, len(shard_paths))
+    elif list(shard_paths) != [paths.data_filename(prefix, i, count) for i in range(count)]:
+        raise ValueError("remote shards must be written under their final names")
+    finals = [paths.data_filename(prefix, i, count) for i in range(count)]
+    shard_paths = list(shard_paths)
+    _add_empty_shards(commit, shard_paths, count, base)
+    for path, final in zip(shard_paths, finals):
+        if path != final:
+            commit.move(path, final)
+    try:
+        commit.write_last(index_bytes(entries, count, endianness))
+    except OSError as e:
+        raise CheckpointWriteError(f"write failed: {e.strerror}", path=prefix) from None
+    try:
+        commit.publish(replace_data=commit.overwrite)
+    except OSError as e:
+        if not store.atomic_rename:
+            raise CheckpointWriteError(f"write failed: {e.strerror or e}", path=prefix) from None
+        raise CheckpointWriteError(
+            f"cannot move the checkpoint into place: {e.strerror}", path=prefix
+        ) from None
+    kept = {_file_name(f) for f in finals}
+    return [f for f in old if _file_name(f) not in kept]
 
 
 def commit(
@@ -202,107 +496,15 @@ def commit(
     overwrite: bool = True,
 ) -> str:
     """Make closed temporary data files one checkpoint at ``prefix`` on ``store``, the
-    index last.
+    index last (:func:`publish_bundle`), then remove the data the replaced checkpoint used.
 
     ``base`` names this run's other temporaries (the index, extra empty shards).
-    Locally the files are renamed into place and the index's rename commits;
-    without ``overwrite`` they are linked in instead, which fails on a name already
-    taken, so a checkpoint another run committed meanwhile is an error, never
-    replaced. On an object store the data objects move to names no committed index
-    uses, and the index written after them commits. Either way the data files of
-    the replaced checkpoint are deleted after. On failure what this call created
-    or moved is removed; ``shard_paths`` themselves are the caller's.
+    Without ``overwrite`` a checkpoint another run committed meanwhile is an error,
+    never replaced. On failure what this call created or moved is removed;
+    ``shard_paths`` themselves are the caller's.
     """
-    check_partitions(entries)
-    index = paths.index_filename(prefix)
-    shard_paths = list(shard_paths)
-    given = len(shard_paths)
-    old_shards = data_files(store, prefix)
-    if store.atomic_rename:
-        # Leftovers of killed runs, with no index, may be replaced by an overwriting
-        # run; a run that may not replace anything links its files in, and a link
-        # fails on any name already taken, so it picks names no file has.
-        avoid = old_shards if store.exists(index) or not overwrite else []
-    else:
-        avoid = old_shards
-    num_shards = free_shard_count(avoid, given)
-    finals = [paths.data_filename(prefix, i, num_shards) for i in range(num_shards)]
-    index_tmp = f"{base}.index"
-    placed: list[str] = []  # ours at their final names
-    try:
-        _add_empty_shards(store, shard_paths, num_shards, base, durable)
-        if store.atomic_rename:
-            _place(
-                store,
-                prefix,
-                shard_paths,
-                finals,
-                index_tmp,
-                entries,
-                endianness,
-                durable,
-                overwrite,
-                placed,
-            )
-        else:
-            try:
-                for path, final in zip(shard_paths, finals):
-                    store.replace(path, final)
-                    placed.append(final)
-                write_index(store, index, entries, num_shards, endianness, durable)
-            except OSError as e:
-                raise CheckpointWriteError(
-                    f"write failed: {e.strerror or e}", path=prefix
-                ) from None
-    except BaseException:
-        discard(
-            store,
-            placed
-            + shard_paths[max(given, len(placed)) :]
-            + ([index_tmp] if store.atomic_rename else []),
-        )
-        raise
-    if durable:
-        store.fsync_dir(store.dirname(prefix) or ".")
-    remove_replaced_data(store, old_shards, finals)
-    return prefix
-
-
-def _place(
-    store: Storage,
-    prefix: str,
-    shard_paths: list[str],
-    finals: list[str],
-    index_tmp: str,
-    entries,
-    endianness: Endianness,
-    durable: bool,
-    overwrite: bool,
-    placed: list[str],
-) -> None:
-    """Write the index beside the data, then rename them all into place, the index last."""
-    index = paths.index_filename(prefix)
-    try:
-        write_index(store, index_tmp, entries, len(finals), endianness, durable)
-    except OSError as e:
-        raise CheckpointWriteError(f"write failed: {e.strerror}", path=prefix) from None
-    try:
-        for path, final in zip(shard_paths + [index_tmp], finals + [index]):
-            # The index's move is the commit: one atomic rename or link.
-            if overwrite:
-                store.replace(path, final)
-            else:
-                store.rename_noreplace(path, final)
-            placed.append(final)
-    except FileExistsError as e:  # a name taken meanwhile was never replaced
-        raise CheckpointWriteError(
-            "another run wrote a checkpoint here meanwhile (pass overwrite to replace it)",
-            path=e.filename or index,
-        ) from None
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot move the checkpoint into place: {e.strerror}", path=prefix
-        ) from None
+    c = _bundle_commit(store, prefix, base, overwrite, durable)
+    return _commit_bundle(c, prefix, shard_paths, entries, base, endianness, None)
 
 
 def commit_shards(
@@ -314,43 +516,47 @@ def commit_shards(
     endianness: Endianness = "little",
     durable: bool = True,
     overwrite: bool = True,
+    commit: Commit | None = None,
 ) -> str:
     """Make shards written separately one checkpoint at ``prefix`` on ``store``: the index
     goes last.
 
     Locally, ``shard_paths`` are temporary files renamed into place before the index
-    (as :func:`commit` does; without ``overwrite``, a checkpoint another run
-    committed meanwhile is an error, never replaced); on an object store they already
-    carry their final names (see :func:`free_shard_count`), writing the index is the
-    commit, and the data objects of the checkpoint it replaced are deleted after it.
-    On failure the shards are removed.
+    (without ``overwrite``, a checkpoint another run committed meanwhile is an error,
+    never replaced); on an object store they already carry their final names (see
+    :func:`new_shard_paths`) and writing the index is the commit. The data files of the
+    checkpoint it replaced are deleted after. On failure the shards are removed, unless
+    the commit happened. ``commit``: the run's :func:`bundle_commit`, when it has one (its
+    ``overwrite`` and ``durable`` apply).
     """
-    num_shards = len(shard_paths)
-    if not store.atomic_rename:
-        check_partitions(entries)
-        finals = [paths.data_filename(prefix, i, num_shards) for i in range(num_shards)]
-        if list(shard_paths) != finals:
-            raise ValueError("remote shards must be written under their final names")
-        old_shards = data_files(store, prefix)
-        write_index(store, paths.index_filename(prefix), entries, num_shards, endianness, durable)
-        remove_replaced_data(store, old_shards, finals)
-        return prefix
-    # Extra (empty) shards go beside the ones written.
-    base = shard_paths[0].rsplit(".data-", 1)[0] if shard_paths else temporary_base(prefix)
+    base = _temporary_base(prefix, shard_paths)
+    if commit is None:
+        commit = _bundle_commit(store, prefix, base, overwrite, durable)
+        commit.own(*shard_paths)
+    count = None if commit.renames else len(shard_paths)
+    return _commit_bundle(commit, prefix, shard_paths, entries, base, endianness, count)
+
+
+def _commit_bundle(
+    c: Commit,
+    prefix: str,
+    shard_paths: Sequence[str],
+    entries: Mapping[bytes, BundleEntryProto],
+    base: str,
+    endianness: Endianness,
+    count: int | None,
+) -> str:
+    """:func:`publish_bundle`, then the replaced data removed; on failure
+    :meth:`Commit.discard`."""
     try:
-        return commit(
-            store,
-            prefix,
-            shard_paths,
-            entries,
-            base=base,
-            endianness=endianness,
-            durable=durable,
-            overwrite=overwrite,
+        replaced = publish_bundle(
+            c, prefix, shard_paths, entries, base=base, endianness=endianness, count=count
         )
     except BaseException:
-        discard(store, shard_paths)
+        c.discard()
         raise
+    c.remove_replaced(replaced)
+    return prefix
 
 
 def write_state_file(store: Storage, directory: str, prefix_name: str) -> None:

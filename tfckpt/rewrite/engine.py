@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from tfckpt.errors import (
     CheckpointError,
-    CheckpointWriteError,
 )
 from tfckpt.io import paths
 from tfckpt.io.commit import (
+    bundle_commit,
     commit_shards,
     merge_entries,
     write_state_file,
@@ -175,32 +175,18 @@ def run_and_commit(
     nothing and removes the tasks' files and the directories this run made."""
     remove_stale_temporaries(store, dst)
     remove_stale_temporaries(store, store.join(store.dirname(dst), paths.STATE_FILENAME))
-    try:
-        made_dirs = store.makedirs(store.dirname(dst))  # innermost first
-    except OSError as e:
-        raise CheckpointWriteError(
-            f"cannot create directory: {e.strerror or e}", path=dst
-        ) from None
+    shard_paths = [t.path for t in tasks]
+    commit = bundle_commit(
+        store, dst, shard_paths, overwrite=overwrite, durable=options.durable
+    )  # the tasks' files and the directories made are its own from now on
     try:
         results = run_tasks(tasks, options.executor, progress)
         counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
         check_overflow(counts, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
-        commit_shards(
-            store,
-            dst,
-            [t.path for t in tasks],
-            entries,
-            durable=options.durable,
-            overwrite=overwrite,
-        )
+        commit_shards(store, dst, shard_paths, entries, commit=commit)
     except BaseException:
-        for t in tasks:
-            try:
-                store.remove(t.path)
-            except (OSError, CheckpointError):
-                pass
-        store.remove_dirs(made_dirs)  # only those still empty
+        commit.discard()  # unless committed: the tasks' files, the directories made
         raise
     return counts
 
