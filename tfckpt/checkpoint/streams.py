@@ -10,10 +10,11 @@ index entry with the checksum of what it wrote.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from tfckpt.checkpoint.entries import IndexEntries
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import NATIVE
 from tfckpt.format.dtypes import Endianness
@@ -21,8 +22,22 @@ from tfckpt.format.framing import encode_varints, lengths_crc
 from tfckpt.format.slices import num_elements
 from tfckpt.format.table import crc32c, mask_crc
 
-if TYPE_CHECKING:
-    from tfckpt.checkpoint.writer import ShardWriter
+
+class DataFile(Protocol):
+    """What a stream writes through: a data file being written (a
+    :class:`~tfckpt.checkpoint.writer.ShardWriter`), its bytes so far and its entries."""
+
+    endianness: Endianness
+    index: IndexEntries
+    size: int
+
+    def append(self, data) -> None: ...
+
+    def record(
+        self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int, size: int, crc: int
+    ) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 def holds(values: np.ndarray, dt: _dt.DType) -> bool:
@@ -52,7 +67,7 @@ class TensorStream:
 
     def __init__(
         self,
-        writer: ShardWriter,
+        writer: DataFile,
         key: bytes,
         dtype: _dt.DType,
         shape: tuple[int, ...],
@@ -116,7 +131,7 @@ class StringStream(TensorStream):
 
     def __init__(
         self,
-        writer: ShardWriter,
+        writer: DataFile,
         key: bytes,
         shape: tuple[int, ...],
         on_close: Callable[[], None] | None,

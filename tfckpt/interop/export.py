@@ -1,65 +1,36 @@
 """Leaving TensorFlow: checkpoints to safetensors / npz.
 
-:func:`export` plans with :func:`~tfckpt.plan` (so selection, renaming and casts
-work as for every transform), then streams each tensor chunk by chunk through
-the cast into the writers of :mod:`tfckpt.tensorfiles`; ``permute`` reorders
-axes tile by tile (:mod:`tfckpt.permute`). Files are written under temporary
-names and renamed into place at the end (see
-:class:`~tfckpt.interop.export_files.ExportWriting` and :class:`~tfckpt.io.commit.Commit`),
-the index of a sharded export last. The way back is :mod:`tfckpt.importing`.
+:func:`plan_export` plans with :func:`~tfckpt.plan` (so selection, renaming and casts
+work as for every transform), then cuts the tensors into files
+(:class:`~tfckpt.interop.export_files.ExportFiles`, the plan's output);
+:func:`~tfckpt.execute` streams each tensor chunk by chunk through the cast into the
+writers of :mod:`tfckpt.format.tensorfiles`; ``permute`` reorders axes tile by tile
+(:mod:`tfckpt.rewrite.permute`). Files are written under temporary names and renamed
+into place at the end (:class:`~tfckpt.io.commit.Commit`), the index of a sharded
+export last. The way back is :mod:`tfckpt.interop.importing`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import (
     CheckpointError,
-    CheckpointWriteError,
 )
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
-from tfckpt.interop.export_files import ExportWriting, file_names, replaced_files
-from tfckpt.io.storage import Storage, StorageOptions, normalize
-from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.interop.export_files import ExportFiles, ExportTensor, file_names
+from tfckpt.io.storage import StorageOptions, normalize
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Permuter, Permutes
-from tfckpt.rewrite.planner import Plan, PlannedTensor, plan
+from tfckpt.rewrite.planner import Plan, plan
 from tfckpt.rewrite.rules import compile_rules, new_name
-from tfckpt.rewrite.streaming import TaskItem
-from tfckpt.rewrite.tasks import task_item
-from tfckpt.version import __version__
-
-# -- export
-
-
-@dataclass
-class ExportTensor:
-    """One planned output tensor of an export."""
-
-    pt: PlannedTensor
-    perm: tuple[int, ...] | None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        s = self.pt.info.shape
-        return s if self.perm is None else tuple(s[p] for p in self.perm)
-
-    @property
-    def entry(self) -> tfiles.Entry:
-        return tfiles.Entry(self.pt.new_name, self.pt.new_dtype, self.shape)
-
-    @property
-    def item(self) -> TaskItem:
-        """What the engine's pipeline streams for this tensor."""
-        pt = self.pt
-        return task_item(pt, None, pt.info.nbytes, pt.bytes_out, perm=self.perm)
 
 
 def _format_of(out: str, fmt: str | None) -> str:
@@ -144,65 +115,6 @@ def _export_names(
             if not given:
                 ckpt.close()
     return Options.of(options, rename=None, rename_exact=composed, drop_objects=tuple(drop))
-
-
-@dataclass
-class ExportFiles:
-    """The output of an export's :class:`~tfckpt.rewrite.planner.Plan` (its ``output``):
-    the files its tensors go to, instead of a checkpoint; :func:`~tfckpt.execute`
-    writes them through :meth:`write`.
-
-    >>> p = plan_export("bert/bert_model.ckpt", "hf/model.safetensors")
-    >>> [path for path, _ in p.output.files], p.output.format
-    """
-
-    format: str
-    out: str
-    files: list[tuple[str, list[ExportTensor]]]  # final path, its tensors in order
-    index: str | None  # the sharded index's path
-    skipped: list[tuple[str, str]]
-    protected: frozenset[str] = frozenset()  # the sources' files (real paths)
-
-    def summary(self, p: Plan) -> Summary:
-        """What the export of ``p`` writes, before it is written (seconds and counts zero)."""
-        ruled = p.dtype_rule_counts() is not None
-        outs = [o for _, outs in self.files for o in outs]
-        return Summary(
-            self.out,
-            kept=len(outs),
-            dropped=len(p.dropped),
-            renamed=sum(o.pt.renamed for o in outs),
-            cast=sum(o.pt.cast for o in outs),
-            bytes_in=sum(o.pt.info.nbytes for o in outs),
-            bytes_out=sum(o.pt.bytes_out for o in outs),
-            seconds=0.0,
-            files=[f for f, _ in self.files] + ([self.index] if self.index else []),
-            tensors=[
-                {
-                    "name": o.pt.name,
-                    "new_name": o.pt.new_name,
-                    "dtype": o.pt.info.dtype,
-                    "new_dtype": o.pt.new_dtype,
-                    "shape": list(o.shape),
-                    "permute": list(o.perm) if o.perm else None,
-                    "file": p.storage.basename(path),
-                    **({"dtype_by": o.pt.dtype_by} if ruled else {}),
-                }
-                for path, outs in self.files
-                for o in outs
-            ],
-            skipped=self.skipped,
-        )
-
-    def write(self, p: Plan, store: Storage, options: Options, progress=None) -> Summary:
-        """Write and commit these files on ``store`` from the sources of ``p`` (what
-        :func:`~tfckpt.execute` does for an export's plan); the files they replace are
-        removed after the commit, this run's files after a failure."""
-        start = time.perf_counter()
-        summary = self.summary(p)
-        summary.cast_counts = _write_files(p, self, store, options, progress)
-        summary.seconds = time.perf_counter() - start
-        return summary
 
 
 def plan_export(
@@ -366,32 +278,3 @@ def export(
                 s.ckpt.close()
     summary.seconds = time.perf_counter() - start
     return summary
-
-
-def _write_files(
-    p: Plan, ep: ExportFiles, store: Storage, options: Options, progress
-) -> dict[str, CastCounts]:
-    """Write and commit the files of the export ``p`` on ``store``, then remove the files
-    they replace; on a failure, this run's files. What the casts did, per tensor."""
-    label = p.sources[0].ckpt.prefix
-    metadata = {
-        "format": "pt" if ep.format == tfiles.SAFETENSORS else "np",
-        "source": store.basename(label),
-        "source_format": "tensorflow checkpoint (tensor bundle v2)",
-        "producer": f"tfckpt {__version__}",
-    }
-    ckpts = {i: s.ckpt for i, s in enumerate(p.sources)}
-    w = ExportWriting(store, ep, options, ckpts, metadata, progress)
-    try:
-        replaced = replaced_files(store, ep) if options.overwrite else []
-        w.write_all()
-        check_overflow(w.counts, options.overflow, ep.out)
-        w.publish()
-    except OSError as e:
-        w.commit.discard()
-        raise CheckpointWriteError(f"cannot write: {e.strerror or e}", path=ep.out) from None
-    except BaseException:
-        w.commit.discard()
-        raise
-    w.commit.remove_replaced(replaced)
-    return w.counts

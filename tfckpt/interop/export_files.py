@@ -1,28 +1,115 @@
-"""An export's files: their names, writing them and their index through the one commit
+"""An export's files: what each holds (:class:`ExportFiles`, the output of an export's
+plan), their names, writing them and their index through the one commit
 (:class:`~tfckpt.io.commit.Commit`: temporaries renamed into place, the index or the
 single file last), and which files of a replaced or killed export are to be removed.
 
-:func:`tfckpt.export` plans (:mod:`tfckpt.interop.export`), then writes through
-:class:`ExportWriting`.
+:func:`tfckpt.export` plans (:mod:`tfckpt.interop.export`: which tensors, their names,
+how the files are cut); :func:`~tfckpt.execute` then writes the plan's
+:class:`ExportFiles` through :class:`ExportWriting`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.io.commit import Commit
+from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
 from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.rewrite.engine import Summary
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.streaming import ProgressSink, stream_items
+from tfckpt.rewrite.planner import Plan, PlannedTensor
+from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
+from tfckpt.rewrite.tasks import task_item
+from tfckpt.version import __version__
 
-if TYPE_CHECKING:
-    from tfckpt.interop.export import ExportFiles, ExportTensor
+
+@dataclass
+class ExportTensor:
+    """One planned output tensor of an export."""
+
+    pt: PlannedTensor
+    perm: tuple[int, ...] | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = self.pt.info.shape
+        return s if self.perm is None else tuple(s[p] for p in self.perm)
+
+    @property
+    def entry(self) -> tfiles.Entry:
+        return tfiles.Entry(self.pt.new_name, self.pt.new_dtype, self.shape)
+
+    @property
+    def item(self) -> TaskItem:
+        """What the engine's pipeline streams for this tensor."""
+        pt = self.pt
+        return task_item(pt, None, pt.info.nbytes, pt.bytes_out, perm=self.perm)
+
+
+@dataclass
+class ExportFiles:
+    """The output of an export's :class:`~tfckpt.rewrite.planner.Plan` (its ``output``):
+    the files its tensors go to, instead of a checkpoint; :func:`~tfckpt.execute`
+    writes them through :meth:`write`.
+
+    >>> p = tfckpt.interop.export.plan_export("bert/bert_model.ckpt", "hf/model.safetensors")
+    >>> [path for path, _ in p.output.files], p.output.format
+    """
+
+    format: str
+    out: str
+    files: list[tuple[str, list[ExportTensor]]]  # final path, its tensors in order
+    index: str | None  # the sharded index's path
+    skipped: list[tuple[str, str]]
+    protected: frozenset[str] = frozenset()  # the sources' files (real paths)
+
+    def summary(self, p: Plan) -> Summary:
+        """What the export of ``p`` writes, before it is written (seconds and counts zero)."""
+        ruled = p.dtype_rule_counts() is not None
+        outs = [o for _, outs in self.files for o in outs]
+        return Summary(
+            self.out,
+            kept=len(outs),
+            dropped=len(p.dropped),
+            renamed=sum(o.pt.renamed for o in outs),
+            cast=sum(o.pt.cast for o in outs),
+            bytes_in=sum(o.pt.info.nbytes for o in outs),
+            bytes_out=sum(o.pt.bytes_out for o in outs),
+            seconds=0.0,
+            files=[f for f, _ in self.files] + ([self.index] if self.index else []),
+            tensors=[
+                {
+                    "name": o.pt.name,
+                    "new_name": o.pt.new_name,
+                    "dtype": o.pt.info.dtype,
+                    "new_dtype": o.pt.new_dtype,
+                    "shape": list(o.shape),
+                    "permute": list(o.perm) if o.perm else None,
+                    "file": p.storage.basename(path),
+                    **({"dtype_by": o.pt.dtype_by} if ruled else {}),
+                }
+                for path, outs in self.files
+                for o in outs
+            ],
+            skipped=self.skipped,
+        )
+
+    def write(self, p: Plan, store: Storage, options: Options, progress=None) -> Summary:
+        """Write and commit these files on ``store`` from the sources of ``p`` (what
+        :func:`~tfckpt.execute` does for an export's plan); the files they replace are
+        removed after the commit, this run's files after a failure."""
+        start = time.perf_counter()
+        summary = self.summary(p)
+        summary.cast_counts = _write_files(p, self, store, options, progress)
+        summary.seconds = time.perf_counter() - start
+        return summary
 
 
 class TensorFileSink:
@@ -253,3 +340,32 @@ def replaced_files(store, ep: ExportFiles) -> list[str]:
         for f in old
         if f not in mine and store.isfile(f) and store.realpath(f) not in ep.protected
     ]
+
+
+def _write_files(
+    p: Plan, ep: ExportFiles, store: Storage, options: Options, progress
+) -> dict[str, CastCounts]:
+    """Write and commit the files of the export ``p`` on ``store``, then remove the files
+    they replace; on a failure, this run's files. What the casts did, per tensor."""
+    label = p.sources[0].ckpt.prefix
+    metadata = {
+        "format": "pt" if ep.format == tfiles.SAFETENSORS else "np",
+        "source": store.basename(label),
+        "source_format": "tensorflow checkpoint (tensor bundle v2)",
+        "producer": f"tfckpt {__version__}",
+    }
+    ckpts = {i: s.ckpt for i, s in enumerate(p.sources)}
+    w = ExportWriting(store, ep, options, ckpts, metadata, progress)
+    try:
+        replaced = replaced_files(store, ep) if options.overwrite else []
+        w.write_all()
+        check_overflow(w.counts, options.overflow, ep.out)
+        w.publish()
+    except OSError as e:
+        w.commit.discard()
+        raise CheckpointWriteError(f"cannot write: {e.strerror or e}", path=ep.out) from None
+    except BaseException:
+        w.commit.discard()
+        raise
+    w.commit.remove_replaced(replaced)
+    return w.counts
