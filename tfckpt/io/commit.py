@@ -232,8 +232,6 @@ class Commit:
                 break
         if interrupted is not None:
             raise interrupted
-        if self.durable and (files or self.retired):
-            self.store.fsync_dir(self.store.dirname(self.last) or ".")
 
 
 def _holds(store: Storage, path: str, data: bytes) -> bool:
