@@ -156,6 +156,17 @@ def add_rename_group(p: argparse.ArgumentParser) -> None:
         "(back-references allowed); first matching rule wins",
     )
     g.add_argument("--map-file", metavar="F.json", help="exact renames as a JSON object")
+    g.add_argument(
+        "--rules",
+        metavar="F.toml",
+        help="a rules file: maps, renames, excludes, value transforms and dtype rules "
+        "(the flags' rules are tried first)",
+    )
+    g.add_argument(
+        "--allow-unmapped",
+        action="store_true",
+        help="with [[map]] rules: leave out the tensors no rule names (default: error)",
+    )
 
 
 def add_write_options(
@@ -206,19 +217,35 @@ def add_output_group(p: argparse.ArgumentParser) -> None:
 
 
 def add_transform_options(p: argparse.ArgumentParser) -> None:
-    """Every transform option, in the groups cast, select, rename and output."""
+    """Every transform option, in the groups cast, select, rename, values and output."""
     add_cast_group(p)
     add_select_group(p)
     add_rename_group(p)
+    add_values_group(p)
     add_output_group(p)
 
 
-def add_permute(p: Container) -> None:
-    """``--permute REGEX=AXES`` (export and import)."""
-    p.add_argument(
+def add_values_group(p: argparse.ArgumentParser) -> None:
+    """The transforms' "values" group: ``--permute``, ``--reshape``, ``--squeeze``."""
+    g = p.add_argument_group("values")
+    g.add_argument(
         "--permute",
         metavar="REGEX=AXES",
         action="append",
         help="reorder the axes of tensors whose (new) name matches, e.g. 'kernel$=1,0' "
         "([in,out] -> [out,in]) or 'conv.*/kernel$=3,2,0,1' (HWIO -> OIHW); first match wins",
+    )
+    g.add_argument(
+        "--reshape",
+        metavar="REGEX=SHAPE",
+        action="append",
+        help="give tensors whose (new) name matches this shape, elements in order, after "
+        "--permute (e.g. 'qkv$=768,3,768'; one -1 allowed); first match wins",
+    )
+    g.add_argument(
+        "--squeeze",
+        metavar="REGEX",
+        action="append",
+        help="drop the axes of size 1 of tensors whose (new) name matches (unless a "
+        "--reshape matches), e.g. '/c_attn/w$' ([1,768,2304] -> [768,2304])",
     )

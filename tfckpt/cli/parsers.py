@@ -351,7 +351,6 @@ def add_export(sub: Subparsers) -> None:
     p.add_argument("src")
     p.add_argument("out", help="OUT.safetensors or OUT.npz")
     opt.add_transform_options(p)
-    opt.add_permute(p)
     g = p.add_argument_group("export")
     g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
     g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")
@@ -381,7 +380,6 @@ def add_import(sub: Subparsers) -> None:
     p.add_argument("src", metavar="IN")
     p.add_argument("out", metavar="OUT_PREFIX")
     opt.add_transform_options(p)
-    opt.add_permute(p)
     p.set_defaults(func="transform.cmd_export")
 
 

@@ -27,8 +27,7 @@ from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, c
 from tfckpt.interop.export_files import ExportFiles, ExportTensor, file_names
 from tfckpt.io.storage import StorageOptions, normalize
 from tfckpt.rewrite.engine import Summary, execute
-from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.permute import Permuter, Permutes
+from tfckpt.rewrite.options import Options, Permutes
 from tfckpt.rewrite.planner import Plan, plan
 from tfckpt.rewrite.rules import compile_rules, new_name
 
@@ -144,13 +143,14 @@ def plan_export(
     fmt = _format_of(out, format)
     if fmt == tfiles.NPZ and options.max_shard_bytes is not None:
         raise CheckpointError("npz output is one file; max_shard_bytes is for safetensors")
+    if permute:
+        options = Options.of(options, permute=[*permute, *options.permute])
     options = _export_names(sources, options, keep_keys, with_optimizer, storage_options)
     # The planner's destination is a checkpoint prefix; an export's is its file.
     p = plan(
         sources, out, Options.of(options, max_shard_bytes=None), storage_options=storage_options
     )
     store = p.storage
-    permuter = Permuter(permute)
     outs, skipped, left_out = [], [], []
     for pt in p.tensors:
         if pt.name in BOOKKEEPING and not (with_bookkeeping or with_optimizer):
@@ -168,8 +168,7 @@ def plan_export(
         if not tfiles.supports(fmt, pt.new_dtype):
             skipped.append((pt.new_name, f"{pt.new_dtype} tensors cannot be stored in {fmt}"))
             continue
-        perm = permuter(pt.new_name, pt.info.shape, path=p.sources[pt.source].label)
-        outs.append(ExportTensor(pt, perm))
+        outs.append(ExportTensor(pt))
     if skipped and not skip_unsupported:
         listed = ", ".join(f"{n} ({r.split(' ')[0]})" for n, r in skipped)
         raise CheckpointError(

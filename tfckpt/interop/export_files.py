@@ -32,15 +32,17 @@ from tfckpt.version import __version__
 
 @dataclass
 class ExportTensor:
-    """One planned output tensor of an export."""
+    """One planned output tensor of an export (its value transforms the plan's)."""
 
     pt: PlannedTensor
-    perm: tuple[int, ...] | None
+
+    @property
+    def perm(self) -> tuple[int, ...] | None:
+        return self.pt.perm
 
     @property
     def shape(self) -> tuple[int, ...]:
-        s = self.pt.info.shape
-        return s if self.perm is None else tuple(s[p] for p in self.perm)
+        return self.pt.out_shape
 
     @property
     def entry(self) -> tfiles.Entry:
@@ -50,7 +52,7 @@ class ExportTensor:
     def item(self) -> TaskItem:
         """What the engine's pipeline streams for this tensor."""
         pt = self.pt
-        return task_item(pt, None, pt.info.nbytes, pt.bytes_out, perm=self.perm)
+        return task_item(pt, None, pt.info.nbytes, pt.bytes_out)
 
 
 @dataclass

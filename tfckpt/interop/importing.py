@@ -29,9 +29,8 @@ from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, st
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.engine import Summary
-from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.permute import Permuter, Permutes
-from tfckpt.rewrite.rules import DtypePolicy, NameRules
+from tfckpt.rewrite.options import Options, Permutes
+from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
@@ -135,7 +134,8 @@ def import_(
     a V2 checkpoint at ``out_prefix``, tensor by tensor in bounded chunks.
 
     ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
-    ``overflow``), ``permute``, ``overwrite`` and ``progress`` apply as in :func:`export`;
+    ``overflow``), ``permute`` (also ``reshape`` and ``squeeze``), ``overwrite`` and
+    ``progress`` apply as in :func:`export`;
     ``storage_options`` go to fsspec with both URLs.
 
     >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
@@ -148,7 +148,9 @@ def import_(
     ins = _import_entries(src_store, src)
     naming = NameRules.of(options)
     policy = DtypePolicy.of(options)
-    chosen, dropped = _chosen(ins, naming, policy, Permuter(permute))
+    if permute:
+        options = Options.of(options, permute=[*permute, *options.permute])
+    chosen, dropped = _chosen(ins, naming, policy, ShapeRules.of(options))
     ruled = bool(policy.labels)
     store = storage_for(prefix, storage_options)
     index_filename = paths.index_filename
@@ -172,12 +174,12 @@ def import_(
                 "new_name": new,
                 "dtype": i.entry.dtype,
                 "new_dtype": nd,
-                "shape": list(i.entry.shape if perm is None else [i.entry.shape[p] for p in perm]),
+                "shape": list(i.entry.shape if shape is None else shape),
                 "permute": list(perm) if perm else None,
                 "file": src_store.basename(i.file),
                 **({"dtype_by": by} if ruled else {}),
             }
-            for i, new, nd, perm, by in chosen
+            for i, new, nd, (perm, shape), by in chosen
         ],
     )
     if dry_run:
@@ -191,14 +193,16 @@ def _nbytes(shape, dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * _dt.lookup(dtype).fixed_itemsize
 
 
-# Per imported tensor: it, its new name, new dtype, permutation, the DtypePolicy label.
-_Chosen = list[tuple[_In, str, str, tuple[int, ...] | None, str | None]]
+# Per imported tensor: it, its new name, new dtype, (permutation, shape written), the
+# DtypePolicy label.
+_Shaping = tuple[tuple[int, ...] | None, tuple[int, ...] | None]
+_Chosen = list[tuple[_In, str, str, _Shaping, str | None]]
 
 
 def _chosen(
-    ins: list[_In], naming: NameRules, policy: DtypePolicy, permuter: Permuter
+    ins: list[_In], naming: NameRules, policy: DtypePolicy, shapes: ShapeRules
 ) -> tuple[_Chosen, int]:
-    """The tensors the patterns keep, each with its new name, dtype and permutation; and
+    """The tensors the patterns keep, each with its new name, dtype and value transforms; and
     how many they leave out. Two tensors given one name are an error."""
     chosen: _Chosen = []
     seen: dict[str, str] = {}
@@ -217,8 +221,14 @@ def _chosen(
             )
         seen[new] = name
         to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
-        perm = permuter(new, i.entry.shape, path=i.file)
-        chosen.append((i, new, to.name, perm, by))
+        shaping = shapes.decide(new, i.entry.shape, path=i.file)
+        if shaping != (None, None) and _dt.lookup(i.entry.dtype).numpy is None:
+            raise CheckpointError(
+                f"value transforms take numeric and bool tensors, not {i.entry.dtype}",
+                path=i.file,
+                tensor=name,
+            )
+        chosen.append((i, new, to.name, shaping, by))
     return chosen, dropped
 
 
@@ -244,7 +254,7 @@ def _write_import(
         try:
             counts: dict[str, tuple[int, int, int, int]] = {}
             stream_items(
-                [_item(i, new, nd, perm) for i, new, nd, perm, _ in chosen],
+                [_item(i, new, nd, *shaping) for i, new, nd, shaping, _ in chosen],
                 {0: source},
                 ProgressSink(BundleSink(w), progress),
                 overflow=options.overflow,
@@ -269,11 +279,24 @@ def _write_import(
     return cast_counts
 
 
-def _item(i: _In, new: str, new_dtype: str, perm: tuple[int, ...] | None) -> TaskItem:
+def _item(
+    i: _In, new: str, new_dtype: str, perm: tuple[int, ...] | None, shape: tuple[int, ...] | None
+) -> TaskItem:
     e = i.entry
     out = math.prod(e.shape) * _dt.lookup(new_dtype).fixed_itemsize
     return TaskItem(
-        0, e.name, new, e.dtype, new_dtype, e.shape, False, None, e.nbytes, out, perm=perm
+        0,
+        e.name,
+        new,
+        e.dtype,
+        new_dtype,
+        e.shape,
+        False,
+        None,
+        e.nbytes,
+        out,
+        perm=perm,
+        reshape=shape,
     )
 
 

@@ -55,7 +55,17 @@ KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's s
 KERAS_VARIABLE_LIST = "_trainable_variables"  # ... and the variables they shadow, in order
 
 # Options of a transform that averaging does not take (it keeps every name and source).
-_UNSUPPORTED = ("include", "exclude", "rename", "rename_exact", "prefer", "executor")
+_UNSUPPORTED = (
+    "include",
+    "exclude",
+    "rename",
+    "rename_exact",
+    "prefer",
+    "executor",
+    "permute",
+    "reshape",
+    "squeeze",
+)
 
 
 def last_checkpoints(

@@ -24,6 +24,8 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 PREFER: tuple[str | None, ...] = (None,) + get_args(Prefer)
 
 RenameRules = Sequence[tuple[str, str]] | Mapping[str, str]
+Permutes = Sequence[tuple[str, Sequence[int]]]  # ordered (regex, axes)
+Reshapes = Sequence[tuple[str, Sequence[int]]]  # ordered (regex, shape), -1 once at most
 DtypeRules = Sequence[tuple[str, str]] | Mapping[str, str]  # ordered regex -> dtype
 
 MEMORY_BUDGET = 64 << 20  # tensor bytes in flight per shard task
@@ -56,6 +58,11 @@ class Options:
     - ``rename``: ordered ``{regex: replacement}`` (or pairs), matched at the start
       of the name; the first match applies. ``rename_exact``: ``{old: new}``, tried
       first. TF2 object graphs are re-keyed to match.
+    - ``name_map``: ordered ``[(regex, template)]`` matched against whole source names
+      (after ``rename_exact``, before ``rename``): the first match names the tensor
+      ``match.expand(template)``. Given any, every kept tensor must match one (or
+      ``rename_exact``): the others are an error listing them all, or with
+      ``allow_unmapped`` left out (dropped as ``'no name_map rule'``).
     - ``cast``: target dtype for floating-point tensors; ``cast_from`` narrows
       which source dtypes.
     - ``keep_dtype``: regexes (``re.search`` on source names): matching tensors keep
@@ -63,6 +70,12 @@ class Options:
     - ``dtype_rules``: ordered ``{regex: dtype}`` (or pairs), ``re.search`` on source
       names; the first matching rule casts a floating-point tensor (narrower or
       wider), before ``cast``. ``cast_from`` narrows only ``cast``.
+    - ``permute``: ordered ``[(regex, axes)]``, ``re.search`` on new names: the first
+      match reorders the tensor's axes (``('kernel$', (1, 0))`` transposes a matrix).
+    - ``reshape``: ordered ``[(regex, shape)]`` (one ``-1`` allowed), then ``squeeze``:
+      regexes whose tensors lose their axes of size 1; on new names, after
+      ``permute``: the elements keep their order, only the shape changes. These value
+      transforms take numeric and bool tensors, written whole.
     - ``prefer``: which source wins a name present in several (default: error).
     - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
     - ``overwrite``: replace an existing checkpoint at the destination.
@@ -88,10 +101,15 @@ class Options:
     drop_objects: Sequence[str] = _plan(())
     rename: RenameRules | None = _plan()
     rename_exact: Mapping[str, str] | None = _plan()
+    name_map: RenameRules = _plan(())
+    allow_unmapped: bool = _plan(False)
     cast: str | None = _plan()
     cast_from: Sequence[str] | None = _plan()
     keep_dtype: str | Sequence[str] = _plan(())
     dtype_rules: DtypeRules = _plan(())
+    permute: Permutes = _plan(())
+    reshape: Reshapes = _plan(())
+    squeeze: str | Sequence[str] = _plan(())
     prefer: Prefer | None = _plan()
     max_shard_bytes: int | None = _plan()
     overwrite: bool = _plan(False)

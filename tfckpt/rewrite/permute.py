@@ -1,74 +1,21 @@
 """Reordering a tensor's axes in bounded memory: ``--permute REGEX=AXES``.
 
-:class:`Permuter` decides which permutation applies to a tensor; :func:`tiles`
-streams the permuted tensor as consecutive pieces of the result, reading the
-source in long runs whatever the shape. Export and import both use them.
+:func:`tiles` streams the permuted tensor as consecutive pieces of the result, reading
+the source in long runs whatever the shape (which permutation applies to a tensor is
+:class:`~tfckpt.rewrite.rules.ShapeRules`'). The engine's pipeline reads permuted
+tensors through :func:`permuted_chunks`.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import operator
-import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.errors import (
-    CheckpointError,
-)
 from tfckpt.format import dtypes as _dt
-
-Permutes = Sequence[tuple[str, Sequence[int]]]
-
-
-def parse_permutes(items: Iterable[str]) -> list[tuple[str, tuple[int, ...]]]:
-    """``REGEX=AXES`` strings (``'kernel$=1,0'``) as (regex, axes) pairs."""
-    out = []
-    for item in items:
-        rx, sep, axes = item.rpartition("=")
-        try:
-            perm = tuple(int(a) for a in axes.split(","))
-        except ValueError:
-            perm = ()
-        if not sep or not perm:
-            raise CheckpointError(f"--permute takes REGEX=AXES (e.g. 'kernel$=1,0'), not {item!r}")
-        out.append((rx, perm))
-    return out
-
-
-class Permuter:
-    """Which permutation, if any, applies to a tensor: the first rule whose regex
-    (``re.search``) matches its new name."""
-
-    def __init__(self, rules: Permutes):
-        self.rules = []
-        for rx, perm in rules:
-            try:
-                self.rules.append((re.compile(rx), tuple(operator.index(a) for a in perm)))
-            except re.error as e:
-                raise CheckpointError(f"bad --permute pattern {rx!r}: {e}") from None
-            except TypeError:
-                raise CheckpointError(
-                    f"--permute {rx!r}: the axes must be whole numbers, not {perm!r}"
-                ) from None
-
-    def __call__(
-        self, name: str, shape: tuple[int, ...], *, path: str | None = None
-    ) -> tuple[int, ...] | None:
-        for rx, perm in self.rules:
-            if rx.search(name):
-                if sorted(perm) != list(range(len(shape))):
-                    raise CheckpointError(
-                        f"permutation {list(perm)} does not fit shape {list(shape)}",
-                        tensor=name,
-                        path=path,
-                    )
-                return None if perm == tuple(range(len(shape))) else perm
-        return None
-
 
 # A read call counts as costing as much as reading this many bytes (a range request
 # on an object store, a syscall and numpy's overhead locally): a tile's box is widened

@@ -23,7 +23,7 @@ from tfckpt.io import paths
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.rules import DtypePolicy, NameRules
+from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, check_mapped
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -56,6 +56,15 @@ class PlannedTensor:
     # Written slice by slice as the sources store it: an average decides when it plans;
     # None leaves it to the engine (:func:`~tfckpt.rewrite.tasks.written_sliced`).
     sliced: bool | None = None
+    # Value transforms (see ShapeRules): the axes reordered, and the shape written when
+    # it is not the source's.
+    perm: tuple[int, ...] | None = None
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """The shape written: the source's, or as the value transforms make it."""
+        return self.info.shape if self.shape is None else self.shape
 
     @property
     def renamed(self) -> bool:
@@ -135,6 +144,11 @@ class Plan:
                     "bytes_in": t.info.nbytes,
                     "bytes_out": t.bytes_out,
                     **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                    **(
+                        {"new_shape": list(t.out_shape), "permute": list(t.perm or []) or None}
+                        if t.perm or t.shape is not None
+                        else {}
+                    ),
                 }
                 for t in self.tensors
             ],
@@ -352,6 +366,7 @@ def plan(
     for spec in drop_specs:
         if spec not in matched:
             raise CheckpointError(f"no object {spec!r} in the object graph of any source")
+    check_mapped(dropped, options)
     chosen = _choose_by_name(srcs, per_source, options.prefer, dropped)
     graph_bytes = _merged_graph(srcs, per_source, chosen)
     follow_source_layouts(srcs, options)
@@ -560,6 +575,22 @@ def _planned_tensors(
     return planned
 
 
+def shape_transforms(srcs: list[Source], planned: list[PlannedTensor], rules: ShapeRules) -> None:
+    """Decide each planned tensor's value transforms (its ``perm`` and ``shape``) by
+    ``rules``, on its new name; an error for a tensor they cannot apply to."""
+    if not rules:
+        return
+    for pt in planned:
+        label = srcs[pt.source].label
+        pt.perm, pt.shape = rules.decide(pt.new_name, pt.info.shape, path=label)
+        if (pt.perm or pt.shape is not None) and _dt.lookup(pt.info.dtype).numpy is None:
+            raise CheckpointError(
+                f"value transforms take numeric and bool tensors, not {pt.info.dtype}",
+                path=label,
+                tensor=pt.name,
+            )
+
+
 def cast_bytes(info: TensorInfo, new_dtype: _dt.DType) -> int:
     """What the tensor ``info`` takes cast to ``new_dtype`` (the elements it stores)."""
     stored = info.size if info.stored_elements is None else info.stored_elements
@@ -576,7 +607,9 @@ def finished_plan(
     store: Storage,
 ) -> Plan:
     """The plan of ``planned`` tensors (written to ``dst`` on ``store``), once every shard
-    file they need is known to exist, with its tensors in reading order."""
+    file they need is known to exist, with its value transforms (``options``) decided and
+    its tensors in reading order."""
+    shape_transforms(srcs, planned, ShapeRules.of(options))
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
     for pt in planned:

@@ -1,5 +1,6 @@
 """The rules a transform applies per tensor name: include/exclude patterns, renames,
-and the dtype each tensor is written in (:class:`DtypePolicy`).
+the dtype each tensor is written in (:class:`DtypePolicy`) and its value transforms
+(:class:`ShapeRules`: permute, reshape, squeeze).
 
 Every command that selects, renames or casts by name comes here (plan, graft,
 flatten, export, import, average, Keras loading), so one name is treated alike by
@@ -9,14 +10,15 @@ each. They look at names alone; which tensors a source holds is the planner's
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CAST_TARGETS, should_cast
-from tfckpt.rewrite.options import Options, RenameRules
+from tfckpt.rewrite.options import Options, Permutes, RenameRules, Reshapes
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def _cast_target(spec: str, what: str) -> _dt.DType:
     return target
 
 
-def compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
+def compile_rules(rename: RenameRules | None, what: str = "rename") -> list[tuple[re.Pattern, str]]:
     """Rename rules (a mapping or pairs of regex and replacement) compiled, in order.
 
     >>> new_name("dense/kernel", {}, compile_rules({"^dense/": "head/"}))
@@ -156,7 +158,7 @@ def compile_rules(rename: RenameRules | None) -> list[tuple[re.Pattern, str]]:
         try:
             out.append((re.compile(pattern), repl))
         except re.error as e:
-            raise CheckpointError(f"bad rename pattern {pattern!r}: {e}") from None
+            raise CheckpointError(f"bad {what} pattern {pattern!r}: {e}") from None
     return out
 
 
@@ -205,27 +207,237 @@ class NameRules:
     excludes: list[re.Pattern]
     renames: list[tuple[re.Pattern, str]]
     exact: Mapping[str, str]
+    maps: list[tuple[re.Pattern, str]] = field(default_factory=list)
 
     @classmethod
     def of(cls, options: Options) -> NameRules:
         """The rules of ``options``; of several bad patterns, include's is reported first,
-        then exclude's, then rename's."""
+        then exclude's, then rename's, then name_map's."""
         return cls(
             compile_patterns(options.include),
             compile_patterns(options.exclude),
             compile_rules(options.rename),
             dict(options.rename_exact or {}),
+            compile_rules(options.name_map, "name_map"),
         )
 
     def drop_reason(self, name: str, flat: str | None = None) -> str | None:
-        """Why the patterns leave a source tensor out (``'not included'``, ``'excluded'``),
-        or None when they keep it; a pattern matching ``flat`` (its flat name) matches it."""
+        """Why the patterns leave a source tensor out (``'not included'``, ``'excluded'``,
+        :data:`UNMAPPED`), or None when they keep it; a pattern matching ``flat`` (its flat
+        name) matches it."""
         if self.includes and not any(matches(rx, name, flat) for rx in self.includes):
             return "not included"
         if self.excludes and any(matches(rx, name, flat) for rx in self.excludes):
             return "excluded"
+        if self.maps and name not in self.exact and not self._mapped(name):
+            return UNMAPPED
         return None
 
+    def _mapped(self, name: str) -> bool:
+        return any(rx.fullmatch(name) for rx, _ in self.maps)
+
     def new_name(self, name: str) -> str:
-        """``name`` renamed (see :func:`new_name`)."""
+        """``name`` renamed (see :func:`new_name`): by ``exact``, else by the first
+        ``name_map`` rule matching all of it, else by the rename rules."""
+        if self.maps and name not in self.exact:
+            for rx, template in self.maps:
+                m = rx.fullmatch(name)
+                if m:
+                    return _expanded(m, template, name)
         return new_name(name, self.exact, self.renames)
+
+
+UNMAPPED = "no name_map rule"  # the drop reason of a tensor no name_map rule names
+
+
+def check_mapped(dropped: Iterable[tuple[str, str, str]], options: Options) -> None:
+    """With ``name_map`` rules and without ``allow_unmapped``: an error listing every
+    tensor (of ``dropped``: (source label, name, reason)) no rule names."""
+    if not options.name_map or options.allow_unmapped:
+        return
+    unmapped = [(label, n) for label, n, why in dropped if why == UNMAPPED]
+    if unmapped:
+        listed = ", ".join(n for _, n in unmapped)
+        raise CheckpointError(
+            f"{len(unmapped)} tensor(s) no name_map rule names (map them, exclude them, or "
+            f"allow_unmapped to leave them out): {listed}",
+            path=unmapped[0][0],
+        )
+
+
+def _expanded(m: re.Match, template: str, name: str) -> str:
+    try:
+        new = m.expand(template)
+    except (re.error, IndexError) as e:
+        raise CheckpointError(
+            f"name_map {m.re.pattern!r} -> {template!r} on {name!r}: {e}"
+        ) from None
+    if not new:
+        raise CheckpointError(
+            f"name_map {m.re.pattern!r} -> {template!r} gives it an empty name", tensor=name
+        )
+    return new
+
+
+def _axes(text: str) -> tuple[int, ...]:
+    """``'1,0'`` as (1, 0); () when it is not whole numbers separated by commas."""
+    try:
+        return tuple(int(a) for a in text.split(","))
+    except ValueError:
+        return ()
+
+
+def parse_permutes(items: Iterable[str]) -> list[tuple[str, tuple[int, ...]]]:
+    """``REGEX=AXES`` strings (``'kernel$=1,0'``) as (regex, axes) pairs."""
+    out = []
+    for item in items:
+        rx, sep, axes = item.rpartition("=")
+        perm = _axes(axes)
+        if not sep or not perm:
+            raise CheckpointError(f"--permute takes REGEX=AXES (e.g. 'kernel$=1,0'), not {item!r}")
+        out.append((rx, perm))
+    return out
+
+
+def parse_reshapes(items: Iterable[str]) -> list[tuple[str, tuple[int, ...]]]:
+    """``REGEX=SHAPE`` strings (``'qkv$=768,3,768'``, one ``-1`` allowed; ``REGEX=`` for
+    a scalar) as (regex, shape) pairs."""
+    out = []
+    for item in items:
+        rx, sep, dims = item.rpartition("=")
+        shape = _axes(dims) if dims else ()
+        if not sep or (dims and not shape):
+            raise CheckpointError(
+                f"--reshape takes REGEX=SHAPE (e.g. 'c_attn/w$=768,2304'), not {item!r}"
+            )
+        out.append((rx, shape))
+    return out
+
+
+class Permuter:
+    """Which permutation, if any, applies to a tensor: the first rule whose regex
+    (``re.search``) matches its new name.
+
+    >>> Permuter([("kernel$", (1, 0))])("dense/kernel", (784, 10))
+    (1, 0)
+    """
+
+    def __init__(self, rules: Permutes):
+        self.rules = []
+        for rx, perm in rules:
+            try:
+                self.rules.append((re.compile(rx), tuple(operator.index(a) for a in perm)))
+            except re.error as e:
+                raise CheckpointError(f"bad --permute pattern {rx!r}: {e}") from None
+            except TypeError:
+                raise CheckpointError(
+                    f"--permute {rx!r}: the axes must be whole numbers, not {perm!r}"
+                ) from None
+
+    def __call__(
+        self, name: str, shape: tuple[int, ...], *, path: str | None = None
+    ) -> tuple[int, ...] | None:
+        for rx, perm in self.rules:
+            if rx.search(name):
+                if sorted(perm) != list(range(len(shape))):
+                    raise CheckpointError(
+                        f"permutation {list(perm)} does not fit shape {list(shape)}",
+                        tensor=name,
+                        path=path,
+                    )
+                return None if perm == tuple(range(len(shape))) else perm
+        return None
+
+
+@dataclass(frozen=True)
+class ShapeRules:
+    """A transform's value transforms, compiled: ``permute`` (reorders axes), then
+    ``reshape`` or ``squeeze`` (a new shape for the same elements in the same order),
+    each the first rule whose regex (``re.search``) matches a tensor's new name.
+
+    >>> rules = ShapeRules.of(Options(permute=[("kernel$", (1, 0))], squeeze=["/w$"]))
+    >>> rules.decide("h0/attn/c_attn/w", (1, 768, 2304))
+    (None, (768, 2304))
+    """
+
+    permuter: Permuter
+    reshapes: tuple[tuple[re.Pattern, tuple[int, ...]], ...] = ()
+    squeezes: tuple[re.Pattern, ...] = ()
+
+    @classmethod
+    def of(cls, options: Options) -> ShapeRules:
+        """The rules of ``options``; a bad pattern or shape is a CheckpointError naming it."""
+        return cls(
+            Permuter(options.permute),
+            tuple(_reshape_rule(rx, shape) for rx, shape in _pairs(options.reshape, "reshape")),
+            tuple(compile_patterns(options.squeeze)),
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.permuter.rules or self.reshapes or self.squeezes)
+
+    def decide(
+        self, name: str, shape: tuple[int, ...], *, path: str | None = None
+    ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        """The permutation (None: none) and the output's shape (None: the source's) of a
+        tensor of ``shape`` newly named ``name``."""
+        perm = self.permuter(name, shape, path=path)
+        permuted = shape if perm is None else tuple(shape[a] for a in perm)
+        out = permuted
+        for rx, target in self.reshapes:
+            if rx.search(name):
+                out = _fit(target, permuted, name, path)
+                break
+        else:
+            if any(rx.search(name) for rx in self.squeezes):
+                out = tuple(d for d in permuted if d != 1)
+        return perm, (None if out == shape else out)
+
+
+def _pairs(rules: Reshapes, what: str) -> list[tuple[str, Sequence[int]]]:
+    items = rules.items() if isinstance(rules, Mapping) else rules
+    try:
+        return [(rx, shape) for rx, shape in items]
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{what} rules are (regex, shape) pairs, not {rules!r}") from None
+
+
+def _reshape_rule(rx: str, shape: Sequence[int]) -> tuple[re.Pattern, tuple[int, ...]]:
+    try:
+        dims = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise CheckpointError(
+            f"reshape {rx!r}: the shape must be whole numbers, not {shape!r}"
+        ) from None
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise CheckpointError(f"reshape {rx!r}: sizes >= 0 and at most one -1, not {list(dims)}")
+    return _compile(rx, f"reshape pattern {rx!r}"), dims
+
+
+def _fit(
+    target: tuple[int, ...], shape: tuple[int, ...], name: str, path: str | None
+) -> tuple[int, ...]:
+    """``target`` with its -1 resolved for the elements of ``shape``; an error when the
+    element counts differ."""
+    size = 1
+    for d in shape:
+        size *= d
+    known = 1
+    for d in target:
+        known *= d if d != -1 else 1
+    out = target
+    if -1 in target:
+        if known == 0 or size % known:
+            out = ()
+        else:
+            out = tuple(size // known if d == -1 else d for d in target)
+    count = 1
+    for d in out:
+        count *= d
+    if not out and target or count != size:
+        raise CheckpointError(
+            f"reshape to {list(target)} does not fit shape {list(shape)} ({size} elements)",
+            tensor=name,
+            path=path,
+        )
+    return out

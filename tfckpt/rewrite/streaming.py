@@ -49,6 +49,7 @@ class TaskItem:
     # With weights, the weighted mean of the tensor in sources 0, 1, ... (one weight
     # each, oldest first), summed in float64 or complex128 (see tfckpt.rewrite.mean).
     weights: tuple[float, ...] = ()
+    reshape: tuple[int, ...] | None = None  # the shape written, when not the source's
 
     @property
     def read_dtype(self) -> str:
@@ -59,7 +60,9 @@ class TaskItem:
 
     @property
     def out_shape(self) -> tuple:
-        """The shape written: the source's, or permuted."""
+        """The shape written: the source's, permuted, or as reshaped."""
+        if self.reshape is not None:
+            return self.reshape
         return self.shape if self.perm is None else tuple(self.shape[p] for p in self.perm)
 
 
@@ -320,7 +323,9 @@ class BundleSink:
         if kind == "write":
             self._stream.write(op[2])
         elif kind == "batch":
-            w.add_arrays([(i.new_name, i.new_dtype, i.shape, data) for i, data in zip(t, op[2])])
+            w.add_arrays(
+                [(i.new_name, i.new_dtype, i.out_shape, data) for i, data in zip(t, op[2])]
+            )
         elif kind == "open":
             if t.extents:
                 self._stream = w.stream_slice(t.new_name, t.new_dtype, t.shape, t.extents)

@@ -229,11 +229,10 @@ def task_item(
     bytes_out: int,
     tf_cast: bool = False,
     weights: tuple[float, ...] = (),
-    perm: tuple[int, ...] | None = None,
 ) -> TaskItem:
     """What the pipeline streams for the planned tensor ``t`` (the slice ``extents`` of
-    it, or None: all of it); ``weights``: the mean of every source's value; ``perm``:
-    its axes reordered."""
+    it, or None: all of it, with its value transforms); ``weights``: the mean of every
+    source's value."""
     return TaskItem(
         t.source,
         t.name,
@@ -246,8 +245,9 @@ def task_item(
         bytes_in,
         bytes_out,
         tf_cast,
-        perm=perm,
+        perm=t.perm if extents is None else None,
         weights=weights,
+        reshape=t.shape if extents is None else None,
     )
 
 
@@ -397,6 +397,8 @@ def written_sliced(p: Plan, t: PlannedTensor) -> bool:
     (an average), else when it is partitioned and stays so (:func:`_keep_sliced`)."""
     if t.sliced is not None:
         return t.sliced
+    if t.perm is not None or t.shape is not None:  # transformed: written whole
+        return False
     return bool(t.info.slices) and _keep_sliced(p.sources[t.source], t)
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfckpt.cli.display import emit, human_bytes, print_json, shape_text, table
 from tfckpt.errors import CheckpointError
 from tfckpt.format.orderedcode import encode_name
 from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.rules import parse_permutes, parse_reshapes
+from tfckpt.rewrite.rulesfile import load_rules
 
 if TYPE_CHECKING:
     from tfckpt.rewrite.engine import Summary
@@ -81,18 +83,35 @@ def _dtype_rules(args) -> list[tuple[str, str]]:
 
 
 def _options(args, **extra) -> Options:
-    """The engine's options from the flags every rewriting command shares, plus ``extra``."""
+    """The engine's options from the flags every rewriting command shares, plus ``extra``;
+    a ``--rules`` file's come after the flags' (a flag's rule is tried first)."""
     rules, exact = _rename_rules(args)
-    return Options(
-        include=args.include,
-        exclude=args.exclude,
-        drop_objects=args.drop_object or (),
+    flags: dict = dict(
+        include=args.include or [],
+        exclude=args.exclude or [],
+        drop_objects=args.drop_object or [],
         rename=rules,
-        rename_exact=exact,
-        cast=args.dtype,
-        cast_from=args.cast_from.split(",") if args.cast_from else None,
-        keep_dtype=args.keep_dtype or (),
+        keep_dtype=args.keep_dtype or [],
         dtype_rules=_dtype_rules(args),
+        permute=parse_permutes(args.permute or []),
+        reshape=parse_reshapes(args.reshape or []),
+        squeeze=args.squeeze or [],
+    )
+    given = load_rules(args.rules) if getattr(args, "rules", None) else {}
+    fields: dict[str, Any] = {k: [*v, *given.pop(k, [])] for k, v in flags.items()}
+    fields["include"] = fields["include"] or None
+    fields["exclude"] = fields["exclude"] or None
+    fields["rename_exact"] = {**given.pop("rename_exact", {}), **exact}
+    fields["name_map"] = given.pop("name_map", ())
+    fields["allow_unmapped"] = getattr(args, "allow_unmapped", False) or given.pop(
+        "allow_unmapped", False
+    )
+    fields["cast"] = args.dtype if args.dtype is not None else given.pop("cast", None)
+    fields["cast_from"] = (
+        args.cast_from.split(",") if args.cast_from else given.pop("cast_from", None)
+    )
+    return Options(
+        **fields,
         prefer=args.prefer,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,
@@ -116,7 +135,8 @@ def _print_plan(p: Plan) -> None:
                 t.name,
                 t.new_name if t.renamed else "=",
                 dtype,
-                shape_text(t.info.shape),
+                shape_text(t.info.shape)
+                + ("" if t.shape is None else f"->{shape_text(t.out_shape)}"),
                 human_bytes(t.info.nbytes),
                 human_bytes(t.bytes_out),
             ]
@@ -352,17 +372,14 @@ def cmd_export(args) -> int:
     """``tfckpt export`` (to safetensors / npz) and ``tfckpt import`` (back)."""
     from tfckpt.interop.export import export
     from tfckpt.interop.importing import import_
-    from tfckpt.rewrite.permute import parse_permutes
 
     if args.executor or args.backend != "numpy":
         # One process streams the files; tf.cast's bits are numpy's anyway.
         raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
     options = _options(args)
-    permute = parse_permutes(args.permute or [])
     if args.command == "export":
         kwargs = dict(
             format=args.format,
-            permute=permute,
             keep_keys=args.keep_keys,
             with_optimizer=args.with_optimizer,
             with_bookkeeping=args.with_bookkeeping,
@@ -378,7 +395,6 @@ def cmd_export(args) -> int:
             args.out,
             options,
             storage_options=args.storage_options,
-            permute=permute,
         )
     if args.dry_run:
         sm = run(dry_run=True)

@@ -1,0 +1,193 @@
+"""Rules files: a model's selection, names, value transforms and dtypes in one TOML file.
+
+``--rules FILE.toml`` on every rewriting command (``rules=`` of :func:`load_rules` for
+the library) bundles what would otherwise be many flags::
+
+    # which tensors
+    exclude = ["adam_[mv]$", "^global_step$"]
+    # names: exact ones first, then [[map]] on whole names, then [[rename]] on prefixes
+    [rename_exact]
+    "cls/predictions/output_bias" = "cls.predictions.bias"
+    [[map]]
+    match = 'bert/encoder/layer_(\\d+)/attention/self/(query|key|value)/kernel'
+    to = 'bert.encoder.layer.\\1.attention.self.\\2.weight'
+    [[rename]]
+    match = "^old_scope/"
+    to = "new_scope/"
+    # values: on the new names
+    [[permute]]
+    match = '(dense|query|key|value)\\.weight$'
+    axes = [1, 0]
+    [[reshape]]
+    match = "qkv$"
+    shape = [768, 3, -1]
+    squeeze = ['/w$']
+    # dtypes
+    cast = "float16"
+    keep_dtype = ["LayerNorm"]
+    [[dtype]]
+    match = "embeddings"
+    dtype = "bfloat16"
+
+With ``[[map]]`` rules every kept tensor must be named by one (or by ``rename_exact``)
+unless ``allow_unmapped = true``. Keys mean what the :class:`~tfckpt.Options` fields of
+the same names mean; an unknown key, or a value of the wrong kind, is an error naming
+the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
+
+from tfckpt.errors import CheckpointError
+from tfckpt.rewrite.options import Options
+
+# Top-level keys taken as they are: lists of strings, and single values of a type.
+_LISTS = ("include", "exclude", "drop_objects", "keep_dtype", "squeeze", "cast_from")
+_SCALARS = {"cast": str, "allow_unmapped": bool, "description": str}
+# Tables of rules: (Options field, the keys of one rule, which key holds the value).
+_RULES = {
+    "map": ("name_map", "to"),
+    "rename": ("rename", "to"),
+    "permute": ("permute", "axes"),
+    "reshape": ("reshape", "shape"),
+    "dtype": ("dtype_rules", "dtype"),
+}
+
+
+def load_rules(path) -> dict[str, Any]:
+    """The :class:`~tfckpt.Options` fields a rules file gives (see the module's text);
+    a file that cannot be read or parsed, or holds anything else, is a
+    :class:`~tfckpt.CheckpointError` naming it.
+
+    >>> options = tfckpt.Options(**load_rules("bert_to_hf.toml"), overwrite=True)
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise CheckpointError(f"cannot read the rules file: {e.strerror}", path=path) from None
+    except tomllib.TOMLDecodeError as e:
+        raise CheckpointError(f"not a TOML rules file: {e}", path=path) from None
+    return rules_from(data, path)
+
+
+def rules_from(data: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The Options fields of a parsed rules file (``path`` names it in errors)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _LISTS:
+            out[key] = _strings(value, key, path)
+        elif key in _SCALARS:
+            if not isinstance(value, _SCALARS[key]):
+                raise CheckpointError(
+                    f"{key} must be a {_SCALARS[key].__name__}, not {value!r}", path=path
+                )
+            if key != "description":
+                out[key] = value
+        elif key == "rename_exact":
+            if not isinstance(value, Mapping) or not all(
+                isinstance(v, str) for v in value.values()
+            ):
+                raise CheckpointError("rename_exact must be a table of names", path=path)
+            out["rename_exact"] = dict(value)
+        elif key in _RULES:
+            field, what = _RULES[key]
+            out[field] = _rules(value, key, what, path)
+        else:
+            known = sorted([*_LISTS, *_SCALARS, *_RULES, "rename_exact"])
+            raise CheckpointError(f"unknown key {key!r} (known: {', '.join(known)})", path=path)
+    return out
+
+
+def _strings(value, key: str, path: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(f"{key} must be a string or a list of strings", path=path)
+    return value
+
+
+def _rules(value, key: str, what: str, path: str) -> list[tuple[str, Any]]:
+    """``[[key]]`` tables of ``match`` and ``what`` as (regex, value) pairs, in order."""
+    if not isinstance(value, list):
+        raise CheckpointError(f"{key} must be an array of tables ([[{key}]])", path=path)
+    out = []
+    for k, rule in enumerate(value):
+        if not isinstance(rule, Mapping) or set(rule) != {"match", what}:
+            raise CheckpointError(
+                f"[[{key}]] number {k + 1} must have exactly the keys match and {what}",
+                path=path,
+            )
+        match, target = rule["match"], rule[what]
+        ok = isinstance(target, str) if what in ("to", "dtype") else _whole_numbers(target)
+        if not isinstance(match, str) or not ok:
+            kind = "a string" if what in ("to", "dtype") else "a list of whole numbers"
+            raise CheckpointError(
+                f"[[{key}]] number {k + 1}: match must be a string and {what} {kind}",
+                path=path,
+            )
+        out.append((match, tuple(target) if isinstance(target, list) else target))
+    return out
+
+
+def _whole_numbers(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+# Options fields that hold several rules: a rules file's come after those given.
+_APPENDED = (
+    "include",
+    "exclude",
+    "drop_objects",
+    "keep_dtype",
+    "squeeze",
+    "cast_from",
+    "permute",
+    "reshape",
+    "rename",
+    "dtype_rules",
+    "name_map",
+)
+
+
+def with_rules(options: Options, rules: Mapping[str, Any]) -> Options:
+    """``options`` with a rules file's fields (:func:`load_rules`) added: their rules
+    are tried first, then the file's; their exact renames win over the file's; their
+    ``cast`` is kept when given; either's ``allow_unmapped`` allows.
+
+    >>> with_rules(Options(cast="float16"), load_rules("model.toml"))
+    """
+    changes: dict[str, Any] = {}
+    for key, value in rules.items():
+        mine = getattr(options, key)
+        if key in _APPENDED:
+            changes[key] = [*_listed(mine), *value]
+        elif key == "rename_exact":
+            changes[key] = {**value, **(mine or {})}
+        elif key == "cast":
+            changes[key] = mine if mine is not None else value
+        elif key == "allow_unmapped":
+            changes[key] = mine or value
+    return Options.of(options, **changes)
+
+
+def _listed(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return list(value.items())
+    return list(value)
