@@ -66,7 +66,9 @@ def test_convert_interrupted_right_after_its_index_rename(
 
 
 @pytest.mark.parametrize("first_shards, then_shards", [(None, 9000), (9000, None), (9000, 20000)])
-def test_export_interrupted_right_after_its_commit(tmp_path, monkeypatch, first_shards, then_shards):
+def test_export_interrupted_right_after_its_commit(
+    tmp_path, monkeypatch, first_shards, then_shards
+):
     src = str(tmp_path / "src" / "model")
     tfckpt.save(VALUES, src)
     out = str(tmp_path / "hf" / "model.safetensors")
