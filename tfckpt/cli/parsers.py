@@ -70,8 +70,13 @@ the last checkpoint given (with --last: the state file's latest) is the newest""
     "export": """examples:
   tfckpt export train/ckpt-7 model.safetensors
   tfckpt export train/ model.npz --dtype float16 --overflow clip
-  tfckpt export bert/bert_model.ckpt hf/model.safetensors --map-file bert2hf.json \\
-      --permute 'dense/kernel$=1,0' --max-shard-bytes 2G""",
+  tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset auto
+  tfckpt export bert/model.ckpt-900 hf/ --preset hf-bert --config bert_config.json \\
+      --dtype bfloat16 --max-shard-bytes 2G
+  tfckpt export my/ckpt model.safetensors --rules my_model.toml""",
+    "presets": """examples:
+  tfckpt presets
+  tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset hf-bert""",
     "import": """examples:
   tfckpt import model.safetensors ckpt/model
   tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
@@ -349,9 +354,20 @@ def add_export(sub: Subparsers) -> None:
         "transform option; --map and --map-file apply to the readable names.",
     )
     p.add_argument("src")
-    p.add_argument("out", help="OUT.safetensors or OUT.npz")
+    p.add_argument("out", help="OUT.safetensors or OUT.npz; with --preset, a directory")
     opt.add_transform_options(p)
     g = p.add_argument_group("export")
+    g.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="write a directory Hugging Face transformers loads (config.json and "
+        "model.safetensors) with a family's rules: auto, or one 'tfckpt presets' lists",
+    )
+    g.add_argument(
+        "--config",
+        metavar="F.json",
+        help="with --preset: the release's config file (default: found beside SRC)",
+    )
     g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
     g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")
     g.add_argument("--with-optimizer", action="store_true", help="TF2: keep the optimizer's state")
@@ -384,6 +400,19 @@ def add_import(sub: Subparsers) -> None:
 
 
 # In the order `tfckpt --help` lists them.
+def add_presets(sub: Subparsers) -> None:
+    """``tfckpt presets``."""
+    p = _command(
+        sub,
+        "presets",
+        "list the presets of export --preset",
+        "The model families export --preset knows: each a rules file (names, layouts, what "
+        "is left out) and a translation of the release's config into Hugging Face's.",
+    )
+    opt.add_json(p)
+    p.set_defaults(func="transform.cmd_presets")
+
+
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_dump,
     add_diff,
@@ -398,4 +427,5 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_average,
     add_export,
     add_import,
+    add_presets,
 )

@@ -29,7 +29,7 @@ from tfckpt.io.storage import StorageOptions, normalize
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options, Permutes
 from tfckpt.rewrite.planner import Plan, plan
-from tfckpt.rewrite.rules import compile_rules, new_name
+from tfckpt.rewrite.rules import UNMAPPED, NameRules, compile_rules
 
 
 def _format_of(out: str, fmt: str | None) -> str:
@@ -84,13 +84,13 @@ def _export_names(
     with_optimizer: bool,
     storage_options: StorageOptions | None,
 ) -> Options:
-    """Options whose renames first make TF2 keys readable, then apply the user's rules
-    and exact map to the readable names (one exact map, for the planner), and which
+    """Options whose renames first make TF2 keys readable, then apply the user's rules,
+    name maps and exact map to the readable names (one exact map, for the planner), and which
     leave the optimizer's state out unless asked to keep it. Sources given as paths are
     opened with ``storage_options``."""
     srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
-    rules = compile_rules(options.rename)
-    exact = dict(options.rename_exact or {})
+    naming = NameRules.of(Options(rename=options.rename, rename_exact=options.rename_exact))
+    naming = replace(naming, maps=compile_rules(options.name_map, "name_map"))
     composed: dict[str, str] = {}
     drop = list(options.drop_objects)
     for src in srcs:
@@ -109,7 +109,11 @@ def _export_names(
                     # reach, with its tensors: the same cut as the names above.
                     drop += [e for e in sorted(OPTIMIZER_EDGES) if e not in drop]
             for key in ckpt.keys():
-                composed[key] = new_name(readable.get(key, key), exact, rules)
+                name = readable.get(key, key)
+                # One no name_map rule names is left to the planner, which says so.
+                if naming.maps and name not in naming.exact and not naming.mapped(name):
+                    continue
+                composed[key] = naming.new_name(name)
         finally:
             if not given:
                 ckpt.close()
@@ -193,7 +197,9 @@ def plan_export(
         for path in [f for f, _ in files] + [out, out + ".index.json"]:
             if store.exists(path):
                 raise CheckpointError("the output already exists (use overwrite)", path=path)
-    return replace(p, output=ExportFiles(fmt, out, files, index, skipped + left_out, protected))
+    unmapped = [(n, f"{why}: left out") for _, n, why in p.dropped if why == UNMAPPED]
+    skipped += left_out + unmapped
+    return replace(p, output=ExportFiles(fmt, out, files, index, skipped, protected))
 
 
 def _groups(outs: list[ExportTensor], limit: int | None) -> list[list[ExportTensor]]:
@@ -271,9 +277,14 @@ def export(
             return p.output.summary(p)
         summary = execute(p, progress=progress)
     finally:
-        given = sources if isinstance(sources, (list, tuple)) else [sources]
-        for s in p.sources:
-            if not any(s.ckpt is g for g in given):
-                s.ckpt.close()
+        close_opened(p, sources)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def close_opened(p: Plan, sources) -> None:
+    """Close the sources of ``p`` that it opened: not the checkpoints ``sources`` gave."""
+    given = sources if isinstance(sources, (list, tuple)) else [sources]
+    for s in p.sources:
+        if not any(s.ckpt is g for g in given):
+            s.ckpt.close()

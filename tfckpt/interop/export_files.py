@@ -71,6 +71,8 @@ class ExportFiles:
     index: str | None  # the sharded index's path
     skipped: list[tuple[str, str]]
     protected: frozenset[str] = frozenset()  # the sources' files (real paths)
+    # Small files committed with the tensors (a model's config.json): (path, bytes).
+    extra: tuple[tuple[str, bytes], ...] = ()
 
     def summary(self, p: Plan) -> Summary:
         """What the export of ``p`` writes, before it is written (seconds and counts zero)."""
@@ -85,7 +87,9 @@ class ExportFiles:
             bytes_in=sum(o.pt.info.nbytes for o in outs),
             bytes_out=sum(o.pt.bytes_out for o in outs),
             seconds=0.0,
-            files=[f for f, _ in self.files] + ([self.index] if self.index else []),
+            files=[f for f, _ in self.files]
+            + [f for f, _ in self.extra]
+            + ([self.index] if self.index else []),
             tensors=[
                 {
                     "name": o.pt.name,
@@ -262,12 +266,18 @@ class ExportWriting:
         commit.make_directory(store.dirname(ep.out))
         for path, outs in ep.files:
             self._write_file(commit.new_file(path) if ep.index else commit.last_file(), outs)
+        for path, data in ep.extra:
+            store.write_new(commit.new_file(path), data, durable=self.options.durable)
         if ep.index is not None:
             commit.write_last(self._index_bytes())
 
     def publish(self) -> None:
         """The commit: the shards into place, then the index or the single file."""
-        self.commit.publish(retire=self.ep.out + ".index.json")
+        # A file beside the tensors (config.json) replaces its old self with overwrite;
+        # shards have names no file has.
+        self.commit.publish(
+            replace_data=bool(self.options.overwrite), retire=self.ep.out + ".index.json"
+        )
 
     def _index_bytes(self) -> bytes:
         ep, store = self.ep, self.store

@@ -229,11 +229,12 @@ class NameRules:
             return "not included"
         if self.excludes and any(matches(rx, name, flat) for rx in self.excludes):
             return "excluded"
-        if self.maps and name not in self.exact and not self._mapped(name):
+        if self.maps and name not in self.exact and not self.mapped(name):
             return UNMAPPED
         return None
 
-    def _mapped(self, name: str) -> bool:
+    def mapped(self, name: str) -> bool:
+        """Whether a ``name_map`` rule matches all of ``name``."""
         return any(rx.fullmatch(name) for rx, _ in self.maps)
 
     def new_name(self, name: str) -> str:

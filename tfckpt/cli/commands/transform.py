@@ -377,7 +377,19 @@ def cmd_export(args) -> int:
         # One process streams the files; tf.cast's bits are numpy's anyway.
         raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
     options = _options(args)
-    if args.command == "export":
+    if args.command == "export" and args.preset:
+        from tfckpt.interop.presets import export_preset
+
+        run = functools.partial(
+            export_preset,
+            args.src,
+            args.out,
+            args.preset,
+            options,
+            config=args.config,
+            storage_options=args.storage_options,
+        )
+    elif args.command == "export":
         kwargs = dict(
             format=args.format,
             keep_keys=args.keep_keys,
@@ -436,3 +448,16 @@ def _print_export(sm, dry_run: bool) -> None:
     )
     for name, reason in sm.skipped:
         emit(f"tfckpt: note: left out {name}: {reason}", err=True)
+    for warning in sm.warnings:
+        emit(f"tfckpt: note: {warning}", err=True)
+
+
+def cmd_presets(args) -> int:
+    """``tfckpt presets``: the presets export --preset knows."""
+    from tfckpt.interop.presets import PRESETS
+
+    if args.json:
+        print_json({p.name: p.description for p in PRESETS.values()})
+        return 0
+    table([["PRESET", "WHAT"]] + [[p.name, p.description] for p in PRESETS.values()], right=set())
+    return 0
