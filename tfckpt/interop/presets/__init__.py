@@ -21,7 +21,7 @@ from typing import Any
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.io.storage import StorageOptions
+from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.rulesfile import load_rules, with_rules
@@ -160,20 +160,22 @@ def find(name: str, names: list[str]) -> Preset:
     return PRESETS[name]
 
 
-def release_config(preset: Preset, config, prefix_dir: str) -> tuple[str, dict]:
-    """The release's config file: ``config`` if given, else the first of the preset's
-    names found in the checkpoint's directory; its path and contents."""
-    paths = (
-        [os.fspath(config)]
-        if config is not None
-        else [os.path.join(prefix_dir, n) for n in preset.config_files]
-    )
-    for path in paths:
-        if config is None and not os.path.isfile(path):
+def release_config(
+    preset: Preset, config, store: Storage, directory: str, storage_options
+) -> tuple[str, dict]:
+    """The release's config file: ``config`` if given (a path or URL), else the first of
+    the preset's names found in ``directory`` (the checkpoint's, on ``store``); its path
+    and contents."""
+    if config is not None:
+        path = normalize(config)
+        candidates = [(storage_for(path, storage_options), path)]
+    else:
+        candidates = [(store, store.join(directory, n)) for n in preset.config_files]
+    for where, path in candidates:
+        if config is None and not where.isfile(path):
             continue
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(where.read_bytes(path))
         except OSError as e:
             raise CheckpointError(f"cannot read the config: {e.strerror}", path=path) from None
         except ValueError as e:
@@ -184,7 +186,7 @@ def release_config(preset: Preset, config, prefix_dir: str) -> tuple[str, dict]:
     raise CheckpointError(
         f"{preset.name} needs the release's config ({' or '.join(preset.config_files)} "
         "beside the checkpoint, or --config)",
-        path=prefix_dir,
+        path=directory,
     )
 
 
@@ -217,10 +219,11 @@ def export_preset(
     """
     with open_checkpoint(src, storage_options=storage_options) as ckpt:
         names = ckpt.keys()
-        prefix_dir = os.path.dirname(ckpt.prefix) if ckpt.storage.local else None
+        store, directory = ckpt.storage, ckpt.storage.dirname(ckpt.prefix)
     chosen = find(preset, names)
     opts = with_rules(Options.of(options, **changes), chosen.rules())
-    out = os.path.join(os.fspath(out_dir), "model.safetensors")
+    out_dir = normalize(out_dir)
+    out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
     p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
     arch = chosen.architecture(_shapes(p))
     unused = chosen.unused.get(arch, ())
@@ -230,9 +233,9 @@ def export_preset(
         p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
     try:
         shapes = _shapes(p)
-        if prefix_dir is None and config is None:
-            raise CheckpointError(f"{chosen.name}: give the release's config (--config)")
-        config_path, release = release_config(chosen, config, prefix_dir or ".")
+        config_path, release = release_config(
+            chosen, config, store, directory or ".", storage_options
+        )
         try:
             translated = chosen.translate(release, shapes, arch)
         except CheckpointError as e:
