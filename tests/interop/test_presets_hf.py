@@ -1,4 +1,4 @@
-"""The hf-bert preset: Google's BERT checkpoints into transformers, checked by transformers.
+"""The presets (hf-bert, hf-gpt2): research releases into transformers, checked by transformers.
 
 TensorFlow writes each source during the test with the release's names and layouts
 (with the Adam moments and global_step a training run leaves) and computes the model's
@@ -27,6 +27,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
 import bert_release  # noqa: E402
+import gpt2_release  # noqa: E402
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,3 +154,42 @@ def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path):
     assert json.loads((out_dir / "config.json").read_text())["architectures"] == [
         "BertForSequenceClassification"
     ]
+
+
+@pytest.fixture(scope="module")
+def gpt2_directory(tmp_path_factory):
+    """A GPT-2 checkpoint TensorFlow wrote with the release's names, and its logits."""
+    directory = str(tmp_path_factory.mktemp("gpt2"))
+    run(os.path.join(TESTS, "gpt2_release.py"), directory)
+    return directory
+
+
+def test_gpt2_loads_whole_and_computes_what_tensorflow_does(gpt2_directory, tmp_path):
+    out_dir = str(tmp_path / "hf")
+    proc = run(
+        "-m",
+        "tfckpt",
+        "export",
+        os.path.join(gpt2_directory, "model.ckpt"),
+        out_dir,
+        "--preset",
+        "auto",
+    )
+    assert "preset auto: hf-gpt2 (GPT2LMHeadModel)" in proc.stderr
+    config = json.load(open(os.path.join(out_dir, "config.json")))
+    assert config["model_type"] == "gpt2" and config["n_positions"] == 16
+    st = pytest.importorskip("safetensors.numpy").load_file(
+        os.path.join(out_dir, "model.safetensors")
+    )
+    assert st["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)  # squeezed, not transposed
+    assert not any("Adam" in n or "power" in n or "step" in n for n in st)
+    inputs = os.path.join(tmp_path, "inputs.npz")
+    np.savez(inputs, input_ids=gpt2_release.INPUT_IDS)
+    result = os.path.join(tmp_path, "result.npz")
+    run(os.path.join(TESTS, "hf_consumer.py"), out_dir, "GPT2LMHeadModel", inputs, result)
+    got = dict(np.load(result))
+    info = json.loads(str(got.pop("loading_info")))
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+    assert info["mismatched_keys"] == []
+    want = np.load(os.path.join(gpt2_directory, "outputs.npz"))["logits"]
+    np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-5)

@@ -127,6 +127,42 @@ def _check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
             )
 
 
+# hparams.json's keys, by transformers' GPT2Config names.
+_GPT2_KEYS = {
+    "n_vocab": "vocab_size",
+    "n_ctx": "n_positions",
+    "n_embd": "n_embd",
+    "n_head": "n_head",
+    "n_layer": "n_layer",
+}
+
+
+def _gpt2_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
+    missing = [k for k in _GPT2_KEYS if k not in config]
+    if missing:
+        raise CheckpointError(f"the GPT-2 hparams lack {', '.join(missing)}")
+    out: dict[str, Any] = {"architectures": [arch], "model_type": "gpt2"}
+    out.update({new: config[old] for old, new in _GPT2_KEYS.items()})
+    # The release's model.py: gelu's tanh approximation, layer norm epsilon 1e-5.
+    out.update(activation_function="gelu_new", layer_norm_epsilon=1e-5)
+    out.update(bos_token_id=config["n_vocab"] - 1, eos_token_id=config["n_vocab"] - 1)
+    n = config["n_embd"]
+    _check_shapes(
+        shapes,
+        {
+            "transformer.wte.weight": (config["n_vocab"], n),
+            "transformer.wpe.weight": (config["n_ctx"], n),
+            "transformer.h.0.attn.c_attn.weight": (n, 3 * n),
+        },
+    )
+    layers = {n.split(".")[2] for n in shapes if n.startswith("transformer.h.")}
+    if len(layers) != config["n_layer"]:
+        raise CheckpointError(
+            f"the hparams say {config['n_layer']} layers, the checkpoint holds {len(layers)}"
+        )
+    return out
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -140,6 +176,15 @@ PRESETS: dict[str, Preset] = {
             _bert_config,
             # run_squad's checkpoints keep the pretraining's pooler, which these lack.
             {a: ("^bert/pooler/",) for a in ("BertForQuestionAnswering", "BertForMaskedLM")},
+        ),
+        Preset(
+            "hf-gpt2",
+            "OpenAI's GPT-2 (openai/gpt-2) to transformers' GPT2LMHeadModel",
+            ("model/wte",),
+            ("hparams.json",),
+            lambda shapes: "GPT2LMHeadModel",
+            _gpt2_config,
+            {},
         ),
     )
 }
