@@ -156,17 +156,12 @@ def forward(tf, reader, head: str) -> dict[str, np.ndarray]:
 
 def main(directory: str, head: str) -> None:
     import tensorflow as tf
+    from transform_helpers import save_v2
 
     os.makedirs(directory, exist_ok=True)
     prefix = os.path.join(directory, "bert_model.ckpt")
     values = weights(head)
-    names = sorted(values)
-    tf.raw_ops.SaveV2(
-        prefix=prefix,
-        tensor_names=names,
-        shape_and_slices=[""] * len(names),
-        tensors=[tf.constant(values[n]) for n in names],
-    )
+    save_v2(prefix, {n: values[n] for n in sorted(values)})  # TensorFlow's SaveV2 op
     with open(os.path.join(directory, "bert_config.json"), "w") as f:
         json.dump(CONFIG, f, indent=2)
     outputs = forward(tf, tf.train.load_checkpoint(prefix), head)

@@ -92,17 +92,12 @@ def forward(tf, reader) -> np.ndarray:
 
 def main(directory: str) -> None:
     import tensorflow as tf
+    from transform_helpers import save_v2
 
     os.makedirs(directory, exist_ok=True)
     prefix = os.path.join(directory, "model.ckpt")
     values = weights()
-    names = sorted(values)
-    tf.raw_ops.SaveV2(
-        prefix=prefix,
-        tensor_names=names,
-        shape_and_slices=[""] * len(names),
-        tensors=[tf.constant(values[n]) for n in names],
-    )
+    save_v2(prefix, {n: values[n] for n in sorted(values)})  # TensorFlow's SaveV2 op
     with open(os.path.join(directory, "hparams.json"), "w") as f:
         json.dump(HPARAMS, f)
     np.savez(
