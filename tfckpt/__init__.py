@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from tfckpt.rewrite.engine import Summary, convert, execute, merge, rename, select, transform
     from tfckpt.rewrite.graft import flatten, graft
     from tfckpt.rewrite.options import Options
-    from tfckpt.rewrite.planner import Plan, plan
+    from tfckpt.rewrite.planner import plan
+from tfckpt.rewrite.plans import Plan
 
 # Public name -> (module, name there), loaded on first use so that ``import tfckpt`` and the
 # command line start without importing every layer (PEP 562 module __getattr__). Everything
@@ -55,7 +56,8 @@ _LAZY = {
         "tfckpt.rewrite.engine": "Summary convert execute merge rename select transform",
         "tfckpt.rewrite.graft": "flatten graft",
         "tfckpt.rewrite.options": "Options",
-        "tfckpt.rewrite.planner": "Plan plan",
+        "tfckpt.rewrite.planner": "plan",
+        "tfckpt.rewrite.plans": "Plan",
     }.items()
     for name in names.split()
 }

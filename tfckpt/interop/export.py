@@ -28,7 +28,8 @@ from tfckpt.interop.export_files import ExportFiles, ExportTensor, file_names
 from tfckpt.io.storage import StorageOptions, normalize
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options, Permutes
-from tfckpt.rewrite.planner import Plan, plan
+from tfckpt.rewrite.planner import plan
+from tfckpt.rewrite.plans import Plan
 from tfckpt.rewrite.rules import UNMAPPED, NameRules, compile_rules
 
 
@@ -135,7 +136,7 @@ def plan_export(
     **changes,
 ) -> Plan:
     """Decide an export from the indexes alone (see :func:`export`): the transform's
-    :class:`~tfckpt.rewrite.planner.Plan`, whose ``output`` is the files
+    :class:`~tfckpt.rewrite.plans.Plan`, whose ``output`` is the files
     (:class:`ExportFiles`) on the storage of the plan (``plan.storage``);
     :func:`~tfckpt.execute` writes it.
 

@@ -24,7 +24,7 @@ from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
 from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.engine import Summary
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.planner import Plan, PlannedTensor
+from tfckpt.rewrite.plans import Plan, PlannedTensor
 from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.tasks import task_item
 from tfckpt.version import __version__
@@ -57,7 +57,7 @@ class ExportTensor:
 
 @dataclass
 class ExportFiles:
-    """The output of an export's :class:`~tfckpt.rewrite.planner.Plan` (its ``output``):
+    """The output of an export's :class:`~tfckpt.rewrite.plans.Plan` (its ``output``):
     the files its tensors go to, instead of a checkpoint; :func:`~tfckpt.execute`
     writes them through :meth:`write`.
 

@@ -35,9 +35,6 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
-    Plan,
-    PlannedTensor,
-    Source,
     cast_bytes,
     destination_storage,
     fixed_dtype_tensors,
@@ -45,6 +42,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
+from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import DtypePolicy
 from tfckpt.rewrite.tasks import (
     TF_SLICE_COPYABLE,
@@ -227,7 +225,7 @@ def plan_average(
     **changes,
 ) -> Plan:
     """Decide what :func:`average` writes, from the sources' indexes alone (paths opened
-    with ``storage_options``): a :class:`~tfckpt.rewrite.planner.Plan` with ``weights``,
+    with ``storage_options``): a :class:`~tfckpt.rewrite.plans.Plan` with ``weights``,
     whose tensors are read from the newest source (the last), each averaged or copied.
 
     >>> p = plan_average(["train/ckpt-9", "train/ckpt-10"], "avg/", weights=[1, 3])

@@ -28,7 +28,8 @@ from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.cast import CastCounts, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
-from tfckpt.rewrite.planner import Plan, Source, plan
+from tfckpt.rewrite.planner import plan
+from tfckpt.rewrite.plans import Plan, Source
 from tfckpt.rewrite.tasks import RunStorage, ShardTask, restore_warnings, run_tasks, shard_tasks
 
 

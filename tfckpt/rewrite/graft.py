@@ -37,9 +37,6 @@ from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
     SAVE_COUNTER,
-    Plan,
-    PlannedTensor,
-    Source,
     destination_storage,
     finished_plan,
     follow_source_layouts,
@@ -48,6 +45,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
+from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import NameRules, compile_patterns, compile_rules, new_name
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.format import dtypes as _dt
+from tfckpt.rewrite.pipeline import BufferRing
 
 # A read call counts as costing as much as reading this many bytes (a range request
 # on an object store, a syscall and numpy's overhead locally): a tile's box is widened
@@ -218,19 +219,20 @@ def permuted_chunks(
     perm: tuple[int, ...],
     chunk_bytes: int,
     read_bytes: int,
-    buffers=None,
 ) -> Iterator[np.ndarray]:
     """The elements of tensor ``name`` transposed by ``perm``, in row-major pieces.
 
     A tensor of at most half the chunk budget is read whole and transposed; a bigger
-    one is checked against its checksum first (read in pieces of ``read_bytes`` into
-    ``buffers``), then read in tiles of the budget (:func:`tiles`), partitions too.
+    one is checked against its checksum first (read in pieces of ``read_bytes``), then
+    read in tiles of the budget (:func:`tiles`), partitions too.
     """
     info = ckpt.info(name)
     if info.nbytes <= chunk_bytes // 2:
         yield np.ascontiguousarray(ckpt[name].transpose(perm)).reshape(-1)
         return
-    for _ in ckpt.iter_chunks(name, read_bytes, buffers=buffers):  # the checksums first
+    # The checksums first, in buffers of this pass's own: none of them goes on down the
+    # pipeline, whose ring may still hold the previous tensors' chunks in flight.
+    for _ in ckpt.iter_chunks(name, read_bytes, buffers=BufferRing(3)):
         pass
     itemsize = _dt.lookup(info.dtype).fixed_itemsize
     yield from tiles(

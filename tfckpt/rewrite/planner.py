@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
@@ -23,169 +21,10 @@ from tfckpt.io import paths
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, check_mapped
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
-
-
-@dataclass
-class Source:
-    """One input checkpoint of a transform."""
-
-    label: str
-    ckpt: Checkpoint
-    graph: ObjectGraph | None
-    shard_base: int = 0  # where its shards start in the output, when following its layout
-
-
-@dataclass
-class PlannedTensor:
-    """One output tensor: where it comes from and what it becomes."""
-
-    source: int
-    name: str
-    new_name: str
-    info: TensorInfo
-    new_dtype: str
-    bytes_out: int
-    # Read back whole, as TF2 restores, even from a source without an object graph.
-    restored_whole: bool = False
-    dtype_by: str | None = None  # the DtypePolicy label that decided new_dtype
-    # An average's: the weighted mean of every source's value (else read from ``source``).
-    averaged: bool = False
-    # Written slice by slice as the sources store it: an average decides when it plans;
-    # None leaves it to the engine (:func:`~tfckpt.rewrite.tasks.written_sliced`).
-    sliced: bool | None = None
-    # Value transforms (see ShapeRules): the axes reordered, and the shape written when
-    # it is not the source's.
-    perm: tuple[int, ...] | None = None
-    shape: tuple[int, ...] | None = None
-
-    @property
-    def out_shape(self) -> tuple[int, ...]:
-        """The shape written: the source's, or as the value transforms make it."""
-        return self.info.shape if self.shape is None else self.shape
-
-    @property
-    def renamed(self) -> bool:
-        return self.name != self.new_name
-
-    @property
-    def cast(self) -> bool:
-        return self.info.dtype != self.new_dtype
-
-
-@dataclass
-class Plan:
-    """What a rewrite will write, decided from the sources' indexes alone; ``execute()``
-    writes it and ``to_dict()`` is what ``--dry-run --json`` prints.
-
-    Every verb plans one: a transform (convert, rename, select, merge), a graft or a
-    flatten, an average (``weights``: one per source, oldest first; the newest is the
-    last), an export (``output``: the files it writes instead of a checkpoint).
-
-    >>> p = tfckpt.plan("train/", "fp16/", cast="float16")
-    >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
-    """
-
-    sources: list[Source]
-    dst: str
-    tensors: list[PlannedTensor]
-    dropped: list[tuple[str, str, str]]  # (source label, name, reason)
-    object_graph: bytes | None
-    options: Options  # those it was planned with; execute() writes with them
-    storage: Storage = field(repr=False, compare=False)  # where dst is; execute() writes there
-    weights: list[float] | None = None  # an average's, one per source
-    # An export's files (see tfckpt.interop.export); None: a V2 checkpoint at ``dst``.
-    output: Any = field(default=None, repr=False)
-
-    def close(self) -> None:
-        """Close the sources (the plan cannot be written after)."""
-        for s in self.sources:
-            s.ckpt.close()
-
-    @property
-    def bytes_in(self) -> int:
-        n = len(self.sources)
-        return sum(t.info.nbytes * (n if t.averaged else 1) for t in self.tensors)
-
-    @property
-    def bytes_out(self) -> int:
-        return sum(t.bytes_out for t in self.tensors)
-
-    @property
-    def object_graph_copied(self) -> bool:
-        """Whether the output's object graph is a source's, byte for byte: nothing in it
-        changed, so it is copied rather than rewritten."""
-        return self.object_graph is not None and any(
-            s.graph is not None and s.graph.parsed_from == self.object_graph for s in self.sources
-        )
-
-    def dtype_rule_counts(self) -> dict[str, int] | None:
-        """Tensors per keep pattern and dtype rule (zero included), in the order given;
-        None when the plan has neither."""
-        return DtypePolicy.of(self.options).counts(t.dtype_by for t in self.tensors)
-
-    def to_dict(self) -> dict:
-        if self.weights is not None:
-            return self._average_dict()
-        counts = self.dtype_rule_counts()
-        return {
-            "dst": self.dst,
-            "sources": [s.label for s in self.sources],
-            "tensors": [
-                {
-                    "source": self.sources[t.source].label,
-                    "name": t.name,
-                    "new_name": t.new_name,
-                    "dtype": t.info.dtype,
-                    "new_dtype": t.new_dtype,
-                    "shape": list(t.info.shape),
-                    "bytes_in": t.info.nbytes,
-                    "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
-                    **(
-                        {"new_shape": list(t.out_shape), "permute": list(t.perm or []) or None}
-                        if t.perm or t.shape is not None
-                        else {}
-                    ),
-                }
-                for t in self.tensors
-            ],
-            "dropped": [{"source": s, "name": n, "reason": r} for s, n, r in self.dropped],
-            "object_graph": self.object_graph is not None,
-            "object_graph_copied": self.object_graph_copied,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            **({"dtype_rules": counts} if counts is not None else {}),
-        }
-
-    def _average_dict(self) -> dict:
-        """An average's plan: its weights, and which tensors are averaged or copied."""
-        counts = self.dtype_rule_counts()
-        return {
-            "dst": self.dst,
-            "sources": [s.label for s in self.sources],
-            "weights": self.weights,
-            "tensors": [
-                {
-                    "name": t.name,
-                    "new_name": t.new_name,
-                    "dtype": t.info.dtype,
-                    "new_dtype": t.new_dtype,
-                    "shape": list(t.info.shape),
-                    "averaged": t.averaged,
-                    "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
-                }
-                for t in self.tensors
-            ],
-            "dropped": [{"name": n, "reason": r} for _, n, r in self.dropped],
-            "object_graph": self.object_graph is not None,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            **({"dtype_rules": counts} if counts is not None else {}),
-        }
 
 
 def source_flat_names(source: Source) -> dict[str, str]:

@@ -277,7 +277,7 @@ def _item_reads(
         return
     if t.perm is not None:
         yield ("open", t, None, None)
-        for chunk in permuted_chunks(ckpt, t.name, t.perm, chunk_bytes, read_bytes, ring):
+        for chunk in permuted_chunks(ckpt, t.name, t.perm, chunk_bytes, read_bytes):
             yield ("chunk", t, chunk, chunk.nbytes)
         yield ("close", t, None, None)
         return

@@ -32,7 +32,7 @@ from tfckpt.rewrite.pipeline import (
     cancelled,
     uncancel,
 )
-from tfckpt.rewrite.planner import Plan, PlannedTensor, Source
+from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.streaming import BundleSink, TaskItem, stream_items
 
 

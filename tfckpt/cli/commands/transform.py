@@ -21,7 +21,7 @@ from tfckpt.rewrite.rulesfile import load_rules
 
 if TYPE_CHECKING:
     from tfckpt.rewrite.engine import Summary
-    from tfckpt.rewrite.planner import Plan
+    from tfckpt.rewrite.plans import Plan
 
 
 def _rename_rules(args) -> tuple[list[tuple[str, str]], dict[str, str]]:
