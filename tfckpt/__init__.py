@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from tfckpt.rewrite.graft import flatten, graft
     from tfckpt.rewrite.options import Options
     from tfckpt.rewrite.planner import plan
-from tfckpt.rewrite.plans import Plan
+    from tfckpt.rewrite.plans import Plan
 
 # Public name -> (module, name there), loaded on first use so that ``import tfckpt`` and the
 # command line start without importing every layer (PEP 562 module __getattr__). Everything
