@@ -274,7 +274,7 @@ def export_preset(
     unused = chosen.unused.get(arch, ())
     if unused:  # planned again without them
         close_opened(p, src)
-        opts = Options.of(opts, exclude=[*_listed_patterns(opts.exclude), *unused])
+        opts = with_rules(opts, {"exclude": list(unused)})
         p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
     try:
         shapes = _shapes(p)
@@ -300,9 +300,3 @@ def export_preset(
 def _shapes(p) -> dict[str, tuple[int, ...]]:
     """The shape each tensor of an export's plan is written in, by its new name."""
     return {o.pt.new_name: o.shape for _, outs in p.output.files for o in outs}
-
-
-def _listed_patterns(value) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
