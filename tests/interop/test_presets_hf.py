@@ -193,3 +193,37 @@ def test_gpt2_loads_whole_and_computes_what_tensorflow_does(gpt2_directory, tmp_
     assert info["mismatched_keys"] == []
     want = np.load(os.path.join(gpt2_directory, "outputs.npz"))["logits"]
     np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_config_values_stand_in_for_the_file_or_override_it(tmp_path):
+    prefix = str(tmp_path / "bert_model.ckpt")
+    tfckpt.save(bert_release.weights("squad"), prefix)
+    values = [f"{k}={json.dumps(v)}" for k, v in bert_release.CONFIG.items()]
+    args = ["-m", "tfckpt", "export", prefix, str(tmp_path / "hf"), "--preset", "hf-bert"]
+    run(*args, *sum((["--config-value", v] for v in values), []))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["hidden_act"] == "gelu_new"
+    with open(str(tmp_path / "bert_config.json"), "w") as f:
+        json.dump(bert_release.CONFIG, f)
+    proc = subprocess.run(
+        [sys.executable, *args[:4], str(tmp_path / "hf2"), *args[5:]]
+        + ["--config-value", "num_hidden_layers=3"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "says 3 layers, the checkpoint holds 2" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not os.path.exists(tmp_path / "hf2")
+    partial = {k: v for k, v in bert_release.CONFIG.items() if k != "num_attention_heads"}
+    (tmp_path / "partial.json").write_text(json.dumps(partial))
+    with pytest.raises(tfckpt.CheckpointError, match="lacks num_attention_heads.*--config-value"):
+        export_preset(
+            prefix, str(tmp_path / "hf3"), "hf-bert", config=str(tmp_path / "partial.json")
+        )
+    export_preset(
+        prefix,
+        str(tmp_path / "hf3"),
+        "hf-bert",
+        config=str(tmp_path / "partial.json"),
+        config_values={"num_attention_heads": 4},
+    )
+    assert json.loads((tmp_path / "hf3" / "config.json").read_text())["num_attention_heads"] == 4

@@ -368,6 +368,14 @@ def add_export(sub: Subparsers) -> None:
         metavar="F.json",
         help="with --preset: the release's config file (default: found beside SRC)",
     )
+    g.add_argument(
+        "--config-value",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="with --preset: a setting of the release's config, over its file's (VALUE "
+        "read as JSON where it is, else as text); repeatable",
+    )
     g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
     g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")
     g.add_argument("--with-optimizer", action="store_true", help="TF2: keep the optimizer's state")

@@ -387,6 +387,7 @@ def cmd_export(args) -> int:
             args.preset,
             options,
             config=args.config,
+            config_values=_config_values(args.config_value),
             storage_options=args.storage_options,
         )
     elif args.command == "export":
@@ -423,6 +424,20 @@ def cmd_export(args) -> int:
     if not (args.json and args.dry_run):
         _print_export(sm, args.dry_run)
     return 0
+
+
+def _config_values(given: list[str]) -> dict:
+    """``--config-value KEY=VALUE``s: VALUE as JSON where it is one, else as text."""
+    out = {}
+    for item in given:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise CheckpointError(f"--config-value {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(text)
+        except ValueError:
+            out[key.strip()] = text
+    return out
 
 
 def _print_export(sm, dry_run: bool) -> None:

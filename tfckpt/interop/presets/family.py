@@ -1,0 +1,80 @@
+"""What a preset is (:class:`Preset`) and the checks its config translators share.
+
+Each family's module (``bert.py``, ``gpt2.py``...) makes one ``Preset`` of its rules
+file (beside this module, named as the preset) and a translator of the release's
+config into the ``config.json`` transformers reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfckpt.errors import CheckpointError
+from tfckpt.rewrite.rulesfile import load_rules
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+Shapes = Mapping[str, tuple[int, ...]]  # new name -> shape written
+
+
+def read_json(data: bytes) -> dict[str, Any]:
+    """A JSON config file's object (``ValueError`` when it is not one)."""
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError("the config must be a JSON object")
+    return value
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One family's rules and config translation (see the package's text)."""
+
+    name: str
+    description: str
+    markers: tuple[str, ...]  # source names that recognise the family (any of them)
+    config_files: tuple[str, ...]  # the release's config, looked for beside the checkpoint
+    architecture: Callable[[Shapes], str]  # the transformers class the weights make
+    translate: Callable[[Mapping[str, Any], Shapes, str], dict]  # -> config.json
+    # Per architecture, the source tensors it has no place for (left out): regexes.
+    unused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The release's config file's contents -> its settings (ValueError when unreadable).
+    read: Callable[[bytes], dict[str, Any]] = read_json
+    # False: the translator makes the config from the shapes (and --config-value) alone.
+    needs_config: bool = True
+
+    @property
+    def rules_file(self) -> str:
+        return os.path.join(HERE, f"{self.name}.toml")
+
+    def rules(self) -> dict[str, Any]:
+        """The :class:`~tfckpt.Options` fields of the preset's rules file."""
+        return load_rules(self.rules_file)
+
+
+def check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
+    """An error when the config gives a tensor another shape than the checkpoint."""
+    for name, shape in want.items():
+        if name in shapes and tuple(shapes[name]) != tuple(shape):
+            raise CheckpointError(
+                f"the config gives {name} the shape {list(shape)}, the checkpoint "
+                f"{list(shapes[name])}"
+            )
+
+
+def check_layers(shapes: Shapes, prefix: str, want: int, what: str = "the config") -> None:
+    """An error when the tensors named ``prefix<N>.`` hold another number of layers."""
+    layers = {n[len(prefix) :].split(".")[0] for n in shapes if n.startswith(prefix)}
+    if len(layers) != want:
+        raise CheckpointError(f"{what} says {want} layers, the checkpoint holds {len(layers)}")
+
+
+def require(config: Mapping[str, Any], keys, what: str) -> None:
+    """An error naming every key of ``keys`` that ``config`` lacks."""
+    missing = [k for k in keys if k not in config]
+    if missing:
+        raise CheckpointError(
+            f"{what} lacks {', '.join(missing)} (give them with --config-value KEY=VALUE)"
+        )
