@@ -226,8 +226,25 @@ def add_transform_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_values_group(p: argparse.ArgumentParser) -> None:
-    """The transforms' "values" group: ``--permute``, ``--reshape``, ``--squeeze``."""
+    """The transforms' "values" group: ``--split``, ``--concat``, ``--permute``,
+    ``--reshape``, ``--squeeze``."""
     g = p.add_argument_group("values")
+    g.add_argument(
+        "--split",
+        metavar="REGEX=AXIS:NEW1,NEW2,...",
+        action="append",
+        help="cut tensors whose (new) name matches into equal parts along AXIS, named "
+        "NEW1, NEW2... (\\1 is the match's group), e.g. "
+        "'c_attn\\.(weight|bias)$=-1:q.\\1,k.\\1,v.\\1'; before --permute; first match wins",
+    )
+    g.add_argument(
+        "--concat",
+        metavar="NEW=AXIS:REGEX1,REGEX2,...",
+        action="append",
+        help="join along AXIS each tensor whose (new) name REGEX1 matches whole with "
+        "those REGEX2... name once expanded with its match, into NEW, e.g. "
+        "'h.\\1.qkv=0:h\\.(\\d+)\\.q,h\\.\\1\\.k,h\\.\\1\\.v'; before --permute",
+    )
     g.add_argument(
         "--permute",
         metavar="REGEX=AXES",

@@ -153,7 +153,11 @@ def plan_export(
     options = _export_names(sources, options, keep_keys, with_optimizer, storage_options)
     # The planner's destination is a checkpoint prefix; an export's is its file.
     p = plan(
-        sources, out, Options.of(options, max_shard_bytes=None), storage_options=storage_options
+        sources,
+        out,
+        Options.of(options, max_shard_bytes=None),
+        storage_options=storage_options,
+        object_graph=False,
     )
     store = p.storage
     outs, skipped, left_out = [], [], []

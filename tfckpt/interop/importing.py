@@ -142,6 +142,10 @@ def import_(
     """
     start = time.perf_counter()
     options = Options.of(options, **changes)
+    if options.split or options.concat:
+        raise CheckpointError(
+            "import takes no split or concat: import, then convert the checkpoint with them"
+        )
     src = normalize(src)
     prefix = normalize(out_prefix)
     src_store = storage_for(src, storage_options)

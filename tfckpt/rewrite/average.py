@@ -63,6 +63,8 @@ _UNSUPPORTED = (
     "permute",
     "reshape",
     "squeeze",
+    "split",
+    "concat",
 )
 
 

@@ -26,6 +26,9 @@ PREFER: tuple[str | None, ...] = (None,) + get_args(Prefer)
 RenameRules = Sequence[tuple[str, str]] | Mapping[str, str]
 Permutes = Sequence[tuple[str, Sequence[int]]]  # ordered (regex, axes)
 Reshapes = Sequence[tuple[str, Sequence[int]]]  # ordered (regex, shape), -1 once at most
+# Ordered (regex, axis, new names) or (regex, axis, new names, sizes).
+Splits = Sequence[tuple[Any, ...]]
+Concats = Sequence[tuple[str, int, Sequence[str]]]  # (new name, axis, regexes)
 DtypeRules = Sequence[tuple[str, str]] | Mapping[str, str]  # ordered regex -> dtype
 
 MEMORY_BUDGET = 64 << 20  # tensor bytes in flight per shard task
@@ -76,6 +79,13 @@ class Options:
       regexes whose tensors lose their axes of size 1; on new names, after
       ``permute``: the elements keep their order, only the shape changes. These value
       transforms take numeric and bool tensors, written whole.
+    - ``split``: ordered ``[(regex, axis, [new, ...])]`` (sizes as a fourth item; equal
+      parts without): the first whose regex is found in a tensor's new name cuts it
+      along ``axis`` into tensors named by the templates expanded with the match.
+      ``concat``: ``[(new, axis, [regex, other, ...])]``: each tensor the first regex
+      matches whole is joined along ``axis``, in order, with those the others name
+      once expanded with its match; ``new`` names the result. Both act before
+      ``permute`` (see :mod:`tfckpt.rewrite.pieces`); not for a TF2 output.
     - ``prefer``: which source wins a name present in several (default: error).
     - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
     - ``overwrite``: replace an existing checkpoint at the destination.
@@ -110,6 +120,8 @@ class Options:
     permute: Permutes = _plan(())
     reshape: Reshapes = _plan(())
     squeeze: str | Sequence[str] = _plan(())
+    split: Splits = _plan(())
+    concat: Concats = _plan(())
     prefer: Prefer | None = _plan()
     max_shard_bytes: int | None = _plan()
     overwrite: bool = _plan(False)

@@ -1,9 +1,12 @@
-"""Reordering a tensor's axes in bounded memory: ``--permute REGEX=AXES``.
+"""Reordering a tensor's axes, and assembling one from boxes of others, in bounded memory.
 
-:func:`tiles` streams the permuted tensor as consecutive pieces of the result, reading
-the source in long runs whatever the shape (which permutation applies to a tensor is
-:class:`~tfckpt.rewrite.rules.ShapeRules`'). The engine's pipeline reads permuted
-tensors through :func:`permuted_chunks`.
+:func:`tiles` streams a permuted tensor (``--permute REGEX=AXES``) as consecutive pieces
+of the result, reading the source in long runs whatever the shape (which permutation
+applies to a tensor is :class:`~tfckpt.rewrite.rules.ShapeRules`'). A tensor made by
+``--split`` or ``--concat`` (:mod:`tfckpt.rewrite.pieces`) is a list of
+:class:`Member` s, each a box of a source tensor and where it lands; the same tiles
+fill the result from them. The engine's pipeline reads permuted tensors through
+:func:`permuted_chunks`, assembled ones through :func:`assembled_chunks`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,6 +31,23 @@ Box = tuple[tuple[int, int], ...]  # per axis: [lo, hi)
 # A stored part of a tensor: its box in the whole tensor, and read(start, count) of
 # its own row-major elements.
 Part = tuple[Box, Callable[[int, int], np.ndarray]]
+
+
+class Member(NamedTuple):
+    """One piece of an assembled tensor: the box ``box`` of source tensor ``name``,
+    landing with its first element at ``at`` in the assembled tensor. ``verify``: the
+    run checks the source tensor's checksum while reading this piece (one piece of
+    each source tensor does)."""
+
+    name: str
+    box: Box
+    at: tuple[int, ...]
+    verify: bool = True
+
+
+# What the tiles fill an assembled tensor from: per member, its box in its source, where
+# it lands, the source's shape and the source's stored parts.
+_Placed = tuple[Box, tuple[int, ...], tuple[int, ...], Sequence[Part]]
 
 
 def tiles(
@@ -65,14 +86,38 @@ def tiles(
                 yield read(start, min(half, total - start))
             return
         parts = [(tuple((0, n) for n in shape), read)]
-    dtype = parts[0][1](0, 0).dtype
+    whole = tuple((0, n) for n in shape)
+    yield from _tiles_of([(whole, (0,) * len(shape), shape, parts)], shape, perm, itemsize, half)
+
+
+def _tiles_of(
+    placed: Sequence[_Placed],
+    shape: tuple[int, ...],
+    perm: tuple[int, ...],
+    itemsize: int,
+    half: int,
+) -> Iterator[np.ndarray]:
+    """The tensor of ``shape`` the ``placed`` boxes make up, axes permuted by ``perm``,
+    in tiles of at most ``half`` elements (see :func:`tiles`)."""
+    dtype = placed[0][3][0][1](0, 0).dtype
     out_shape = tuple(shape[p] for p in perm)
     inverse = tuple(int(i) for i in np.argsort(perm))
     for block in _result_blocks(out_shape, half):
         need = tuple(block[inverse[s]] for s in range(len(shape)))
-        wide = _widest_cheap(need, shape, half, itemsize)
         buf = np.empty(tuple(hi - lo for lo, hi in block), dtype=dtype)
-        _fill(buf.transpose(inverse), need, wide, parts, half)
+        view = buf.transpose(inverse)
+        for box, at, src_shape, parts in placed:
+            met = [
+                (max(n0, a), min(n1, a + b1 - b0)) for (n0, n1), a, (b0, b1) in zip(need, at, box)
+            ]
+            if any(lo >= hi for lo, hi in met):
+                continue
+            src_need = tuple(
+                (lo - a + b0, hi - a + b0) for (lo, hi), a, (b0, _) in zip(met, at, box)
+            )
+            wide = _widest_cheap(src_need, src_shape, half, itemsize)
+            into = view[tuple(slice(lo - n0, hi - n0) for (lo, hi), (n0, _) in zip(met, need))]
+            _fill(into, src_need, wide, parts, half)
         yield buf.reshape(-1)
 
 
@@ -243,3 +288,51 @@ def permuted_chunks(
         chunk_bytes,
         parts=partitioned_parts(ckpt, name, info) if info.slices else None,
     )
+
+
+def assembled_chunks(
+    ckpt: Checkpoint,
+    members: Sequence[Member],
+    shape: tuple[int, ...],
+    perm: tuple[int, ...] | None,
+    chunk_bytes: int,
+    read_bytes: int,
+) -> Iterator[np.ndarray]:
+    """The tensor of ``shape`` the ``members`` make up (boxes of tensors of ``ckpt``),
+    with axes permuted by ``perm`` (None: in order), in row-major pieces.
+
+    Sources of at most half the chunk budget together are read whole (which checks
+    their checksums) and cut with numpy; bigger ones are checked by the members that
+    say ``verify`` (read in pieces of ``read_bytes``), then read in tiles of the
+    budget (:func:`tiles`), partitions too.
+    """
+    if not members or int(np.prod(shape, dtype=np.int64)) == 0:
+        return
+    order = perm if perm is not None else tuple(range(len(shape)))
+    infos = {m.name: ckpt.info(m.name) for m in members}
+    if sum(i.nbytes for i in infos.values()) <= chunk_bytes // 2:
+        wholes = {name: ckpt[name] for name in infos}
+        out = np.empty(shape, dtype=wholes[members[0].name].dtype)
+        for m in members:
+            got = wholes[m.name][tuple(slice(lo, hi) for lo, hi in m.box)]
+            out[tuple(slice(a, a + n) for a, n in zip(m.at, got.shape))] = got
+        yield np.ascontiguousarray(out.transpose(order)).reshape(-1)
+        return
+    for m in members:
+        if m.verify:  # in buffers of this pass's own (see permuted_chunks)
+            for _ in ckpt.iter_chunks(m.name, read_bytes, buffers=BufferRing(3)):
+                pass
+    placed: list[_Placed] = []
+    for m in members:
+        info = infos[m.name]
+        parts = (
+            partitioned_parts(ckpt, m.name, info)
+            if info.slices
+            else [
+                (tuple((0, n) for n in info.shape), functools.partial(ckpt.read_elements, m.name))
+            ]
+        )
+        placed.append((m.box, m.at, info.shape, parts))
+    itemsize = _dt.lookup(infos[members[0].name].dtype).fixed_itemsize
+    half = max(1, (chunk_bytes // 2) // max(itemsize, 1))
+    yield from _tiles_of(placed, shape, order, itemsize, half)

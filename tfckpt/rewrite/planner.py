@@ -21,6 +21,7 @@ from tfckpt.io import paths
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.pieces import assemble
 from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, check_mapped
 
@@ -164,6 +165,7 @@ def plan(
     options: Options | None = None,
     *,
     storage_options: StorageOptions | None = None,
+    object_graph: bool = True,
     **changes,
 ) -> Plan:
     """Decide every output tensor from the sources' indexes; reads no tensor data.
@@ -172,6 +174,7 @@ def plan(
     are kept in the plan: :func:`~tfckpt.execute` writes it with them. Paths may be
     fsspec URLs, opened with ``storage_options``; the output's storage (``Plan.storage``:
     made with them, else with those of the first source opened with some) is kept too.
+    ``object_graph=False``: the output keeps no TF2 object graph (an export's files).
 
     >>> p = tfckpt.plan("train/", "out/", cast="float16", exclude=["/Adam"])
     >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
@@ -207,7 +210,7 @@ def plan(
             raise CheckpointError(f"no object {spec!r} in the object graph of any source")
     check_mapped(dropped, options)
     chosen = _choose_by_name(srcs, per_source, options.prefer, dropped)
-    graph_bytes = _merged_graph(srcs, per_source, chosen)
+    graph_bytes = _merged_graph(srcs, per_source, chosen) if object_graph else None
     follow_source_layouts(srcs, options)
     planned = _planned_tensors(srcs, chosen, policy, flats, fixed)
     return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
@@ -446,8 +449,9 @@ def finished_plan(
     store: Storage,
 ) -> Plan:
     """The plan of ``planned`` tensors (written to ``dst`` on ``store``), once every shard
-    file they need is known to exist, with its value transforms (``options``) decided and
-    its tensors in reading order."""
+    file they need is known to exist, with its value transforms (``options``: split and
+    concat, then permute, reshape, squeeze) decided and its tensors in reading order."""
+    planned = assemble(srcs, planned, options, graph_bytes is not None)
     shape_transforms(srcs, planned, ShapeRules.of(options))
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {}
@@ -455,10 +459,13 @@ def finished_plan(
         ids = needed.get(pt.source)
         if ids is None:
             ids = needed[pt.source] = set()
-        if pt.info.slices:
-            ids.update(x.shard or 0 for x in srcs[pt.source].ckpt.slice_info(pt.name))
-        else:
-            ids.add(pt.info.shard or 0)
+        ckpt = srcs[pt.source].ckpt
+        for name in [pt.name] if pt.parts is None else {m.name for m in pt.parts}:
+            info = pt.info if pt.parts is None else ckpt.info(name)
+            if info.slices:
+                ids.update(x.shard or 0 for x in ckpt.slice_info(name))
+            else:
+                ids.add(info.shard or 0)
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.

@@ -13,6 +13,7 @@ from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.permute import Member
 from tfckpt.rewrite.rules import DtypePolicy
 
 
@@ -48,6 +49,9 @@ class PlannedTensor:
     # it is not the source's.
     perm: tuple[int, ...] | None = None
     shape: tuple[int, ...] | None = None
+    # Made by split or concat (see tfckpt.rewrite.pieces): the boxes of source tensors
+    # it is made of; ``name`` is the first one's and ``info`` describes what they make.
+    parts: tuple[Member, ...] | None = None
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -137,6 +141,7 @@ class Plan:
                         if t.perm or t.shape is not None
                         else {}
                     ),
+                    **({"made_of": _made_of(t.parts)} if t.parts is not None else {}),
                 }
                 for t in self.tensors
             ],
@@ -174,3 +179,8 @@ class Plan:
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
         }
+
+
+def _made_of(parts: tuple[Member, ...]) -> list[dict]:
+    """A split or concat tensor's members, as ``--dry-run --json`` shows them."""
+    return [{"name": m.name, "box": [list(b) for b in m.box], "at": list(m.at)} for m in parts]

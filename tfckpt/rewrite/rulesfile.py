@@ -22,6 +22,14 @@ the library) bundles what would otherwise be many flags::
     match = "qkv$"
     shape = [768, 3, -1]
     squeeze = ['/w$']
+    [[split]]       # one tensor into several along an axis (equal parts, or sizes = [...])
+    match = 'attn\\.c_attn\\.(weight|bias)$'
+    axis = -1
+    into = ['q.\\1', 'k.\\1', 'v.\\1']
+    [[concat]]      # several into one: the first regex, the others expanded with its match
+    name = 'h.\\1.qkv'
+    axis = 0
+    parts = ['h\\.(\\d+)\\.q', 'h\\.\\1\\.k', 'h\\.\\1\\.v']
     # dtypes
     cast = "float16"
     keep_dtype = ["LayerNorm"]
@@ -103,8 +111,10 @@ def rules_from(data: Mapping[str, Any], path: str) -> dict[str, Any]:
         elif key in _RULES:
             field, what = _RULES[key]
             out[field] = _rules(value, key, what, path)
+        elif key in _PIECES:
+            out[key] = _pieces(value, key, path)
         else:
-            known = sorted([*_LISTS, *_SCALARS, *_RULES, "rename_exact"])
+            known = sorted([*_LISTS, *_SCALARS, *_RULES, *_PIECES, "rename_exact"])
             raise CheckpointError(f"unknown key {key!r} (known: {', '.join(known)})", path=path)
     return out
 
@@ -140,6 +150,46 @@ def _rules(value, key: str, what: str, path: str) -> list[tuple[str, Any]]:
     return out
 
 
+# [[split]] and [[concat]] tables: their keys (required, then optional), in rule order.
+_PIECES = {
+    "split": (("match", "axis", "into"), ("sizes",)),
+    "concat": (("name", "axis", "parts"), ()),
+}
+
+
+def _pieces(value, key: str, path: str) -> list[tuple]:
+    """``[[split]]``/``[[concat]]`` tables as the rules of Options' field of that name."""
+    required, optional = _PIECES[key]
+    if not isinstance(value, list):
+        raise CheckpointError(f"{key} must be an array of tables ([[{key}]])", path=path)
+    out = []
+    for k, rule in enumerate(value):
+        keys = set(rule) if isinstance(rule, Mapping) else set()
+        if not set(required) <= keys <= set(required) | set(optional):
+            raise CheckpointError(
+                f"[[{key}]] number {k + 1} must have the keys {', '.join(required)}"
+                + (f" (and maybe {', '.join(optional)})" if optional else ""),
+                path=path,
+            )
+        names, axis, listed = (rule[r] for r in required)
+        sizes = rule.get("sizes")
+        if (
+            not isinstance(names, str)
+            or not isinstance(axis, int)
+            or isinstance(axis, bool)
+            or not isinstance(listed, list)
+            or not all(isinstance(v, str) for v in listed)
+            or (sizes is not None and not _whole_numbers(sizes))
+        ):
+            raise CheckpointError(
+                f"[[{key}]] number {k + 1}: {required[0]} a string, axis a whole number, "
+                f"{required[2]} a list of strings" + (", sizes whole numbers" if optional else ""),
+                path=path,
+            )
+        out.append((names, axis, listed) + ((sizes,) if sizes is not None else ()))
+    return out
+
+
 def _whole_numbers(value) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -159,6 +209,8 @@ _APPENDED = (
     "rename",
     "dtype_rules",
     "name_map",
+    "split",
+    "concat",
 )
 
 

@@ -20,7 +20,7 @@ from tfckpt.errors import (
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
 from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks
-from tfckpt.rewrite.permute import permuted_chunks
+from tfckpt.rewrite.permute import Member, assembled_chunks, permuted_chunks
 from tfckpt.rewrite.pipeline import (
     BufferRing,
     WriteBehind,
@@ -50,6 +50,8 @@ class TaskItem:
     # each, oldest first), summed in float64 or complex128 (see tfckpt.rewrite.mean).
     weights: tuple[float, ...] = ()
     reshape: tuple[int, ...] | None = None  # the shape written, when not the source's
+    # Made by split or concat: boxes of source tensors (``shape`` is what they make).
+    parts: tuple[Member, ...] | None = None
 
     @property
     def read_dtype(self) -> str:
@@ -224,6 +226,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         and not item.partitioned
         and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
         and item.perm is None
+        and item.parts is None
         and not item.weights
         and dtype is not _dt.STRING
         and dtype.numpy is not None
@@ -273,6 +276,12 @@ def _item_reads(
         out = _dt.lookup(t.new_dtype)
         for acc, nbytes in mean_chunks(sources, t.name, extents, t.weights, out, chunk_bytes):
             yield ("chunk", t, acc, nbytes)
+        yield ("close", t, None, None)
+        return
+    if t.parts is not None:
+        yield ("open", t, None, None)
+        for chunk in assembled_chunks(ckpt, t.parts, t.shape, t.perm, chunk_bytes, read_bytes):
+            yield ("chunk", t, chunk, chunk.nbytes)
         yield ("close", t, None, None)
         return
     if t.perm is not None:

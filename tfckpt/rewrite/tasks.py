@@ -190,7 +190,7 @@ def shard_tasks(
         def item(extents, bytes_in: int, bytes_out: int, t=t, tf_cast=tf_cast) -> TaskItem:
             return task_item(t, extents, bytes_in, bytes_out, tf_cast)
 
-        if not info.slices:  # the common case, a whole tensor
+        if not info.slices:  # the common case, a whole tensor (or one split or concat makes)
             at = src.shard_base + (info.shard or 0)
             packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
             continue
@@ -248,6 +248,7 @@ def task_item(
         perm=t.perm if extents is None else None,
         weights=weights,
         reshape=t.shape if extents is None else None,
+        parts=t.parts if extents is None else None,
     )
 
 
@@ -397,7 +398,7 @@ def written_sliced(p: Plan, t: PlannedTensor) -> bool:
     (an average), else when it is partitioned and stays so (:func:`_keep_sliced`)."""
     if t.sliced is not None:
         return t.sliced
-    if t.perm is not None or t.shape is not None:  # transformed: written whole
+    if t.perm is not None or t.shape is not None or t.parts is not None:  # transformed: whole
         return False
     return bool(t.info.slices) and _keep_sliced(p.sources[t.source], t)
 

@@ -16,6 +16,7 @@ from tfckpt.cli.display import emit, human_bytes, print_json, shape_text, table
 from tfckpt.errors import CheckpointError
 from tfckpt.format.orderedcode import encode_name
 from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.pieces import parse_concats, parse_splits
 from tfckpt.rewrite.rules import parse_permutes, parse_reshapes
 from tfckpt.rewrite.rulesfile import load_rules
 
@@ -96,6 +97,8 @@ def _options(args, **extra) -> Options:
         permute=parse_permutes(args.permute or []),
         reshape=parse_reshapes(args.reshape or []),
         squeeze=args.squeeze or [],
+        split=parse_splits(args.split or []),
+        concat=parse_concats(args.concat or []),
     )
     given = load_rules(args.rules) if getattr(args, "rules", None) else {}
     fields: dict[str, Any] = {k: [*v, *given.pop(k, [])] for k, v in flags.items()}
