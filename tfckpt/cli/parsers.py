@@ -34,6 +34,8 @@ exit status: 0 same, 1 different, 2 error""",
     "verify": """examples:
   tfckpt verify train/model.ckpt-7
   tfckpt verify fp16/model.ckpt --tf --reference train/model.ckpt-7
+  tfckpt verify bert/bert_model.ckpt --against hf/ --preset hf-bert
+  tfckpt verify gpt2/model.ckpt --against out.safetensors --rules gpt2.toml --dtype float16
 
 exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "convert": """examples:
@@ -185,6 +187,23 @@ def add_verify(sub: Subparsers) -> None:
         help="with --tf: the checkpoint this one was converted from; cast tensors "
         "must equal TensorFlow's tf.cast of it",
     )
+    g = p.add_argument_group(
+        "proof of a conversion",
+        "With --against OUT: PATH is the source; every tensor of OUT (a model directory, "
+        "safetensors, npz or a checkpoint) must equal, bit for bit, what PATH becomes with "
+        "the same preset, rules, names, value transforms and casts given here, and every "
+        "tensor of PATH must be written or left out by a rule.",
+    )
+    g.add_argument("--against", metavar="OUT", help="the output to check against PATH")
+    g.add_argument("--preset", metavar="NAME", help="the preset OUT was exported with")
+    g.add_argument("--keep-keys", action="store_true", help="as export was given it")
+    g.add_argument("--with-optimizer", action="store_true", help="as export was given it")
+    g.add_argument("--with-bookkeeping", action="store_true", help="as export was given it")
+    opt.add_chunk_bytes(g)
+    opt.add_cast_group(p)
+    opt.add_select_group(p)
+    opt.add_rename_group(p)
+    opt.add_values_group(p)
     opt.add_json(p)
     p.set_defaults(func="inspect.cmd_verify")
 
@@ -375,6 +394,13 @@ def add_export(sub: Subparsers) -> None:
         default=[],
         help="with --preset: a setting of the release's config, over its file's (VALUE "
         "read as JSON where it is, else as text); repeatable",
+    )
+    g.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="with --preset: skip reading the output back and comparing every tensor, bit "
+        "for bit, with what the preset makes of SRC",
     )
     g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
     g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")

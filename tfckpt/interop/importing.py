@@ -44,7 +44,7 @@ class _In:
     crc: tuple[int, int] | None = None
 
 
-def _import_entries(store: Storage, src: str) -> list[_In]:
+def tensor_file_entries(store: Storage, src: str) -> list[_In]:
     """The tensors ``src`` (on ``store``) holds, in the order they are read: the shards of
     an index (each a plain file name beside it, read as safetensors), an npz's members, or
     one safetensors file's tensors."""
@@ -149,7 +149,7 @@ def import_(
     src = normalize(src)
     prefix = normalize(out_prefix)
     src_store = storage_for(src, storage_options)
-    ins = _import_entries(src_store, src)
+    ins = tensor_file_entries(src_store, src)
     naming = NameRules.of(options)
     policy = DtypePolicy.of(options)
     if permute:
@@ -328,6 +328,19 @@ class TensorFileSource:
         self._readers: dict[str, tuple] = {}  # path -> (read, raw reader)
         self._zips: dict[str, zipfile.ZipFile] = {}
         self._closers: list[Callable[[], None]] = []
+
+    def keys(self) -> list[str]:
+        """The tensors' names, in the files' order."""
+        return list(self._ins)
+
+    def __contains__(self, name) -> bool:
+        return name in self._ins
+
+    def __enter__(self) -> TensorFileSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def info(self, name: str) -> _Info:
         e = self._ins[name].entry

@@ -386,6 +386,11 @@ def cmd_stats(args) -> int:
 def cmd_verify(args) -> int:
     """``tfckpt verify``: every checksum and structure check (with --tf, TensorFlow's reading
     too); exit status 1 if a problem is found."""
+    if args.against is not None:
+        return _verify_against(args)
+    given = [f for f in _AGAINST_ONLY if getattr(args, f.lstrip("-").replace("-", "_"))]
+    if given:
+        raise CheckpointError(f"{', '.join(given)}: for verify --against OUT only")
     data = _inspect.verify(args.path, storage_options=args.storage_options)
     if args.tf and not data["problems"]:
         from tfckpt.tf import verify_with_tf
@@ -427,3 +432,58 @@ def cmd_verify(args) -> int:
             parts.append(f"{d['nans_other_bits']} NaNs of another sign or payload than tf.cast's")
         emit(f"note: {d['tensor']} ({d['cast']}): {', '.join(parts)}")
     return 1 if data["problems"] else 0
+
+
+# verify's options that say how a conversion was made: for --against only.
+_AGAINST_ONLY = (
+    "--preset",
+    "--dtype",
+    "--keep-dtype",
+    "--dtype-rule",
+    "--include",
+    "--exclude",
+    "--drop-object",
+    "--map",
+    "--map-file",
+    "--rules",
+    "--split",
+    "--concat",
+    "--permute",
+    "--reshape",
+    "--squeeze",
+    "--keep-keys",
+    "--with-optimizer",
+    "--with-bookkeeping",
+)
+
+
+def _verify_against(args) -> int:
+    """``tfckpt verify SRC --against OUT``: exit status 1 if OUT is not what SRC becomes."""
+    from tfckpt.cli.commands.transform import options_from
+    from tfckpt.interop.proof import verify_against
+
+    if args.tf or args.reference:
+        raise CheckpointError("--tf and --reference check one checkpoint: not with --against")
+    options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    proof = verify_against(
+        args.path,
+        args.against,
+        options,
+        preset=args.preset,
+        storage_options=args.storage_options,
+        keep_keys=args.keep_keys,
+        with_optimizer=args.with_optimizer,
+        with_bookkeeping=args.with_bookkeeping,
+    )
+    if args.json:
+        print_json(proof.to_dict())
+        return 0 if proof.ok else 1
+    for line in proof.problems():
+        emit(line, err=True)
+    if proof.ok:
+        emit(
+            f"ok: {proof.against}: {proof.checked} tensors, {human_bytes(proof.bytes)}, each "
+            f"equal bit for bit to what {proof.source} becomes; every source tensor written "
+            f"or left out by a rule ({len(proof.left_out)} left out)"
+        )
+    return 0 if proof.ok else 1

@@ -83,7 +83,7 @@ def _dtype_rules(args) -> list[tuple[str, str]]:
     return rules
 
 
-def _options(args, **extra) -> Options:
+def options_from(args, **extra) -> Options:
     """The engine's options from the flags every rewriting command shares, plus ``extra``;
     a ``--rules`` file's come after the flags' (a flag's rule is tried first)."""
     rules, exact = _rename_rules(args)
@@ -115,12 +115,12 @@ def _options(args, **extra) -> Options:
     )
     return Options(
         **fields,
-        prefer=args.prefer,
-        max_shard_bytes=args.max_shard_bytes,
-        overwrite=args.overwrite,
+        prefer=getattr(args, "prefer", None),  # verify --against: no output options
+        max_shard_bytes=getattr(args, "max_shard_bytes", None),
+        overwrite=getattr(args, "overwrite", False),
         overflow=args.overflow,
         chunk_bytes=args.chunk_bytes,
-        durable=args.durable,
+        durable=getattr(args, "durable", True),
         **extra,
     )
 
@@ -264,7 +264,7 @@ def cmd_transform(args) -> int:
 
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
-    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
     return _run_plan(args, plan(sources, dst, options, storage_options=args.storage_options))
 
 
@@ -272,7 +272,7 @@ def cmd_graft(args) -> int:
     """``tfckpt graft``: fill a TF2 template with the sources' values found by name."""
     from tfckpt.rewrite.graft import plan_graft
 
-    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
     p = plan_graft(
         args.template,
         args.sources,
@@ -288,7 +288,7 @@ def cmd_flatten(args) -> int:
     """``tfckpt flatten``: a TF2 checkpoint as a name-based (TF1) one."""
     from tfckpt.rewrite.graft import plan_flatten
 
-    options = _options(args, backend=args.backend, tf_threshold=args.tf_threshold)
+    options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
     p = plan_flatten(args.src, args.dst, options, storage_options=args.storage_options)
     return _run_plan(args, p)
 
@@ -379,7 +379,7 @@ def cmd_export(args) -> int:
     if args.executor or args.backend != "numpy":
         # One process streams the files; tf.cast's bits are numpy's anyway.
         raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
-    options = _options(args)
+    options = options_from(args)
     if args.command == "export" and args.preset:
         from tfckpt.interop.presets import export_preset
 
@@ -391,6 +391,7 @@ def cmd_export(args) -> int:
             options,
             config=args.config,
             config_values=_config_values(args.config_value),
+            verify=args.verify,
             storage_options=args.storage_options,
         )
     elif args.command == "export":

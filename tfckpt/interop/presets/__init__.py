@@ -19,12 +19,14 @@ from typing import Any
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
+from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
 from tfckpt.interop.presets import bert, gpt2
 from tfckpt.interop.presets.family import Preset
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.plans import Plan
 from tfckpt.rewrite.rulesfile import with_rules
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (bert.PRESET, gpt2.PRESET)}
@@ -82,38 +84,21 @@ def release_config(
     )
 
 
-def export_preset(
+def plan_preset(
     src,
     out_dir,
     preset: str = "auto",
     options: Options | None = None,
     *,
-    config=None,
-    config_values: Mapping[str, Any] | None = None,
     storage_options: StorageOptions | None = None,
-    dry_run: bool = False,
-    progress: Callable[[int], None] | None = None,
     **changes,
-) -> Summary:
-    """Export ``src`` with a preset into ``out_dir``: ``config.json`` and
-        ``model.safetensors`` (sharded with ``max_shard_bytes``, with its
-        ``model.safetensors.index.json``), committed together, as transformers'
-        ``from_pretrained(out_dir)`` loads them.
-
-        ``preset`` names one of :data:`PRESETS`, or ``'auto'``: the family the source's
-        names are of. ``config``: the release's config file (by default looked for beside
-        the checkpoint); ``config_values``: settings laid over it (or, where the preset can
-    do without a file, all of them). ``options`` and keyword arguments as for :func:`tfckpt.export`
-        (``cast``, ``max_shard_bytes``, ``overwrite``, ``allow_unmapped``...): their rules
-        are tried before the preset's. The summary's ``warnings`` say which preset and
-        architecture were chosen; unmapped tensors left out (``allow_unmapped``) are in
-        ``skipped``.
-
-        >>> export_preset("uncased_L-12_H-768_A-12/bert_model.ckpt", "hf/", cast="bfloat16")
-    """
+) -> tuple[Plan, Preset, str]:
+    """The export plan of ``src`` into ``out_dir``'s ``model.safetensors`` with a
+    preset's rules (those of ``options`` tried first), the tensors the architecture has
+    no place for left out; the preset and the architecture chosen. The plan's sources
+    are open: close them with :func:`~tfckpt.interop.export.close_opened`."""
     with open_checkpoint(src, storage_options=storage_options) as ckpt:
         names = ckpt.keys()
-        store, directory = ckpt.storage, ckpt.storage.dirname(ckpt.prefix)
     chosen = find(preset, names)
     opts = with_rules(Options.of(options, **changes), chosen.rules())
     out_dir = normalize(out_dir)
@@ -125,8 +110,49 @@ def export_preset(
         close_opened(p, src)
         opts = with_rules(opts, {"exclude": list(unused)})
         p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    return p, chosen, arch
+
+
+def export_preset(
+    src,
+    out_dir,
+    preset: str = "auto",
+    options: Options | None = None,
+    *,
+    config=None,
+    config_values: Mapping[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
+    dry_run: bool = False,
+    verify: bool = True,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
+    """Export ``src`` with a preset into ``out_dir``: ``config.json`` and
+    ``model.safetensors`` (sharded with ``max_shard_bytes``, with its
+    ``model.safetensors.index.json``), committed together, as transformers'
+    ``from_pretrained(out_dir)`` loads them.
+
+    ``preset`` names one of :data:`PRESETS`, or ``'auto'``: the family the source's
+    names are of. ``config``: the release's config file (by default looked for beside
+    the checkpoint); ``config_values``: settings laid over it (or, where the preset can
+    do without a file, all of them). ``options`` and keyword arguments as for
+    :func:`tfckpt.export` (``cast``, ``max_shard_bytes``, ``overwrite``,
+    ``allow_unmapped``...): their rules are tried before the preset's. ``verify``:
+    once written, every tensor of the output is read back and compared, bit for bit,
+    with what the preset makes of the source (:mod:`tfckpt.interop.comparing`); a
+    difference is an error naming each. The summary's ``warnings`` say which preset
+    and architecture were chosen and what was verified; unmapped tensors left out
+    (``allow_unmapped``) are in ``skipped``.
+
+    >>> export_preset("uncased_L-12_H-768_A-12/bert_model.ckpt", "hf/", cast="bfloat16")
+    """
+    p, chosen, arch = plan_preset(
+        src, out_dir, preset, options, storage_options=storage_options, **changes
+    )
     try:
         shapes = _shapes(p)
+        ckpt = p.sources[0].ckpt
+        store, directory = ckpt.storage, ckpt.storage.dirname(ckpt.prefix)
         config_path, release = release_config(
             chosen, config, store, directory or ".", storage_options, config_values
         )
@@ -134,16 +160,38 @@ def export_preset(
             translated = chosen.translate(release, shapes, arch)
         except CheckpointError as e:
             raise CheckpointError(e.detail, path=config_path) from None
-        target = p.storage.join(p.storage.dirname(out), "config.json")
-        if not opts.overwrite and p.storage.exists(target):
+        out_dir = p.storage.dirname(p.output.out)
+        target = p.storage.join(out_dir, "config.json")
+        if not p.options.overwrite and p.storage.exists(target):
             raise CheckpointError("the output already exists (use overwrite)", path=target)
         p.output.extra = ((target, (json.dumps(translated, indent=2) + "\n").encode()),)
-        note = f"preset {preset}: {chosen.name} ({arch})"
-        summary = p.output.summary(p) if dry_run else execute(p, progress=progress)
+        notes = [f"preset {preset}: {chosen.name} ({arch})"]
+        if dry_run:
+            summary = p.output.summary(p)
+        else:
+            summary = execute(p, progress=progress)
+            if verify:
+                notes.append(_verified(p, out_dir))
     finally:
         close_opened(p, src)
-    summary.warnings.append(note)
+    summary.warnings += notes
     return summary
+
+
+def _verified(p: Plan, out_dir: str) -> str:
+    """The written export of ``p`` compared with its sources: a note, or an error."""
+    with open_output(p.storage, out_dir) as output:
+        proof = compare(p, output, out_dir)
+    if not proof.written_ok:  # allowed unmapped tensors are listed in the summary's skipped
+        problems = proof.problems(unaccounted=False)
+        more = f" and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise CheckpointError(
+            "the output does not hold what the preset makes of the source: "
+            + "; ".join(problems[:10])
+            + more,
+            path=out_dir,
+        )
+    return f"verified: {proof.checked} tensors equal the source's bit for bit"
 
 
 def _shapes(p) -> dict[str, tuple[int, ...]]:
