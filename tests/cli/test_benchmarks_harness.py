@@ -146,3 +146,30 @@ def test_average_memory_script_runs_at_a_small_size(tmp_path):
     )
     report = json.loads((tmp_path / "average_memory.json").read_text())
     assert report["sources"] == 3 and report["peak_rss"] > 0
+
+
+def test_transform_memory_script_runs_at_a_small_size(tmp_path):
+    """The value-transform memory benchmark at 16 MiB: TensorFlow writes the input, the
+    three contenders must write the same tensors, and the report has every number."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("safetensors")
+    import json
+    import subprocess
+
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    args = ["--big-mib", "16", "--chunk-bytes", "2M", "--out", str(tmp_path)]
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "transform_memory.py"), *args],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    report = json.loads((tmp_path / "transform_memory.json").read_text())
+    assert set(report["contenders"]) == {
+        "tfckpt export",
+        "tfckpt convert",
+        "TensorFlow reader + numpy + safetensors",
+    }
+    assert all(r["peak_rss"] > 0 and r["wall"] > 0 for r in report["contenders"].values())
