@@ -64,11 +64,14 @@ def check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
             )
 
 
-def check_layers(shapes: Shapes, prefix: str, want: int, what: str = "the config") -> None:
-    """An error when the tensors named ``prefix<N>.`` hold another number of layers."""
+def check_layers(
+    shapes: Shapes, prefix: str, want: int, what: str = "the config", unit: str = "layers"
+) -> None:
+    """An error when the tensors named ``prefix<N>.`` hold another number of layers
+    (or of other ``unit``s: ALBERT's groups)."""
     layers = {n[len(prefix) :].split(".")[0] for n in shapes if n.startswith(prefix)}
     if len(layers) != want:
-        raise CheckpointError(f"{what} says {want} layers, the checkpoint holds {len(layers)}")
+        raise CheckpointError(f"{what} says {want} {unit}, the checkpoint holds {len(layers)}")
 
 
 def require(config: Mapping[str, Any], keys, what: str) -> None:
