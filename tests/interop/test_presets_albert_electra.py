@@ -114,9 +114,8 @@ def test_albert_classifier_with_groups_computes_what_tensorflow_does(albert_dir,
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["num_hidden_groups"], config["inner_group_num"]) == (2, 2)
     assert len(config["id2label"]) == albert_release.LABELS
-    assert "albert.encoder.albert_layer_groups.1.albert_layers.1.ffn.weight" in load_safetensors(
-        out_dir
-    )
+    st = load_safetensors(out_dir)
+    assert "albert.encoder.albert_layer_groups.1.albert_layers.1.ffn.weight" in st
     info, got = consume(out_dir, "AlbertForSequenceClassification", tmp_path)
     assert_loads_whole(info)
     want = np.load(os.path.join(where, "outputs.npz"))["logits"]
@@ -209,16 +208,19 @@ def test_a_config_the_checkpoint_contradicts_is_an_error(tmp_path):
         ),
         "num_attention_heads": (3, "hidden_size 16 is not a multiple of num_attention_heads 3"),
         "hidden_act": ("swish", "hidden_act 'swish': not one of"),
+        "inner_group_num": (0, "inner_group_num must be a positive integer, not 0"),
     }
     for key, (value, message) in cases.items():
         with pytest.raises(tfckpt.CheckpointError, match=message):
             export_preset(prefix, str(tmp_path / "hf"), "hf-albert", config_values={key: value})
     assert not os.path.exists(tmp_path / "hf")
+    export_preset(prefix, str(tmp_path / "hf"), "auto", config_values={"hidden_act": "GELU"})
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["hidden_act"] == "gelu_new"
     # The release projects the embeddings only where the widths differ; transformers always.
     values = {k: v for k, v in albert_release.weights("pretraining").items() if "mapping" not in k}
     tfckpt.save(values, str(tmp_path / "albert" / "unprojected.ckpt"))
     with pytest.raises(tfckpt.CheckpointError, match="no bert/encoder/embedding_hidden_mapping_in"):
-        export_preset(str(tmp_path / "albert" / "unprojected.ckpt"), str(tmp_path / "hf"), "auto")
+        export_preset(str(tmp_path / "albert" / "unprojected.ckpt"), str(tmp_path / "hf2"), "auto")
 
 
 def test_electra_settings_override_the_shapes_or_contradict_them(tmp_path):
@@ -246,6 +248,7 @@ def test_electra_settings_override_the_shapes_or_contradict_them(tmp_path):
             ),
             ({"vocab_size": 60}, "gives electra.embeddings.word_embeddings.weight the shape"),
             ({"num_attention_heads": 3}, "hidden_size 128 is not a multiple"),
+            ({"num_attention_heads": "four"}, "must be a positive integer, not 'four'"),
             ({"model_size": "small"}, "unknown ELECTRA setting\\(s\\) model_size"),
         ],
         "hf-electra-generator": [

@@ -6,7 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, require
+from tfckpt.interop.presets.family import (
+    Preset,
+    Shapes,
+    check_layers,
+    check_shapes,
+    check_sizes,
+    require,
+)
 
 _GROUPS = "albert.encoder.albert_layer_groups."
 _MAPPING = "albert.encoder.embedding_hidden_mapping_in.weight"
@@ -50,11 +57,12 @@ _ALBERT_ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu", "tanh": "tanh", "line
 
 def _albert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     require(config, _ALBERT_KEYS[:6], "the ALBERT config")
+    check_sizes(config, _ALBERT_KEYS[:8])
     out: dict[str, Any] = {"architectures": [arch], "model_type": "albert"}
     out.update({k: config[k] for k in _ALBERT_KEYS if k in config})
     out.setdefault("num_hidden_groups", 1)
     out.setdefault("inner_group_num", 1)
-    act = config.get("hidden_act", "gelu")
+    act = str(config.get("hidden_act", "gelu")).lower()  # the release lowercases it
     if act not in _ALBERT_ACTIVATIONS:
         raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_ALBERT_ACTIVATIONS)}")
     out["hidden_act"] = _ALBERT_ACTIVATIONS[act]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes
+from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, check_sizes
 
 _LAYERS = "electra.encoder.layer."
 _WORDS = "electra.embeddings.word_embeddings.weight"
@@ -79,7 +79,8 @@ def _electra_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dic
         )
     network = "generator" if arch == "ElectraForMaskedLM" else "electra"
     settings = {**_from_shapes(shapes, network), **config}
-    act = settings["hidden_act"]
+    check_sizes(settings, _KEYS[:8])
+    act = str(settings["hidden_act"]).lower()  # the release lowercases it
     if act not in _ELECTRA_ACTIVATIONS:
         raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_ELECTRA_ACTIVATIONS)}")
     if network == "generator" and act != "gelu":

@@ -81,3 +81,11 @@ def require(config: Mapping[str, Any], keys, what: str) -> None:
         raise CheckpointError(
             f"{what} lacks {', '.join(missing)} (give them with --config-value KEY=VALUE)"
         )
+
+
+def check_sizes(config: Mapping[str, Any], keys) -> None:
+    """An error naming the first of ``keys`` in ``config`` that is not a positive integer."""
+    for key in keys:
+        value = config.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{key} must be a positive integer, not {value!r}")
