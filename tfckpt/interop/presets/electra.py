@@ -16,6 +16,7 @@ from tfckpt.errors import CheckpointError
 from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, check_sizes
 
 _LAYERS = "electra.encoder.layer."
+_EMBEDDINGS = ("word", "position", "token_type")
 _WORDS = "electra.embeddings.word_embeddings.weight"
 _FFN_OUT = _LAYERS + "0.output.dense.weight"  # [hidden, intermediate]
 # The release's activations by transformers' names: ELECTRA's "gelu" is the exact (erf)
@@ -44,19 +45,15 @@ _KEYS = (
 
 def _from_shapes(shapes: Shapes, network: str) -> dict[str, Any]:
     """The sizes the checkpoint's tensors (new names) give."""
-    if _WORDS not in shapes:
-        raise CheckpointError("the checkpoint has no electra/embeddings/word_embeddings")
+    embeddings = [f"electra.embeddings.{k}_embeddings.weight" for k in _EMBEDDINGS]
+    for name in embeddings:
+        if name not in shapes:
+            raise CheckpointError(f"the checkpoint has no {name.replace('.', '/')[:-7]}")
     if _FFN_OUT not in shapes:
-        raise CheckpointError(
-            f"the checkpoint has no {network}/encoder/layer_0"
-            + (
-                " (a generator of its own, as the release trains one)"
-                if network == "generator"
-                else ""
-            )
-        )
+        mind = " (the release trains a generator of its own)" if network == "generator" else ""
+        raise CheckpointError(f"the checkpoint has no {network}/encoder/layer_0{mind}")
+    (vocab, embedding), (positions, _), (types, _) = (shapes[n] for n in embeddings)
     hidden, intermediate = shapes[_FFN_OUT]
-    vocab, embedding = shapes[_WORDS]
     layers = {n[len(_LAYERS) :].split(".")[0] for n in shapes if n.startswith(_LAYERS)}
     return {
         "vocab_size": vocab,
@@ -65,8 +62,8 @@ def _from_shapes(shapes: Shapes, network: str) -> dict[str, Any]:
         "num_hidden_layers": len(layers),
         "num_attention_heads": max(1, hidden // 64),
         "intermediate_size": intermediate,
-        "max_position_embeddings": shapes["electra.embeddings.position_embeddings.weight"][0],
-        "type_vocab_size": shapes["electra.embeddings.token_type_embeddings.weight"][0],
+        "max_position_embeddings": positions,
+        "type_vocab_size": types,
         **_DEFAULTS,
     }
 
