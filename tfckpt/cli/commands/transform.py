@@ -478,5 +478,6 @@ def cmd_presets(args) -> int:
     if args.json:
         print_json({p.name: p.description for p in PRESETS.values()})
         return 0
-    table([["PRESET", "WHAT"]] + [[p.name, p.description] for p in PRESETS.values()], right=set())
+    rows = [["PRESET", "WHAT"]] + [[p.name, p.description] for p in PRESETS.values()]
+    table(rows, right=set(), squeeze=1)  # the names whole (they are what --preset takes)
     return 0

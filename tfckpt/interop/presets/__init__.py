@@ -21,7 +21,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.interop.presets import bert, gpt2
+from tfckpt.interop.presets import albert, bert, electra, gpt2
 from tfckpt.interop.presets.family import Preset
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
@@ -29,17 +29,27 @@ from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.plans import Plan
 from tfckpt.rewrite.rulesfile import with_rules
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (bert.PRESET, gpt2.PRESET)}
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (bert.PRESET, albert.PRESET, electra.PRESET, electra.GENERATOR_PRESET, gpt2.PRESET)
+}
 
 
 def find(name: str, names: list[str]) -> Preset:
     """The preset called ``name``, or with ``'auto'`` the one whose family the source
-    ``names`` are of; an error naming the presets there are."""
+    ``names`` are of (its markers: no two families share one, so one preset at most
+    recognises a checkpoint); an error naming the presets there are."""
     if name == "auto":
-        found = [p for p in PRESETS.values() if any(m in names for m in p.markers)]
+        present = set(names)
+        found = [p for p in PRESETS.values() if any(m in present for m in p.markers)]
         if not found:
             raise CheckpointError(
                 f"--preset auto: no preset recognises these tensors (presets: {', '.join(PRESETS)})"
+            )
+        if len(found) > 1:
+            raise CheckpointError(
+                f"--preset auto: these tensors are of {' and of '.join(p.name for p in found)} "
+                "(name one with --preset)"
             )
         return found[0]
     if name not in PRESETS:

@@ -72,7 +72,8 @@ PRESET = Preset(
     "hf-bert",
     "Google's BERT (google-research/bert: pretraining, run_classifier, run_squad) "
     "to transformers' BertFor*",
-    ("bert/embeddings/word_embeddings",),
+    # Not bert/embeddings/*: ALBERT's checkpoints have those too (its layers are not layer_N).
+    ("bert/encoder/layer_0/attention/self/query/kernel",),
     ("bert_config.json",),
     _bert_architecture,
     _bert_config,

@@ -64,11 +64,14 @@ def check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
             )
 
 
-def check_layers(shapes: Shapes, prefix: str, want: int, what: str = "the config") -> None:
-    """An error when the tensors named ``prefix<N>.`` hold another number of layers."""
+def check_layers(
+    shapes: Shapes, prefix: str, want: int, what: str = "the config", unit: str = "layers"
+) -> None:
+    """An error when the tensors named ``prefix<N>.`` hold another number of layers
+    (or of other ``unit``s: ALBERT's groups)."""
     layers = {n[len(prefix) :].split(".")[0] for n in shapes if n.startswith(prefix)}
     if len(layers) != want:
-        raise CheckpointError(f"{what} says {want} layers, the checkpoint holds {len(layers)}")
+        raise CheckpointError(f"{what} says {want} {unit}, the checkpoint holds {len(layers)}")
 
 
 def require(config: Mapping[str, Any], keys, what: str) -> None:
@@ -78,3 +81,11 @@ def require(config: Mapping[str, Any], keys, what: str) -> None:
         raise CheckpointError(
             f"{what} lacks {', '.join(missing)} (give them with --config-value KEY=VALUE)"
         )
+
+
+def check_sizes(config: Mapping[str, Any], keys) -> None:
+    """An error naming the first of ``keys`` in ``config`` that is not a positive integer."""
+    for key in keys:
+        value = config.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{key} must be a positive integer, not {value!r}")
