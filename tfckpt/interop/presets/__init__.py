@@ -20,14 +20,14 @@ from typing import Any
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.interop.presets import bert, gpt2
+from tfckpt.interop.presets import bert, gpt2, t5
 from tfckpt.interop.presets.family import Preset
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.rulesfile import with_rules
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (bert.PRESET, gpt2.PRESET)}
+PRESETS: dict[str, Preset] = {p.name: p for p in (bert.PRESET, gpt2.PRESET, t5.PRESET)}
 
 
 def find(name: str, names: list[str]) -> Preset:
