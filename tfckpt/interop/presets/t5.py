@@ -81,21 +81,21 @@ def _short(key: str) -> str:
 
 
 def _lookup(config: Mapping[str, Any], keys) -> tuple[str, Any] | None:
-    """(key, value) of the first of ``keys`` the config binds to other than None,
-    macros followed."""
+    """The first of ``keys`` the config binds to other than None, macros followed:
+    (its key and the macros it went through, as errors show them; its value)."""
     short = {_short(k): k for k in config}
     for want in keys:
         if want not in short:
             continue
         key = short[want]
-        value, seen = config[key], {key}
+        value, seen, shown = config[key], {key}, key
         while isinstance(value, Macro):
             if value.name not in short or short[value.name] in seen:
-                raise CheckpointError(f"{key} refers to %{value.name}, which is not set")
+                raise CheckpointError(f"{shown} refers to %{value.name}, which is not set")
             seen.add(short[value.name])
-            value = config[short[value.name]]
+            value, shown = config[short[value.name]], f"{shown} = %{value.name}"
         if value is not None:
-            return key, value
+            return shown, value
     return None
 
 
