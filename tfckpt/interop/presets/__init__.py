@@ -21,7 +21,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.interop.presets import albert, bert, electra, gpt2
+from tfckpt.interop.presets import albert, bert, electra, gpt2, t5
 from tfckpt.interop.presets.family import Preset
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
@@ -31,7 +31,14 @@ from tfckpt.rewrite.rulesfile import with_rules
 
 PRESETS: dict[str, Preset] = {
     p.name: p
-    for p in (bert.PRESET, albert.PRESET, electra.PRESET, electra.GENERATOR_PRESET, gpt2.PRESET)
+    for p in (
+        bert.PRESET,
+        albert.PRESET,
+        electra.PRESET,
+        electra.GENERATOR_PRESET,
+        gpt2.PRESET,
+        t5.PRESET,
+    )
 }
 
 
