@@ -87,6 +87,8 @@ class Match:
         (exact, anchored) and ``[[permute]]``/``[[reshape]]`` on its new name. Pairs
         under ``min_confidence`` are written commented out, their tensors left unmapped,
         so that an export names them until they are reviewed. Checked by loading it."""
+        if not self.pairs:
+            raise CheckpointError(f"no tensor fits a name of {self.target}", path=self.source)
         low = sum(p.confidence < 0.5 for p in self.pairs)
         held = sum(p.confidence < min_confidence for p in self.pairs)
         if held == len(self.pairs):
@@ -101,7 +103,8 @@ class Match:
             f"# {len(self.pairs)} pairs ({low} under confidence 0.5, {held} commented out "
             f"under {min_confidence:g}), {len(self.excluded)} training state, "
             f"{len(self.unpaired)} unpaired, {len(self.unfilled)} target names unfilled;",
-            f"# both store their tensors alike to {self.order_trust:.2f} (order weighed as much).",
+            f"# Both store their tensors in one order to {self.order_trust:.2f} (0: order only"
+            " broke ties).",
             "# Review the pairs, lowest confidence first; then try the file with",
             "#   tfckpt export SRC OUT.safetensors --rules THIS.toml --dry-run",
             f"description = {_toml(f'{self.source} to {self.target}, by tfckpt match')}",
@@ -227,15 +230,16 @@ def match(src, target, *, storage_options: StorageOptions | None = None) -> Matc
     """Pair the tensors of the checkpoint ``src`` with the names of ``target`` (see the
     module's text for what a target may be and how pairs are chosen).
 
-    >>> m = match("gpt2/model.ckpt", [("h.0.attn.c_attn.weight", [768, 2304]), ...])
-    >>> [(p.source.name, p.target.name, p.confidence) for p in m.pairs][:1]
-    [('model/h0/attn/c_attn/w', 'h.0.attn.c_attn.weight', 0.97)]
+    >>> m = match("gpt2/model.ckpt", "hf/gpt2/")  # model.safetensors there
+    >>> p = m.pairs[2]
+    >>> p.source.name, p.target.name, p.transform
+    ('model/h0/attn/c_attn/w', 'h.0.attn.c_attn.weight', 'squeeze')
     """
-    label = str(normalize(src))
+    label = normalize(src)
     found, optimizer = checkpoint_tensors(src, storage_options)
     sources, excluded, patterns = _without_training_state(found, optimizer)
-    if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__"):
-        target_label = str(normalize(target))
+    if isinstance(target, str) or hasattr(target, "__fspath__"):
+        target_label = normalize(target)
         targets = target_tensors(target, storage_options)
     else:
         target_label = "the weight list given"
@@ -287,11 +291,17 @@ def checkpoint_tensors(path, storage_options=None) -> tuple[list[Tensor], set[st
 
 
 def target_tensors(target, storage_options=None) -> list[Tensor]:
-    """The names to fill: a safetensors file or index, an npz, a weight list (``.json``),
-    else a checkpoint (without its training state)."""
+    """The names to fill: a safetensors file or index (or a directory holding
+    ``model.safetensors[.index.json]``, as Hugging Face saves), an npz, a weight list
+    (``.json``), else a checkpoint (without its training state)."""
     path = normalize(target)
+    store = storage_for(path, storage_options)
+    if store.isdir(path):
+        for name in ("model.safetensors.index.json", "model.safetensors"):
+            if store.isfile(store.join(path, name)):
+                path = store.join(path, name)
+                break
     if path.endswith((".safetensors", ".index.json", ".npz", ".json")):
-        store = storage_for(path, storage_options)
         if not store.isfile(path):
             raise CheckpointNotFoundError("no such file", path=path)
         if not path.endswith(".json") or path.endswith(".index.json"):
