@@ -176,6 +176,16 @@ def test_names_of_another_scheme_pair_back_whatever_order_blocks_are_stored_in(f
     assert_same_export(copy, m.write(tmp_path / "rules.toml"), tmp_path)
 
 
+def test_a_target_of_another_float_dtype_gives_the_cast(tmp_path):
+    prefix, _, truth = released(tmp_path, "gpt2")
+    export_preset(prefix, str(tmp_path / "hf"), "hf-gpt2", cast="float16", overwrite=True)
+    m = match(prefix, str(tmp_path / "hf"))
+    assert m.cast == "float16" and {p.target.dtype for p in m.pairs} == {"float16"}
+    rules = m.write(tmp_path / "rules.toml")
+    assert "\ncast = 'float16'\n" in open(rules).read()
+    assert_same_export(prefix, rules, tmp_path)
+
+
 # ---------------------------------------------------------------- names that say nothing
 
 

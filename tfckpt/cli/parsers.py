@@ -435,13 +435,16 @@ def add_match(sub: Subparsers) -> None:
         "suggest a rules file that maps a checkpoint onto another layout",
         "Pair the tensors of the checkpoint SRC with the names of TARGET by shape (transposed "
         "and size-1 axes too), name, block number and order, reading indexes and headers "
-        "only. TARGET: a .safetensors file or model.safetensors.index.json, an .npz, a "
-        "checkpoint, or a weight list (.json: [[name, shape], ...] or {name: shape}). "
-        "Prints each pair with its confidence; with -o writes the rules file to review, "
-        "then to pass to export, convert or rename --rules.",
+        "only. Prints each pair with its confidence and what is left over; with -o writes "
+        "the rules file to review, then to pass to export, convert or rename --rules.",
     )
-    p.add_argument("src")
-    p.add_argument("target")
+    p.add_argument("src", help="the checkpoint whose tensors are to be renamed")
+    p.add_argument(
+        "target",
+        help="the names wanted: a .safetensors file, a model.safetensors.index.json or the "
+        "directory holding either, an .npz, a checkpoint, or a weight list (.json: "
+        "[[name, shape], ...] or {name: shape})",
+    )
     p.add_argument("-o", "--output", metavar="RULES.toml", help="write the rules file here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing rules file")
     p.add_argument(

@@ -207,6 +207,7 @@ class Match:
             "source": self.source,
             "target": self.target,
             "order_trust": round(self.order_trust, 4),
+            "cast": self.cast,
             "pairs": [
                 {
                     "source": p.source.name,

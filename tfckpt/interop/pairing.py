@@ -10,8 +10,8 @@ axes aside (a ``squeeze``, or a ``reshape``), or when they are the same matrix t
   word embed ...), rare words weighing more, and the role of the last word (kernel, w,
   g, gamma, scale, embeddings → weight; b, beta → bias; moving_mean → mean ...);
 - block: the numbers in names (``layer_3``, ``h3``, ``block_003``, ``layer.3``), each as its
-  rank among the numbers found at that place of the name, so that 0- and 1-based
-  numberings align;
+  rank among the numbers found after the same text (of its segment, else of the segment
+  before), so that 0- and 1-based numberings align;
 - order: a tensor's place among those of its shape in the order stored, weighted by how
   well both sides' orders agree on the pairs that the rest decides alone (Kendall's
   tau), so that it counts only where the two were stored alike.
@@ -26,6 +26,15 @@ A square matrix may or may not be meant transposed; shapes cannot tell. It is tr
 as the non-square pairs of its kind are: of the same leaf words (kernel -> weight), else
 of the same target leaf (``dense.weight``), else the other matrices inside blocks;
 without any, it is kept as stored, at half the confidence.
+
+What cannot be told. A shape is necessary, never sufficient: tensors of one shape (the
+four [h, h] attention matrices of a layer) are told apart by names and block numbers
+alone, and where names say nothing, by the order stored, which is right only when both
+sides store alike; the confidence says which it was (``decided by order``, or ``close
+to`` the rival when it was a guess). Numbers after random text are no block numbers.
+One tensor is never split or joined (a fused qkv [h, 3h] does not pair with three
+[h, h]), nor are other layouts found (convolution kernels HWIO → OIHW). No value is
+read: two tensors whose names were swapped cannot be noticed.
 """
 
 from __future__ import annotations
@@ -102,7 +111,7 @@ def pair(sources: list[Tensor], targets: list[Tensor]) -> tuple[list[Pair], floa
     >>> pairs, _ = pair([Tensor("dense/kernel", (3, 4), "float32", 0)],
     ...                 [Tensor("fc.weight", (4, 3), None, 0)])
     >>> pairs[0].permute, pairs[0].why
-    ((1, 0), 'shape [3,4]->[4,3] transposed; name 0.79; no other candidate')
+    ((1, 0), 'shape [3,4]->[4,3] transposed; name 0.35; no other candidate')
     """
     scorer = _Scorer(sources, targets)
     groups: dict[tuple, tuple[list[Tensor], list[Tensor]]] = defaultdict(lambda: ([], []))
