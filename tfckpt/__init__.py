@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from tfckpt.inspection import checkpoints as list_checkpoints
     from tfckpt.interop.export import export
     from tfckpt.interop.importing import import_
+    from tfckpt.interop.matching import match
     from tfckpt.io.paths import latest_checkpoint
     from tfckpt.rewrite.average import average
     from tfckpt.rewrite.engine import Summary, convert, execute, merge, rename, select, transform
@@ -51,6 +52,7 @@ _LAZY = {
         "tfckpt.format.bundle": "TensorInfo",
         "tfckpt.interop.export": "export",
         "tfckpt.interop.importing": "import_",
+        "tfckpt.interop.matching": "match",
         "tfckpt.io.paths": "latest_checkpoint",
         "tfckpt.rewrite.average": "average",
         "tfckpt.rewrite.engine": "Summary convert execute merge rename select transform",
@@ -148,6 +150,7 @@ __all__ = [
     "average",
     "export",
     "import_",
+    "match",
     "plan",
     "execute",
     "Plan",

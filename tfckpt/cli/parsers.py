@@ -76,6 +76,12 @@ the last checkpoint given (with --last: the state file's latest) is the newest""
   tfckpt export bert/model.ckpt-900 hf/ --preset hf-bert --config bert_config.json \\
       --dtype bfloat16 --max-shard-bytes 2G
   tfckpt export my/ckpt model.safetensors --rules my_model.toml""",
+    "match": """examples:
+  tfckpt match my/model.ckpt hf/model.safetensors -o my_model.toml
+  tfckpt match old/ckpt-9 weights.json --min-confidence 0.5 -o review.toml
+  tfckpt match tf1/model.ckpt tf2/template --json
+
+then review the file, and: tfckpt export SRC OUT.safetensors --rules FILE.toml --dry-run""",
     "presets": """examples:
   tfckpt presets
   tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset hf-bert""",
@@ -447,6 +453,38 @@ def add_presets(sub: Subparsers) -> None:
     p.set_defaults(func="transform.cmd_presets")
 
 
+def add_match(sub: Subparsers) -> None:
+    """``tfckpt match SRC TARGET``."""
+    p = _command(
+        sub,
+        "match",
+        "suggest a rules file that maps a checkpoint onto another layout",
+        "Pair the tensors of the checkpoint SRC with the names of TARGET by shape (transposed "
+        "and size-1 axes too), name, block number and order, reading indexes and headers "
+        "only. Prints each pair with its confidence and what is left over; with -o writes "
+        "the rules file to review, then to pass to export, convert or rename --rules.",
+    )
+    p.add_argument("src", help="the checkpoint whose tensors are to be renamed")
+    p.add_argument(
+        "target",
+        help="the names wanted: a .safetensors file, a model.safetensors.index.json or the "
+        "directory holding either, an .npz, a checkpoint, or a weight list (.json: "
+        "[[name, shape], ...] or {name: shape})",
+    )
+    p.add_argument("-o", "--output", metavar="RULES.toml", help="write the rules file here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing rules file")
+    p.add_argument(
+        "--min-confidence",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="write the pairs under confidence X (0 to 1) commented out, so that an "
+        "export names their tensors until they are reviewed (default 0: none)",
+    )
+    opt.add_json(p)
+    p.set_defaults(func="matching.cmd_match")
+
+
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_dump,
     add_diff,
@@ -462,4 +500,5 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_export,
     add_import,
     add_presets,
+    add_match,
 )

@@ -47,7 +47,7 @@ def _format_of(out: str, fmt: str | None) -> str:
     return fmt
 
 
-def _tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[str]]:
+def tf2_names(ckpt: Checkpoint, keep_keys: bool) -> tuple[dict[str, str], set[str]]:
     """A TF2 checkpoint's readable names, and the tensors of the optimizer's state.
 
     A variable's key is its first path from the root, which for a Keras model
@@ -104,7 +104,7 @@ def _export_names(
         try:
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
-                readable, optimizer = _tf2_names(ckpt, keep_keys)
+                readable, optimizer = tf2_names(ckpt, keep_keys)
                 if optimizer and not with_optimizer:
                     # The planner cuts the optimizer edges and prunes what only they
                     # reach, with its tensors: the same cut as the names above.

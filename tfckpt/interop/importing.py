@@ -83,6 +83,19 @@ def tensor_file_entries(store: Storage, src: str) -> list[_In]:
     return _safetensors_entries(store, src)
 
 
+def tensor_file_entries(
+    src, *, storage_options: StorageOptions | None = None
+) -> list[tfiles.Entry]:
+    """The tensors of a safetensors file, the ``.index.json`` of sharded ones, or an npz
+    (names, dtypes, shapes), from their headers alone, in the order they are stored.
+
+    >>> [e.name for e in tensor_file_entries("hf/model.safetensors.index.json")][:1]
+    ['bert.embeddings.LayerNorm.bias']
+    """
+    src = normalize(src)
+    return [i.entry for i in _import_entries(storage_for(src, storage_options), src)]
+
+
 def _safetensors_entries(store: Storage, src: str) -> list[_In]:
     reader = store.open_reader(src)
     try:
