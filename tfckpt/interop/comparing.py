@@ -22,7 +22,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
-from tfckpt.interop.importing import TensorFileSource, tensor_file_entries
+from tfckpt.interop.importing import TensorFileSource, stored_tensors
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.plans import Plan
 from tfckpt.rewrite.rules import UNMAPPED
@@ -105,7 +105,7 @@ def open_output(store: Storage, out: str, storage_options=None):
     an npz as :class:`~tfckpt.interop.importing.TensorFileSource`, else a checkpoint."""
     path = output_path(store, out)
     if path.endswith(TENSOR_FILES):
-        return TensorFileSource(store, tensor_file_entries(store, path))
+        return TensorFileSource(store, stored_tensors(store, path))
     return open_checkpoint(path, storage_options=storage_options)
 
 

@@ -44,7 +44,7 @@ class _In:
     crc: tuple[int, int] | None = None
 
 
-def tensor_file_entries(store: Storage, src: str) -> list[_In]:
+def stored_tensors(store: Storage, src: str) -> list[_In]:
     """The tensors ``src`` (on ``store``) holds, in the order they are read: the shards of
     an index (each a plain file name beside it, read as safetensors), an npz's members, or
     one safetensors file's tensors."""
@@ -93,7 +93,7 @@ def tensor_file_entries(
     ['bert.embeddings.LayerNorm.bias']
     """
     src = normalize(src)
-    return [i.entry for i in _import_entries(storage_for(src, storage_options), src)]
+    return [i.entry for i in stored_tensors(storage_for(src, storage_options), src)]
 
 
 def _safetensors_entries(store: Storage, src: str) -> list[_In]:
@@ -162,7 +162,7 @@ def import_(
     src = normalize(src)
     prefix = normalize(out_prefix)
     src_store = storage_for(src, storage_options)
-    ins = tensor_file_entries(src_store, src)
+    ins = stored_tensors(src_store, src)
     naming = NameRules.of(options)
     policy = DtypePolicy.of(options)
     if permute:
