@@ -12,6 +12,7 @@ from tfckpt.interop.presets.family import (
     check_layers,
     check_shapes,
     check_sizes,
+    label_maps,
     require,
 )
 
@@ -96,9 +97,7 @@ def _albert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict
         unit="inner groups (inner_group_num)",
     )
     if arch == "AlbertForSequenceClassification":
-        labels = shapes["classifier.weight"][0]
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+        out.update(label_maps(shapes["classifier.weight"][0]))
     return out
 
 

@@ -6,7 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, require
+from tfckpt.interop.presets.family import (
+    Preset,
+    Shapes,
+    check_layers,
+    check_shapes,
+    label_maps,
+    require,
+)
 
 
 def _bert_architecture(shapes: Shapes) -> str:
@@ -62,9 +69,7 @@ def _bert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     )
     check_layers(shapes, "bert.encoder.layer.", config["num_hidden_layers"])
     if arch == "BertForSequenceClassification":
-        labels = shapes["classifier.weight"][0]
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+        out.update(label_maps(shapes["classifier.weight"][0]))
     return out
 
 

@@ -89,3 +89,12 @@ def check_sizes(config: Mapping[str, Any], keys) -> None:
         value = config.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CheckpointError(f"{key} must be a positive integer, not {value!r}")
+
+
+def label_maps(labels: int) -> dict[str, dict]:
+    """A classifier's ``id2label`` and ``label2id`` for ``labels`` classes, as
+    transformers names them when a config gives no names."""
+    return {
+        "id2label": {str(i): f"LABEL_{i}" for i in range(labels)},
+        "label2id": {f"LABEL_{i}": i for i in range(labels)},
+    }
