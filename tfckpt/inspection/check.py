@@ -24,10 +24,9 @@ from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_t
 from tfckpt.format.objectmatch import match_graphs
 from tfckpt.format.slices import format_slice
 from tfckpt.format.tf2names import VALUE_SUFFIX
-from tfckpt.inspection.meta import META_SUFFIX, read_capped
+from tfckpt.inspection.meta import META_SUFFIX, SAVED_MODEL_PB, read_capped
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 
-SAVED_MODEL_PB = "saved_model.pb"
 SERVING_TAG = "serve"
 
 

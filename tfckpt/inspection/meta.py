@@ -1,6 +1,7 @@
 """``tfckpt dump model.meta``: what a TF1 graph file says, without TensorFlow: its
 variables, its Saver and what the Saver restores, its collections, signatures and
-placeholders, as JSON-ready data.
+placeholders, as JSON-ready data; ``tfckpt dump saved_model.pb`` says it of each of a
+SavedModel's MetaGraphs.
 
 The file is read whole (a graph is parsed in memory, as protobuf parses it) and refused
 above :data:`~tfckpt.format.metagraph.MAX_FILE_BYTES`, protobuf's own limit.
@@ -16,12 +17,14 @@ from tfckpt.format.metagraph import (
     MetaGraph,
     RestoredValue,
     parse_meta_graph,
+    parse_saved_model,
     saver_version,
 )
 from tfckpt.format.slices import format_slice
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 
 META_SUFFIX = ".meta"
+SAVED_MODEL_PB = "saved_model.pb"
 
 
 def read_capped(store: Storage, path: str, limit: int = MAX_FILE_BYTES) -> bytes:
@@ -52,9 +55,12 @@ def read_capped(store: Storage, path: str, limit: int = MAX_FILE_BYTES) -> bytes
 
 
 def is_meta_graph(path, storage_options: StorageOptions | None = None) -> bool:
-    """Whether ``path`` names a graph file (a file whose name ends in ``.meta``)."""
+    """Whether ``path`` names a graph file: one whose name ends in ``.meta``, or a
+    SavedModel's ``saved_model.pb``."""
     p = normalize(path)
-    return p.lower().endswith(META_SUFFIX) and storage_for(p, storage_options).isfile(p)
+    store = storage_for(p, storage_options)
+    named = p.lower().endswith(META_SUFFIX) or store.basename(p) == SAVED_MODEL_PB
+    return named and store.isfile(p)
 
 
 def read_meta_graph(path, storage_options: StorageOptions | None = None) -> MetaGraph:
@@ -67,7 +73,8 @@ def read_meta_graph(path, storage_options: StorageOptions | None = None) -> Meta
 
 
 def meta_graph(path, *, storage_options: StorageOptions | None = None) -> dict:
-    """What the graph file ``path`` holds, as ``tfckpt dump`` shows it.
+    """What the graph file ``path`` holds, as ``tfckpt dump`` shows it; of a
+    ``saved_model.pb``, ``{"path", "meta_graphs": [...]}`` with one such record each.
 
     ``{"path", "tensorflow_version", "tags", "nodes", "variables": [{"name", "dtype",
     "shape", "trainable", "resource", "partition": null or {"full_name", "full_shape",
@@ -82,8 +89,12 @@ def meta_graph(path, *, storage_options: StorageOptions | None = None) -> dict:
     >>> tfckpt.inspection.meta_graph("train/model.ckpt-900.meta")["saver"]["version"]
     'V2'
     """
-    graph = read_meta_graph(path, storage_options)
-    return describe(graph, normalize(path))
+    p = normalize(path)
+    store = storage_for(p, storage_options)
+    if store.basename(p) == SAVED_MODEL_PB:
+        graphs = parse_saved_model(read_capped(store, p), p)
+        return {"path": p, "meta_graphs": [describe(g, p) for g in graphs]}
+    return describe(parse_meta_graph(read_capped(store, p), p), p)
 
 
 def describe(graph: MetaGraph, path: str) -> dict:
@@ -194,4 +205,11 @@ def _collections(graph: MetaGraph) -> list[dict]:
     return out
 
 
-__all__ = ["META_SUFFIX", "VARIABLE_COLLECTIONS", "is_meta_graph", "meta_graph", "read_meta_graph"]
+__all__ = [
+    "META_SUFFIX",
+    "SAVED_MODEL_PB",
+    "VARIABLE_COLLECTIONS",
+    "is_meta_graph",
+    "meta_graph",
+    "read_meta_graph",
+]

@@ -15,8 +15,8 @@ def _shape(shape) -> str:
 
 
 def cmd_dump_meta(args) -> int:
-    """``tfckpt dump GRAPH.meta``: the graph's variables, Saver, collections, signatures and
-    placeholders."""
+    """``tfckpt dump GRAPH.meta`` (or ``saved_model.pb``): the graph's variables, Saver,
+    collections, signatures and placeholders."""
     if args.tensor or args.object_graph or args.filter or args.all:
         raise CheckpointError(
             "a .meta graph holds no values: no --tensor, --object-graph, --filter or --all "
@@ -26,6 +26,11 @@ def cmd_dump_meta(args) -> int:
     data = meta_graph(args.path, storage_options=args.storage_options)
     if args.json:
         print_json(data)
+    elif "meta_graphs" in data:  # a saved_model.pb
+        for i, graph in enumerate(data["meta_graphs"]):
+            if i:
+                emit()
+            print_meta(graph)
     else:
         print_meta(data)
     return 0
