@@ -213,10 +213,9 @@ class MetaGraph:
         return value
 
     def _dtype(self, enum: int, where: NodeDef | str) -> str:
-        if enum > _REF_OFFSET:
-            enum -= _REF_OFFSET
+        base = enum - _REF_OFFSET if enum > _REF_OFFSET else enum
         try:
-            return _dt.from_enum(enum).name
+            return _dt.from_enum(base).name
         except Exception:
             raise self._error(where, f"unknown DataType number {enum}") from None
 
