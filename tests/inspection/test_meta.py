@@ -14,7 +14,7 @@ pytest.importorskip("tensorflow")
 import graph_files as gf  # noqa: E402
 from cli_helpers import assert_cli_error, in_process, run_text  # noqa: E402
 
-from tfckpt._proto.meta_graph_pb2 import AttrValue, MetaGraphDef, NodeDef  # noqa: E402
+from tfckpt._proto.meta_graph_pb2 import MetaGraphDef, NodeDef  # noqa: E402
 from tfckpt.format.metagraph import MAX_FILE_BYTES  # noqa: E402
 
 GRAPHS = {
