@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
 v1 = tf.compat.v1
@@ -195,8 +194,3 @@ def saved_model_restore(directory: str, prefix: str) -> tuple[bool, str]:
         except (tf.errors.OpError, ValueError) as e:
             return False, str(e).split("\n")[0]
     return True, ""
-
-
-def numpy_values(prefix: str) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(prefix)
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()}

@@ -306,13 +306,26 @@ def _slices_problem(w: Wanted, info: TensorInfo, restorer: Restorer) -> str | No
             f"{info.name}: the checkpoint stores only part of it, not all of {what} "
             f"that {w.variable!r} reads"
         )
-    if restorer == "tensorflow" and asked not in stored and info.dtype not in TF_SLICE_COPYABLE:
-        listed = ", ".join(_spec(s) for s in stored[:4]) + (", ..." if len(stored) > 4 else "")
-        return (
-            f"{info.name}: TensorFlow cannot assemble {info.dtype} values from other slices "
-            f"than those stored ({listed}), and {w.variable!r} reads {_spec(asked)}"
-        )
+    if restorer == "tensorflow" and info.dtype not in TF_SLICE_COPYABLE:
+        # TensorFlow copies other dtypes only from a stored slice spelled as the one
+        # asked for ("-" and "0,N" differ), or a whole tensor asked for whole.
+        full = tuple((0, None) for _ in shape)
+        spelled = list(info.slices) or [full]
+        asking = w.slice if w.slice is not None else full
+        if not any(
+            s == asking or (_is_full(s, shape) and _is_full(asking, shape)) for s in spelled
+        ):
+            listed = ", ".join(f"[{format_slice(s)}]" for s in spelled[:4])
+            return (
+                f"{info.name}: TensorFlow cannot assemble {info.dtype} values from other "
+                f"slices than those stored ({listed}{', ...' if len(spelled) > 4 else ''}), "
+                f"and {w.variable!r} reads [{format_slice(asking)}]"
+            )
     return None
+
+
+def _is_full(extents: Slice, shape: tuple[int, ...]) -> bool:
+    return all(n is None or (s == 0 and n == d) for (s, n), d in zip(extents, shape))
 
 
 def _spec(extents: tuple[tuple[int, int], ...]) -> str:
