@@ -331,3 +331,67 @@ def test_tf_variables_checked_and_restore_lists_every_problem(tmp_path):
     assert not a.numpy().any() and not b.numpy().any()
     report = tfckpt.restore([b], prefix)
     assert b.numpy().tolist() == [1, 1, 1, 1] and report.unused == ["a", "c"]
+
+
+# --- from Python: a Keras 3 model, on JAX, without TensorFlow ---------------------------------
+
+_KERAS = r"""
+import json, sys
+import numpy as np
+import keras, tfckpt, tfckpt.keras
+model = keras.Sequential(
+    [keras.Input((3,)), keras.layers.Dense(4, name="d1"), keras.layers.Dense(2, name="out")],
+    name="seq",
+)
+paths = [w.path for w in model.weights]
+prefix = tfckpt.save(
+    {
+        paths[0]: np.ones((3, 5), np.float32),  # another shape
+        paths[1]: np.ones(4, np.float64),  # castable
+        paths[2]: np.ones((4, 2), np.int64),  # no cast reaches float32
+        "extra": np.ones(1, np.float32),
+    },
+    sys.argv[1],
+)
+result = tfckpt.keras.check(model, prefix)
+try:
+    tfckpt.keras.load_weights(model, prefix)
+    error = None
+except tfckpt.errors.KerasWeightsError as e:
+    error = str(e)
+print(json.dumps({
+    "paths": paths,
+    "check": result.to_dict(),
+    "error": error,
+    "tensorflow": sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow"),
+}))
+"""
+
+
+def test_keras_model_checked_as_load_weights_loads(tmp_path):
+    import subprocess
+    import sys
+
+    from cli_helpers import user_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", _KERAS, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        env=user_env(KERAS_BACKEND="jax"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout.splitlines()[-1])
+    paths = data["paths"]
+    failing = [(f["kind"], f["variable"]) for f in data["check"]["findings"] if f["fails"]]
+    assert sorted(failing) == sorted(
+        [("shape", paths[0]), ("dtype", paths[2]), ("missing", paths[3])]
+    )
+    info = [(f["kind"], f["tensor"]) for f in data["check"]["findings"] if not f["fails"]]
+    assert info == [("dtype", paths[1]), ("unused", "extra")]
+    # load_weights names all three at once, and assigns nothing.
+    error = data["error"]
+    assert f"no tensor for {paths[3]}" in error and "has shape [3, 5], the variable [3, 4]" in error
+    assert f"cannot restore int64 into float32 variable {paths[2]!r}" in error
+    assert data["tensorflow"] == []
