@@ -395,3 +395,16 @@ def test_keras_model_checked_as_load_weights_loads(tmp_path):
     assert f"no tensor for {paths[3]}" in error and "has shape [3, 5], the variable [3, 4]" in error
     assert f"cannot restore int64 into float32 variable {paths[2]!r}" in error
     assert data["tensorflow"] == []
+
+
+def test_a_tf1_checkpoint_as_template(tf1_table):
+    """A TF1 checkpoint stands for a Saver of its variables: its names, dtypes, shapes and
+    partitions."""
+    pairs = {(g, v): prefix for g, v, _, prefix, *_ in tf1_table}
+    template = pairs["resource-V2", "as saved"]
+    assert _check(template, "--against", template)[0] == 0
+    _, data = _check(pairs["resource-V2", "w in float16"], "--against", template)
+    assert _findings(data) == [("dtype", "dense/w")]
+    _, data = _check(pairs["resource-V2", "half with whole-axis extents"], "--against", template)
+    assert _findings(data) == [("slices", "half")] * 2
+    assert "TF1 names" in data["target"]
