@@ -316,9 +316,10 @@ class MetaGraph:
                     collections=tuple(keys),
                 )
             )
+        seen = set(listed)
         for node in self.proto.graph_def.node:
-            if node.op in VARIABLE_OPS and node.name not in listed:
-                listed[node.name] = (VariableDef(), [])
+            if node.op in VARIABLE_OPS and node.name not in seen:
+                seen.add(node.name)
                 out.append(
                     GraphVariable(
                         node.name,
@@ -495,8 +496,6 @@ def _natural(name: str) -> tuple:
 
 
 def saver_version(saver: SaverDef) -> str:
-    return (
-        SaverDef.CheckpointFormatVersion.Name(saver.version)
-        if saver.version in (0, 1, 2)
-        else (str(saver.version))
-    )
+    """The Saver's checkpoint format: ``LEGACY``, ``V1``, ``V2``, or the number of another."""
+    names = SaverDef.CheckpointFormatVersion
+    return names.Name(saver.version) if saver.version in names.values() else str(saver.version)
