@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tfckpt.checkpoint.writer import BundleWriter, save
     from tfckpt.format.bundle import TensorInfo
     from tfckpt.inspection import checkpoints as list_checkpoints
+    from tfckpt.inspection.check import check
     from tfckpt.interop.export import export
     from tfckpt.interop.importing import import_
     from tfckpt.interop.matching import match
@@ -50,6 +51,7 @@ _LAZY = {
         "tfckpt.checkpoint.reader": "Checkpoint",
         "tfckpt.checkpoint.writer": "BundleWriter save",
         "tfckpt.format.bundle": "TensorInfo",
+        "tfckpt.inspection.check": "check",
         "tfckpt.interop.export": "export",
         "tfckpt.interop.importing": "import_",
         "tfckpt.interop.matching": "match",
@@ -139,6 +141,7 @@ __all__ = [
     "BundleWriter",
     "latest_checkpoint",
     "list_checkpoints",
+    "check",
     # the verbs: each plans, then runs the one engine
     "convert",
     "rename",

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.checkpoint.restoring import RestoreCheck, Wanted, check_restore
 from tfckpt.errors import CheckpointError, KerasWeightsError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, escape_local_name
@@ -134,9 +135,46 @@ def load_weights(
         return _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow)
 
 
-def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow):
+def check(
+    model,
+    path,
+    *,
+    assignment_map: RenameRules | None = None,
+    allow_missing: bool = False,
+    skip_mismatch: bool = False,
+    storage_options: StorageOptions | None = None,
+) -> RestoreCheck:
+    """Would :func:`load_weights` of ``path`` into the Keras 3 ``model`` succeed? Decided
+    from the checkpoint's index and the model's variables, before any value is read;
+    the arguments are :func:`load_weights`'s, which runs this check first.
+
+    A tf.keras (Keras 2) model is a TensorFlow trackable: :func:`tfckpt.tf.check` checks
+    it (``tfckpt.tf.check(model, path, restorer="tensorflow")`` predicts its own
+    ``load_weights``).
+
+    >>> result = tfckpt.keras.check(model, "train/ckpt-12")
+    >>> result.ok, [f.detail for f in result.failures()]
+    """
+    keras = importlib.import_module("keras")
+    if isinstance(path, Checkpoint):
+        return _check(keras, model, path, assignment_map, allow_missing, skip_mismatch)[0]
+    with open_checkpoint(path, storage_options=storage_options) as ckpt:
+        return _check(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch)[0]
+
+
+def _check(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch):
+    """The restore check of loading ``ckpt`` into ``model``, the :class:`LoadReport` of
+    what would be loaded, and the message of each failure."""
     label = ckpt.prefix
+    if not isinstance(model, keras.Model) and not hasattr(model, "weights"):
+        raise CheckpointError(f"not a Keras model: {type(model).__name__}", path=label)
     weights = list(model.weights)
+    if weights and not all(hasattr(v, "path") for v in weights):
+        raise CheckpointError(
+            "a tf.keras (Keras 2) model: check or restore it with tfckpt.tf.check / "
+            "tfckpt.restore, as the TensorFlow trackable it is",
+            path=label,
+        )
     if not weights:
         raise CheckpointError(
             f"the model {model.name!r} has no weights: build it before loading", path=label
@@ -149,35 +187,53 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
 
     report = LoadReport(path=label)
     paired = {id(v): t for v, t in pairs}
-    matched = []
+    wanted = []
     for var in weights:
         tensor = paired.get(id(var))
         if tensor is not None and tensor not in ckpt:
             why[var.path] = f"the object graph names {tensor!r}, which the checkpoint lacks"
             tensor = None
+        dtype = keras.backend.standardize_dtype(var.dtype)
+        shape = tuple(int(d) for d in var.shape)
+        wanted.append(Wanted(tensor, var.path, dtype, shape, why=why.get(var.path)))
         if tensor is None:
             report.missing.append(var.path)
-            continue
-        shape = tuple(ckpt.info(tensor).shape)
-        want = tuple(int(d) for d in var.shape)
-        if shape != want:
-            report.mismatched[var.path] = (tensor, shape, want)
+        elif tuple(ckpt.info(tensor).shape) != shape:
+            report.mismatched[var.path] = (tensor, tuple(ckpt.info(tensor).shape), shape)
         else:
-            matched.append((var, tensor))
             report.loaded[var.path] = tensor
     taken = set(report.loaded.values()) | {t for t, _, _ in report.mismatched.values()}
     report.unused = [k for k in ckpt.keys() if k != OBJECT_GRAPH_KEY and k not in taken]
-
+    result = check_restore(
+        ckpt,
+        wanted,
+        target=f"Keras model {model.name!r}",
+        restorer="tfckpt",
+        allow_missing=allow_missing,
+    )
+    if skip_mismatch:  # those variables are left as they are
+        result.findings = [
+            replace(f, fails=False) if f.kind == "shape" else f for f in result.findings
+        ]
     problems = []
-    if report.missing and not allow_missing:
-        problems += [
-            f"no tensor for {p}" + (f" ({why[p]})" if p in why else "") for p in report.missing
-        ]
-    if report.mismatched and not skip_mismatch:
-        problems += [
-            f"{p}: the checkpoint's {t!r} has shape {list(a)}, the variable {list(b)}"
-            for p, (t, a, b) in report.mismatched.items()
-        ]
+    for f in result.failures():
+        if f.kind == "missing":
+            p = str(f.variable)
+            problems.append(f"no tensor for {p}" + (f" ({why[p]})" if p in why else ""))
+        elif f.kind == "shape":
+            p = str(f.variable)
+            t, a, b = report.mismatched[p]
+            problems.append(
+                f"{p}: the checkpoint's {t!r} has shape {list(a)}, the variable {list(b)}"
+            )
+        else:
+            problems.append(f.detail)
+    return result, report, problems
+
+
+def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, overflow):
+    label = ckpt.prefix
+    _, report, problems = _check(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch)
     if problems:
         shown = problems[:_SHOWN] + (
             [f"{len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else []
@@ -187,6 +243,8 @@ def _load(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch, over
             report=report,
             path=label,
         )
+    variables = {v.path: v for v in model.weights}
+    matched = [(variables[p], t) for p, t in report.loaded.items()]
     values = []
     overflows: dict[str, int] = {}
     for var, tensor in matched:
@@ -477,4 +535,4 @@ def _join(a: str, b: str) -> str:
     return f"{a}/{b}" if a else b
 
 
-__all__ = ["LoadReport", "load_weights", "KerasWeightsError"]
+__all__ = ["LoadReport", "load_weights", "check", "KerasWeightsError"]

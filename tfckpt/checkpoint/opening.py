@@ -78,7 +78,8 @@ def not_a_checkpoint(store: Storage, path) -> str | None:
     if lower.endswith(".meta"):
         return (
             "a MetaGraphDef (.meta) graph file: it holds no variable values; "
-            "open the checkpoint beside it"
+            "open the checkpoint beside it (tfckpt dump lists the graph's variables, "
+            "tfckpt check --against it what its Saver restores)"
         )
     if lower.endswith(".pb") or lower.endswith(".pbtxt"):
         return (

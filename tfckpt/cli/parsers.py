@@ -21,7 +21,15 @@ EXAMPLES = {
   tfckpt dump train/ --filter '^optimizer/' --json
   tfckpt dump train/ --tensor global_step --tensor '^logits/' --full
   tfckpt dump saved_model_dir --object-graph
-  tfckpt dump train/ --all""",
+  tfckpt dump train/ --all
+  tfckpt dump train/model.ckpt-900.meta           # a TF1 graph: variables, Saver, signatures""",
+    "check": """examples:
+  tfckpt check train/model.ckpt-900 --against export/model.ckpt-900.meta
+  tfckpt check pretrained/ --against saved_model_dir/
+  tfckpt check tf2/ckpt-3 --against template/ckpt-1 --assert-consumed
+  tfckpt check fp16/model.ckpt --against model.meta --cast --json
+
+exit status: 0 a restore would succeed, 1 it would fail (the report says why), 2 error""",
     "diff": """examples:
   tfckpt diff fp32/model.ckpt fp16/model.ckpt        # how much error did float16 add?
   tfckpt diff old/ new/ --names-only                 # which variables does new/ lack?
@@ -112,7 +120,9 @@ def add_dump(sub: Subparsers) -> None:
         "list the tensors of a checkpoint",
         "Show what a checkpoint holds; reads only the index unless values are asked for.",
     )
-    p.add_argument("path", help="checkpoint prefix, .index file, directory or SavedModel")
+    p.add_argument(
+        "path", help="checkpoint prefix, .index file, directory, SavedModel or .meta graph"
+    )
     opt.add_json(p)
     opt.add_filter(p)
     p.add_argument(
@@ -135,6 +145,41 @@ def add_dump(sub: Subparsers) -> None:
         "order, then the others; step, tensors, size",
     )
     p.set_defaults(func="inspect.cmd_dump")
+
+
+def add_check(sub: Subparsers) -> None:
+    """``tfckpt check CKPT --against TARGET``."""
+    p = _command(
+        sub,
+        "check",
+        "predict whether a restore would succeed",
+        "Say, from the files alone and before TensorFlow runs, whether restoring the "
+        "checkpoint CKPT into TARGET would succeed: every value TARGET restores that CKPT "
+        "lacks, every dtype and shape mismatch (and whether a cast fixes it), partitioned "
+        "tensors whose stored slices cannot give what TARGET reads, and what CKPT holds "
+        "that nothing reads. TARGET: a TF1 graph (.meta: what its Saver restores), a "
+        "SavedModel directory, or a checkpoint standing for the program that wrote it.",
+    )
+    p.add_argument("path", metavar="CKPT", help="the checkpoint to restore")
+    p.add_argument("--against", required=True, metavar="TARGET", help="what restores it")
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="values CKPT lacks are information, not failures (as expect_partial())",
+    )
+    p.add_argument(
+        "--assert-consumed",
+        action="store_true",
+        help="tensors of CKPT nothing reads are failures (as assert_consumed())",
+    )
+    p.add_argument(
+        "--cast",
+        action="store_true",
+        help="predict tfckpt.restore / tfckpt.keras.load_weights, which cast floating-point "
+        "values to each variable's dtype (TensorFlow's restores do not)",
+    )
+    opt.add_json(p)
+    p.set_defaults(func="checking.cmd_check")
 
 
 def add_diff(sub: Subparsers) -> None:
@@ -490,6 +535,7 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_diff,
     add_stats,
     add_verify,
+    add_check,
     add_convert,
     add_rename,
     add_select,

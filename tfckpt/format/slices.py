@@ -21,6 +21,28 @@ Extent = tuple[int, "int | None"]
 Slice = tuple[Extent, ...]
 
 
+# Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list):
+# any other dtype it reads only from a stored slice equal to the one asked for.
+TF_SLICE_COPYABLE = frozenset(
+    {
+        "float32",
+        "float64",
+        "int32",
+        "uint8",
+        "int16",
+        "int8",
+        "complex64",
+        "complex128",
+        "int64",
+        "bool",
+        "qint32",
+        "quint8",
+        "qint8",
+        "bfloat16",
+    }
+)
+
+
 def num_elements(shape: Sequence[int]) -> int:
     """The number of elements of a tensor of ``shape`` (1 for a scalar)."""
     return math.prod(shape)

@@ -30,6 +30,7 @@ from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
+from tfckpt.format.slices import TF_SLICE_COPYABLE
 from tfckpt.io import paths
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
@@ -44,9 +45,6 @@ from tfckpt.rewrite.planner import (
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import DtypePolicy
-from tfckpt.rewrite.tasks import (
-    TF_SLICE_COPYABLE,
-)
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows

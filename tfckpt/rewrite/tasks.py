@@ -20,6 +20,7 @@ from tfckpt.errors import (
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
+from tfckpt.format.slices import TF_SLICE_COPYABLE
 from tfckpt.format.table import encode_varint
 from tfckpt.io.commit import (
     new_shard_paths,
@@ -370,27 +371,6 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
         for ckpt in ckpts.values():
             ckpt.close()
     return ShardResult(task.shard_id, entries, counts, task.bytes_in)
-
-
-# Dtypes TensorFlow's reader can reassemble from slices (tensor_bundle's copy list).
-TF_SLICE_COPYABLE = frozenset(
-    {
-        "float32",
-        "float64",
-        "int32",
-        "uint8",
-        "int16",
-        "int8",
-        "complex64",
-        "complex128",
-        "int64",
-        "bool",
-        "qint32",
-        "quint8",
-        "qint8",
-        "bfloat16",
-    }
-)
 
 
 def written_sliced(p: Plan, t: PlannedTensor) -> bool:

@@ -5,11 +5,12 @@ call of one of these functions.
 """
 
 from tfckpt.tf.cast import best_device, converter, sees_gpu
-from tfckpt.tf.restore import Restored, RestoreReport, restore
+from tfckpt.tf.restore import Restored, RestoreReport, check, restore
 from tfckpt.tf.verify import verify_with_tf
 
 __all__ = [
     "restore",
+    "check",
     "RestoreReport",
     "Restored",
     "verify_with_tf",

@@ -2,7 +2,9 @@
 
 Values are read and cast by tfckpt (exactly as ``tf.cast`` rounds); TensorFlow
 only assigns. Everything is matched and checked before the first assignment, so
-a mismatch leaves every variable as it was.
+a mismatch leaves every variable as it was: :func:`check` (the restore check of
+:mod:`tfckpt.checkpoint.restoring`) first, listing every missing value and every
+dtype, shape and slice mismatch at once, then the values themselves.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.checkpoint.restoring import SHOWN, RestoreCheck, Restorer, Wanted, check_restore
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph
@@ -102,12 +105,16 @@ def restore(
                     "or dict of variables), not to object-based ones"
                 )
             pairs, report = _match_objects(tf, target, ckpt)
-        if report.missing and not allow_missing:
-            raise CheckpointError(
-                f"no value for {len(report.missing)} variable(s): "
-                f"{', '.join(report.missing[:10])} (pass allow_missing=True to skip them)",
-                path=ckpt.prefix,
-            )
+        result = check_restore(
+            ckpt,
+            _wanted(tf, pairs, report),
+            target=_target_label(target),
+            restorer="tfckpt",
+            allow_missing=allow_missing,
+            reshape=reshape,
+        )
+        if not result.ok:
+            raise _problems(result)
         values = [
             (var, _converted(ckpt, name, var_name, var, value_fn, overflow, reshape))
             for name, var_name, var, value_fn in pairs
@@ -118,6 +125,90 @@ def restore(
         ]
     _assign_all(tf, values, session)
     return report
+
+
+def check(
+    target,
+    path,
+    *,
+    assignment_map: Mapping[str, str] | None = None,
+    restorer: Restorer = "tfckpt",
+    allow_missing: bool = False,
+    reshape: bool = False,
+    storage_options: StorageOptions | None = None,
+) -> RestoreCheck:
+    """Would restoring ``path`` into ``target`` succeed? Decided from the checkpoint's
+    index and the variables' dtypes and shapes, before any value is read.
+
+    ``target`` and ``assignment_map`` are what :func:`restore` takes. ``restorer``:
+    ``"tfckpt"`` predicts :func:`restore` (floating-point values are cast), and
+    ``"tensorflow"`` a restore by TensorFlow of the same variables (dtypes must be
+    equal). :func:`restore` runs this check first and raises on its failures.
+
+    >>> result = tfckpt.tf.check(tf.train.Checkpoint(model=model), "train/ckpt-3")
+    >>> result.ok, [f.detail for f in result.failures()]
+    """
+    tf = tensorflow()
+    with open_checkpoint(path, storage_options=storage_options) as ckpt:
+        if isinstance(target, (list, tuple, dict)):
+            pairs, report = _match_by_name(tf, target, ckpt, assignment_map, reshape)
+        else:
+            pairs, report = _match_objects(tf, target, ckpt)
+        return check_restore(
+            ckpt,
+            _wanted(tf, pairs, report),
+            target=_target_label(target),
+            restorer=restorer,
+            allow_missing=allow_missing,
+            reshape=reshape,
+        )
+
+
+def _target_label(target) -> str:
+    if isinstance(target, (list, tuple, dict)):
+        return f"{len(target)} variables"
+    return f"the objects of {type(target).__name__}"
+
+
+def _wanted(tf, pairs, report: RestoreReport) -> list[Wanted]:
+    """What :func:`restore` reads, for :func:`check_restore`: each matched variable's
+    tensor, dtype and shape (a partition: the whole tensor's, and its part), and each
+    variable nothing matched."""
+    wanted = []
+    for name, label, var, _ in pairs:
+        dtype = _dt.lookup(_var_dtype(tf, var).name).name
+        shape = tuple(None if d is None else int(d) for d in var.shape)
+        info = getattr(var, "_save_slice_info", None)
+        if info is not None and list(info.var_shape) != list(info.full_shape):
+            extents = tuple((int(o), int(n)) for o, n in zip(info.var_offset, info.var_shape))
+            wanted.append(
+                Wanted(name, str(label), dtype, tuple(int(d) for d in info.full_shape), extents)
+            )
+        else:
+            wanted.append(Wanted(name, str(label), dtype, shape))
+    wanted += [
+        Wanted(None, str(label), why="the checkpoint has no value for it")
+        for label in report.missing
+    ]
+    return wanted
+
+
+def _problems(result: RestoreCheck) -> CheckpointError:
+    """The check's failures as one error: values missing first, then mismatches."""
+    failures = result.failures()
+    missing = [str(f.variable) for f in failures if f.kind == "missing"]
+    parts = []
+    if missing:
+        parts.append(
+            f"no value for {len(missing)} variable(s): {', '.join(missing[:SHOWN])}"
+            f"{', ...' if len(missing) > SHOWN else ''} (pass allow_missing=True to skip them)"
+        )
+    others = [f.detail for f in failures if f.kind != "missing"]
+    parts += others[:SHOWN] + ([f"{len(others) - SHOWN} more"] if len(others) > SHOWN else [])
+    tensor = failures[0].tensor if len(failures) == 1 else None
+    return CheckpointError(
+        "nothing assigned: " + "; ".join(parts), path=result.checkpoint, tensor=tensor
+    )
 
 
 def _var_dtype(tf, var):

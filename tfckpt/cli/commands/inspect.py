@@ -28,6 +28,7 @@ from tfckpt.cli.display import (
 )
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError
 from tfckpt.format import dtypes as _dt
+from tfckpt.inspection.meta import is_meta_graph
 
 
 def _print_dump(data: dict) -> None:
@@ -253,7 +254,11 @@ def _print_checkpoints(data: dict) -> None:
 
 def cmd_dump(args) -> int:
     """``tfckpt dump``: a checkpoint's tensors and scopes, values (--tensor), its object
-    graph, or (--all) the checkpoints of a directory."""
+    graph, (--all) the checkpoints of a directory, or what a ``.meta`` graph holds."""
+    if is_meta_graph(args.path, args.storage_options):
+        from tfckpt.cli.commands.checking import cmd_dump_meta
+
+        return cmd_dump_meta(args)
     if args.all:
         if args.tensor or args.object_graph or args.filter:
             raise CheckpointError("--all lists checkpoints: no --tensor, --object-graph, --filter")
