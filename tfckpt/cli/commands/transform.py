@@ -268,6 +268,71 @@ def cmd_transform(args) -> int:
     return _run_plan(args, plan(sources, dst, options, storage_options=args.storage_options))
 
 
+def _pairs(items: list[str], flag: str, sep: str = "=") -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, eq, value = item.rpartition(sep) if flag in ("--resize",) else item.partition(sep)
+        if not eq or not name:
+            raise CheckpointError(f"{flag} takes NAME{sep}VALUE, not {item!r}")
+        out[name] = value
+    return out
+
+
+def cmd_edit(args) -> int:
+    """``tfckpt edit``: set, fill, scale, add, delete, resize or remap tensors."""
+    from tfckpt.rewrite.editing import Edits, plan_edit
+
+    edits = Edits(
+        set=_pairs(args.set, "--set"),
+        add=_pairs(args.add, "--add"),
+        delete=args.delete,
+        fill=_pairs(args.fill, "--fill"),
+        scale=_pairs(args.scale, "--scale"),
+        resize=_pairs(args.resize, "--resize"),
+        remap_rows=args.remap_rows,
+        old_vocab=args.old_vocab,
+        new_vocab=args.new_vocab,
+        init=args.init,
+        axis=args.axis,
+    )
+    if not any(
+        (
+            args.set,
+            args.add,
+            args.delete,
+            args.fill,
+            args.scale,
+            args.resize,
+            args.remap_rows,
+            args.as_tf1,
+        )
+    ):
+        raise CheckpointError(
+            "edit: nothing to do (give --set, --add, --delete, --fill, "
+            "--scale, --resize or --remap-rows)",
+            path=args.src,
+        )
+    for item in args.add:
+        if not item.partition("=")[2].startswith("@"):
+            raise CheckpointError(f"--add takes NAME=@FILE.npy, not {item!r}")
+    options = Options(
+        chunk_bytes=args.chunk_bytes,
+        durable=args.durable,
+        overwrite=args.overwrite,
+        max_shard_bytes=args.max_shard_bytes,
+    )
+    p = plan_edit(
+        args.src,
+        args.dst,
+        edits,
+        options,
+        in_place=args.in_place,
+        as_tf1=args.as_tf1,
+        storage_options=args.storage_options,
+    )
+    return _run_plan(args, p)
+
+
 def cmd_graft(args) -> int:
     """``tfckpt graft``: fill a TF2 template with the sources' values found by name."""
     from tfckpt.rewrite.graft import plan_graft
