@@ -358,7 +358,7 @@ class _Editor:
     def rows(self, planned: list[PlannedTensor], edits: Edits) -> None:
         """``resize`` and ``remap_rows``: each variable matched, and its slots."""
         by_name = {pt.name: pt for pt in planned}
-        jobs: list[tuple[str, re.Pattern, Callable[[int], tuple[int, ...]], str]] = []
+        jobs: list[tuple[str, re.Pattern, Callable[[int], np.ndarray], str]] = []
         for pattern, spec in edits.resize.items():
             rows_text, _, init = str(spec).partition(":")
             what = f"--resize {pattern}"
@@ -480,17 +480,19 @@ class _Editor:
         return out
 
 
-def _resizer(n: int) -> Callable[[int], tuple[int, ...]]:
+def _resizer(n: int) -> Callable[[int], np.ndarray]:
     """The rows of a resize to ``n``: the first ``n`` old ones, then new ones."""
 
-    def rows_for(old: int) -> tuple[int, ...]:
-        return tuple(i if i < old else -1 for i in range(n))
+    def rows_for(old: int) -> np.ndarray:
+        rows = np.arange(n, dtype=np.int64)
+        rows[old:] = -1
+        return rows
 
     return rows_for
 
 
-def _checked_vocab(old_vocab: list[str], mapping: tuple[int, ...], path: str, what: str):
-    def rows_for(old: int) -> tuple[int, ...]:
+def _checked_vocab(old_vocab: list[str], mapping: np.ndarray, path: str, what: str):
+    def rows_for(old: int) -> np.ndarray:
         if old != len(old_vocab):
             raise CheckpointError(
                 f"{what}: the old vocabulary has {len(old_vocab)} tokens, the tensor {old} rows",
@@ -526,8 +528,8 @@ def read_vocab(path: str) -> list[str]:
     return lines
 
 
-def vocab_remapping(old: list[str], new: list[str]) -> tuple[int, ...]:
+def vocab_remapping(old: list[str], new: list[str]) -> np.ndarray:
     """For each token of ``new``, its index in ``old``, or -1 (TensorFlow's
     ``generate_vocab_remapping``)."""
     index = {tok: i for i, tok in enumerate(old)}
-    return tuple(index.get(tok, -1) for tok in new)
+    return np.array([index.get(tok, -1) for tok in new], dtype=np.int64)

@@ -59,7 +59,7 @@ class Rows:
     N(0, ``std``²) with ``seed``, in the order the new elements are written)."""
 
     axis: int
-    rows: tuple[int, ...]
+    rows: np.ndarray  # int64: a row of the source, or -1
     init: str = "zeros"
     std: float = 0.0
     seed: int = 0
@@ -257,10 +257,10 @@ def _row_chunks(
         mean = mean.astype(dtype)
     rng = np.random.default_rng(edit.seed) if edit.init == "normal" else None
     gather = _Gather(step)
-    runs = _runs(edit.rows)
+    firsts, counts = _runs(edit.rows)
     for o in range(outer):
-        for first, count in runs:
-            n = count * inner
+        for k in range(firsts.size):  # not as lists: a Python int per row would cost more
+            first, n = int(firsts[k]), int(counts[k]) * inner
             if first >= 0:
                 start = (o * old_rows + first) * inner
                 for a in range(0, n, step):
@@ -279,18 +279,18 @@ def _row_chunks(
     yield from gather.flush()
 
 
-def _runs(rows: tuple[int, ...]) -> list[tuple[int, int]]:
-    """``rows`` as ``(first source row or -1, count)`` runs of consecutive source rows
-    (or of new ones)."""
-    out: list[tuple[int, int]] = []
-    for r in rows:
-        if out:
-            first, count = out[-1]
-            if (r < 0 and first < 0) or (r >= 0 and first >= 0 and r == first + count):
-                out[-1] = (first, count + 1)
-                continue
-        out.append((r, 1))
-    return out
+def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` as runs of consecutive source rows, or of new ones: each run's first
+    source row (-1: new ones) and its length."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not rows.size:
+        return rows, rows
+    new = rows < 0
+    starts = np.ones(rows.size, dtype=bool)
+    starts[1:] = (new[1:] != new[:-1]) | (~new[1:] & (rows[1:] != rows[:-1] + 1))
+    first = np.flatnonzero(starts)
+    counts = np.diff(np.append(first, rows.size))
+    return np.where(new[first], -1, rows[first]), counts
 
 
 def _checked_mean(
