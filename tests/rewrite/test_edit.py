@@ -22,6 +22,8 @@ from tests.edit_helpers import (
     BIAS,
     ITER,
     KERNEL,
+    keras,
+    keras_model,
     slot_key,
     tf1_restore,
     tf2_restore,
@@ -89,6 +91,25 @@ def test_tf2_delete_takes_the_object_and_its_slots(tf2, tmp_path):
     assert int(opt.iterations.numpy()) == 7
     assert np.array_equal(opt.get_slot(kernel, "m").numpy(), src[slot_key(KERNEL, "m")])
     assert np.array_equal(opt.get_slot(kernel, "v").numpy(), src[slot_key(KERNEL, "v")])
+
+
+def test_tf2_delete_of_a_slot_alone(tf2, tmp_path):
+    dst = str(tmp_path / "out" / "ckpt")
+    tfckpt.edit(tf2, dst, delete=[r"^extra/\.OPTIMIZER_SLOT/optimizer/m/"])
+    src, got = tf_values(tf2), tf_values(dst)
+    assert sorted(got) == sorted(n for n in src if "extra/.OPTIMIZER_SLOT/optimizer/m/" not in n)
+    # TensorFlow restores it (the slots made after the read, as training makes them):
+    # every other value finds its object, the slot m of ``extra`` stays as made.
+    extra = tf.Variable(np.zeros(2, np.float32))
+    model = keras_model()
+    opt = keras.optimizers.legacy.Adam(0.1)
+    status = tf.train.Checkpoint(model=model, optimizer=opt, extra=extra).read(dst)
+    opt._create_all_weights([*model.trainable_variables, extra])
+    status.assert_nontrivial_match()
+    assert np.array_equal(extra.numpy(), src["extra/.ATTRIBUTES/VARIABLE_VALUE"])
+    v = "extra/.OPTIMIZER_SLOT/optimizer/v/.ATTRIBUTES/VARIABLE_VALUE"
+    assert np.array_equal(opt.get_slot(extra, "v").numpy(), src[v])
+    assert not opt.get_slot(extra, "m").numpy().any()
 
 
 def test_tf2_add_needs_as_tf1(tf2, tmp_path):

@@ -97,8 +97,9 @@ def _numpy_dtype(dtype: str, what: str, path: str, tensor: str) -> np.dtype:
 
 def literal_array(text: str, dtype: str, what: str, path: str, tensor: str) -> np.ndarray:
     """A literal (a number, ``true``/``false``, or a JSON list of them) as an array of
-    ``dtype``. A floating-point dtype takes the nearest value, as parsing the decimal in
-    that dtype would (beyond its range: an error); integers and bools must fit exactly."""
+    ``dtype``. A decimal fraction in a floating-point dtype takes the nearest value, as
+    parsing it in that dtype would (beyond its range: an error); whole numbers and bools
+    must fit exactly."""
     import json
 
     target = _numpy_dtype(dtype, what, path, tensor)
@@ -114,7 +115,9 @@ def literal_array(text: str, dtype: str, what: str, path: str, tensor: str) -> n
         raise CheckpointError(f"{what}: {text!r} is not a regular array", path=path) from None
     if given.dtype.kind not in "biuf" or given.dtype == object:
         raise CheckpointError(f"{what}: {text!r} holds no numbers", path=path, tensor=tensor)
-    return exact_cast(given, target, what, path, tensor, nearest=target.kind in "fc")
+    # A decimal fraction has no exact binary value to keep; a whole number has.
+    nearest = _dt.lookup(dtype).is_floating and given.dtype.kind == "f"
+    return exact_cast(given, target, what, path, tensor, nearest=nearest)
 
 
 def exact_cast(
