@@ -254,3 +254,51 @@ def test_in_place_killed_at_every_step_leaves_old_or_new(tmp_path):
     assert all(".tfckpt-tmp-" not in f for f in left), left
     data = [f for f in left if ".data-" in f]
     assert {int(f.rsplit("-of-", 1)[1]) for f in data} == {len(data)}, left
+
+
+def test_literals_in_every_numeric_dtype(tmp_path):
+    """Each literal cast to the tensor's dtype as documented, read back by TensorFlow."""
+    import ml_dtypes
+
+    tensors = {
+        "h": np.zeros(3, np.float16),
+        "bf": np.zeros(2, ml_dtypes.bfloat16),
+        "d": np.zeros((2, 2), np.float64),
+        "i8": np.zeros(2, np.int8),
+        "u16": np.zeros(2, np.uint16),
+        "b": np.zeros(3, bool),
+        "c": np.zeros(2, np.complex64),
+    }
+    src = str(tmp_path / "src" / "model")
+    tf.raw_ops.SaveV2(
+        prefix=src,
+        tensor_names=list(tensors),
+        shape_and_slices=[""] * len(tensors),
+        tensors=[tf.constant(v) for v in tensors.values()],
+    )
+    dst = str(tmp_path / "out" / "model")
+    tfckpt.edit(
+        src,
+        dst,
+        set={"h": "[0.1, 65504, -2]", "d": "[[0.1, 1e300], [-0.0, 3]]", "i8": "[-128, 127]"},
+        fill={"bf": "0.1", "u16": "65535", "b": "ones", "c": "zeros"},
+    )
+    got = tf_values(dst)
+    assert np.array_equal(got["h"], np.array([0.1, 65504, -2], np.float16))
+    assert np.array_equal(got["bf"], np.full(2, 0.1, ml_dtypes.bfloat16).astype(np.float32))
+    assert np.array_equal(got["d"], np.array([[0.1, 1e300], [-0.0, 3]]))
+    assert np.signbit(got["d"][1, 0])
+    assert np.array_equal(got["i8"], np.array([-128, 127], np.int8))
+    assert np.array_equal(got["u16"], np.full(2, 65535, np.uint16))
+    assert got["b"].all() and not got["c"].any()
+    for flag, item, fragment in [
+        ("--set", "h=[65520, 0, 0]", "without loss"),  # a whole number float16 rounds
+        ("--set", "h=[1e5, 0, 0]", "range of float16"),
+        ("--set", "i8=[128, 0]", "without loss"),
+        ("--fill", "u16=-1", "without loss"),
+        ("--fill", "b=2", "without loss"),
+        ("--set", "d=[0.1, 1]", "shape [2]"),
+    ]:
+        ch.assert_cli_error(
+            ch.in_process("edit", src, str(tmp_path / "bad"), flag, item), fragment, item[:1]
+        )

@@ -1,5 +1,5 @@
-"""The rewriting commands, convert, rename, select, merge, graft, flatten, average, export
-and import: each turns its flags into :class:`~tfckpt.rewrite.options.Options`, plans,
+"""The rewriting commands, convert, rename, select, merge, graft, flatten, average, export,
+import and edit: each turns its flags into :class:`~tfckpt.rewrite.options.Options`, plans,
 then prints the plan (``--dry-run``) or runs it and prints the summary.
 
 The engine's modules load inside the commands, when one runs: ``dump`` needs none.
