@@ -302,3 +302,56 @@ def test_literals_in_every_numeric_dtype(tmp_path):
         ch.assert_cli_error(
             ch.in_process("edit", src, str(tmp_path / "bad"), flag, item), fragment, item[:1]
         )
+
+
+def test_partitioned_tensors_are_copied_not_edited(tmp_path):
+    from tests.tf_checkpoints import write_tf1_partitioned
+
+    src = write_tf1_partitioned(tmp_path).prefix
+    dst = str(tmp_path / "out" / "model")
+    ch.assert_cli_error(
+        ch.in_process("edit", src, dst, "--scale", "emb/table=2"), "emb/table", "partitioned"
+    )
+    tfckpt.edit(src, dst, set={"plain": "[5, 4, 3, 2, 1, 0]"})
+    before, after = tf_values(src), tf_values(dst)
+    assert np.array_equal(after.pop("plain"), np.arange(6, dtype=np.int32)[::-1])
+    before.pop("plain")
+    assert sorted(after) == sorted(before)
+    assert all(np.array_equal(after[n], v) for n, v in before.items())
+
+
+def test_in_place_takes_a_v2_checkpoint_only(tmp_path):
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("w", initializer=np.ones(3, np.float32))
+        saver = tf.compat.v1.train.Saver(write_version=tf.compat.v1.train.SaverDef.V1)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            prefix = saver.save(s, str(tmp_path / "v1.ckpt"), write_meta_graph=False)
+    before = _files(tmp_path)
+    ch.assert_cli_error(ch.in_process("edit", prefix, "--in-place", "--fill", "w=0"), "V2")
+    ch.assert_cli_error(ch.in_process("edit", prefix, "--fill", "w=0"), "destination")
+    assert _files(tmp_path) == before
+    rc, _, err = ch.in_process("edit", prefix, str(tmp_path / "v2" / "w"), "--fill", "w=0")
+    assert rc == 0, err
+    assert not tf_values(str(tmp_path / "v2" / "w"))["w"].any()
+
+
+def test_in_place_failing_mid_run_leaves_the_source_as_it_was(tmp_path):
+    """A value found lossy only while it is written (a .npy of float64 into float32): the
+    run fails after other tensors were written, and the source is untouched."""
+    prefix = write_tf1(tmp_path / "run")
+    directory = os.path.dirname(prefix)
+    np.save(tmp_path / "k.npy", np.full((4, 3), 0.1))  # 0.1 is no float32
+    before = _files(directory)
+    result = ch.in_process(
+        "edit",
+        prefix,
+        "--in-place",
+        "--fill",
+        "emb=ones",
+        "--set",
+        f"dense/kernel=@{tmp_path}/k.npy",
+    )
+    ch.assert_cli_error(result, "dense/kernel", "without loss")
+    assert _files(directory) == before
+    assert tf_values(prefix)["emb"].any()
