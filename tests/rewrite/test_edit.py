@@ -78,7 +78,7 @@ def test_tf2_delete_takes_the_object_and_its_slots(tf2, tmp_path):
         tf2,
         dst,
         delete=[r"^extra/\.ATTRIBUTES/"],  # the variable only: its slots go with its node
-        scale={KERNEL: "2.5"},
+        scale={"model/layer_with_weights-1/kernel": "2.5"},  # its flat name
         set={ITER: "7"},
     )
     got = tf_values(dst)

@@ -55,6 +55,10 @@ _NOT_TAKEN = (
 )
 
 
+# A TF1 slot's last name part: the optimizer's name (CamelCase), maybe with _N.
+_TF1_SLOT = re.compile(r"[A-Z][A-Za-z0-9]*(_[0-9]+)?")
+
+
 @dataclass
 class Edits:
     """What to change, as :func:`edit` takes it (see there)."""
@@ -422,7 +426,9 @@ class _Editor:
 
     def slots_of_name(self, name: str) -> list[str]:
         """The optimizer slots of variable ``name``: TF2 slot variables of its node; in a
-        TF1 checkpoint the tensors ``NAME/SLOT`` of its shape (``NAME/Adam``...)."""
+        TF1 checkpoint the tensors ``NAME/SLOT`` of its shape, SLOT named as TF1 optimizers
+        name them (``Adam``, ``Adam_1``, ``Momentum``, ``RMSProp_1``: capitalised, where
+        a variable's own children are ``kernel``, ``bias``...)."""
         g = self.s.graph
         if g is None:
             if not hasattr(self, "_shapes"):
@@ -434,7 +440,7 @@ class _Editor:
                 n
                 for n in self.names
                 if n.startswith(name + "/")
-                and "/" not in n[len(name) + 1 :]
+                and _TF1_SLOT.fullmatch(n[len(name) + 1 :])
                 and self._shapes[n] == shape
             ]
         keys = g.checkpoint_keys()
