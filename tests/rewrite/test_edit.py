@@ -355,3 +355,29 @@ def test_in_place_failing_mid_run_leaves_the_source_as_it_was(tmp_path):
     ch.assert_cli_error(result, "dense/kernel", "without loss")
     assert _files(directory) == before
     assert tf_values(prefix)["emb"].any()
+
+
+def test_in_place_on_an_object_store(tmp_path):
+    """Where nothing renames (an fsspec memory:// store), the new index written last is
+    the commit and the old data objects go after; TensorFlow reads what is left."""
+    fsspec = pytest.importorskip("fsspec")
+    prefix = write_tf1(tmp_path / "run")
+    fs = fsspec.filesystem("memory")
+    root = f"/edit-{os.getpid()}"
+    for f in os.listdir(os.path.dirname(prefix)):
+        fs.pipe(f"{root}/{f}", (tmp_path / "run" / f).read_bytes())
+    try:
+        tfckpt.edit(f"memory://{root}/model.ckpt-2", in_place=True, fill={"emb": "ones"})
+        names = [p.rsplit("/", 1)[1] for p in fs.ls(root, detail=False)]
+        data = [n for n in names if ".data-" in n]
+        assert data and all(n.endswith(f"-of-{len(data):05d}") for n in data), names
+        local = tmp_path / "back"
+        local.mkdir()
+        for n in names:
+            (local / n).write_bytes(fs.cat_file(f"{root}/{n}"))
+    finally:
+        fs.rm(root, recursive=True)
+    got, old = tf_values(str(local / "model.ckpt-2")), tf_values(prefix)
+    assert np.array_equal(got.pop("emb"), np.ones((6, 4), np.float32))
+    old.pop("emb")
+    assert all(np.array_equal(got[n], v) for n, v in old.items()) and sorted(got) == sorted(old)
