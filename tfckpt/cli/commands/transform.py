@@ -330,7 +330,11 @@ def cmd_edit(args) -> int:
         as_tf1=args.as_tf1,
         storage_options=args.storage_options,
     )
-    return _run_plan(args, p)
+    rc = _run_plan(args, p)
+    if not args.dry_run:
+        edited = sum(t.edit is not None for t in p.tensors)
+        emit(f"  {edited} tensors edited or added", err=True)
+    return rc
 
 
 def cmd_graft(args) -> int:
