@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from tfckpt.interop.matching import match
     from tfckpt.io.paths import latest_checkpoint
     from tfckpt.rewrite.average import average
+    from tfckpt.rewrite.editing import edit
     from tfckpt.rewrite.engine import Summary, convert, execute, merge, rename, select, transform
     from tfckpt.rewrite.graft import flatten, graft
     from tfckpt.rewrite.options import Options
@@ -57,6 +58,7 @@ _LAZY = {
         "tfckpt.interop.matching": "match",
         "tfckpt.io.paths": "latest_checkpoint",
         "tfckpt.rewrite.average": "average",
+        "tfckpt.rewrite.editing": "edit",
         "tfckpt.rewrite.engine": "Summary convert execute merge rename select transform",
         "tfckpt.rewrite.graft": "flatten graft",
         "tfckpt.rewrite.options": "Options",
@@ -151,6 +153,7 @@ __all__ = [
     "graft",
     "flatten",
     "average",
+    "edit",
     "export",
     "import_",
     "match",

@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXAMPLES = {
+    "edit": """examples:
+  tfckpt edit train/model.ckpt-7 out/model.ckpt --set global_step=0
+  tfckpt edit run/ckpt-3 --in-place --delete '^model/dense_2/' --scale 'model/dense/kernel=0.5'
+  tfckpt edit nmt/model.ckpt warm/model.ckpt --remap-rows 'embedding$' \\
+      --old-vocab vocab.55k.txt --new-vocab vocab.70k.txt --init normal:0.01:7
+  tfckpt edit cls/model.ckpt out/model.ckpt --resize 'logits/(kernel|bias)$=1000' --axis -1""",
     "dump": """examples:
   tfckpt dump train/model.ckpt-7
   tfckpt dump train/ --filter '^optimizer/' --json
@@ -530,6 +536,86 @@ def add_match(sub: Subparsers) -> None:
     p.set_defaults(func="matching.cmd_match")
 
 
+def add_edit(sub: Subparsers) -> None:
+    """``tfckpt edit SRC [DST | --in-place]``."""
+    p = _command(
+        sub,
+        "edit",
+        "set, fill, scale, add, delete, resize or remap tensors",
+        "Write SRC with some tensors changed, to DST or over SRC (--in-place, committed "
+        "atomically: the old checkpoint stays whole until the new one is in place). Names "
+        "are checkpoint keys or TF2 flat names; REGEX patterns are searched in them. "
+        "Resized and remapped variables take their optimizer slots along (new rows zero).",
+    )
+    p.add_argument("src")
+    p.add_argument("dst", nargs="?", help="output prefix or directory (or --in-place)")
+    p.add_argument("--in-place", action="store_true", help="replace SRC atomically")
+    g = p.add_argument_group("values")
+    pair = "NAME=VALUE"
+    g.add_argument(
+        "--set",
+        action="append",
+        metavar=pair,
+        default=[],
+        help="a literal (number, true/false, JSON list) of the tensor's shape, or "
+        "@FILE.npy; cast to its dtype without loss (repeatable)",
+    )
+    g.add_argument(
+        "--add",
+        action="append",
+        metavar="NAME=@FILE.npy",
+        default=[],
+        help="a new tensor (TF2 sources: only with --as-tf1)",
+    )
+    g.add_argument(
+        "--delete",
+        action="append",
+        metavar="REGEX",
+        default=[],
+        help="delete matching tensors; TF2: their objects and slots go too",
+    )
+    g.add_argument("--fill", action="append", metavar="NAME=zeros|ones|VALUE", default=[])
+    g.add_argument(
+        "--scale",
+        action="append",
+        metavar="NAME=FACTOR",
+        default=[],
+        help="multiply a floating-point tensor (in float64, rounded once)",
+    )
+    g.add_argument(
+        "--as-tf1", action="store_true", help="write no TF2 object graph (a name-based checkpoint)"
+    )
+    r = p.add_argument_group("rows (vocabularies, classes)")
+    r.add_argument(
+        "--resize",
+        action="append",
+        metavar="REGEX=ROWS[:INIT]",
+        default=[],
+        help="cut or grow --axis to ROWS; INIT: zeros (default), mean, normal:STD:SEED",
+    )
+    r.add_argument(
+        "--remap-rows",
+        action="append",
+        metavar="REGEX",
+        default=[],
+        help="reorder --axis by token from --old-vocab to --new-vocab",
+    )
+    r.add_argument("--old-vocab", metavar="FILE")
+    r.add_argument("--new-vocab", metavar="FILE")
+    r.add_argument(
+        "--init",
+        default="zeros",
+        metavar="INIT",
+        help="new rows of --remap-rows: zeros (default), mean, normal:STD:SEED",
+    )
+    r.add_argument("--axis", type=int, default=0, help="the axis of rows (default 0)")
+    o = p.add_argument_group("output")
+    opt.add_write_options(o, shard_help="re-shard the output (default: keep the source's shards)")
+    opt.add_plan_output(o)
+    opt.add_chunk_bytes(o)
+    p.set_defaults(func="transform.cmd_edit", executor=None)
+
+
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_dump,
     add_diff,
@@ -547,4 +633,5 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_import,
     add_presets,
     add_match,
+    add_edit,
 )

@@ -416,6 +416,35 @@ class ObjectGraph:
                     current = children[match[0]].node_id
         return self.prune()
 
+    def drop_nodes(self, ids: Iterable[int]) -> set[str]:
+        """Cut every child edge and slot reference to the nodes ``ids`` (the root excepted),
+        then remove every node no longer reachable (their slot variables with them: a slot
+        is reached only through its variable); returns the removed attributes' keys."""
+        ids = set(ids) - {0}
+        for node in self.proto.nodes:
+            kept = [c for c in node.children if c.node_id not in ids]
+            if len(kept) != len(node.children):
+                del node.children[:]
+                node.children.extend(kept)
+            slots = [
+                s
+                for s in node.slot_variables
+                if s.slot_variable_node_id not in ids and s.original_variable_node_id not in ids
+            ]
+            if len(slots) != len(node.slot_variables):  # a slot deleted itself
+                del node.slot_variables[:]
+                node.slot_variables.extend(slots)
+        return self.prune()
+
+    def slot_variables_of(self, node_id: int) -> list[tuple[str, int]]:
+        """The slot variables of the variable node ``node_id``: ``(slot name, node)``."""
+        return [
+            (s.slot_name, s.slot_variable_node_id)
+            for node in self.proto.nodes
+            for s in node.slot_variables
+            if s.original_variable_node_id == node_id
+        ]
+
     def prune(self) -> set[str]:
         """Remove unreachable nodes and renumber; returns the removed attributes' keys."""
         nodes = self.proto.nodes

@@ -52,6 +52,9 @@ class PlannedTensor:
     # Made by split or concat (see tfckpt.rewrite.pieces): the boxes of source tensors
     # it is made of; ``name`` is the first one's and ``info`` describes what they make.
     parts: tuple[Member, ...] | None = None
+    # Made by ``tfckpt edit`` (see tfckpt.rewrite.edits): the value written instead of
+    # the source's, read in bounded pieces; ``info`` describes what it makes.
+    edit: Any = None
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -142,6 +145,7 @@ class Plan:
                         else {}
                     ),
                     **({"made_of": _made_of(t.parts)} if t.parts is not None else {}),
+                    **({"edit": type(t.edit).__name__.lower()} if t.edit is not None else {}),
                 }
                 for t in self.tensors
             ],

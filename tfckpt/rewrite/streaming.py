@@ -19,6 +19,7 @@ from tfckpt.errors import (
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
+from tfckpt.rewrite.edits import edit_chunks
 from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks
 from tfckpt.rewrite.permute import Member, assembled_chunks, permuted_chunks
 from tfckpt.rewrite.pipeline import (
@@ -52,6 +53,8 @@ class TaskItem:
     reshape: tuple[int, ...] | None = None  # the shape written, when not the source's
     # Made by split or concat: boxes of source tensors (``shape`` is what they make).
     parts: tuple[Member, ...] | None = None
+    # Edited by ``tfckpt edit``: the value produced by tfckpt.rewrite.edits instead.
+    edit: Any = None
 
     @property
     def read_dtype(self) -> str:
@@ -227,6 +230,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
         and item.perm is None
         and item.parts is None
+        and item.edit is None
         and not item.weights
         and dtype is not _dt.STRING
         and dtype.numpy is not None
@@ -270,6 +274,12 @@ def _item_reads(
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
     read_bytes = _read_bytes(chunk_bytes)
+    if t.edit is not None:
+        yield ("open", t, None, None)
+        for chunk in edit_chunks(ckpt, t, read_bytes):
+            yield ("chunk", t, chunk, chunk.nbytes)
+        yield ("close", t, None, None)
+        return
     if t.weights:
         yield ("open", t, None, None)
         sources = [ckpts[k] for k in range(len(t.weights))]

@@ -250,6 +250,7 @@ def task_item(
         weights=weights,
         reshape=t.shape if extents is None else None,
         parts=t.parts if extents is None else None,
+        edit=t.edit,
     )
 
 
@@ -378,8 +379,8 @@ def written_sliced(p: Plan, t: PlannedTensor) -> bool:
     (an average), else when it is partitioned and stays so (:func:`_keep_sliced`)."""
     if t.sliced is not None:
         return t.sliced
-    if t.perm is not None or t.shape is not None or t.parts is not None:  # transformed: whole
-        return False
+    if t.perm is not None or t.shape is not None or t.parts is not None or t.edit is not None:
+        return False  # transformed or edited: written whole
     return bool(t.info.slices) and _keep_sliced(p.sources[t.source], t)
 
 

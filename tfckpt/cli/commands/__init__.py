@@ -3,7 +3,7 @@ and prints what it returns, through :mod:`tfckpt.cli.display` (or as JSON).
 
 - :mod:`~tfckpt.cli.commands.inspect`: dump, diff, stats, verify
 - :mod:`~tfckpt.cli.commands.transform`: convert, rename, select, merge, graft, flatten,
-  average, export, import
+  average, export, import, edit
 - :mod:`~tfckpt.cli.commands.matching`: match
 - :mod:`~tfckpt.cli.commands.checking`: check, and dump of a ``.meta`` graph
 

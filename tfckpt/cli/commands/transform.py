@@ -1,5 +1,5 @@
-"""The rewriting commands, convert, rename, select, merge, graft, flatten, average, export
-and import: each turns its flags into :class:`~tfckpt.rewrite.options.Options`, plans,
+"""The rewriting commands, convert, rename, select, merge, graft, flatten, average, export,
+import and edit: each turns its flags into :class:`~tfckpt.rewrite.options.Options`, plans,
 then prints the plan (``--dry-run``) or runs it and prints the summary.
 
 The engine's modules load inside the commands, when one runs: ``dump`` needs none.
@@ -266,6 +266,75 @@ def cmd_transform(args) -> int:
     dst = args.output if args.command == "merge" else args.dst
     options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
     return _run_plan(args, plan(sources, dst, options, storage_options=args.storage_options))
+
+
+def _pairs(items: list[str], flag: str, sep: str = "=") -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, eq, value = item.rpartition(sep) if flag in ("--resize",) else item.partition(sep)
+        if not eq or not name:
+            raise CheckpointError(f"{flag} takes NAME{sep}VALUE, not {item!r}")
+        out[name] = value
+    return out
+
+
+def cmd_edit(args) -> int:
+    """``tfckpt edit``: set, fill, scale, add, delete, resize or remap tensors."""
+    from tfckpt.rewrite.editing import Edits, plan_edit
+
+    edits = Edits(
+        set=_pairs(args.set, "--set"),
+        add=_pairs(args.add, "--add"),
+        delete=args.delete,
+        fill=_pairs(args.fill, "--fill"),
+        scale=_pairs(args.scale, "--scale"),
+        resize=_pairs(args.resize, "--resize"),
+        remap_rows=args.remap_rows,
+        old_vocab=args.old_vocab,
+        new_vocab=args.new_vocab,
+        init=args.init,
+        axis=args.axis,
+    )
+    if not any(
+        (
+            args.set,
+            args.add,
+            args.delete,
+            args.fill,
+            args.scale,
+            args.resize,
+            args.remap_rows,
+            args.as_tf1,
+        )
+    ):
+        raise CheckpointError(
+            "edit: nothing to do (give --set, --add, --delete, --fill, "
+            "--scale, --resize or --remap-rows)",
+            path=args.src,
+        )
+    for item in args.add:
+        if not item.partition("=")[2].startswith("@"):
+            raise CheckpointError(f"--add takes NAME=@FILE.npy, not {item!r}")
+    options = Options(
+        chunk_bytes=args.chunk_bytes,
+        durable=args.durable,
+        overwrite=args.overwrite,
+        max_shard_bytes=args.max_shard_bytes,
+    )
+    p = plan_edit(
+        args.src,
+        args.dst,
+        edits,
+        options,
+        in_place=args.in_place,
+        as_tf1=args.as_tf1,
+        storage_options=args.storage_options,
+    )
+    rc = _run_plan(args, p)
+    if not args.dry_run:
+        edited = sum(t.edit is not None for t in p.tensors)
+        emit(f"  {edited} tensors edited or added", err=True)
+    return rc
 
 
 def cmd_graft(args) -> int:

@@ -1,0 +1,541 @@
+"""``tfckpt edit``: a checkpoint with some values set, filled, scaled, added, deleted,
+resized or remapped to a new vocabulary, written through the one engine.
+
+:func:`plan_edit` plans it from the index alone (tensors edited carry an
+:data:`~tfckpt.rewrite.edits.Edit`, read in bounded pieces; the others are copied chunk
+by chunk); :func:`edit` plans and executes. ``in_place`` commits over the source: the
+new data files take a shard count no old file has, the new index replaces the old one
+last, and only then are the old data files removed, so a failure or a kill at any
+moment leaves the old checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tfckpt.errors import CheckpointError
+from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, attribute_tensors
+from tfckpt.format.tf2names import VARIABLE_VALUE
+from tfckpt.io import paths
+from tfckpt.io.storage import StorageOptions
+from tfckpt.rewrite.edits import (
+    Fill,
+    Literal,
+    NpyFile,
+    Rows,
+    Scale,
+    exact_cast,
+    literal_array,
+    open_npy,
+    parse_init,
+)
+from tfckpt.rewrite.engine import Summary, execute
+from tfckpt.rewrite.options import Options
+from tfckpt.rewrite.planner import (
+    destination_storage,
+    finished_plan,
+    open_sources,
+    resolve_destination,
+    source_flat_names,
+)
+from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
+
+# Options edit does not take: it writes each tensor in its own dtype, shape and name.
+_NOT_TAKEN = (
+    *("include", "exclude", "rename", "rename_exact", "cast", "permute", "reshape"),
+    *("squeeze", "split", "concat", "name_map", "dtype_rules", "keep_dtype"),
+)
+
+
+# A TF1 slot's last name part: the optimizer's name (CamelCase), maybe with _N.
+_TF1_SLOT = re.compile(r"[A-Z][A-Za-z0-9]*(_[0-9]+)?")
+
+
+@dataclass
+class Edits:
+    """What to change, as :func:`edit` takes it (see there)."""
+
+    set: Mapping[str, object] = field(default_factory=dict)
+    add: Mapping[str, object] = field(default_factory=dict)
+    delete: Sequence[str] = ()
+    fill: Mapping[str, object] = field(default_factory=dict)
+    scale: Mapping[str, object] = field(default_factory=dict)
+    resize: Mapping[str, object] = field(default_factory=dict)
+    remap_rows: Sequence[str] = ()
+    old_vocab: str | None = None
+    new_vocab: str | None = None
+    init: str = "zeros"
+    axis: int = 0
+
+
+def edit(
+    src,
+    dst=None,
+    *,
+    set: Mapping[str, object] | None = None,  # noqa: A002 - the flag's name
+    add: Mapping[str, object] | None = None,
+    delete: str | Sequence[str] = (),
+    fill: Mapping[str, object] | None = None,
+    scale: Mapping[str, object] | None = None,
+    resize: Mapping[str, object] | None = None,
+    remap_rows: str | Sequence[str] = (),
+    old_vocab: str | None = None,
+    new_vocab: str | None = None,
+    init: str = "zeros",
+    axis: int = 0,
+    in_place: bool = False,
+    as_tf1: bool = False,
+    options: Options | None = None,
+    storage_options: StorageOptions | None = None,
+    progress: Callable[[int], None] | None = None,
+    **changes,
+) -> Summary:
+    """Write ``src`` with some tensors changed to ``dst`` (or over ``src``: ``in_place``).
+
+    - ``set={name: value}``: a literal (a number, ``"true"``, a JSON list, or a numpy
+      array) of the tensor's shape, or ``"@file.npy"``; cast to the tensor's dtype
+      without loss (a decimal literal takes the dtype's nearest value).
+    - ``add={name: "@file.npy" or array}``: a new tensor. A TF2 source refuses it (a new
+      variable needs an object-graph node) unless ``as_tf1``, which writes no object graph.
+    - ``delete=[regex, ...]``: tensors whose name (or TF2 flat name) the regex finds; in
+      a TF2 checkpoint their objects go from the graph, with their optimizer slots.
+    - ``fill={name: "zeros" | "ones" | value}``, ``scale={name: factor}`` (floating point:
+      the product in float64, rounded once to the dtype).
+    - ``resize={regex: rows or "ROWS[:init]"}``: axis ``axis`` cut or grown to ``rows``.
+    - ``remap_rows=[regex, ...]`` with ``old_vocab``, ``new_vocab`` (files, one token a
+      line): indices along ``axis`` reordered by token, new tokens by ``init``, dropped
+      ones removed, as TensorFlow's ``load_and_remap_matrix`` does.
+
+    Resized and remapped variables take their optimizer slots along (TF1 ``VAR/Adam``...,
+    TF2 slot variables), whose new rows are zeros. ``init``: ``zeros``, ``mean`` or
+    ``normal:STD:SEED``. Names are checkpoint keys, or TF2 flat names.
+
+    >>> tfckpt.edit("train/model.ckpt-7", "out/model.ckpt", set={"global_step": "0"})
+    >>> tfckpt.edit("run/ckpt-3", in_place=True, delete=["^dense_2/"])
+    """
+    edits = Edits(
+        set or {},
+        add or {},
+        [delete] if isinstance(delete, str) else list(delete),
+        fill or {},
+        scale or {},
+        resize or {},
+        [remap_rows] if isinstance(remap_rows, str) else list(remap_rows),
+        old_vocab,
+        new_vocab,
+        init,
+        axis,
+    )
+    p = plan_edit(
+        src,
+        dst,
+        edits,
+        options,
+        in_place=in_place,
+        as_tf1=as_tf1,
+        storage_options=storage_options,
+        **changes,
+    )
+    try:
+        return execute(p, progress=progress)
+    finally:
+        p.close()
+
+
+def plan_edit(
+    src,
+    dst,
+    edits: Edits,
+    options: Options | None = None,
+    *,
+    in_place: bool = False,
+    as_tf1: bool = False,
+    storage_options: StorageOptions | None = None,
+    **changes,
+) -> Plan:
+    """The plan of :func:`edit`, from the index alone (``.npy`` headers and vocabularies
+    read too); nothing is written."""
+    options = Options.of(options, **changes)
+    for name in _NOT_TAKEN:
+        if getattr(options, name) not in (None, (), [], {}):
+            raise CheckpointError(f"edit does not take the option {name}")
+    srcs = open_sources([src], storage_options)
+    try:
+        return _plan(srcs, dst, edits, options, in_place, as_tf1, storage_options)
+    except BaseException:
+        srcs[0].ckpt.close()
+        raise
+
+
+def _plan(
+    srcs: list[Source],
+    dst,
+    edits: Edits,
+    options: Options,
+    in_place: bool,
+    as_tf1: bool,
+    storage_options: StorageOptions | None,
+) -> Plan:
+    s = srcs[0]
+    label = s.ckpt.prefix
+    if in_place:
+        if dst is not None:
+            raise CheckpointError("--in-place takes no destination", path=label)
+        store = s.ckpt.storage
+        if not store.isfile(paths.index_filename(label)):
+            raise CheckpointError("--in-place rewrites a V2 checkpoint (prefix.index)", path=label)
+        dst = label
+        options = Options.of(options, overwrite=True)
+    elif dst is None:
+        raise CheckpointError("edit needs a destination, or --in-place", path=label)
+    else:
+        store = destination_storage(dst, srcs, storage_options)
+        dst = resolve_destination(store, dst, srcs, options.overwrite)
+    if as_tf1:
+        s.graph = None
+    ed = _Editor(s, label)
+    dropped = ed.delete(edits.delete)
+    planned = ed.planned()
+    ed.values(planned, edits)
+    ed.rows(planned, edits)
+    planned += ed.added(edits.add)
+    graph = s.graph.serialize() if s.graph is not None else None
+    return finished_plan(srcs, dst, planned, dropped, graph, options, store)
+
+
+def _regexes(patterns: Iterable[str], what: str) -> list[re.Pattern]:
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except (re.error, TypeError) as e:
+            raise CheckpointError(f"bad {what} pattern {p!r}: {e}") from None
+    return out
+
+
+class _Editor:
+    """The edits of one source, applied to its names, graph and planned tensors."""
+
+    def __init__(self, s: Source, label: str):
+        self.s = s
+        self.label = label
+        self.names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+        self.flat = source_flat_names(s) if s.graph is not None else {}
+        self.by_flat = {f: n for n, f in self.flat.items()}
+        self.edited: dict[str, str] = {}  # tensor -> the flag that edits it
+
+    def err(self, message: str, tensor: str | None = None) -> CheckpointError:
+        return CheckpointError(message, path=self.label, tensor=tensor)
+
+    def resolve(self, name: str, what: str) -> str:
+        """The tensor a flag names: a key, or a TF2 flat name."""
+        found = name if name in self.s.ckpt and name != OBJECT_GRAPH_KEY else None
+        found = found or self.by_flat.get(name)
+        if found is None or found not in self.names:
+            raise self.err(f"{what}: no tensor {name!r}")
+        return found
+
+    def matching(self, rx: re.Pattern, names: Iterable[str]) -> list[str]:
+        return [n for n in names if rx.search(n) or (n in self.flat and rx.search(self.flat[n]))]
+
+    def claim(self, name: str, what: str) -> None:
+        if name in self.edited:
+            raise self.err(f"{what} and {self.edited[name]} both edit it", name)
+        self.edited[name] = what
+
+    def delete(self, patterns: Sequence[str]) -> list[tuple[str, str, str]]:
+        """Remove what ``patterns`` find (and, in a TF2 graph, their objects and slots)."""
+        if not patterns:
+            return []
+        gone: dict[str, str] = {}
+        for rx in _regexes(patterns, "--delete"):
+            hits = self.matching(rx, self.names)
+            if not hits:
+                raise self.err(f"--delete {rx.pattern!r}: no tensor matches")
+            for n in hits:
+                gone.setdefault(n, f"deleted (--delete {rx.pattern!r})")
+        g = self.s.graph
+        if g is not None:
+            present = set(self.names)
+            keys = g.checkpoint_keys()
+            of_tensor = {t: k for k in keys for t in attribute_tensors(k, present)}
+            ids = {keys[of_tensor[n]] for n in gone if n in of_tensor}
+            for key in g.drop_nodes(ids):
+                for t in attribute_tensors(key, present):
+                    if t in present:
+                        gone.setdefault(
+                            t, "its object was deleted (a slot, or no longer reachable)"
+                        )
+            missing = g.missing_keys(present - set(gone))
+            if missing:
+                raise self.err(f"deleting leaves the object graph without {missing[0]!r}")
+        self.names = [n for n in self.names if n not in gone]
+        return [(self.label, n, why) for n, why in gone.items()]
+
+    def planned(self) -> list[PlannedTensor]:
+        infos = self.s.ckpt.table(self.names).infos()
+        return [
+            PlannedTensor(0, n, n, infos[n], infos[n].dtype, infos[n].nbytes) for n in self.names
+        ]
+
+    def whole(self, pt: PlannedTensor, what: str) -> np.dtype:
+        """The numpy dtype of ``pt``, which an edit takes whole."""
+        if pt.info.slices:
+            raise self.err(f"{what}: takes whole tensors, not partitioned ones", pt.name)
+        d = _dt.lookup(pt.info.dtype)
+        if d.numpy is None or d is _dt.STRING:
+            raise self.err(f"{what}: takes numeric and bool tensors, not {d.name}", pt.name)
+        return np.dtype(d.numpy)
+
+    def values(self, planned: list[PlannedTensor], edits: Edits) -> None:
+        """``set``, ``fill`` and ``scale`` on the planned tensors they name."""
+        by_name = {pt.name: pt for pt in planned}
+        for flag, given in (("--set", edits.set), ("--fill", edits.fill), ("--scale", edits.scale)):
+            for name, value in given.items():
+                pt = by_name[self.resolve(name, flag)]
+                what = f"{flag} {name}"
+                self.claim(pt.name, flag)
+                self.whole(pt, what)
+                if flag == "--set":
+                    pt.edit = self.set_value(pt, value, what)
+                elif flag == "--fill":
+                    pt.edit = self.fill_value(pt, value, what)
+                else:
+                    pt.edit = self.scale_value(pt, value, what)
+
+    def set_value(self, pt: PlannedTensor, value, what: str):
+        shape = pt.info.shape
+        if isinstance(value, str) and value.startswith("@"):
+            arr = open_npy(value[1:], what)
+            if tuple(arr.shape) != shape:
+                raise self.err(
+                    f"{what}: {value[1:]} holds shape {list(arr.shape)}, the tensor has "
+                    f"{list(shape)}",
+                    pt.name,
+                )
+            return NpyFile(os.fspath(value[1:]))
+        if isinstance(value, str):
+            arr = literal_array(value, pt.info.dtype, what, self.label, pt.name)
+        else:
+            target = np.dtype(_dt.lookup(pt.info.dtype).array_dtype)
+            arr = exact_cast(np.asarray(value), target, what, self.label, pt.name)
+        if arr.shape != shape:
+            raise self.err(
+                f"{what}: the value has shape {list(arr.shape)}, the tensor {list(shape)}", pt.name
+            )
+        return Literal(np.ascontiguousarray(arr).tobytes())
+
+    def fill_value(self, pt: PlannedTensor, value, what: str) -> Fill:
+        text = {"zeros": "0", "ones": "1"}.get(str(value), str(value))
+        if pt.info.dtype == "bool":
+            text = {"0": "false", "1": "true"}.get(text, text)
+        arr = literal_array(
+            text.lower() if text in ("True", "False") else text,
+            pt.info.dtype,
+            what,
+            self.label,
+            pt.name,
+        )
+        if arr.shape != ():
+            raise self.err(f"{what}: fills with zeros, ones or one number, not {value!r}", pt.name)
+        return Fill(arr[()])
+
+    def scale_value(self, pt: PlannedTensor, value, what: str) -> Scale:
+        if not _dt.lookup(pt.info.dtype).is_floating:
+            raise self.err(f"{what}: scales floating-point tensors, not {pt.info.dtype}", pt.name)
+        try:
+            factor = float(value)  # type: ignore[arg-type,unused-ignore]
+        except (TypeError, ValueError):
+            raise self.err(f"{what}: the factor {value!r} is not a number", pt.name) from None
+        if not math.isfinite(factor):
+            raise self.err(f"{what}: the factor must be finite", pt.name)
+        return Scale(factor)
+
+    def rows(self, planned: list[PlannedTensor], edits: Edits) -> None:
+        """``resize`` and ``remap_rows``: each variable matched, and its slots."""
+        by_name = {pt.name: pt for pt in planned}
+        jobs: list[tuple[str, re.Pattern, Callable[[int], np.ndarray], str]] = []
+        for pattern, spec in edits.resize.items():
+            rows_text, _, init = str(spec).partition(":")
+            what = f"--resize {pattern}"
+            if not rows_text.isdigit():
+                raise self.err(f"{what}: takes REGEX=ROWS[:init], not ROWS {rows_text!r}")
+            rx = _regexes([pattern], "--resize")[0]
+            jobs.append((what, rx, _resizer(int(rows_text)), init or edits.init))
+        if edits.remap_rows:
+            if edits.old_vocab is None or edits.new_vocab is None:
+                raise self.err("--remap-rows needs --old-vocab and --new-vocab")
+            old_vocab = read_vocab(edits.old_vocab)
+            mapping = vocab_remapping(old_vocab, read_vocab(edits.new_vocab))
+            for rx in _regexes(edits.remap_rows, "--remap-rows"):
+                what = f"--remap-rows {rx.pattern}"
+                jobs.append(
+                    (
+                        what,
+                        rx,
+                        _checked_vocab(old_vocab, mapping, edits.old_vocab, what),
+                        edits.init,
+                    )
+                )
+        for what, rx, rows_for, init_text in jobs:
+            init, std, seed = parse_init(init_text, what)
+            hits = [n for n in self.matching(rx, by_name) if n not in self.slots_index()]
+            if not hits:
+                raise self.err(f"{what}: no variable matches")
+            for hit in hits:
+                pt = by_name[hit]
+                axis = self.axis(pt, edits.axis, what)
+                rows = rows_for(pt.info.shape[axis])
+                self.remap(pt, Rows(axis, rows, init, std, seed), what, init)
+                for slot in self.slots(pt):
+                    self.remap(by_name[slot], Rows(axis, rows), f"{what} (slot of {hit})", "zeros")
+
+    def axis(self, pt: PlannedTensor, axis: int, what: str) -> int:
+        shape = pt.info.shape
+        if not -len(shape) <= axis < len(shape):
+            raise self.err(f"{what}: axis {axis} is not one of shape {list(shape)}", pt.name)
+        return axis % len(shape)
+
+    def remap(self, pt: PlannedTensor, rows: Rows, what: str, init: str) -> None:
+        dtype = self.whole(pt, what)
+        self.claim(pt.name, what)
+        if init != "zeros" and not _dt.lookup(pt.info.dtype).is_floating:
+            raise self.err(f"{what}: init {init} takes floating-point tensors", pt.name)
+        shape = list(pt.info.shape)
+        shape[rows.axis] = len(rows.rows)
+        pt.edit = rows
+        pt.shape = tuple(shape)
+        pt.bytes_out = math.prod(shape) * dtype.itemsize
+
+    def slots_index(self) -> set[str]:
+        """Every tensor that is some variable's optimizer slot."""
+        if not hasattr(self, "_slot_set"):
+            self._slot_set = {t for n in self.names for t in self.slots_of_name(n)}
+        return self._slot_set
+
+    def slots(self, pt: PlannedTensor) -> list[str]:
+        return [t for t in self.slots_of_name(pt.name) if t != pt.name]
+
+    def slots_of_name(self, name: str) -> list[str]:
+        """The optimizer slots of variable ``name``: TF2 slot variables of its node; in a
+        TF1 checkpoint the tensors ``NAME/SLOT`` of its shape, SLOT named as TF1 optimizers
+        name them (``Adam``, ``Adam_1``, ``Momentum``, ``RMSProp_1``: capitalised, where
+        a variable's own children are ``kernel``, ``bias``...)."""
+        g = self.s.graph
+        if g is None:
+            if not hasattr(self, "_shapes"):
+                self._shapes = {
+                    n: i.shape for n, i in self.s.ckpt.table(self.names).infos().items()
+                }
+            shape = self._shapes.get(name)
+            return [
+                n
+                for n in self.names
+                if n.startswith(name + "/")
+                and _TF1_SLOT.fullmatch(n[len(name) + 1 :])
+                and self._shapes[n] == shape
+            ]
+        keys = g.checkpoint_keys()
+        node = keys.get(name)
+        if node is None:
+            return []
+        out = []
+        for _, slot in g.slot_variables_of(node):
+            for a in g.nodes[slot].attributes:
+                if a.name == VARIABLE_VALUE and a.checkpoint_key in self.s.ckpt:
+                    out.append(a.checkpoint_key)
+        return out
+
+    def added(self, add: Mapping[str, object]) -> list[PlannedTensor]:
+        """New tensors: ``add``'s, from ``.npy`` files or arrays."""
+        out = []
+        for name, value in add.items():
+            what = f"--add {name}"
+            if self.s.graph is not None:
+                raise self.err(
+                    f"{what}: a new variable of a TF2 checkpoint needs an object-graph node; "
+                    "write a TF1 checkpoint with --as-tf1 (as_tf1=True)"
+                )
+            if not isinstance(name, str) or not name or name == OBJECT_GRAPH_KEY:
+                raise self.err(f"--add: {name!r} is not a tensor name")
+            if name in self.names:
+                raise self.err(f"{what}: the tensor exists (use --set)", name)
+            if isinstance(value, str):
+                path = value[1:] if value.startswith("@") else value
+                arr = open_npy(path, what)
+                edit: object = NpyFile(os.fspath(path))
+            else:
+                arr = np.ascontiguousarray(np.asarray(value))
+                edit = Literal(arr.tobytes())
+            try:
+                dtype = _dt.lookup(arr.dtype)
+            except ValueError:
+                raise self.err(f"{what}: no TensorFlow dtype for {arr.dtype}", name) from None
+            shape = tuple(int(n) for n in arr.shape)
+            nbytes = math.prod(shape) * dtype.fixed_itemsize
+            info = TensorInfo(name, dtype.name, shape, nbytes, 0, 0, None)
+            out.append(PlannedTensor(0, name, name, info, dtype.name, nbytes, edit=edit))
+        return out
+
+
+def _resizer(n: int) -> Callable[[int], np.ndarray]:
+    """The rows of a resize to ``n``: the first ``n`` old ones, then new ones."""
+
+    def rows_for(old: int) -> np.ndarray:
+        rows = np.arange(n, dtype=np.int64)
+        rows[old:] = -1
+        return rows
+
+    return rows_for
+
+
+def _checked_vocab(old_vocab: list[str], mapping: np.ndarray, path: str, what: str):
+    def rows_for(old: int) -> np.ndarray:
+        if old != len(old_vocab):
+            raise CheckpointError(
+                f"{what}: the old vocabulary has {len(old_vocab)} tokens, the tensor {old} rows",
+                path=path,
+            )
+        return mapping
+
+    return rows_for
+
+
+def read_vocab(path: str) -> list[str]:
+    """The tokens of a vocabulary file, one a line (as TensorFlow's vocabulary readers
+    take them: the line without its newline); a token twice is an error."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read the vocabulary: {e.strerror or e}", path=path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError("the vocabulary is not UTF-8", path=path) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    seen: dict[str, int] = {}
+    for i, tok in enumerate(lines):
+        if tok in seen:
+            raise CheckpointError(
+                f"token {tok!r} is on lines {seen[tok] + 1} and {i + 1}", path=path
+            )
+        seen[tok] = i
+    return lines
+
+
+def vocab_remapping(old: list[str], new: list[str]) -> np.ndarray:
+    """For each token of ``new``, its index in ``old``, or -1 (TensorFlow's
+    ``generate_vocab_remapping``)."""
+    index = {tok: i for i, tok in enumerate(old)}
+    return np.array([index.get(tok, -1) for tok in new], dtype=np.int64)
