@@ -5,6 +5,7 @@ and prints what it returns, through :mod:`tfckpt.cli.display` (or as JSON).
 - :mod:`~tfckpt.cli.commands.transform`: convert, rename, select, merge, graft, flatten,
   average, export, import
 - :mod:`~tfckpt.cli.commands.matching`: match
+- :mod:`~tfckpt.cli.commands.directories`: ls, prune, cp, mv
 
 Each command's parser (:mod:`tfckpt.cli.parsers`) names its function as
 ``args.func = "MODULE.FUNCTION"``.
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         from tfckpt.cli.commands import transform as commands  # type: ignore[no-redef]
     elif module == "matching":
         from tfckpt.cli.commands import matching as commands  # type: ignore[no-redef]
+    elif module == "directories":
+        from tfckpt.cli.commands import directories as commands  # type: ignore[no-redef]
     else:
         raise AssertionError(args.func)
     return getattr(commands, function)(args)
