@@ -385,7 +385,7 @@ def _transfer(src, dst, overwrite: bool, storage_options, move: bool) -> dict:
         if not source.checkpoints:
             raise CheckpointNotFoundError("no checkpoint in directory", path=src)
         wanted = source.checkpoints
-        target_dir = dst_store.dir_path(dst.rstrip("/") if not dst_store.local else dst)
+        target_dir = dst_store.dir_path(dst)
         run = True
     else:
         prefix = src[: -len(".index")] if src.endswith(".index") else src
@@ -497,14 +497,14 @@ def _copied_state(source: Scan, store: Storage, directory: str):
     latest = None
     for i, entry in enumerate([*entries, latest_entry]):
         name = _entry_name(src_store, source.directory, entry) if entry else None
-        local = store.local and src_store.local
-        if name is None and local:
-            new = entry  # a checkpoint elsewhere on this machine: still there, still named
+        same = src_store.same_file_system(store)
+        if name is None and same:
+            new = entry  # a checkpoint elsewhere on this storage: still there, still named
         elif name is None or source.by_name(name) is None:
             if entry and entry not in dropped:
                 dropped.append(entry)
             continue
-        elif local and src_store.isabs(entry):
+        elif same and src_store.isabs(entry):
             new = store.join(store.realpath(directory), name)  # into the copy, absolute
         else:
             new = name  # relative to the state file, as CheckpointManager writes them
@@ -555,5 +555,5 @@ def _delete_source(source: Scan, moved: list[Stored], run: bool) -> None:
             )
     for c in moved:
         _delete_checkpoint(store, c)
-    if run and store.local:
+    if run:
         store.remove_dirs([source.directory])  # only if nothing else is left in it

@@ -156,7 +156,7 @@ def relative_name(store: Storage, directory: str, prefix: str) -> str:
 
 def same_place(a: Storage, pa: str, b: Storage, pb: str) -> bool:
     """Whether two paths are the same file or directory."""
-    if a.local != b.local or (not a.local and a != b):
+    if not a.same_file_system(b):
         return False
     return a.realpath(pa) == b.realpath(pb)
 

@@ -327,6 +327,11 @@ class Storage:
     def remove(self, path: str) -> None:
         os.unlink(path)
 
+    def same_file_system(self, other: Storage) -> bool:
+        """Whether a path of ``other`` names a file of this storage (both local, or one
+        object store): then a path written on one means the same on the other."""
+        return other.local
+
     def stat(self, path: str) -> tuple[int, float]:
         """(size in bytes, modification time in seconds since the epoch) of a file."""
         st = os.stat(path)
@@ -683,6 +688,9 @@ class RemoteStorage(Storage):
             self._strip(dst),
             error=CheckpointWriteError,
         )
+
+    def same_file_system(self, other: Storage) -> bool:
+        return self == other
 
     def stat(self, path: str) -> tuple[int, float]:
         """(size, modification time): an object's size and its ``LastModified``."""
