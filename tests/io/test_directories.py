@@ -486,3 +486,39 @@ def test_cp_and_mv_through_s3(s3, tf2_run, tmp_path):
     left = s3.files("runs/fail")
     assert "ckpt-2.index" not in left and "checkpoint" not in left
     assert len(s3.proxy.requests("PUT", "ckpt-2.index")) == 2  # one retry, then gave up
+
+
+def test_prune_on_s3_with_failing_requests(s3, tf2_run, tmp_path):
+    url = f"{s3.url}/runs/prune"
+    directories.copy(str(tf2_run), url)
+    before = s3.files("runs/prune")
+    # the state file cannot be stored: nothing is deleted
+    s3.proxy.rules.append(on("PUT", "/checkpoint", 500))
+    ch.assert_cli_error(
+        ch.in_process("prune", url, "--keep-last", "2"), "/checkpoint: writing failed"
+    )
+    assert s3.files("runs/prune") == before
+    s3.proxy.reset()
+    # a delete fails: the new state file names only what is there, kept files are whole
+    s3.proxy.rules.append(on("DELETE", "ckpt-2.index", 500))
+    ch.assert_cli_error(ch.in_process("prune", url, "--keep-last", "2"), "ckpt-2.index")
+    s3.proxy.reset()
+    data = directories.ls(url)
+    assert data["missing"] == [] and data["latest"] == f"ckpt-{TF2_STEPS}"
+    listed = [c["name"] for c in data["checkpoints"] if c["in_state_file"]]
+    assert listed == [f"ckpt-{TF2_STEPS - 1}", f"ckpt-{TF2_STEPS}"]
+    after = s3.files("runs/prune")
+    for s in (TF2_STEPS - 1, TF2_STEPS):
+        for f in (f"ckpt-{s}.index", f"ckpt-{s}.data-00000-of-00001"):
+            assert after[f] == before[f]
+    assert ch.in_process("prune", url, "--keep-last", "2")[0] == 0
+    assert sorted(s3.files("runs/prune")) == sorted(
+        ["checkpoint"]
+        + [f"ckpt-{s}{x}" for s in (5, 6) for x in (".index", ".data-00000-of-00001")]
+    )
+    back = tmp_path / "back"
+    directories.copy(url, str(back))
+    manager, _ = _manager(back, max_to_keep=2)
+    assert manager.checkpoints == [str(back / "ckpt-5"), str(back / "ckpt-6")]
+    for s in (5, 6):
+        _restores_tf2(str(back / f"ckpt-{s}"), s)
