@@ -46,6 +46,18 @@ def tf2_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tf2_other(tmp_path_factory):
+    """Another run of the same checkpoint names, other values (``_tf2_value(step) + 100``)."""
+    root = tmp_path_factory.mktemp("tf2_other") / "run"
+    v = tf.Variable(np.zeros(4, np.float32))
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(root), max_to_keep=None)
+    for step in range(1, TF2_STEPS + 1):
+        v.assign(_tf2_value(step) + 100)
+        manager.save(checkpoint_number=step)
+    return root
+
+
+@pytest.fixture(scope="module")
 def tf1_run(tmp_path_factory):
     """A TF1 Saver(max_to_keep=4) saving at steps 100 ... 700 (absolute paths in its
     state file, a .meta beside each checkpoint): model.ckpt-400 ... -700 are left."""
@@ -450,6 +462,52 @@ def test_sigkill_during_mv_loses_nothing(tf2_run, tmp_path):
         assert rc == -signal.SIGKILL, rc
     # killed while copying, while publishing, and while deleting the source
     assert n > TF2_STEPS * 3, n
+
+
+def _tf2_restored(prefix: str) -> np.ndarray:
+    v = tf.Variable(np.zeros(4, np.float32))
+    tf.train.Checkpoint(v=v).restore(prefix).assert_consumed()
+    return v.numpy()
+
+
+def test_overwrite_replaces_each_checkpoint_in_one_step(tf2_run, tf2_other, tmp_path):
+    """SIGKILL at the file operations of `cp --overwrite`: each checkpoint restores, whole,
+    with its old values or its new ones; the state file names what is there."""
+    dst = _copy(tf2_other, tmp_path, "dst")
+    ch.assert_cli_error(ch.in_process("cp", tf2_run, dst), "--overwrite", "ckpt-1")
+    ch.assert_cli_error(ch.in_process("cp", tf2_run / "ckpt-2", dst / "ckpt-2"), "--overwrite")
+    outcomes = []
+    for n in [*range(1, 14), *range(18, 42, 6), 0]:  # 0: not killed
+        run = _copy(tf2_other, tmp_path, f"dst{n}")
+        rc = _killed_at(n, "cp", tf2_run, run, "--overwrite")
+        outcomes.append(rc)
+        for s in range(1, TF2_STEPS + 1):
+            assert not tfckpt.inspection.verify(str(run / f"ckpt-{s}"))["problems"], (n, s)
+            got = _tf2_restored(str(run / f"ckpt-{s}"))
+            new, old = _tf2_value(s), _tf2_value(s) + 100
+            assert np.array_equal(got, new) or np.array_equal(got, old), (n, s, got)
+        _state_names_exist(run)
+    assert outcomes[-1] == 0 and outcomes.count(-signal.SIGKILL) == len(outcomes) - 1
+    data = directories.ls(str(run))
+    assert data["orphans"] == [] and len(data["checkpoints"]) == TF2_STEPS
+    for s in range(1, TF2_STEPS + 1):  # one empty extra shard: new names, old data gone
+        assert sorted(p.name for p in run.glob(f"ckpt-{s}.*")) == [
+            f"ckpt-{s}.data-00000-of-00002",
+            f"ckpt-{s}.data-00001-of-00002",
+            f"ckpt-{s}.index",
+        ]
+        assert (run / f"ckpt-{s}.data-00001-of-00002").stat().st_size == 0
+        _restores_tf2(str(run / f"ckpt-{s}"), s)
+    assert tf.train.latest_checkpoint(str(run)) == str(run / f"ckpt-{TF2_STEPS}")
+    # the same again: back to one shard, the two-shard files gone
+    copy = _copy(tf2_run, tmp_path, "again")
+    assert ch.in_process("mv", copy / "ckpt-3", run / "ckpt-3", "--overwrite")[0] == 0
+    assert sorted(p.name for p in run.glob("ckpt-3.*")) == [
+        "ckpt-3.data-00000-of-00001",
+        "ckpt-3.index",
+    ]
+    _restores_tf2(str(run / "ckpt-3"), 3)
+    assert not (copy / "ckpt-3.index").exists()
 
 
 # ---------------------------------------------------------------- object stores

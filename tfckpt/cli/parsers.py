@@ -549,7 +549,9 @@ def _add_transfer(sub: Subparsers, name: str, help: str, description: str) -> No
         "dst", metavar="DST", help="the new prefix, or a directory (for a run: its new directory)"
     )
     p.add_argument(
-        "--overwrite", action="store_true", help="replace a destination (not supported yet)"
+        "--overwrite",
+        action="store_true",
+        help="replace checkpoints (and the state file) there, each in one step",
     )
     opt.add_json(p)
     p.set_defaults(func=f"directories.cmd_{name}")

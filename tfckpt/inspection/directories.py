@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
+from tfckpt.io import commit as commit_files
 from tfckpt.io import directories as dirs
 from tfckpt.io import paths
 from tfckpt.io.commit import Commit
@@ -353,7 +354,9 @@ def copy(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     a run's state file comes after them, each entry naming the copy as the source's
     named the original: relative names stay relative, absolute ones into ``src`` point
     into ``dst`` (an object store gets relative ones). A checkpoint already at the
-    destination is an error unless ``overwrite`` (not supported yet). Returns
+    destination is an error unless ``overwrite``: then each checkpoint there is replaced in
+    one step (its new data under names the old index does not use, then the index), its
+    old data deleted after, and the state file replaced last. Returns
     ``{"src", "dst", "checkpoints": [{"src", "dst", "bytes"}], "state_file", "dropped"}``.
 
     >>> tfckpt.inspection.copy("train", "s3://bucket/runs/train")["checkpoints"][-1]["dst"]
@@ -375,8 +378,6 @@ def move(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
 
 
 def _transfer(src, dst, overwrite: bool, storage_options, move: bool) -> dict:
-    if overwrite:
-        raise CheckpointError("overwrite is not supported yet: remove the destination first")
     src, dst = normalize(src), normalize(dst)
     src_store = storage_for(src, storage_options)
     dst_store = storage_for(dst, storage_options)
@@ -409,14 +410,11 @@ def _transfer(src, dst, overwrite: bool, storage_options, move: bool) -> dict:
         raise CheckpointError("the destination is the source", path=dst)
     if run and src_store == dst_store and dirs.is_inside(src_store, source.directory, target_dir):
         raise CheckpointError("the destination is inside the source directory", path=dst)
-    plan = []
-    for c in wanted:
-        name = c.name if run else new_name
-        plan.append((c, name, _target_files(dst_store, target_dir, c, name)))
-    _refuse_existing(dst_store, target_dir, plan, run)
+    plan = [(c, c.name if run else new_name) for c in wanted]
+    _refuse_existing(dst_store, target_dir, plan, run, overwrite)
     copied = []
-    for c, name, targets in plan:
-        nbytes = _copy_checkpoint(src_store, c, dst_store, targets)
+    for c, name in plan:
+        nbytes = _copy_checkpoint(src_store, c, dst_store, target_dir, name, overwrite)
         copied.append({"src": c.prefix, "dst": dst_store.join(target_dir, name), "bytes": nbytes})
     state, dropped = (None, [])
     if run and source.state is not None:
@@ -436,50 +434,98 @@ def _transfer(src, dst, overwrite: bool, storage_options, move: bool) -> dict:
     return result
 
 
-def _target_files(store: Storage, directory: str, c: Stored, name: str) -> list[str]:
-    """The copy's file names: each source file's, its checkpoint's name replaced."""
-    out = []
-    for f in c.files:
-        base = re.split(r"[/\\]", f)[-1]
-        out.append(store.join(directory, name + base[len(c.name) :]))
-    return out
-
-
-def _refuse_existing(store: Storage, directory: str, plan, run: bool) -> None:
-    for _, name, targets in plan:
+def _refuse_existing(store: Storage, directory: str, plan, run: bool, overwrite: bool) -> None:
+    """A checkpoint or state file at the destination is refused without ``overwrite``; a
+    V1 checkpoint (files replaced one by one, not at once) even with it."""
+    for c, name in plan:
         prefix = store.join(directory, name)
-        if paths.checkpoint_exists(store, prefix) or any(store.exists(t) for t in targets):
+        targets = [_renamed(store, directory, c, name, f) for f in c.files]
+        taken = paths.checkpoint_exists(store, prefix) or any(store.exists(t) for t in targets)
+        if taken and not overwrite:
             raise CheckpointWriteError(
-                "a checkpoint of this name exists at the destination (remove it first)",
+                "a checkpoint of this name exists at the destination (pass --overwrite "
+                "to replace it)",
                 path=prefix,
             )
-    if run and store.exists(store.join(directory, paths.STATE_FILENAME)):
+        if taken and (c.format == "V1" or store.isfile(prefix)):
+            raise CheckpointWriteError(
+                "cannot replace a V1 checkpoint in one step: remove the destination first",
+                path=prefix,
+            )
+    state = store.join(directory, paths.STATE_FILENAME)
+    if run and not overwrite and store.exists(state):
         raise CheckpointWriteError(
-            "the destination has a state file already (remove it first)",
-            path=store.join(directory, paths.STATE_FILENAME),
+            "the destination has a state file already (pass --overwrite to replace it)",
+            path=state,
         )
 
 
-def _copy_checkpoint(src_store: Storage, c: Stored, dst_store: Storage, targets: list[str]):
-    """Copy a checkpoint's files through one :class:`Commit`: every file under a temporary
-    name (locally) and moved into place, the last one (the index) last."""
-    commit = Commit(dst_store, targets[-1], overwrite=False, what="a checkpoint")
+def _copy_checkpoint(
+    src_store: Storage, c: Stored, dst_store: Storage, directory: str, name: str, overwrite: bool
+) -> int:
+    """Copy a checkpoint's files to ``name`` in ``directory`` through one :class:`Commit`:
+    every file under a temporary name (locally) and moved into place, the index last; the
+    bytes copied (index and data).
+
+    Over a checkpoint there (``overwrite``), the data goes under a shard count no file of
+    that prefix has (the index's header says so, and the extra shards are empty), so the
+    old checkpoint stays whole until the new index replaces its own in one step; its data
+    is deleted after.
+    """
+    prefix = dst_store.join(directory, name)
+    copies = [(f, _renamed(dst_store, directory, c, name, f)) for f in c.files[:-1]]
+    last = _renamed(dst_store, directory, c, name, c.files[-1])
+    old = commit_files.data_files(dst_store, prefix) if overwrite else []
+    index, extra = None, []
+    if c.format == "V2":  # an index is small: stored in one request on an object store
+        index = src_store.read_bytes(c.files[-1])
+        count = dirs.index_shards(index, c.files[-1])
+        copies = [(f, t) for f, t in copies if _shard_count(f) in (None, count)]
+        fresh = commit_files.free_shard_count(old, count)
+        if fresh != count:
+            index = dirs.reheadered(index, c.files[-1], fresh)
+            copies = [(f, _recounted(t, fresh)) for f, t in copies]
+            extra = [paths.data_filename(prefix, k, fresh) for k in range(count, fresh)]
+    commit = Commit(dst_store, last, overwrite=overwrite, what="a checkpoint")
     total = 0
     try:
-        commit.make_directory(dst_store.dirname(targets[-1]) or ".")
-        for f, final in zip(c.files[:-1], targets[:-1]):
-            total += dirs.copy_file(src_store, f, dst_store, commit.new_file(final))
-        if c.format == "V2":  # an index is small: stored in one request on an object store
-            data = src_store.read_bytes(c.files[-1])
-            commit.write_last(data)
-            total += len(data)
+        commit.make_directory(directory)
+        for f, final in copies:
+            n = dirs.copy_file(src_store, f, dst_store, commit.new_file(final))
+            total += 0 if f.endswith(".meta") else n
+        for final in extra:
+            dst_store.write_new(commit.new_file(final), b"")
+        if index is not None:
+            commit.write_last(index)
+            total += len(index)
         else:
             total += dirs.copy_file(src_store, c.files[-1], dst_store, commit.last_file())
-        commit.publish()
+        commit.publish(replace_data=overwrite)
+    except OSError as e:
+        commit.discard()
+        raise CheckpointWriteError(f"cannot copy: {e.strerror or e}", path=prefix) from None
     except BaseException:
         commit.discard()
         raise
-    return total - sum(src_store.stat(f)[0] for f in c.files if f.endswith(".meta"))
+    kept = {t for _, t in copies} | set(extra)
+    commit.remove_replaced([f for f in old if f not in kept])
+    return total
+
+
+def _renamed(store: Storage, directory: str, c: Stored, name: str, path: str) -> str:
+    """Where a file of checkpoint ``c`` goes as a file of checkpoint ``name``."""
+    base = re.split(r"[/\\]", path)[-1]
+    return store.join(directory, name + base[len(c.name) :])
+
+
+def _shard_count(path: str) -> int | None:
+    parsed = paths.parse_data_filename(path)
+    return None if parsed is None else parsed[2]
+
+
+def _recounted(path: str, count: int) -> str:
+    parsed = paths.parse_data_filename(path)
+    return path if parsed is None else paths.data_filename(parsed[0], parsed[1], count)
 
 
 def _copied_state(source: Scan, store: Storage, directory: str):

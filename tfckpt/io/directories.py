@@ -8,6 +8,7 @@ every operation here goes through the :class:`~tfckpt.io.storage.Storage` it is 
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -15,7 +16,10 @@ from collections.abc import Sequence
 from google.protobuf.text_format import MessageToString
 
 from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
+from tfckpt._proto.tensor_bundle_pb2 import BundleHeaderProto
 from tfckpt.errors import CheckpointError, CheckpointWriteError
+from tfckpt.format.bundle import HEADER_KEY, decode_header
+from tfckpt.format.table import TableBuilder, TableReader
 from tfckpt.io import paths
 from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, temporary_base
@@ -166,3 +170,25 @@ def is_inside(store: Storage, directory: str, path: str) -> bool:
     d = store.realpath(directory).rstrip("/" + os.sep)
     p = store.realpath(path)
     return p == d or p.startswith(d + store.sep) or p.startswith(d + "/")
+
+
+def index_shards(index: bytes, path: str) -> int:
+    """The shard count the header of the index table ``index`` (read from ``path``) declares."""
+    raw = dict(TableReader(index, path).entries).get(HEADER_KEY)
+    return decode_header(raw, path).num_shards
+
+
+def reheadered(index: bytes, path: str, num_shards: int) -> bytes:
+    """The index table ``index`` with its header declaring ``num_shards`` data shards, every
+    entry (and the rest of the header) as it was: the shards past the old count are to
+    be empty, which TensorFlow reads as any checkpoint."""
+    buf = io.BytesIO()
+    table = TableBuilder(buf)
+    for key, value in TableReader(index, path).entries:
+        if key == HEADER_KEY:
+            header = BundleHeaderProto.FromString(value)
+            header.num_shards = num_shards
+            value = header.SerializeToString()
+        table.add(key, value)
+    table.finish()
+    return buf.getvalue()
