@@ -460,6 +460,14 @@ def test_sigkill_during_mv_loses_nothing(tf2_run, tmp_path):
         if rc == 0:
             break
         assert rc == -signal.SIGKILL, rc
+        if any(src.glob("*.index")):  # `mv --overwrite` again finishes the move
+            assert ch.in_process("mv", src, dst, "--overwrite")[0] == 0, n
+        # at most the data shard a kill between its index and it left
+        assert [p.name for p in src.glob("*") if ".data-" not in p.name] == [], n
+        manager, _ = _manager(dst, max_to_keep=TF2_STEPS)
+        assert manager.checkpoints == [str(dst / f"ckpt-{s}") for s in range(1, TF2_STEPS + 1)]
+        for step in range(1, TF2_STEPS + 1):
+            _restores_tf2(str(dst / f"ckpt-{step}"), step)
     # killed while copying, while publishing, and while deleting the source
     assert n > TF2_STEPS * 3, n
 

@@ -13,7 +13,8 @@ two steps: ``prune`` writes the new state file (naming only checkpoints kept) be
 deletes anything, and deletes a checkpoint's index before its data; ``copy`` commits
 each checkpoint as any output is committed (data first, the index last) and the state
 file after the checkpoints it names; ``move`` copies, verifies every copy's checksums,
-and only then deletes the source.
+and only then deletes the source. (About 600 lines: the scan, the verbs and the order of
+their changes stay in one place, where that order can be checked.)
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import stale_temporaries
 
 # --- scanning -------------------------------------------------------------------
+
+DATA_WITHOUT_INDEX = "data shard without an index"
 
 
 @dataclass
@@ -122,7 +125,7 @@ def scan(store: Storage, directory: str) -> Scan:
         elif g["v1"]:
             files, fmt, shards = [*g["meta"], *g["v1"]], "V1", len(g["v1"])
         else:
-            kind = "data shard without an index"
+            kind = DATA_WITHOUT_INDEX
             orphans += [(join(directory, n), kind) for n in g["data"]]
             continue
         full = [join(directory, f) for f in files]
@@ -197,7 +200,7 @@ def ls(directory, *, storage_options: StorageOptions | None = None) -> dict:
     "missing": [state-file entries naming no checkpoint], "elsewhere": [entries naming
     checkpoints outside the directory]}``; checkpoints oldest step first.
 
-    >>> [c["step"] for c in tfckpt.inspection.ls("train")["checkpoints"]]
+    >>> [c["step"] for c in ls("train")["checkpoints"]]
     [3, 4, 5]
     """
     directory = normalize(directory)
@@ -262,7 +265,7 @@ def prune(
     "orphans": [{"path", "kind"}], "state_file": {"latest", "checkpoints"} | None,
     "dry_run"}``.
 
-    >>> tfckpt.inspection.prune("train", keep_last=3, keep_every_steps=10000)["kept"]
+    >>> prune("train", keep_last=3, keep_every_steps=10000)["kept"]
     ['model.ckpt-10000', 'model.ckpt-20000', 'model.ckpt-24000', ...]
     """
     if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
@@ -329,7 +332,7 @@ def _manager_state(
     # saved at or before this time: it must stay below the listed ones'.
     if not last or last >= min(times):
         last = min(times) - 1.0
-    names = [dirs.relative_name(s.store, s.directory, c.prefix) for c in recent]
+    names = [dirs.relative_name(s.store, c.prefix) for c in recent]
     return names[-1], names, times, last
 
 
@@ -351,15 +354,15 @@ def copy(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     A checkpoint goes to the prefix ``dst``, or into ``dst`` under its own name when
     ``dst`` is an existing directory (or ends with ``/``); a run into the directory
     ``dst``. Each checkpoint is committed as any output is (data first, the index last);
-    a run's state file comes after them, each entry naming the copy as the source's
-    named the original: relative names stay relative, absolute ones into ``src`` point
-    into ``dst`` (an object store gets relative ones). A checkpoint already at the
-    destination is an error unless ``overwrite``: then each checkpoint there is replaced in
-    one step (its new data under names the old index does not use, then the index), its
-    old data deleted after, and the state file replaced last. Returns
-    ``{"src", "dst", "checkpoints": [{"src", "dst", "bytes"}], "state_file", "dropped"}``.
+    a run's state file comes after them, naming the copies as the source's named the
+    originals: relative names stay relative, absolute ones into ``src`` point into
+    ``dst`` when both are on one storage. Something already at the destination is an
+    error unless ``overwrite``: then each checkpoint there is replaced in one step (new
+    data under names its old index does not use, then the index), and the state file
+    last. Returns ``{"src", "dst", "checkpoints": [{"src", "dst", "bytes"}],
+    "state_file", "dropped"}``.
 
-    >>> tfckpt.inspection.copy("train", "s3://bucket/runs/train")["checkpoints"][-1]["dst"]
+    >>> copy("train", "s3://bucket/runs/train")["checkpoints"][-1]["dst"]
     's3://bucket/runs/train/ckpt-5'
     """
     return _transfer(src, dst, overwrite, storage_options, move=False)
@@ -372,7 +375,8 @@ def move(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     checkpoint's index, then its data. Any failure before the deletion leaves the source
     as it was. Returns what :func:`copy` returns.
 
-    >>> tfckpt.inspection.move("scratch/run7", "s3://bucket/runs/run7")
+    >>> move("scratch/run7", "s3://bucket/runs/run7")["dst"]
+    's3://bucket/runs/run7'
     """
     return _transfer(src, dst, overwrite, storage_options, move=True)
 
@@ -582,24 +586,28 @@ def _verify_copies(copied: list[dict], store: Storage) -> None:
 
 
 def _delete_source(source: Scan, moved: list[Stored], run: bool) -> None:
+    """The source of a move deleted: the state file first (a run's), or the moved
+    checkpoint's entry taken out of it; then each checkpoint, its index first."""
     store = source.store
     names = {c.name for c in moved}
-    if source.state is not None:
-        left = [c for c in source.checkpoints if c.name not in names and c.name in source.listed]
+    left = [c for c in source.checkpoints if c.name not in names and c.name in source.listed]
+    if source.state is not None and (run or names & source.listed.keys()):
         if run or not left:
-            if run or any(n in source.listed for n in names):
-                dirs.remove_state_file(store, source.directory)
-        elif any(n in source.listed for n in names):
-            kept = left[-1] if source.latest in names else source.by_name(source.latest or "")
-            latest = (kept or left[-1]).name
-            order = [c.name for c in left if c.name != latest] + [latest]
-            times = [source.listed.get(c.name) or c.mtime for c in left if c.name != latest]
-            times.append(source.listed.get(latest) or (kept or left[-1]).mtime)
-            last = source.state.last_preserved_timestamp
-            dirs.replace_state_file(
-                store, source.directory, dirs.state_bytes(latest, order, times, last)
+            dirs.remove_state_file(store, source.directory)
+        else:
+            latest = source.latest if source.latest in {c.name for c in left} else left[-1].name
+            order = sorted(left, key=lambda c: c.name == latest)  # the latest last
+            times = [source.listed.get(c.name) or c.mtime for c in order]
+            state = dirs.state_bytes(
+                latest, [c.name for c in order], times, source.state.last_preserved_timestamp
             )
+            dirs.replace_state_file(store, source.directory, state)
     for c in moved:
         _delete_checkpoint(store, c)
     if run:
+        # What a move killed between a checkpoint's index and its data left (found again
+        # by the run that finishes it); other files stay, and so does the directory then.
+        for path, kind in source.orphans:
+            if kind == DATA_WITHOUT_INDEX:
+                dirs.remove(store, path)
         store.remove_dirs([source.directory])  # only if nothing else is left in it

@@ -151,10 +151,9 @@ def copy_file(src_store: Storage, src: str, dst_store: Storage, dst: str) -> int
         reader.close()
 
 
-def relative_name(store: Storage, directory: str, prefix: str) -> str:
-    """How a state file in ``directory`` names ``prefix`` (a checkpoint in it): by its file
-    name, as ``CheckpointManager`` writes relative paths."""
-    del directory
+def relative_name(store: Storage, prefix: str) -> str:
+    """How a state file beside ``prefix`` names it: by its file name, as
+    ``CheckpointManager`` writes relative paths."""
     return store.basename(prefix)
 
 
