@@ -20,6 +20,7 @@ tf = pytest.importorskip("tensorflow")
 
 import cli_helpers as ch  # noqa: E402
 from s3_helpers import on, proxy, s3, s3_server  # noqa: E402,F401  (fixtures)
+from saver_runs import saver_run, v1_sharded  # noqa: E402,F401  (v1_sharded: a fixture)
 
 import tfckpt  # noqa: E402
 from tfckpt.inspection import directories  # noqa: E402
@@ -588,3 +589,52 @@ def test_prune_on_s3_with_failing_requests(s3, tf2_run, tmp_path):
     assert manager.checkpoints == [str(back / "ckpt-5"), str(back / "ckpt-6")]
     for s in (5, 6):
         _restores_tf2(str(back / f"ckpt-{s}"), s)
+
+
+def test_v1_runs_ls_prune_and_cp(tmp_path, v1_sharded):
+    """V1 files: a Saver(V1) run (one table file per save) and a sharded V1 run (files
+    named by a pattern in the state file)."""
+    run = tmp_path / "v1"
+    saver_run(run, tf.compat.v1.train.SaverDef.V1)
+    data = directories.ls(str(run))
+    rows = data["checkpoints"]
+    assert [(r["name"], r["format"], r["shards"]) for r in rows] == [
+        (f"model.ckpt-{s}", "V1", 1) for s in (1, 2, 3)
+    ]
+    assert [r["bytes"] for r in rows] == [(run / r["name"]).stat().st_size for r in rows]
+    assert data["latest"] == "model.ckpt-3" and all(r["in_state_file"] for r in rows)
+    values = {
+        s: tf.train.load_checkpoint(str(run / f"model.ckpt-{s}")).get_tensor("v") for s in (1, 3)
+    }
+    directories.prune(str(run), keep_last=1, keep=[1])
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        ["checkpoint", "model.ckpt-1", "model.ckpt-1.meta", "model.ckpt-3", "model.ckpt-3.meta"]
+    )
+    assert tf.train.latest_checkpoint(str(run)) == str(run / "model.ckpt-3")
+    copy = tmp_path / "v1copy"
+    directories.copy(str(run), str(copy))
+    assert tf.train.latest_checkpoint(str(copy)) == str(copy.resolve() / "model.ckpt-3")
+    for s in (1, 3):
+        np.testing.assert_array_equal(
+            tf.train.load_checkpoint(str(copy / f"model.ckpt-{s}")).get_tensor("v"), values[s]
+        )
+
+    directory, saved = v1_sharded
+    sharded = tmp_path / "sharded"
+    shutil.copytree(directory, sharded)
+    text = (sharded / "checkpoint").read_text().replace(directory, str(sharded))
+    (sharded / "checkpoint").write_text(text)
+    data = directories.ls(str(sharded))
+    assert [(r["name"], r["format"], r["shards"]) for r in data["checkpoints"]] == [
+        (f"model.ckpt-{s}", "V1", 2) for s in (1, 2, 3)
+    ]
+    assert data["latest"] == "model.ckpt-3" and data["missing"] == []
+    directories.prune(str(sharded), keep_last=2)
+    assert not list(sharded.glob("model.ckpt-1*"))
+    assert _state_names(sharded) == (
+        "model.ckpt-3-?????-of-00002",
+        ["model.ckpt-2-?????-of-00002", "model.ckpt-3-?????-of-00002"],
+    )
+    assert tf.train.latest_checkpoint(str(sharded)) == str(sharded / "model.ckpt-3-?????-of-00002")
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(sharded)))
+    assert sorted(reader.get_variable_to_shape_map()) == ["a", "b"]

@@ -48,10 +48,16 @@ class Stored:
     shards: int
     nbytes: int = 0  # index and data (not the .meta graph)
     mtime: float = 0.0
+    pattern: str | None = None  # a sharded V1 save's: how a state file names it
 
     @property
     def step(self) -> int | None:
         return paths.checkpoint_step(self.name)
+
+    @property
+    def state_name(self) -> str:
+        """How a state file beside it names it, as TensorFlow writes relative paths."""
+        return self.pattern or self.name
 
 
 @dataclass
@@ -71,6 +77,11 @@ class Scan:
 
     def by_name(self, name: str) -> Stored | None:
         return next((c for c in self.checkpoints if c.name == name), None)
+
+    def checkpoints_named(self, name: str) -> str:
+        """How a state file names the checkpoint ``name`` of the directory."""
+        found = self.by_name(name)
+        return name if found is None else found.state_name
 
 
 def _natural(name: str) -> tuple:
@@ -130,6 +141,9 @@ def scan(store: Storage, directory: str) -> Scan:
             continue
         full = [join(directory, f) for f in files]
         c = Stored(join(directory, prefix), prefix, fmt, full, shards)
+        sharded = [SHARD_RE.match(n) for n in g["v1"] if n != prefix]
+        if fmt == "V1" and sharded and sharded[0]:
+            c.pattern = f"{prefix}-?????-of-{sharded[0]['num']}"
         for f in c.files:
             size, mtime = store.stat(f)
             c.mtime = max(c.mtime, mtime)
@@ -178,6 +192,9 @@ def _entry_name(store: Storage, directory: str, entry: str) -> str | None:
     base = re.split(r"[/\\]", entry)[-1]
     if not base or base in (".", ".."):
         return None
+    pattern = SHARD_RE.match(base)
+    if pattern and pattern["shard"] == "?????":  # a sharded V1 save's files
+        base = pattern["prefix"]
     rooted = store.isabs(entry) or re.match(r"^(?:[/\\]|[A-Za-z]:[/\\])", entry)
     if not rooted and "/" not in entry and "\\" not in entry:
         return base
@@ -332,7 +349,7 @@ def _manager_state(
     # saved at or before this time: it must stay below the listed ones'.
     if not last or last >= min(times):
         last = min(times) - 1.0
-    names = [dirs.relative_name(s.store, c.prefix) for c in recent]
+    names = [c.state_name for c in recent]
     return names[-1], names, times, last
 
 
@@ -555,9 +572,10 @@ def _copied_state(source: Scan, store: Storage, directory: str):
                 dropped.append(entry)
             continue
         elif same and src_store.isabs(entry):
-            new = store.join(store.realpath(directory), name)  # into the copy, absolute
+            # into the copy, absolute
+            new = store.join(store.realpath(directory), source.checkpoints_named(name))
         else:
-            new = name  # relative to the state file, as CheckpointManager writes them
+            new = source.checkpoints_named(name)  # relative, as CheckpointManager writes
         if i == len(entries):
             latest = new
         elif new not in names:
@@ -599,7 +617,10 @@ def _delete_source(source: Scan, moved: list[Stored], run: bool) -> None:
             order = sorted(left, key=lambda c: c.name == latest)  # the latest last
             times = [source.listed.get(c.name) or c.mtime for c in order]
             state = dirs.state_bytes(
-                latest, [c.name for c in order], times, source.state.last_preserved_timestamp
+                order[-1].state_name,
+                [c.state_name for c in order],
+                times,
+                source.state.last_preserved_timestamp,
             )
             dirs.replace_state_file(store, source.directory, state)
     for c in moved:

@@ -151,12 +151,6 @@ def copy_file(src_store: Storage, src: str, dst_store: Storage, dst: str) -> int
         reader.close()
 
 
-def relative_name(store: Storage, prefix: str) -> str:
-    """How a state file beside ``prefix`` names it: by its file name, as
-    ``CheckpointManager`` writes relative paths."""
-    return store.basename(prefix)
-
-
 def same_place(a: Storage, pa: str, b: Storage, pb: str) -> bool:
     """Whether two paths are the same file or directory."""
     if not a.same_file_system(b):
