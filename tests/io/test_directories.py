@@ -134,6 +134,8 @@ def _dead_pid() -> int:
 def test_ls_lists_checkpoints_leftovers_and_missing_entries(tf2_run, tmp_path):
     run = _copy(tf2_run, tmp_path)
     (run / "ckpt-9.data-00000-of-00001").write_bytes(b"x" * 7)
+    for part in ("index", "data-00000-of-00001"):  # TensorFlow's parts on S3
+        shutil.copy(run / f"ckpt-2.{part}", run / f"ckpt-8.part-00000-of-00001.{part}")
     (run / "ckpt-7.index.tempstate15713094282437616473").write_bytes(b"")
     (run / "checkpoint.tmp0123456789abcdef0123456789abcdef").write_bytes(b"")
     (run / "ckpt-8_temp").mkdir()
@@ -164,6 +166,8 @@ def test_ls_lists_checkpoints_leftovers_and_missing_entries(tf2_run, tmp_path):
         "ckpt-7.index.tempstate15713094282437616473",
         "checkpoint.tmp0123456789abcdef0123456789abcdef",
         "ckpt-8_temp",
+        "ckpt-8.part-00000-of-00001.index",
+        "ckpt-8.part-00000-of-00001.data-00000-of-00001",
         stale,
     }  # the live process's temporary is not an orphan
     assert kinds["ckpt-9.data-00000-of-00001"] == "data shard without an index"

@@ -131,6 +131,10 @@ def scan(store: Storage, directory: str) -> Scan:
             group(name)["v1"].append(name)
     checkpoints = []
     for prefix, g in groups.items():
+        if dirs.is_part_prefix(prefix):
+            kind = "part of an interrupted save"
+            orphans += [(join(directory, n), kind) for k in ("index", "data") for n in g[k]]
+            continue
         if g["index"]:
             files, fmt, shards = [*g["data"], *g["meta"], *g["index"]], "V2", len(g["data"])
         elif g["v1"]:

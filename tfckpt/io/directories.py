@@ -34,6 +34,9 @@ COPY_CHUNK = 8 << 20  # bytes read and written at a time by copy_file
 _TEMPSTATE_RE = re.compile(r"\.tempstate\d*$")
 _STATE_TMP_RE = re.compile(r"^checkpoint\.tmp[0-9a-f]{32}$")
 _PART_DIR_RE = re.compile(r"^(?P<prefix>.+)_temp(?:_[0-9a-f]{32})?$")
+# - on S3, where TensorFlow makes no part directory, the parts beside the prefix
+#   (``ckpt-3.part-00000-of-00001.index`` and its data).
+_S3_PART_RE = re.compile(r"^(?P<prefix>.+)\.part-\d{5}-of-\d{5}$")
 
 
 def tensorflow_temporary(name: str) -> str | None:
@@ -50,6 +53,12 @@ def part_directory_prefix(name: str) -> str | None:
     """The prefix a sharded save's part directory ``name`` was written for, or None."""
     m = _PART_DIR_RE.match(name)
     return m["prefix"] if m else None
+
+
+def is_part_prefix(name: str) -> bool:
+    """Whether the prefix ``name`` is one of the parts TensorFlow writes beside a prefix on
+    S3 before merging them into it."""
+    return _S3_PART_RE.match(name) is not None
 
 
 def is_tfckpt_temporary(name: str) -> bool:
