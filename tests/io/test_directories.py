@@ -235,6 +235,20 @@ def test_prune_tf2_run_as_checkpoint_manager_leaves_it(tf2_run, tmp_path):
         _restores_tf2(str(run / f"ckpt-{s}"), s)
 
 
+def test_prune_never_follows_a_link_out_of_the_directory(tf2_run, tmp_path):
+    run = _copy(tf2_run, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"keep me")
+    (run / "ckpt-8_temp").symlink_to(outside, target_is_directory=True)
+    assert {o["kind"] for o in directories.ls(str(run))["orphans"]} == {
+        "part directory of an interrupted save"
+    }
+    directories.prune(str(run), keep_last=TF2_STEPS)
+    assert not os.path.lexists(run / "ckpt-8_temp")
+    assert (outside / "precious").read_bytes() == b"keep me"
+
+
 def test_prune_tf1_saver_run(tf1_run, tmp_path):
     run = _copy(tf1_run, tmp_path)
     result = directories.prune(str(run), keep_last=1, keep=[500])

@@ -339,7 +339,11 @@ class Storage:
 
     def remove_tree(self, path: str) -> None:
         """Delete the directory ``path`` and everything in it (a killed save's part
-        directory); files first, then the directories, innermost first."""
+        directory); files first, then the directories, innermost first. A link is
+        removed, never followed: what it points to may be outside the directory cleaned."""
+        if os.path.islink(path):
+            os.unlink(path)
+            return
         for root, dirs, files in os.walk(path, topdown=False):
             for name in files:
                 os.unlink(os.path.join(root, name))
