@@ -537,6 +537,25 @@ def test_overwrite_replaces_each_checkpoint_in_one_step(tf2_run, tf2_other, tmp_
     assert not (copy / "ckpt-3.index").exists()
 
 
+def test_full_disk_during_mv_and_prune_changes_nothing(tf2_run, tmp_path):
+    """RLIMIT_FSIZE plays the full disk: a file of more than 100 bytes cannot be written."""
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    src = _copy(tf2_run, tmp_path, "src")
+    before = _files(src)
+    dst = tmp_path / "out" / "run"
+    proc = ch.run_text("mv", src, dst, preexec_fn=limited)
+    ch.assert_cli_error(proc, "File too large")
+    assert _files(src) == before
+    assert not (tmp_path / "out").exists()  # the directories it made, removed again
+    proc = ch.run_text("prune", src, "--keep-last", "1", preexec_fn=limited)
+    ch.assert_cli_error(proc, "state file", "File too large")
+    assert _files(src) == before
+
+
 # ---------------------------------------------------------------- object stores
 
 
