@@ -5,7 +5,9 @@ Functions here return dicts and lists of JSON-ready values; printing them is the
 CLI's job. One module per verb (:mod:`~tfckpt.inspection.dump`,
 :mod:`~tfckpt.inspection.diff`, :mod:`~tfckpt.inspection.stats`,
 :mod:`~tfckpt.inspection.verify`, :mod:`~tfckpt.inspection.listing`), what they share
-in :mod:`~tfckpt.inspection.reading`.
+in :mod:`~tfckpt.inspection.reading`. A directory of checkpoints (``ls``, ``prune``, ``cp``,
+``mv``) is :mod:`~tfckpt.inspection.directories`, imported by name: it writes, and the
+read-only commands load no writer.
 
 >>> with tfckpt.open("train/model.ckpt-7") as ckpt:
 ...     tfckpt.inspection.stats(ckpt, filter="kernel")
