@@ -179,8 +179,21 @@ def test_ls_lists_checkpoints_leftovers_and_missing_entries(tf2_run, tmp_path):
     assert rc == 0 and "ckpt-6" in out and "missing: the state file names ckpt-99" in out
 
 
-def test_ls_tf1_saver_run(tf1_run, tmp_path):
+def test_ls_tf1_saver_run(tf1_run, tmp_path, monkeypatch):
     run = _copy(tf1_run, tmp_path)
+    # entries that climb out of the directory to a checkpoint there, relatively too
+    other = _copy(tf1_run, tmp_path, "other")
+    monkeypatch.chdir(tmp_path)
+    state = (run / "checkpoint").read_text()
+    (run / "checkpoint").write_text(
+        state.replace(str(run / "model.ckpt-400"), "../other/model.ckpt-400").replace(
+            str(run / "model.ckpt-500"), str(other / "model.ckpt-500")
+        )
+    )
+    data = directories.ls("run")
+    assert data["elsewhere"] == ["../other/model.ckpt-400", str(other / "model.ckpt-500")]
+    assert [r["in_state_file"] for r in data["checkpoints"]] == [False, False, True, True]
+    (run / "checkpoint").write_text(state)
     data = directories.ls(str(run))
     assert [r["name"] for r in data["checkpoints"]] == [
         f"model.ckpt-{s}" for s in (400, 500, 600, 700)

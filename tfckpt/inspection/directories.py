@@ -195,7 +195,7 @@ def _entry_name(store: Storage, directory: str, entry: str) -> str | None:
     moved run's absolute path); None for a checkpoint that exists elsewhere."""
     base = re.split(r"[/\\]", entry)[-1]
     if not base or base in (".", ".."):
-        return None
+        return entry  # names no checkpoint of the directory: missing
     pattern = SHARD_RE.match(base)
     if pattern and pattern["shard"] == "?????":  # a sharded V1 save's files
         base = pattern["prefix"]
@@ -203,7 +203,7 @@ def _entry_name(store: Storage, directory: str, entry: str) -> str | None:
     if not rooted and "/" not in entry and "\\" not in entry:
         return base
     where = entry if rooted else store.join(directory, entry)
-    if store.isabs(where) and store.may_lead_to(directory, where):
+    if store.may_lead_to(directory, where):
         if store.dirname(store.realpath(where)) == store.realpath(directory):
             return base
         if paths.checkpoint_exists(store, where):
