@@ -688,3 +688,25 @@ def test_v1_runs_ls_prune_and_cp(tmp_path, v1_sharded):
     assert tf.train.latest_checkpoint(str(sharded)) == str(sharded / "model.ckpt-3-?????-of-00002")
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(sharded)))
     assert sorted(reader.get_variable_to_shape_map()) == ["a", "b"]
+
+
+def test_overwrite_on_s3_whose_index_upload_fails(s3, tf2_run, tf2_other, tmp_path):
+    url = f"{s3.url}/runs/over"
+    directories.copy(str(tf2_other), url)
+    before = s3.files("runs/over")
+    s3.proxy.rules.append(on("PUT", "ckpt-3.index", 500))
+    ch.assert_cli_error(ch.in_process("cp", tf2_run, url, "--overwrite"), "ckpt-3.index")
+    s3.proxy.reset()
+    after = s3.files("runs/over")
+    for s in (3, 4, 5, 6):  # untouched, no new data left beside them
+        assert sorted(k for k in after if k.startswith(f"ckpt-{s}.")) == sorted(
+            k for k in before if k.startswith(f"ckpt-{s}.")
+        )
+        assert all(after[k] == before[k] for k in before if k.startswith(f"ckpt-{s}."))
+    assert after["checkpoint"] == before["checkpoint"]
+    assert ch.in_process("cp", tf2_run, url, "--overwrite")[0] == 0
+    back = tmp_path / "back"
+    directories.copy(url, str(back))
+    assert directories.ls(url)["orphans"] == []
+    for s in range(1, TF2_STEPS + 1):
+        _restores_tf2(str(back / f"ckpt-{s}"), s)
