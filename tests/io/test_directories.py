@@ -608,6 +608,11 @@ def test_cp_and_mv_through_s3(s3, tf2_run, tmp_path):
 def test_prune_on_s3_with_failing_requests(s3, tf2_run, tmp_path):
     url = f"{s3.url}/runs/prune"
     directories.copy(str(tf2_run), url)
+    part = f"{url[len('s3://') :]}/ckpt-8_temp/part-00000-of-00001.index"
+    s3.direct.pipe_file(part, b"left by a killed save")
+    assert [o["kind"] for o in directories.ls(url)["orphans"]] == [
+        "part directory of an interrupted save"
+    ]
     before = s3.files("runs/prune")
     # the state file cannot be stored: nothing is deleted
     s3.proxy.rules.append(on("PUT", "/checkpoint", 500))

@@ -13,7 +13,7 @@ two steps: ``prune`` writes the new state file (naming only checkpoints kept) be
 deletes anything, and deletes a checkpoint's index before its data; ``copy`` commits
 each checkpoint as any output is committed (data first, the index last) and the state
 file after the checkpoints it names; ``move`` copies, verifies every copy's checksums,
-and only then deletes the source. (About 600 lines: the scan, the verbs and the order of
+and only then deletes the source. (Past 600 lines on purpose: the scan, the verbs and the order of
 their changes stay in one place, where that order can be checked.)
 """
 
