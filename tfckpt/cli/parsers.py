@@ -99,6 +99,21 @@ then review the file, and: tfckpt export SRC OUT.safetensors --rules FILE.toml -
     "presets": """examples:
   tfckpt presets
   tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset hf-bert""",
+    "ls": """examples:
+  tfckpt ls train/
+  tfckpt ls s3://bucket/runs/train/ --json""",
+    "prune": """examples:
+  tfckpt prune train/ --keep-last 5 --dry-run
+  tfckpt prune train/ --keep-last 3 --keep-every-steps 10000 --keep 4200""",
+    "cp": """examples:
+  tfckpt cp train/ s3://bucket/runs/train/          # every checkpoint and the state file
+  tfckpt cp train/ckpt-7 best/                       # one checkpoint, under its name
+  tfckpt cp train/model.ckpt-900 release/model.ckpt  # one checkpoint, renamed""",
+    "mv": """examples:
+  tfckpt mv scratch/run7/ s3://bucket/runs/run7/
+  tfckpt mv train/ckpt-7 best/
+
+the copy is verified (every checksum read back) before the source is deleted""",
     "import": """examples:
   tfckpt import model.safetensors ckpt/model
   tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
@@ -616,6 +631,87 @@ def add_edit(sub: Subparsers) -> None:
     p.set_defaults(func="transform.cmd_edit", executor=None)
 
 
+def add_ls(sub: Subparsers) -> None:
+    """``tfckpt ls DIR``."""
+    p = _command(
+        sub,
+        "ls",
+        "list a directory's checkpoints and leftovers",
+        "Every checkpoint in DIR (V2 and V1; TF1 model.ckpt-N and TF2 ckpt-N): step, time, "
+        "size (index and data), shards, whether the state file lists it; and the leftovers "
+        "of interrupted saves (data without an index, temporaries, part directories) and "
+        "state-file entries naming checkpoints that are not there.",
+    )
+    p.add_argument("directory", metavar="DIR")
+    opt.add_json(p)
+    p.set_defaults(func="directories.cmd_ls")
+
+
+def add_prune(sub: Subparsers) -> None:
+    """``tfckpt prune DIR --keep-last N``."""
+    p = _command(
+        sub,
+        "prune",
+        "delete old checkpoints and leftovers; rewrite the state file",
+        "Keep the N newest numbered checkpoints of DIR (and the steps --keep-every-steps "
+        "and --keep name); delete every file of the others and the leftovers of "
+        "interrupted saves; rewrite the state file as tf.train.CheckpointManager "
+        "(max_to_keep=N) leaves it, the other kept checkpoints preserved for good. The "
+        "state file is written before anything is deleted. Checkpoints whose name ends "
+        "in no step are kept. Do not prune a directory a run is saving into.",
+    )
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--keep-last", type=int, required=True, metavar="N", help="N >= 1")
+    p.add_argument(
+        "--keep-every-steps", type=int, metavar="K", help="also keep steps that are multiples of K"
+    )
+    p.add_argument(
+        "--keep", type=int, nargs="+", default=[], metavar="STEP", help="also keep these steps"
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    opt.add_json(p)
+    p.set_defaults(func="directories.cmd_prune")
+
+
+def _add_transfer(sub: Subparsers, name: str, help: str, description: str) -> None:
+    p = _command(sub, name, help, description)
+    p.add_argument("src", metavar="SRC", help="a checkpoint prefix, or a run's directory")
+    p.add_argument(
+        "dst", metavar="DST", help="the new prefix, or a directory (for a run: its new directory)"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace checkpoints (and the state file) there, each in one step",
+    )
+    opt.add_json(p)
+    p.set_defaults(func=f"directories.cmd_{name}")
+
+
+def add_cp(sub: Subparsers) -> None:
+    """``tfckpt cp SRC DST``."""
+    _add_transfer(
+        sub,
+        "cp",
+        "copy a checkpoint or a whole run, on local disks and object stores",
+        "Copy one checkpoint (SRC a prefix) or a run (SRC a directory: its checkpoints and "
+        "its state file, entries naming the copies) to DST, each checkpoint committed "
+        "with its index last. Any fsspec URL on either side.",
+    )
+
+
+def add_mv(sub: Subparsers) -> None:
+    """``tfckpt mv SRC DST``."""
+    _add_transfer(
+        sub,
+        "mv",
+        "move a checkpoint or a whole run: copy, verify, then delete the source",
+        "As cp, then every copied checkpoint verified (each tensor's checksum read back) "
+        "before the source is deleted (its state file first, then each index, then the "
+        "data). A failure before that leaves the source as it was.",
+    )
+
+
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_dump,
     add_diff,
@@ -634,4 +730,8 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_presets,
     add_match,
     add_edit,
+    add_ls,
+    add_prune,
+    add_cp,
+    add_mv,
 )

@@ -6,7 +6,10 @@ CLI's job. One module per verb (:mod:`~tfckpt.inspection.dump`,
 :mod:`~tfckpt.inspection.diff`, :mod:`~tfckpt.inspection.stats`,
 :mod:`~tfckpt.inspection.verify`, :mod:`~tfckpt.inspection.listing`,
 :mod:`~tfckpt.inspection.meta` for TF1 graph files, :mod:`~tfckpt.inspection.check` for
-``check --against``), what they share in :mod:`~tfckpt.inspection.reading`.
+``check --against``), what they share in :mod:`~tfckpt.inspection.reading`. A directory
+of checkpoints (``ls``, ``prune``, ``cp``, ``mv``) is
+:mod:`~tfckpt.inspection.directories`, imported by name: it writes, and the read-only
+commands load no writer.
 
 >>> with tfckpt.open("train/model.ckpt-7") as ckpt:
 ...     tfckpt.inspection.stats(ckpt, filter="kernel")

@@ -327,6 +327,34 @@ class Storage:
     def remove(self, path: str) -> None:
         os.unlink(path)
 
+    def same_file_system(self, other: Storage) -> bool:
+        """Whether a path of ``other`` names a file of this storage (both local, or one
+        object store): then a path written on one means the same on the other."""
+        return other.local
+
+    def stat(self, path: str) -> tuple[int, float]:
+        """(size in bytes, modification time in seconds since the epoch) of a file."""
+        st = os.stat(path)
+        return st.st_size, st.st_mtime
+
+    def remove_tree(self, path: str) -> None:
+        """Delete the directory ``path`` and everything in it (a killed save's part
+        directory); files first, then the directories, innermost first. A link is
+        removed, never followed: what it points to may be outside the directory cleaned."""
+        if os.path.islink(path):
+            os.unlink(path)
+            return
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(root, name))
+            for name in dirs:
+                full = os.path.join(root, name)
+                if os.path.islink(full):
+                    os.unlink(full)
+                else:
+                    os.rmdir(full)
+        os.rmdir(path)
+
     def realpath(self, path: str) -> str:
         return os.path.realpath(path)
 
@@ -662,6 +690,28 @@ class RemoteStorage(Storage):
             self.fs.mv,
             self._strip(src),
             self._strip(dst),
+            error=CheckpointWriteError,
+        )
+
+    def same_file_system(self, other: Storage) -> bool:
+        return self == other
+
+    def stat(self, path: str) -> tuple[int, float]:
+        """(size, modification time): an object's size and its ``LastModified``."""
+        info = self.call("looking up", path, self.fs.info, self._strip(path))
+        when = info.get("LastModified") or info.get("mtime") or info.get("created") or 0
+        if hasattr(when, "timestamp"):
+            when = when.timestamp()
+        return int(info.get("size") or 0), float(when)
+
+    def remove_tree(self, path: str) -> None:
+        """Delete every object under ``path`` (object stores have no directories)."""
+        self.call(
+            "deleting",
+            path,
+            self.fs.rm,
+            self._strip(path),
+            recursive=True,
             error=CheckpointWriteError,
         )
 

@@ -6,6 +6,7 @@ and prints what it returns, through :mod:`tfckpt.cli.display` (or as JSON).
   average, export, import, edit
 - :mod:`~tfckpt.cli.commands.matching`: match
 - :mod:`~tfckpt.cli.commands.checking`: check, and dump of a ``.meta`` graph
+- :mod:`~tfckpt.cli.commands.directories`: ls, prune, cp, mv
 
 Each command's parser (:mod:`tfckpt.cli.parsers`) names its function as
 ``args.func = "MODULE.FUNCTION"``.
@@ -32,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
         from tfckpt.cli.commands import matching as commands  # type: ignore[no-redef]
     elif module == "checking":
         from tfckpt.cli.commands import checking as commands  # type: ignore[no-redef]
+    elif module == "directories":
+        from tfckpt.cli.commands import directories as commands  # type: ignore[no-redef]
     else:
         raise AssertionError(args.func)
     return getattr(commands, function)(args)
