@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import numpy as np
+
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import CheckpointError
@@ -31,8 +33,10 @@ from tfckpt.format.objectgraph import (
     ObjectGraph,
     attribute_tensors,
 )
+from tfckpt.format.optimizers import OptimizerState, optimizer_state
 from tfckpt.format.tf2names import flat_names, tensor_path
 from tfckpt.io.storage import StorageOptions
+from tfckpt.rewrite.adamsteps import ADAM_BETAS, BETA_POWERS, steps_from_powers
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
@@ -62,10 +66,13 @@ def plan_graft(
     options: Options | None = None,
     *,
     allow_missing=False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Plan:
-    """Plan :func:`graft`; reads no tensor data. The plan's first source is the template.
+    """Plan :func:`graft`; reads no tensor data but TF1 optimizer step counts
+    (``global_step``, ``beta1_power``, ``beta2_power``). The plan's first source is the
+    template.
 
     >>> p = tfckpt.plan_graft("tf2/template", "tf1/model.ckpt", "out/ckpt",
     ...                       rename={"simple-fc/weights": "model/fc/kernel"})
@@ -92,7 +99,10 @@ def plan_graft(
     )
     dropped: list[tuple[str, str, str]] = []
     found = _found_in_sources(srcs, target, shared, naming, dropped)
-    planned = _grafted_tensors(srcs, names, found, options.prefer, allow_missing, dropped)
+    state = optimizer_state(srcs[0].graph) if srcs[0].graph is not None else OptimizerState()
+    kept = {t for t in names if tensor_path(t) == SAVE_COUNTER or allow_missing} | state.other
+    steps = _place_optimizer_state(srcs, names, found, state, naming, kept, dropped, adam_betas)
+    planned = _grafted_tensors(srcs, names, found, options.prefer, kept, steps, dropped)
     follow_source_layouts(srcs, options)
     return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
 
@@ -197,24 +207,143 @@ def _found_in_sources(
     return found
 
 
+# The TF1 slot (``VAR/Adam``) of each role a TF2 optimizer gives a slot (see
+# tfckpt.format.optimizers): tf.compat.v1.train.AdamOptimizer's, named "Adam".
+TF1_ADAM_SLOTS = {"m": "Adam", "v": "Adam_1", "_momentums": "Adam", "_velocities": "Adam_1"}
+GLOBAL_STEP = "global_step"
+
+
+def _usable_names(srcs: list[Source], naming: NameRules) -> list[set[str]]:
+    """Per source, the names its patterns keep (index 0, the template, has none)."""
+    out: list[set[str]] = [set()]
+    for s in srcs[1:]:
+        flat = source_flat_names(s) if naming.includes or naming.excludes else {}
+        out.append({n for n in s.ckpt.keys() if naming.drop_reason(n, flat.get(n)) is None})
+    return out
+
+
+def _place_optimizer_state(
+    srcs: list[Source],
+    names: list[str],
+    found: dict[str, _Hits],
+    state: OptimizerState,
+    naming: NameRules,
+    kept: set[str],
+    dropped: list[tuple[str, str, str]],
+    betas: tuple[float, float],
+) -> dict[str, int]:
+    """Fill ``found`` for the template's optimizer slots no name finds: each from the
+    TF1 slot of the source tensor that fills its variable (``VAR/Adam``, ``VAR/Adam_1``);
+    and the template's step counts, from TF1's ``global_step`` or Adam's powers
+    (returned: key → count). What they take leaves ``dropped``."""
+    present = set(names)
+    usable = _usable_names(srcs, naming)
+    used: set[tuple[int, str]] = set()
+    missing: list[str] = []
+    for t, (var, role) in state.slots.items():
+        if t not in present or t in found or not found.get(var):
+            continue
+        suffix = TF1_ADAM_SLOTS.get(role)
+        pairs = [p for where in found[var].values() for p in where]
+        hits: _Hits = {}
+        for i, n in pairs:
+            if suffix is not None and f"{n}/{suffix}" in usable[i]:
+                hits.setdefault(f"{n}/{suffix}", []).append((i, f"{n}/{suffix}"))
+        if hits:
+            found[t] = hits
+            used.update(p for where in hits.values() for p in where)
+        elif t not in kept:
+            i, n = pairs[0]
+            why = (
+                f"no {n + '/' + suffix!r} in {srcs[i].label}"
+                if suffix is not None
+                else "graft places TF1 Adam slots only"
+            )
+            missing.append(f"{t!r} ({tensor_path(var)}'s {role.strip('_')}: {why})")
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(
+            f"no source has the template's optimizer slot {'; '.join(missing[:5])}{more} "
+            "(rename the TF1 variable to the template's, cut the optimizer with "
+            "drop_objects, or keep the template's slots with allow_missing)",
+            path=srcs[0].label,
+        )
+    steps: dict[str, int] = {}
+    for t in state.steps:
+        if t in present and t not in found:
+            count = _tf1_step(srcs, usable, betas, used)
+            if count is not None:
+                steps[t] = count
+    dropped[:] = [d for d in dropped if (d[0], d[1]) not in {(srcs[i].label, n) for i, n in used}]
+    return steps
+
+
+def _tf1_step(
+    srcs: list[Source], usable: list[set[str]], betas, used: set[tuple[int, str]]
+) -> int | None:
+    """The step count of the first source with ``global_step`` or Adam's powers (both
+    where both are: they must agree); None where none has either."""
+    step = powers = None
+    for i, s in enumerate(srcs[1:], 1):
+        if step is None and GLOBAL_STEP in usable[i]:
+            step = (i, int(s.ckpt[GLOBAL_STEP]))
+        if powers is None and all(p in usable[i] for p in BETA_POWERS):
+            values = [s.ckpt[p] for p in BETA_POWERS]
+            dtype = values[0].dtype.name
+            powers = (i, steps_from_powers(float(values[0]), float(values[1]), betas, dtype))
+    if step is not None:
+        used.add((step[0], GLOBAL_STEP))
+    if powers is not None:
+        used.update((powers[0], p) for p in BETA_POWERS)
+    if powers is None:
+        return None if step is None else step[1]
+    i, counts = powers
+    where = f"{BETA_POWERS[0]} and {BETA_POWERS[1]} of {srcs[i].label}"
+    if not counts:
+        raise CheckpointError(
+            f"{where} are no step's powers of Adam's betas {tuple(betas)} (give the "
+            "TF1 optimizer's betas with adam_betas, --adam-betas)"
+        )
+    if step is not None:
+        n = step[1]
+        if n in counts or (counts[-1] == -1 and n >= counts[-2]):
+            return n
+        raise CheckpointError(
+            f"{GLOBAL_STEP} of {srcs[step[0]].label} is {n}, but {where} are Adam's "
+            f"after {counts[0]} steps (exclude one of them to choose)"
+        )
+    if counts[-1] == -1:
+        raise CheckpointError(
+            f"{where} stopped changing after {counts[0]} steps: the step count is "
+            f"unknown without {GLOBAL_STEP}"
+        )
+    return counts[0]
+
+
 def _grafted_tensors(
     srcs: list[Source],
     names: list[str],
     found: dict[str, _Hits],
     prefer: str | None,
-    allow_missing: bool,
+    kept: set[str],
+    steps: dict[str, int],
     dropped: list[tuple[str, str, str]],
 ) -> list[PlannedTensor]:
-    """Each template tensor, from the source tensor that fills it (the template's own
-    value for ``save_counter`` and, with ``allow_missing``, for one none fills)."""
+    """Each template tensor, from the source tensor that fills it, or as ``steps``
+    counts (an optimizer's step); the template's own value for those of ``kept`` none
+    fills."""
     tpl = srcs[0]
     planned: list[PlannedTensor] = []
     unmatched: list[str] = []
     for t in names:
         want = tpl.ckpt.info(t)
         hits = found.get(t)
+        if t in steps:
+            value = np.array(steps[t], dtype=_dt.lookup(want.dtype).numpy).reshape(want.shape)
+            planned.append(PlannedTensor(0, t, t, want, want.dtype, want.nbytes, value=value))
+            continue
         if not hits:
-            if allow_missing or tensor_path(t) == SAVE_COUNTER:
+            if t in kept:
                 planned.append(PlannedTensor(0, t, t, want, want.dtype, want.nbytes))
             else:
                 unmatched.append(t)
@@ -296,6 +425,7 @@ def graft(
     options: Options | None = None,
     *,
     allow_missing: bool = False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     progress: Callable[[int], None] | None = None,
     storage_options: StorageOptions | None = None,
     **changes,
@@ -327,6 +457,7 @@ def graft(
             dst,
             options,
             allow_missing=allow_missing,
+            adam_betas=adam_betas,
             storage_options=storage_options,
             **changes,
         ),

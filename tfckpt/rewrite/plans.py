@@ -52,6 +52,8 @@ class PlannedTensor:
     # Made by split or concat (see tfckpt.rewrite.pieces): the boxes of source tensors
     # it is made of; ``name`` is the first one's and ``info`` describes what they make.
     parts: tuple[Member, ...] | None = None
+    # A value the plan computed (a graft's optimizer step), written instead of a read.
+    value: Any = field(default=None, repr=False, compare=False)
 
     @property
     def out_shape(self) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,8 @@ class TaskItem:
     reshape: tuple[int, ...] | None = None  # the shape written, when not the source's
     # Made by split or concat: boxes of source tensors (``shape`` is what they make).
     parts: tuple[Member, ...] | None = None
+    # A value computed when planning (numpy, of ``dtype`` and ``shape``): nothing is read.
+    value: Any = field(default=None, repr=False, compare=False)
 
     @property
     def read_dtype(self) -> str:
@@ -228,6 +230,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         and item.perm is None
         and item.parts is None
         and not item.weights
+        and item.value is None
         and dtype is not _dt.STRING
         and dtype.numpy is not None
         and item.bytes_in <= read_bytes // 2
@@ -270,6 +273,9 @@ def _item_reads(
     dtype = _dt.lookup(t.dtype)
     extents = t.extents
     read_bytes = _read_bytes(chunk_bytes)
+    if t.value is not None:
+        yield ("add", t, t.value, t.bytes_in)
+        return
     if t.weights:
         yield ("open", t, None, None)
         sources = [ckpts[k] for k in range(len(t.weights))]

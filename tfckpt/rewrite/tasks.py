@@ -249,6 +249,7 @@ def task_item(
         weights=weights,
         reshape=t.shape if extents is None else None,
         parts=t.parts if extents is None else None,
+        value=t.value,
     )
 
 

@@ -1,0 +1,178 @@
+"""An optimizer's state in a TF2 object graph: which tensor is which variable's slot.
+
+Three layouts, as TensorFlow 2.21 and Keras write them:
+
+- *slot variables* (tf.keras 2's ``tf_keras.optimizers.legacy``, TF2's own
+  optimizers): the optimizer's node lists ``slot_variables`` (variable node, slot
+  name ``m``/``v``/``momentum``..., slot node); its step is the child ``iter``.
+- *Keras 3*: the optimizer's ``_momentums``, ``_velocities``... are lists whose
+  ``N``-th entry is the slot of the ``N``-th entry of its ``_trainable_variables``;
+  its step is the child ``_iterations``.
+- *tf.keras 2's own optimizers* (``tf_keras.optimizers.Adam``): the same lists
+  without ``_trainable_variables``; a slot's variable is the one whose name is the
+  slot's less its first two parts (``Adam/m/dense/kernel`` is ``dense/kernel``'s).
+
+Each slot is found by its *role*: the slot's name, or the list's (``_momentums``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfckpt.errors import CheckpointError
+from tfckpt.format.objectgraph import ObjectGraph
+
+# The local names of an edge to an optimizer (tf.train.Checkpoint(optimizer=...), a model's).
+_OPTIMIZER_EDGE = "optimizer"
+# Keras' lists of slots, one entry per trainable variable.
+SLOT_LISTS = ("_momentums", "_velocities", "_accumulators", "_linears")
+# tf.keras 2 names a list's slot SHORT/VARIABLE (see _named_owner).
+SLOT_NAMES = {
+    "_momentums": "m",
+    "_velocities": "v",
+    "_accumulators": "accumulator",
+    "_linears": "linear",
+}
+# Children of an optimizer holding its step count.
+STEP_CHILDREN = ("iter", "_iterations")
+
+
+@dataclass
+class OptimizerState:
+    """The optimizer tensors of a TF2 checkpoint, by checkpoint key.
+
+    ``slots``: a slot's key → (its variable's key, its role); ``steps``: the keys of
+    step counts; ``other``: every other tensor only an optimizer holds (its learning
+    rate and other hyperparameters).
+    """
+
+    slots: dict[str, tuple[str, str]] = field(default_factory=dict)
+    steps: list[str] = field(default_factory=list)
+    other: set[str] = field(default_factory=set)
+
+
+def _value_key(node) -> str | None:
+    for a in node.attributes:
+        if a.name == "VARIABLE_VALUE":
+            return a.checkpoint_key
+    return None
+
+
+def _child(node, name: str) -> int | None:
+    for c in node.children:
+        if c.local_name == name:
+            return c.node_id
+    return None
+
+
+def _list_entries(graph: ObjectGraph, node_id: int) -> dict[int, int]:
+    """A Keras list's entries: position → node."""
+    out = {}
+    for c in graph.nodes[node_id].children:
+        if c.local_name.isdigit():
+            out[int(c.local_name)] = c.node_id
+    return out
+
+
+def optimizer_state(graph: ObjectGraph) -> OptimizerState:
+    """Every optimizer's slots and step counts in ``graph`` (see the module's text).
+
+    >>> state = optimizer_state(ObjectGraph.of(tfckpt.open("tf2/ckpt-1")))
+    >>> state.slots["optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE"]
+    ('optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE', '_momentums')
+    """
+    nodes = graph.nodes
+    state = OptimizerState()
+    optimizers = sorted(
+        {c.node_id for n in nodes for c in n.children if c.local_name == _OPTIMIZER_EDGE}
+    )
+    for s in (s for n in nodes for s in n.slot_variables):
+        slot, var = (
+            _value_key(nodes[s.slot_variable_node_id]),
+            _value_key(nodes[s.original_variable_node_id]),
+        )
+        if slot is not None and var is not None:
+            state.slots[slot] = (var, s.slot_name)
+    by_name: dict[str, list[str]] | None = None
+    for o in optimizers:
+        node = nodes[o]
+        for name in STEP_CHILDREN:
+            step = _child(node, name)
+            key = None if step is None else _value_key(nodes[step])
+            if key is not None and key not in state.steps:
+                state.steps.append(key)
+        variables = _child(node, "_trainable_variables")
+        owners = {} if variables is None else _list_entries(graph, variables)
+        for role in SLOT_LISTS:
+            listed = _child(node, role)
+            if listed is None:
+                continue
+            for pos, slot_node in sorted(_list_entries(graph, listed).items()):
+                slot = _value_key(nodes[slot_node])
+                if slot is None:
+                    continue
+                if owners:
+                    var = _value_key(nodes[owners[pos]]) if pos in owners else None
+                else:
+                    by_name = by_name if by_name is not None else _variables_by_name(graph)
+                    var = _named_owner(nodes[slot_node], role, by_name, graph.path)
+                if var is None:
+                    raise CheckpointError(
+                        f"the optimizer's slot {slot!r} ({role} {pos}) has no variable "
+                        "in the object graph",
+                        path=graph.path,
+                    )
+                state.slots[slot] = (var, role)
+    _other_optimizer_tensors(graph, optimizers, state)
+    return state
+
+
+def _variables_by_name(graph: ObjectGraph) -> dict[str, list[str]]:
+    """Each variable's name (its value attribute's ``full_name``) → its keys."""
+    out: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for a in node.attributes:
+            if a.name == "VARIABLE_VALUE" and a.full_name:
+                out.setdefault(a.full_name, []).append(a.checkpoint_key)
+    return out
+
+
+def _named_owner(
+    slot_node, role: str, by_name: dict[str, list[str]], path: str | None
+) -> str | None:
+    """tf.keras 2's slot ``[OPTIMIZER/]SHORT/VARIABLE`` (``Adam/m/dense/kernel``, or
+    ``m/dense/kernel`` built outside the optimizer's scope): the one variable so named."""
+    full = next((a.full_name for a in slot_node.attributes if a.name == "VARIABLE_VALUE"), "")
+    head, sep, rest = f"/{full}".partition(f"/{SLOT_NAMES[role]}/")
+    if not sep or "/" in head.lstrip("/"):
+        return None
+    keys = by_name.get(rest, [])
+    if len(keys) > 1:
+        raise CheckpointError(
+            f"the optimizer's slot {full!r} names {len(keys)} variables {rest!r}: "
+            "which one it belongs to is unknown",
+            path=path,
+        )
+    return keys[0] if keys else None
+
+
+def _other_optimizer_tensors(graph: ObjectGraph, optimizers: list[int], state: OptimizerState):
+    """The value keys only the optimizers reach, less their slots and steps."""
+    nodes = graph.nodes
+    seen = set(optimizers)
+    todo = list(optimizers)
+    while todo:
+        node = nodes[todo.pop()]
+        for c in node.children:
+            if c.node_id not in seen and c.local_name != "_trainable_variables":
+                seen.add(c.node_id)
+                todo.append(c.node_id)
+    model_keys = {
+        a.checkpoint_key for i, n in enumerate(nodes) if i not in seen for a in n.attributes
+    }
+    taken = set(state.slots) | set(state.steps) | {v for v, _ in state.slots.values()}
+    for i in seen:
+        for a in nodes[i].attributes:
+            key = a.checkpoint_key
+            if key not in taken and key not in model_keys:
+                state.other.add(key)
