@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_error, in_process
 
 import tfckpt
 
@@ -152,6 +153,24 @@ def test_grafted_adam_takes_the_tf1_runs_next_step(tf1_run, kind, tmp_path):
     assert step == STEPS
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_graft_cli_takes_adams_betas(tf1_run, tmp_path):
+    src, want = tf1_run
+    model, opt, rename = keras3()
+    template = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
+    dst = str(tmp_path / "out")
+    maps = [a for old, new in rename.items() for a in ("--map", f"{old}={new}")]
+    args = ["graft", template, src, "-o", dst, *maps]
+    with tfckpt.open(src) as c:
+        counted = "global_step" in c.keys()
+    if not counted:  # Adam's powers, read with the defaults, are not this run's
+        assert_cli_error(in_process(*args), "beta1_power and beta2_power", "--adam-betas")
+    rc, _, err = in_process(*args, "--adam-betas", f"{BETA1},{BETA2}")
+    assert rc == 0, err
+    got, step = resumed_step("keras 3", dst)
+    assert step == STEPS
+    np.testing.assert_allclose(got["kernel"], want["kernel"], rtol=1e-6, atol=1e-7)
 
 
 def test_swapped_moments_take_another_step(tf1_run, tmp_path):

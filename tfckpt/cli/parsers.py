@@ -298,7 +298,23 @@ def add_graft(sub: Subparsers) -> None:
         action="store_true",
         help="keep the template's value where no source has the tensor",
     )
+    p.add_argument(
+        "--adam-betas",
+        type=_betas,
+        default=None,
+        metavar="B1,B2",
+        help="the TF1 AdamOptimizer's beta1,beta2 (default 0.9,0.999): the step count "
+        "of a source without global_step comes from its beta1_power and beta2_power",
+    )
     p.set_defaults(func="transform.cmd_graft")
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B1,B2 (e.g. 0.9,0.999), not {text!r}") from None
+    return b1, b2
 
 
 def add_flatten(sub: Subparsers) -> None:

@@ -259,7 +259,7 @@ def _place_optimizer_state(
                 if suffix is not None
                 else "graft places TF1 Adam slots only"
             )
-            missing.append(f"{t!r} ({tensor_path(var)}'s {role.strip('_')}: {why})")
+            missing.append(f"{t!r} ({role.strip('_')} of what {n!r} fills: {why})")
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(

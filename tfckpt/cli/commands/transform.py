@@ -280,6 +280,7 @@ def cmd_graft(args) -> int:
         options,
         allow_missing=args.allow_missing,
         storage_options=args.storage_options,
+        **({"adam_betas": args.adam_betas} if args.adam_betas is not None else {}),
     )
     return _run_plan(args, p)
 
