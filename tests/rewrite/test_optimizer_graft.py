@@ -30,7 +30,7 @@ TF1_RUN = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
 
-    out, with_step, lr, b1, b2, eps, steps = sys.argv[1:]
+    out, with_step, lr, b1, b2, eps, steps, restore = sys.argv[1:]
     tf.compat.v1.disable_eager_execution()
 
     def batch(i):
@@ -53,13 +53,17 @@ TF1_RUN = textwrap.dedent(
         train = opt.minimize(loss)
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        for i in range(int(steps)):
-            xs, ys = batch(i)
-            sess.run(train, {x: xs, y: ys})
-        tf.compat.v1.train.Saver().save(sess, out + "/model.ckpt", write_meta_graph=False)
+        if restore:  # everything the Saver saves: weights, slots, powers, global_step
+            tf.compat.v1.train.Saver().restore(sess, restore)
+        else:
+            for i in range(int(steps)):
+                xs, ys = batch(i)
+                sess.run(train, {x: xs, y: ys})
+            tf.compat.v1.train.Saver().save(sess, out + "/model.ckpt", write_meta_graph=False)
+        powers = sess.run(opt._get_beta_accumulators())
         xs, ys = batch(int(steps))
         sess.run(train, {x: xs, y: ys})
-        np.savez(out + "/next.npz", kernel=sess.run(k), bias=sess.run(b))
+        np.savez(out + "/next.npz", kernel=sess.run(k), bias=sess.run(b), powers=powers)
     """
 )
 
@@ -76,15 +80,22 @@ def tf1_run(request, tmp_path_factory):
     with none (the step comes from beta1_power and beta2_power)."""
     d = tmp_path_factory.mktemp("tf1adam")
     flag = "1" if request.param == "global_step" else "0"
-    args = [str(d), flag, str(LR), str(BETA1), str(BETA2), str(EPS), str(STEPS)]
+    want = run_tf1(d, flag == "1")
+    with tfckpt.open(str(d / "model.ckpt")) as c:
+        assert ("global_step" in c.keys()) == (flag == "1")
+        assert "dense/kernel/Adam_1" in c.keys()
+    return str(d / "model.ckpt"), want
+
+
+def run_tf1(out, with_step: bool, restore: str = "") -> dict[str, np.ndarray]:
+    """Run TF1_RUN in its own process: TF1 graph mode and Keras do not share one."""
+    flag = "1" if with_step else "0"
+    args = [str(out), flag, str(LR), str(BETA1), str(BETA2), str(EPS), str(STEPS), restore]
     run = subprocess.run(
         [sys.executable, "-c", TF1_RUN, *args], capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    with tfckpt.open(str(d / "model.ckpt")) as c:
-        assert ("global_step" in c.keys()) == (flag == "1")
-        assert "dense/kernel/Adam_1" in c.keys()
-    return str(d / "model.ckpt"), dict(np.load(d / "next.npz"))
+    return dict(np.load(f"{out}/next.npz"))
 
 
 def tf_keras_legacy():
@@ -151,7 +162,7 @@ def test_grafted_adam_takes_the_tf1_runs_next_step(tf1_run, kind, tmp_path):
     src, want = tf1_run
     got, step = resumed_step(kind, grafted(kind, src, tmp_path))
     assert step == STEPS
-    for name in want:
+    for name in ("kernel", "bias"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
@@ -195,3 +206,57 @@ def test_swapped_moments_take_another_step(tf1_run, tmp_path):
         model, opt, rename = keras3()
         tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "b" / "t"))
         tfckpt.graft(tpl, src, str(tmp_path / "b" / "o"), rename=rename, exclude="^global_step$")
+
+
+# ---------------------------------------------------------------- flatten
+
+
+def trained(kind: str, prefix: str) -> dict[str, np.ndarray]:
+    """A Keras model and its Adam of ``kind`` after STEPS steps, saved at ``prefix``;
+    and its weights after one more step on the next batch."""
+    model, opt, _ = KINDS[kind]()
+    layer = model.get_layer("d")
+    layer.kernel.assign(np.random.default_rng(100).standard_normal((3, 2)).astype(np.float32))
+
+    def step(i: int) -> None:
+        xs, ys = batch(i)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xs) - ys))
+        variables = model.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+    for i in range(STEPS):
+        step(i)
+    tf.train.Checkpoint(model=model, optimizer=opt).write(prefix)
+    step(STEPS)
+    return {"kernel": np.asarray(layer.kernel), "bias": np.asarray(layer.bias)}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_flattened_adam_takes_the_keras_next_step_in_tf1(kind, tmp_path):
+    """Keras' Adam state flattened with ``--tf1-adam`` restores into a TF1 graph's
+    AdamOptimizer (Saver.restore of every variable), whose next step is Keras' next."""
+    prefix = str(tmp_path / "tf2" / "ckpt")
+    want = trained(kind, prefix)
+    flat = str(tmp_path / "flat" / "model.ckpt")
+    maps = [a for old, new in flat_rename(kind).items() for a in ("--map", f"{old}={new}")]
+    rc, _, err = in_process(
+        "flatten", prefix, flat, "--tf1-adam", "--adam-betas", f"{BETA1},{BETA2}", *maps
+    )
+    assert rc == 0, err
+    with tfckpt.open(flat) as c:
+        assert int(c["global_step"]) == STEPS
+        assert {"dense/kernel/Adam", "dense/kernel/Adam_1", "beta1_power"} <= set(c.keys())
+    got = run_tf1(tmp_path, True, flat)
+    np.testing.assert_allclose(got["powers"], [BETA1 ** (STEPS + 1), BETA2 ** (STEPS + 1)], 1e-6)
+    for name in ("kernel", "bias"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def flat_rename(kind: str) -> dict[str, str]:
+    """The flat names of ``kind``'s dense layer → the TF1 run's names."""
+    _, _, graft_rename = KINDS[kind]()
+    return {
+        new + ("$" if new.endswith(("kernel", "bias")) else ""): old
+        for old, new in graft_rename.items()
+    }

@@ -331,6 +331,20 @@ def add_flatten(sub: Subparsers) -> None:
     p.add_argument("src")
     p.add_argument("dst")
     opt.add_transform_options(p)
+    p.add_argument(
+        "--tf1-adam",
+        action="store_true",
+        help="name a TF2/Keras Adam's state as tf.compat.v1.train.AdamOptimizer does: "
+        "VAR/Adam and VAR/Adam_1 (VAR: the variable's new name), global_step, and "
+        "beta1_power and beta2_power for that step",
+    )
+    p.add_argument(
+        "--adam-betas",
+        type=_betas,
+        default=None,
+        metavar="B1,B2",
+        help="the optimizer's beta_1,beta_2 for --tf1-adam's powers (default 0.9,0.999)",
+    )
     p.set_defaults(func="transform.cmd_flatten")
 
 

@@ -13,11 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from tfckpt.errors import CheckpointError
+from tfckpt.format.optimizers import OptimizerState
 
 # tf.compat.v1.train.AdamOptimizer's and Keras' defaults.
 ADAM_BETAS = (0.9, 0.999)
 # Names a TF1 AdamOptimizer (name="Adam") gives what it keeps besides slots.
 BETA_POWERS = ("beta1_power", "beta2_power")
+GLOBAL_STEP = "global_step"
+# The TF1 slot (``VAR/Adam``) of each role a TF2 optimizer gives a slot (see
+# tfckpt.format.optimizers): tf.compat.v1.train.AdamOptimizer's, named "Adam".
+TF1_ADAM_SLOTS = {"m": "Adam", "v": "Adam_1", "_momentums": "Adam", "_velocities": "Adam_1"}
 
 
 def powers_after(steps: int, betas=ADAM_BETAS, dtype="float32") -> tuple[float, float]:
@@ -32,7 +37,10 @@ def powers_after(steps: int, betas=ADAM_BETAS, dtype="float32") -> tuple[float, 
         beta = dt.type(b)
         p = beta
         for _ in range(steps):
-            p = dt.type(p * beta)
+            q = dt.type(p * beta)
+            if q == p:  # stopped changing (underflow): so it stays
+                break
+            p = q
         out.append(float(p))
     return out[0], out[1]
 
@@ -58,3 +66,37 @@ def steps_from_powers(
             return [*found, -1] if found else found
         p1, p2, n = q1, q2, n + 1
     return found
+
+
+def tf1_adam_names(
+    state: OptimizerState, names: dict[str, str], ckpt, betas=ADAM_BETAS
+) -> list[tuple[str, np.ndarray]]:
+    """Name a TF2 Adam's state as TF1's AdamOptimizer does, in ``names`` (key → new
+    name, every variable's given): each slot its variable's new name and ``/Adam``
+    or ``/Adam_1``, the step count ``global_step``. Returns what TF1 keeps besides:
+    ``beta1_power`` and ``beta2_power`` after that many steps (read from ``ckpt``)."""
+    if not state.slots:
+        raise CheckpointError("no optimizer slots to name as TF1 Adam's", path=ckpt.prefix)
+    for slot, (var, role) in state.slots.items():
+        suffix = TF1_ADAM_SLOTS.get(role)
+        if suffix is None:
+            raise CheckpointError(
+                f"{slot!r} is its optimizer's {role.strip('_')!r} slot: TF1 Adam has none",
+                path=ckpt.prefix,
+            )
+        names[slot] = f"{names[var]}/{suffix}"
+    if len(state.steps) != 1:
+        raise CheckpointError(
+            f"TF1 Adam needs one step count; the object graph has {len(state.steps)}",
+            path=ckpt.prefix,
+        )
+    (step,) = state.steps
+    names[step] = GLOBAL_STEP
+    count = int(ckpt[step])
+    dtype = ckpt.info(next(iter(state.slots))).dtype
+    powers = powers_after(count, betas, dtype)
+    taken = set(names.values())
+    clash = [p for p in BETA_POWERS if p in taken]
+    if clash:
+        raise CheckpointError(f"{clash[0]!r} would name two tensors", path=ckpt.prefix)
+    return [(p, np.array(v, dtype=dtype)) for p, v in zip(BETA_POWERS, powers)]

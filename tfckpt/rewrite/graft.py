@@ -28,6 +28,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import (
     OBJECT_GRAPH_KEY,
     ObjectGraph,
@@ -36,7 +37,14 @@ from tfckpt.format.objectgraph import (
 from tfckpt.format.optimizers import OptimizerState, optimizer_state
 from tfckpt.format.tf2names import flat_names, tensor_path
 from tfckpt.io.storage import StorageOptions
-from tfckpt.rewrite.adamsteps import ADAM_BETAS, BETA_POWERS, steps_from_powers
+from tfckpt.rewrite.adamsteps import (
+    ADAM_BETAS,
+    BETA_POWERS,
+    GLOBAL_STEP,
+    TF1_ADAM_SLOTS,
+    steps_from_powers,
+    tf1_adam_names,
+)
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
@@ -205,12 +213,6 @@ def _found_in_sources(
                 continue
             found.setdefault(t, {}).setdefault(new, []).append((i, n))
     return found
-
-
-# The TF1 slot (``VAR/Adam``) of each role a TF2 optimizer gives a slot (see
-# tfckpt.format.optimizers): tf.compat.v1.train.AdamOptimizer's, named "Adam".
-TF1_ADAM_SLOTS = {"m": "Adam", "v": "Adam_1", "_momentums": "Adam", "_velocities": "Adam_1"}
-GLOBAL_STEP = "global_step"
 
 
 def _usable_names(srcs: list[Source], naming: NameRules) -> list[set[str]]:
@@ -470,10 +472,12 @@ def plan_flatten(
     dst,
     options: Options | None = None,
     *,
+    tf1_adam: bool = False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Plan:
-    """Plan :func:`flatten`; reads no tensor data.
+    """Plan :func:`flatten`; reads no tensor data (but, with ``tf1_adam``, the step count).
 
     >>> p = tfckpt.plan_flatten("tf2/ckpt-3", "tf1/model.ckpt")
     >>> [t.new_name for t in p.tensors][:2]
@@ -497,6 +501,9 @@ def plan_flatten(
         for key in ckpt.keys():
             if key != OBJECT_GRAPH_KEY:
                 composed[key] = new_name(flat.get(key, key), exact, rules)
+        made = (
+            tf1_adam_names(optimizer_state(graph), composed, ckpt, adam_betas) if tf1_adam else []
+        )
     finally:
         if not given:
             ckpt.close()
@@ -507,6 +514,9 @@ def plan_flatten(
         storage_options=storage_options,
     )
     p.object_graph = None  # names are all a name-based reader needs
+    for name, value in made:
+        info = TensorInfo(name, value.dtype.name, value.shape, value.nbytes, None, None, None)
+        p.tensors.append(PlannedTensor(0, name, name, info, info.dtype, info.nbytes, value=value))
     return p
 
 
@@ -515,6 +525,8 @@ def flatten(
     dst,
     options: Options | None = None,
     *,
+    tf1_adam: bool = False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     progress: Callable[[int], None] | None = None,
     storage_options: StorageOptions | None = None,
     **changes,
@@ -531,6 +543,14 @@ def flatten(
     >>> tfckpt.flatten("tf2/ckpt-3", "tf1/model.ckpt")
     """
     return execute(
-        plan_flatten(src, dst, options, storage_options=storage_options, **changes),
+        plan_flatten(
+            src,
+            dst,
+            options,
+            tf1_adam=tf1_adam,
+            adam_betas=adam_betas,
+            storage_options=storage_options,
+            **changes,
+        ),
         progress=progress,
     )
