@@ -260,3 +260,75 @@ def flat_rename(kind: str) -> dict[str, str]:
         new + ("$" if new.endswith(("kernel", "bias")) else ""): old
         for old, new in graft_rename.items()
     }
+
+
+# ---------------------------------------------------------------- step counts and refusals
+
+
+def test_adams_powers_give_the_step_until_they_underflow():
+    from tfckpt.rewrite.adamsteps import powers_after, steps_from_powers
+
+    for n in (0, 1, 7, 500):
+        assert steps_from_powers(*powers_after(n)) == [n]
+    assert steps_from_powers(*powers_after(7), betas=(0.8, 0.99)) == []
+    # beta1_power stops at the smallest float32 (0.9 x it rounds back to it), beta2_power
+    # much later: past there every step count holds the same powers.
+    late = steps_from_powers(*powers_after(200_000))
+    assert len(late) == 2 and late[-1] == -1 and late[0] < 200_000
+
+
+def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
+    src, _ = tf1_run
+    with tfckpt.open(src) as c:
+        values = {n: c[n] for n in c.keys()}
+    values["global_step"] = np.int64(STEPS + 1)
+    bad = tfckpt.save(values, str(tmp_path / "bad" / "model.ckpt"))
+    model, opt, rename = keras3()
+    tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
+    with pytest.raises(tfckpt.CheckpointError, match=f"global_step of .* is {STEPS + 1}, but"):
+        tfckpt.graft(tpl, bad, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
+    # Told to trust the powers, it takes their count.
+    dst = str(tmp_path / "o2")
+    tfckpt.graft(tpl, bad, dst, rename=rename, adam_betas=(BETA1, BETA2), exclude="^global_step$")
+    assert resumed_step("keras 3", dst)[1] == STEPS
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "RMSprop"])
+def test_other_optimizers_slots_are_refused(tf1_run, tmp_path, optimizer):
+    """A template whose optimizer keeps a momentum but is no Adam (SGD; RMSprop, whose
+    Keras 3 lists look like Adam's but for their order) has no TF1 Adam counterpart;
+    nor does flatten --tf1-adam name it."""
+    import keras
+
+    src, _ = tf1_run
+    model, _, rename = keras3()
+    opt = getattr(keras.optimizers, optimizer)(0.1, momentum=0.9)
+    opt.build(model.trainable_variables)
+    tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
+    with pytest.raises(tfckpt.CheckpointError, match="of what 'dense/kernel' fills: not an Adam's"):
+        tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
+    result = in_process("flatten", tpl, tmp_path / "f", "--tf1-adam")
+    assert_cli_error(result, "slot, not an Adam's")
+
+
+def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
+    """tf.keras 2's own Adam keeps no list of its variables: a slot's is the one its
+    name names, ``Adam/m/d1/kernel`` after ``fit`` (``m/d1/kernel`` when built outside)."""
+    from tfckpt.format.objectgraph import ObjectGraph
+    from tfckpt.format.optimizers import optimizer_state
+
+    tf_keras = pytest.importorskip("tf_keras")
+    model = tf_keras.Sequential(
+        [tf_keras.Input((3,)), tf_keras.layers.Dense(4, name="d1"), tf_keras.layers.Dense(2)]
+    )
+    model.compile(tf_keras.optimizers.Adam(), "mse")
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    prefix = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(tmp_path / "c"))
+    with tfckpt.open(prefix) as c:
+        graph = ObjectGraph.of(c)
+    names = {a.checkpoint_key: a.full_name for n in graph.nodes for a in n.attributes}
+    slots = optimizer_state(graph).slots
+    assert len(slots) == 8
+    for slot, (var, role) in slots.items():
+        short = {"_momentums": "m", "_velocities": "v"}[role]
+        assert names[slot] == f"Adam/{short}/{names[var]}", (slot, var)

@@ -287,7 +287,9 @@ def add_graft(sub: Subparsers) -> None:
         "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
         "the template's dtype. A template tensor without a source is an error, except "
         "save_counter (taken from the first source that has one). TF2 sources are matched "
-        "by their keys.",
+        "by their keys. A template's Adam moments come from the TF1 slots VAR/Adam and "
+        "VAR/Adam_1 of the tensor that fills their variable, its step count from "
+        "global_step or Adam's beta1_power and beta2_power.",
     )
     p.add_argument("template")
     p.add_argument("sources", nargs="+", metavar="SRC")

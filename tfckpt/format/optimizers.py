@@ -5,7 +5,8 @@ Three layouts, as TensorFlow 2.21 and Keras write them:
 - *slot variables* (tf.keras 2's ``tf_keras.optimizers.legacy``, TF2's own
   optimizers): the optimizer's node lists ``slot_variables`` (variable node, slot
   name ``m``/``v``/``momentum``..., slot node); its step is the child ``iter``.
-- *Keras 3*: the optimizer's ``_momentums``, ``_velocities``... are lists whose
+- *Keras 3*: the optimizer's ``_momentums``, ``_velocities``... (every child that is
+  a list of variables) are lists whose
   ``N``-th entry is the slot of the ``N``-th entry of its ``_trainable_variables``;
   its step is the child ``_iterations``.
 - *tf.keras 2's own optimizers* (``tf_keras.optimizers.Adam``): the same lists
@@ -24,9 +25,10 @@ from tfckpt.format.objectgraph import ObjectGraph
 
 # The local names of an edge to an optimizer (tf.train.Checkpoint(optimizer=...), a model's).
 _OPTIMIZER_EDGE = "optimizer"
-# Keras' lists of slots, one entry per trainable variable.
-SLOT_LISTS = ("_momentums", "_velocities", "_accumulators", "_linears")
-# tf.keras 2 names a list's slot SHORT/VARIABLE (see _named_owner).
+# A Keras optimizer's lists that hold no slots.
+_NOT_SLOTS = frozenset({"_variables", "_trainable_variables", "_trainable_variables_indices"})
+# tf.keras 2 names a list's slot SHORT/VARIABLE (see _named_owner); Keras 3 keeps
+# every list of slots as its optimizer's child, one entry per trainable variable.
 SLOT_NAMES = {
     "_momentums": "m",
     "_velocities": "v",
@@ -49,6 +51,10 @@ class OptimizerState:
     slots: dict[str, tuple[str, str]] = field(default_factory=dict)
     steps: list[str] = field(default_factory=list)
     other: set[str] = field(default_factory=set)
+    # A slot's key → every role its optimizer keeps, "+order" added where a list's
+    # entries for one variable come before the first list's (a Keras 3 RMSprop builds
+    # velocities, then momentums; an Adam momentum then velocity, variable by variable).
+    kinds: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def _value_key(node) -> str | None:
@@ -86,13 +92,14 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
     optimizers = sorted(
         {c.node_id for n in nodes for c in n.children if c.local_name == _OPTIMIZER_EDGE}
     )
-    for s in (s for n in nodes for s in n.slot_variables):
-        slot, var = (
-            _value_key(nodes[s.slot_variable_node_id]),
-            _value_key(nodes[s.original_variable_node_id]),
-        )
-        if slot is not None and var is not None:
-            state.slots[slot] = (var, s.slot_name)
+    for node in nodes:
+        roles = frozenset(s.slot_name for s in node.slot_variables)
+        for s in node.slot_variables:
+            slot = _value_key(nodes[s.slot_variable_node_id])
+            var = _value_key(nodes[s.original_variable_node_id])
+            if slot is not None and var is not None:
+                state.slots[slot] = (var, s.slot_name)
+                state.kinds[slot] = roles
     by_name: dict[str, list[str]] | None = None
     for o in optimizers:
         node = nodes[o]
@@ -103,11 +110,10 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
                 state.steps.append(key)
         variables = _child(node, "_trainable_variables")
         owners = {} if variables is None else _list_entries(graph, variables)
-        for role in SLOT_LISTS:
-            listed = _child(node, role)
-            if listed is None:
-                continue
-            for pos, slot_node in sorted(_list_entries(graph, listed).items()):
+        lists = _slot_lists(graph, node)
+        kind = _kind(graph, node, lists)
+        for role, listed in lists.items():
+            for pos, slot_node in sorted(listed.items()):
                 slot = _value_key(nodes[slot_node])
                 if slot is None:
                     continue
@@ -123,8 +129,42 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
                         path=graph.path,
                     )
                 state.slots[slot] = (var, role)
+                state.kinds[slot] = kind
     _other_optimizer_tensors(graph, optimizers, state)
     return state
+
+
+def _slot_lists(graph: ObjectGraph, node) -> dict[str, dict[int, int]]:
+    """A Keras optimizer's lists of slots (role → position → node): every child but
+    its lists of all variables whose entries are variables."""
+    out = {}
+    for c in node.children:
+        if c.local_name in _NOT_SLOTS:
+            continue
+        entries = _list_entries(graph, c.node_id)
+        if entries and all(_value_key(graph.nodes[n]) for n in entries.values()):
+            out[c.local_name] = entries
+    return out
+
+
+def _kind(graph: ObjectGraph, node, lists: dict[str, dict[int, int]]) -> frozenset[str]:
+    """The optimizer's kind, see :class:`OptimizerState`: the roles of its lists,
+    ``+order`` where a velocity precedes its momentum among ``_variables``, ``+extra``
+    where it holds a variable besides its step, its learning rate and its lists (a
+    Keras 3 Nadam's ``_u_product``)."""
+    kind = set(lists)
+    everything = _child(node, "_variables")
+    if everything is not None and {"_momentums", "_velocities"} <= kind:
+        order = {n: pos for pos, n in _list_entries(graph, everything).items()}
+        for pos, n in lists["_velocities"].items():
+            lead = lists["_momentums"].get(pos)
+            if lead is not None and order.get(n, 0) < order.get(lead, 0):
+                kind.add("+order")
+    for c in node.children:
+        plain = c.local_name not in (*STEP_CHILDREN, "_learning_rate", "learning_rate")
+        if plain and _value_key(graph.nodes[c.node_id]) is not None:
+            kind.add("+extra")
+    return frozenset(kind)
 
 
 def _variables_by_name(graph: ObjectGraph) -> dict[str, list[str]]:
@@ -143,9 +183,15 @@ def _named_owner(
     """tf.keras 2's slot ``[OPTIMIZER/]SHORT/VARIABLE`` (``Adam/m/dense/kernel``, or
     ``m/dense/kernel`` built outside the optimizer's scope): the one variable so named."""
     full = next((a.full_name for a in slot_node.attributes if a.name == "VARIABLE_VALUE"), "")
-    head, sep, rest = f"/{full}".partition(f"/{SLOT_NAMES[role]}/")
-    if not sep or "/" in head.lstrip("/"):
-        return None
+    short = SLOT_NAMES.get(role)
+    if short is not None:
+        head, sep, rest = f"/{full}".partition(f"/{short}/")
+        if not sep or "/" in head.lstrip("/"):
+            return None
+    else:  # another optimizer's: the longest tail of the name that names a variable
+        parts = full.split("/")
+        tails = ("/".join(parts[k:]) for k in range(1, len(parts)))
+        rest = next((t for t in tails if t in by_name), "")
     keys = by_name.get(rest, [])
     if len(keys) > 1:
         raise CheckpointError(

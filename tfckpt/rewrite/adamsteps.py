@@ -23,6 +23,17 @@ GLOBAL_STEP = "global_step"
 # The TF1 slot (``VAR/Adam``) of each role a TF2 optimizer gives a slot (see
 # tfckpt.format.optimizers): tf.compat.v1.train.AdamOptimizer's, named "Adam".
 TF1_ADAM_SLOTS = {"m": "Adam", "v": "Adam_1", "_momentums": "Adam", "_velocities": "Adam_1"}
+# The roles an Adam's optimizer keeps, in each layout (an SGD keeps momentums alone,
+# a Keras 3 RMSprop momentums and velocities in the other order).
+ADAM_KINDS = (frozenset({"m", "v"}), frozenset({"_momentums", "_velocities"}))
+
+
+def adam_slot(state: OptimizerState, slot: str) -> str | None:
+    """The TF1 Adam slot name (``Adam``, ``Adam_1``) of the TF2 ``slot``; None where its
+    optimizer is not an Adam."""
+    if state.kinds.get(slot) not in ADAM_KINDS:
+        return None
+    return TF1_ADAM_SLOTS.get(state.slots[slot][1])
 
 
 def powers_after(steps: int, betas=ADAM_BETAS, dtype="float32") -> tuple[float, float]:
@@ -78,10 +89,11 @@ def tf1_adam_names(
     if not state.slots:
         raise CheckpointError("no optimizer slots to name as TF1 Adam's", path=ckpt.prefix)
     for slot, (var, role) in state.slots.items():
-        suffix = TF1_ADAM_SLOTS.get(role)
+        suffix = adam_slot(state, slot)
         if suffix is None:
             raise CheckpointError(
-                f"{slot!r} is its optimizer's {role.strip('_')!r} slot: TF1 Adam has none",
+                f"{slot!r} is its optimizer's {role.strip('_')!r} slot, not an Adam's: "
+                "TF1 Adam has none",
                 path=ckpt.prefix,
             )
         names[slot] = f"{names[var]}/{suffix}"

@@ -41,7 +41,7 @@ from tfckpt.rewrite.adamsteps import (
     ADAM_BETAS,
     BETA_POWERS,
     GLOBAL_STEP,
-    TF1_ADAM_SLOTS,
+    adam_slot,
     steps_from_powers,
     tf1_adam_names,
 )
@@ -245,7 +245,7 @@ def _place_optimizer_state(
     for t, (var, role) in state.slots.items():
         if t not in present or t in found or not found.get(var):
             continue
-        suffix = TF1_ADAM_SLOTS.get(role)
+        suffix = adam_slot(state, t)
         pairs = [p for where in found[var].values() for p in where]
         hits: _Hits = {}
         for i, n in pairs:
@@ -259,7 +259,7 @@ def _place_optimizer_state(
             why = (
                 f"no {n + '/' + suffix!r} in {srcs[i].label}"
                 if suffix is not None
-                else "graft places TF1 Adam slots only"
+                else "not an Adam's: graft places TF1 Adam slots only"
             )
             missing.append(f"{t!r} ({role.strip('_')} of what {n!r} fills: {why})")
     if missing:
@@ -449,6 +449,14 @@ def graft(
     source's by key or flat name). Source tensors no template tensor takes are listed
     in the plan's ``dropped``.
 
+    A template's Adam moments (tf.keras 2 slot variables ``m``/``v``, tf.keras 2 and
+    Keras 3 ``_momentums``/``_velocities``; see :mod:`tfckpt.format.optimizers`) no
+    name finds come from the TF1 slots ``VAR/Adam`` and ``VAR/Adam_1`` of the source
+    tensor ``VAR`` that fills their variable; its step count from ``global_step`` or,
+    without one, from ``beta1_power`` and ``beta2_power`` read with ``adam_betas``
+    (see :mod:`tfckpt.rewrite.adamsteps`). Its other state (learning rate) keeps the
+    template's values.
+
     >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",
     ...              rename={"simple-fc/weights": "model/fc/kernel"})
     """
@@ -538,7 +546,10 @@ def flatten(
     their variable's path and the slot's name (``model/dense/kernel/m``), other
     attributes' tensors by their path (see :mod:`tfckpt.graft`). Every transform
     option applies (see :func:`tfckpt.transform`); ``rename`` and ``rename_exact``
-    apply to the flat names. Two tensors with one name are an error.
+    apply to the flat names. Two tensors with one name are an error. With
+    ``tf1_adam``, an Adam's state is named as ``tf.compat.v1.train.AdamOptimizer``
+    names it: ``VAR/Adam`` and ``VAR/Adam_1`` after the variable's new name,
+    ``global_step``, and ``beta1_power``/``beta2_power`` for that step (``adam_betas``).
 
     >>> tfckpt.flatten("tf2/ckpt-3", "tf1/model.ckpt")
     """
