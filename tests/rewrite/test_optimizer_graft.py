@@ -6,6 +6,7 @@ optimizer's lists, Keras 3's lists)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -177,6 +178,10 @@ def test_graft_cli_takes_adams_betas(tf1_run, tmp_path):
         counted = "global_step" in c.keys()
     if not counted:  # Adam's powers, read with the defaults, are not this run's
         assert_cli_error(in_process(*args), "beta1_power and beta2_power", "--adam-betas")
+    rc, out, err = in_process(*args, "--adam-betas", f"{BETA1},{BETA2}", "--dry-run", "--json")
+    assert rc == 0, err
+    (step,) = [t for t in json.loads(out)["tensors"] if "value" in t]
+    assert (step["new_name"], step["value"]) == ("optimizer/_iterations" + VALUE, STEPS)
     rc, _, err = in_process(*args, "--adam-betas", f"{BETA1},{BETA2}")
     assert rc == 0, err
     got, step = resumed_step("keras 3", dst)

@@ -144,6 +144,7 @@ class Plan:
                         else {}
                     ),
                     **({"made_of": _made_of(t.parts)} if t.parts is not None else {}),
+                    **({"value": t.value.tolist()} if t.value is not None else {}),
                 }
                 for t in self.tensors
             ],

@@ -132,11 +132,12 @@ def _print_plan(p: Plan) -> None:
         rows[0].append("DTYPE BY")
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
+        computed = t.value is not None  # a graft's step count, flatten's Adam powers
         rows.append(
             [
-                p.sources[t.source].label,
-                t.name,
-                t.new_name if t.renamed else "=",
+                "(computed)" if computed else p.sources[t.source].label,
+                str(t.value.tolist()) if computed else t.name,
+                t.new_name if t.renamed or computed else "=",
                 dtype,
                 shape_text(t.info.shape)
                 + ("" if t.shape is None else f"->{shape_text(t.out_shape)}"),
