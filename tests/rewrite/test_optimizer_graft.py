@@ -19,11 +19,11 @@ import tfckpt
 
 tf = pytest.importorskip("tensorflow")
 
-LR, BETA1, BETA2, EPS = 0.01, 0.8, 0.99, 1e-7
+LR, BETA1, BETA2, EPS, MOMENTUM = 0.01, 0.8, 0.99, 1e-7, 0.9
 STEPS = 3  # before the save
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
-# A TF1 training run: dense/kernel and dense/bias, STEPS Adam steps on the batches
+# A TF1 training run: dense/kernel and dense/bias, STEPS Adam (or Momentum) steps on the batches
 # 0..STEPS-1, saved; then one step on batch STEPS, whose weights it saves as next.npz.
 TF1_RUN = textwrap.dedent(
     """
@@ -31,7 +31,7 @@ TF1_RUN = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
 
-    out, with_step, lr, b1, b2, eps, steps, restore = sys.argv[1:]
+    out, with_step, lr, b1, b2, eps, steps, restore, which, mom = sys.argv[1:]
     tf.compat.v1.disable_eager_execution()
 
     def batch(i):
@@ -47,7 +47,10 @@ TF1_RUN = textwrap.dedent(
         k = tf.compat.v1.get_variable("kernel", initializer=init)
         b = tf.compat.v1.get_variable("bias", initializer=np.full(2, 0.5, np.float32))
     loss = tf.reduce_mean(tf.square(tf.matmul(x, k) + b - y))
-    opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
+    if which == "adam":
+        opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
+    else:
+        opt = tf.compat.v1.train.MomentumOptimizer(float(lr), float(mom))
     if with_step == "1":
         train = opt.minimize(loss, tf.compat.v1.train.get_or_create_global_step())
     else:
@@ -61,7 +64,7 @@ TF1_RUN = textwrap.dedent(
                 xs, ys = batch(i)
                 sess.run(train, {x: xs, y: ys})
             tf.compat.v1.train.Saver().save(sess, out + "/model.ckpt", write_meta_graph=False)
-        powers = sess.run(opt._get_beta_accumulators())
+        powers = sess.run(opt._get_beta_accumulators()) if which == "adam" else [0, 0]
         xs, ys = batch(int(steps))
         sess.run(train, {x: xs, y: ys})
         np.savez(out + "/next.npz", kernel=sess.run(k), bias=sess.run(b), powers=powers)
@@ -88,10 +91,11 @@ def tf1_run(request, tmp_path_factory):
     return str(d / "model.ckpt"), want
 
 
-def run_tf1(out, with_step: bool, restore: str = "") -> dict[str, np.ndarray]:
+def run_tf1(out, with_step: bool, restore: str = "", which="adam") -> dict[str, np.ndarray]:
     """Run TF1_RUN in its own process: TF1 graph mode and Keras do not share one."""
     flag = "1" if with_step else "0"
     args = [str(out), flag, str(LR), str(BETA1), str(BETA2), str(EPS), str(STEPS), restore]
+    args += [which, str(MOMENTUM)]
     run = subprocess.run(
         [sys.executable, "-c", TF1_RUN, *args], capture_output=True, text=True, timeout=120
     )
@@ -99,27 +103,30 @@ def run_tf1(out, with_step: bool, restore: str = "") -> dict[str, np.ndarray]:
     return dict(np.load(f"{out}/next.npz"))
 
 
-def tf_keras_legacy():
+def tf_keras_legacy(sgd=False):
     tf_keras = pytest.importorskip("tf_keras")
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, name="d")])
-    opt = tf_keras.optimizers.legacy.Adam(LR, BETA1, BETA2, EPS)
+    o = tf_keras.optimizers.legacy
+    opt = o.SGD(LR, MOMENTUM) if sgd else o.Adam(LR, BETA1, BETA2, EPS)
     opt._create_all_weights(model.trainable_variables)  # its slots and step, as training makes
     return model, opt, {"dense/": "model/layer_with_weights-0/"}
 
 
-def tf_keras_own():
+def tf_keras_own(sgd=False):
     tf_keras = pytest.importorskip("tf_keras")
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, name="d")])
-    opt = tf_keras.optimizers.Adam(LR, BETA1, BETA2, EPS)
+    o = tf_keras.optimizers
+    opt = o.SGD(LR, MOMENTUM) if sgd else o.Adam(LR, BETA1, BETA2, EPS)
     opt.build(model.trainable_variables)
     return model, opt, {"dense/": "model/layer_with_weights-0/"}
 
 
-def keras3():
+def keras3(sgd=False):
     import keras
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
-    opt = keras.optimizers.Adam(LR, BETA1, BETA2, EPS)
+    o = keras.optimizers
+    opt = o.SGD(LR, MOMENTUM) if sgd else o.Adam(LR, BETA1, BETA2, EPS)
     opt.build(model.trainable_variables)
     # Keras 3 keys the model's variables through the optimizer: graft finds them by path.
     return (
@@ -135,10 +142,10 @@ def keras3():
 KINDS = {"tf_keras legacy": tf_keras_legacy, "tf_keras": tf_keras_own, "keras 3": keras3}
 
 
-def resumed_step(kind: str, prefix: str) -> tuple[dict[str, np.ndarray], int]:
+def resumed_step(kind: str, prefix: str, sgd=False) -> tuple[dict[str, np.ndarray], int]:
     """A fresh model and optimizer of ``kind`` restored from ``prefix`` (everything
     consumed), after one step on the TF1 run's next batch; and the step it restored."""
-    model, opt, _ = KINDS[kind]()
+    model, opt, _ = KINDS[kind](sgd)
     tf.train.Checkpoint(model=model, optimizer=opt).restore(prefix).assert_consumed()
     restored = int(opt.iterations.numpy())
     xs, ys = batch(STEPS)
@@ -150,8 +157,8 @@ def resumed_step(kind: str, prefix: str) -> tuple[dict[str, np.ndarray], int]:
     return {"kernel": np.asarray(layer.kernel), "bias": np.asarray(layer.bias)}, restored
 
 
-def grafted(kind: str, src: str, tmp_path, **changes) -> str:
-    model, opt, rename = KINDS[kind]()
+def grafted(kind: str, src: str, tmp_path, sgd=False, **changes) -> str:
+    model, opt, rename = KINDS[kind](sgd)
     template = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t" / "t"))
     dst = str(tmp_path / "out" / "ckpt")
     tfckpt.graft(template, src, dst, rename=rename, adam_betas=(BETA1, BETA2), **changes)
@@ -216,10 +223,10 @@ def test_swapped_moments_take_another_step(tf1_run, tmp_path):
 # ---------------------------------------------------------------- flatten
 
 
-def trained(kind: str, prefix: str) -> dict[str, np.ndarray]:
+def trained(kind: str, prefix: str, sgd=False) -> dict[str, np.ndarray]:
     """A Keras model and its Adam of ``kind`` after STEPS steps, saved at ``prefix``;
     and its weights after one more step on the next batch."""
-    model, opt, _ = KINDS[kind]()
+    model, opt, _ = KINDS[kind](sgd)
     layer = model.get_layer("d")
     layer.kernel.assign(np.random.default_rng(100).standard_normal((3, 2)).astype(np.float32))
 
@@ -239,14 +246,14 @@ def trained(kind: str, prefix: str) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_flattened_adam_takes_the_keras_next_step_in_tf1(kind, tmp_path):
-    """Keras' Adam state flattened with ``--tf1-adam`` restores into a TF1 graph's
+    """Keras' Adam state flattened with ``--tf1-slots`` restores into a TF1 graph's
     AdamOptimizer (Saver.restore of every variable), whose next step is Keras' next."""
     prefix = str(tmp_path / "tf2" / "ckpt")
     want = trained(kind, prefix)
     flat = str(tmp_path / "flat" / "model.ckpt")
     maps = [a for old, new in flat_rename(kind).items() for a in ("--map", f"{old}={new}")]
     rc, _, err = in_process(
-        "flatten", prefix, flat, "--tf1-adam", "--adam-betas", f"{BETA1},{BETA2}", *maps
+        "flatten", prefix, flat, "--tf1-slots", "--adam-betas", f"{BETA1},{BETA2}", *maps
     )
     assert rc == 0, err
     with tfckpt.open(flat) as c:
@@ -271,7 +278,7 @@ def flat_rename(kind: str) -> dict[str, str]:
 
 
 def test_adams_powers_give_the_step_until_they_underflow():
-    from tfckpt.rewrite.adamsteps import powers_after, steps_from_powers
+    from tfckpt.rewrite.tf1slots import powers_after, steps_from_powers
 
     for n in (0, 1, 7, 500):
         assert steps_from_powers(*powers_after(n)) == [n]
@@ -298,22 +305,26 @@ def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
     assert resumed_step("keras 3", dst)[1] == STEPS
 
 
-@pytest.mark.parametrize("optimizer", ["SGD", "RMSprop"])
+@pytest.mark.parametrize("optimizer", ["Adagrad", "RMSprop"])
 def test_other_optimizers_slots_are_refused(tf1_run, tmp_path, optimizer):
-    """A template whose optimizer keeps a momentum but is no Adam (SGD; RMSprop, whose
-    Keras 3 lists look like Adam's but for their order) has no TF1 Adam counterpart;
-    nor does flatten --tf1-adam name it."""
+    """A template whose optimizer is neither Adam nor momentum SGD (Adagrad; RMSprop,
+    whose Keras 3 lists look like Adam's but for their order) has no TF1 counterpart
+    here; nor does flatten --tf1-slots name it."""
     import keras
 
     src, _ = tf1_run
     model, _, rename = keras3()
-    opt = getattr(keras.optimizers, optimizer)(0.1, momentum=0.9)
+    opt = getattr(keras.optimizers, optimizer)(0.1)
+    if optimizer == "RMSprop":
+        opt = keras.optimizers.RMSprop(0.1, momentum=0.9)
     opt.build(model.trainable_variables)
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
-    with pytest.raises(tfckpt.CheckpointError, match="of what 'dense/kernel' fills: not an Adam's"):
+    with pytest.raises(
+        tfckpt.CheckpointError, match="of what 'dense/kernel' fills: not an Adam's or"
+    ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
-    result = in_process("flatten", tpl, tmp_path / "f", "--tf1-adam")
-    assert_cli_error(result, "slot, not an Adam's")
+    result = in_process("flatten", tpl, tmp_path / "f", "--tf1-slots")
+    assert_cli_error(result, "slot, not an Adam's or")
 
 
 def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
@@ -337,3 +348,40 @@ def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
     for slot, (var, role) in slots.items():
         short = {"_momentums": "m", "_velocities": "v"}[role]
         assert names[slot] == f"Adam/{short}/{names[var]}", (slot, var)
+
+
+# ---------------------------------------------------------------- momentum
+
+
+@pytest.fixture(scope="module")
+def tf1_momentum(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tf1momentum")
+    want = run_tf1(d, True, which="momentum")
+    with tfckpt.open(str(d / "model.ckpt")) as c:
+        assert "dense/kernel/Momentum" in c.keys()
+    return str(d / "model.ckpt"), want
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_grafted_momentum_takes_the_tf1_runs_next_step(tf1_momentum, kind, tmp_path):
+    """TF1's Momentum accumulates gradients, Keras' momentum the updates (-lr times):
+    graft scales it, and Keras' next step is TF1's."""
+    src, want = tf1_momentum
+    got, step = resumed_step(kind, grafted(kind, src, tmp_path, sgd=True), sgd=True)
+    assert step == STEPS
+    for name in ("kernel", "bias"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_flattened_momentum_takes_the_keras_next_step_in_tf1(kind, tmp_path):
+    prefix = str(tmp_path / "tf2" / "ckpt")
+    want = trained(kind, prefix, sgd=True)
+    flat = str(tmp_path / "flat" / "model.ckpt")
+    rename = {new: old for old, new in flat_rename(kind).items()}
+    tfckpt.flatten(prefix, flat, tf1_slots=True, rename={v: k for k, v in rename.items()})
+    with tfckpt.open(flat) as c:
+        assert "beta1_power" not in c.keys() and "dense/bias/Momentum" in c.keys()
+    got = run_tf1(tmp_path, True, flat, which="momentum")
+    for name in ("kernel", "bias"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)

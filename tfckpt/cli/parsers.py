@@ -334,18 +334,18 @@ def add_flatten(sub: Subparsers) -> None:
     p.add_argument("dst")
     opt.add_transform_options(p)
     p.add_argument(
-        "--tf1-adam",
+        "--tf1-slots",
         action="store_true",
-        help="name a TF2/Keras Adam's state as tf.compat.v1.train.AdamOptimizer does: "
-        "VAR/Adam and VAR/Adam_1 (VAR: the variable's new name), global_step, and "
-        "beta1_power and beta2_power for that step",
+        help="name a TF2/Keras Adam's or momentum SGD's state as TF1's AdamOptimizer or "
+        "MomentumOptimizer does: VAR/Adam and VAR/Adam_1, or VAR/Momentum (VAR: the "
+        "variable's new name), global_step, and an Adam's beta1_power and beta2_power",
     )
     p.add_argument(
         "--adam-betas",
         type=_betas,
         default=None,
         metavar="B1,B2",
-        help="the optimizer's beta_1,beta_2 for --tf1-adam's powers (default 0.9,0.999)",
+        help="the optimizer's beta_1,beta_2 for --tf1-slots' powers (default 0.9,0.999)",
     )
     p.set_defaults(func="transform.cmd_flatten")
 

@@ -30,6 +30,7 @@ _NOT_SLOTS = frozenset({"_variables", "_trainable_variables", "_trainable_variab
 # tf.keras 2 names a list's slot SHORT/VARIABLE (see _named_owner); Keras 3 keeps
 # every list of slots as its optimizer's child, one entry per trainable variable.
 SLOT_NAMES = {
+    "momentums": "m",
     "_momentums": "m",
     "_velocities": "v",
     "_accumulators": "accumulator",
@@ -37,6 +38,8 @@ SLOT_NAMES = {
 }
 # Children of an optimizer holding its step count.
 STEP_CHILDREN = ("iter", "_iterations")
+# Children of an optimizer holding its learning rate (a variable, not a schedule).
+LEARNING_RATES = ("learning_rate", "_learning_rate")
 
 
 @dataclass
@@ -55,6 +58,8 @@ class OptimizerState:
     # entries for one variable come before the first list's (a Keras 3 RMSprop builds
     # velocities, then momentums; an Adam momentum then velocity, variable by variable).
     kinds: dict[str, frozenset[str]] = field(default_factory=dict)
+    # A slot's key → its optimizer's learning rate's key, where it keeps one.
+    learning_rates: dict[str, str] = field(default_factory=dict)
 
 
 def _value_key(node) -> str | None:
@@ -94,12 +99,15 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
     )
     for node in nodes:
         roles = frozenset(s.slot_name for s in node.slot_variables)
+        rate = _learning_rate(graph, node)
         for s in node.slot_variables:
             slot = _value_key(nodes[s.slot_variable_node_id])
             var = _value_key(nodes[s.original_variable_node_id])
             if slot is not None and var is not None:
                 state.slots[slot] = (var, s.slot_name)
                 state.kinds[slot] = roles
+                if rate is not None:
+                    state.learning_rates[slot] = rate
     by_name: dict[str, list[str]] | None = None
     for o in optimizers:
         node = nodes[o]
@@ -112,6 +120,7 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
         owners = {} if variables is None else _list_entries(graph, variables)
         lists = _slot_lists(graph, node)
         kind = _kind(graph, node, lists)
+        rate = _learning_rate(graph, node)
         for role, listed in lists.items():
             for pos, slot_node in sorted(listed.items()):
                 slot = _value_key(nodes[slot_node])
@@ -130,8 +139,19 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
                     )
                 state.slots[slot] = (var, role)
                 state.kinds[slot] = kind
+                if rate is not None:
+                    state.learning_rates[slot] = rate
     _other_optimizer_tensors(graph, optimizers, state)
     return state
+
+
+def _learning_rate(graph: ObjectGraph, node) -> str | None:
+    for name in LEARNING_RATES:
+        child = _child(node, name)
+        key = None if child is None else _value_key(graph.nodes[child])
+        if key is not None:
+            return key
+    return None
 
 
 def _slot_lists(graph: ObjectGraph, node) -> dict[str, dict[int, int]]:
@@ -161,7 +181,7 @@ def _kind(graph: ObjectGraph, node, lists: dict[str, dict[int, int]]) -> frozens
             if lead is not None and order.get(n, 0) < order.get(lead, 0):
                 kind.add("+order")
     for c in node.children:
-        plain = c.local_name not in (*STEP_CHILDREN, "_learning_rate", "learning_rate")
+        plain = c.local_name not in (*STEP_CHILDREN, *LEARNING_RATES)
         if plain and _value_key(graph.nodes[c.node_id]) is not None:
             kind.add("+extra")
     return frozenset(kind)

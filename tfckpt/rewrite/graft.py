@@ -37,14 +37,6 @@ from tfckpt.format.objectgraph import (
 from tfckpt.format.optimizers import OptimizerState, optimizer_state
 from tfckpt.format.tf2names import flat_names, tensor_path
 from tfckpt.io.storage import StorageOptions
-from tfckpt.rewrite.adamsteps import (
-    ADAM_BETAS,
-    BETA_POWERS,
-    GLOBAL_STEP,
-    adam_slot,
-    steps_from_powers,
-    tf1_adam_names,
-)
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
@@ -59,6 +51,16 @@ from tfckpt.rewrite.planner import (
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import NameRules, compile_patterns, compile_rules, new_name
+from tfckpt.rewrite.tf1slots import (
+    ADAM_BETAS,
+    BETA_POWERS,
+    GLOBAL_STEP,
+    MOMENTUM,
+    learning_rate,
+    steps_from_powers,
+    tf1_names,
+    tf1_slot,
+)
 
 
 def _as_list(sources) -> list:
@@ -109,8 +111,12 @@ def plan_graft(
     found = _found_in_sources(srcs, target, shared, naming, dropped)
     state = optimizer_state(srcs[0].graph) if srcs[0].graph is not None else OptimizerState()
     kept = {t for t in names if tensor_path(t) == SAVE_COUNTER or allow_missing} | state.other
-    steps = _place_optimizer_state(srcs, names, found, state, naming, kept, dropped, adam_betas)
+    steps, scales = _place_optimizer_state(
+        srcs, names, found, state, naming, kept, dropped, adam_betas
+    )
     planned = _grafted_tensors(srcs, names, found, options.prefer, kept, steps, dropped)
+    for t in planned:
+        t.scale = scales.get(t.new_name)
     follow_source_layouts(srcs, options)
     return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
 
@@ -233,19 +239,22 @@ def _place_optimizer_state(
     kept: set[str],
     dropped: list[tuple[str, str, str]],
     betas: tuple[float, float],
-) -> dict[str, int]:
+) -> tuple[dict[str, int], dict[str, float]]:
     """Fill ``found`` for the template's optimizer slots no name finds: each from the
-    TF1 slot of the source tensor that fills its variable (``VAR/Adam``, ``VAR/Adam_1``);
-    and the template's step counts, from TF1's ``global_step`` or Adam's powers
-    (returned: key → count). What they take leaves ``dropped``."""
+    TF1 slot of the source tensor that fills its variable (``VAR/Adam``, ``VAR/Adam_1``,
+    ``VAR/Momentum``); and the template's step counts, from TF1's ``global_step`` or
+    Adam's powers. Returns key → step count, and key → the factor a slot's values are
+    scaled by (a momentum's: -learning_rate). What they take leaves ``dropped``."""
     present = set(names)
     usable = _usable_names(srcs, naming)
     used: set[tuple[int, str]] = set()
     missing: list[str] = []
+    scales: dict[str, float] = {}
     for t, (var, role) in state.slots.items():
         if t not in present or t in found or not found.get(var):
             continue
-        suffix = adam_slot(state, t)
+        tf1 = tf1_slot(state, t)
+        suffix = None if tf1 is None else tf1[1]
         pairs = [p for where in found[var].values() for p in where]
         hits: _Hits = {}
         for i, n in pairs:
@@ -254,12 +263,14 @@ def _place_optimizer_state(
         if hits:
             found[t] = hits
             used.update(p for where in hits.values() for p in where)
+            if tf1 is not None and tf1[0] is MOMENTUM:
+                scales[t] = -learning_rate(state, t, srcs[0].ckpt)
         elif t not in kept:
             i, n = pairs[0]
             why = (
                 f"no {n + '/' + suffix!r} in {srcs[i].label}"
                 if suffix is not None
-                else "not an Adam's: graft places TF1 Adam slots only"
+                else "not an Adam's or a momentum SGD's: TF1 has no such slot"
             )
             missing.append(f"{t!r} ({role.strip('_')} of what {n!r} fills: {why})")
     if missing:
@@ -277,7 +288,7 @@ def _place_optimizer_state(
             if count is not None:
                 steps[t] = count
     dropped[:] = [d for d in dropped if (d[0], d[1]) not in {(srcs[i].label, n) for i, n in used}]
-    return steps
+    return steps, scales
 
 
 def _tf1_step(
@@ -452,9 +463,10 @@ def graft(
     A template's Adam moments (tf.keras 2 slot variables ``m``/``v``, tf.keras 2 and
     Keras 3 ``_momentums``/``_velocities``; see :mod:`tfckpt.format.optimizers`) no
     name finds come from the TF1 slots ``VAR/Adam`` and ``VAR/Adam_1`` of the source
-    tensor ``VAR`` that fills their variable; its step count from ``global_step`` or,
+    tensor ``VAR`` that fills their variable, a momentum SGD's from ``VAR/Momentum``
+    times -learning_rate; its step count from ``global_step`` or,
     without one, from ``beta1_power`` and ``beta2_power`` read with ``adam_betas``
-    (see :mod:`tfckpt.rewrite.adamsteps`). Its other state (learning rate) keeps the
+    (see :mod:`tfckpt.rewrite.tf1slots`). Its other state (learning rate) keeps the
     template's values.
 
     >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",
@@ -480,12 +492,13 @@ def plan_flatten(
     dst,
     options: Options | None = None,
     *,
-    tf1_adam: bool = False,
+    tf1_slots: bool = False,
     adam_betas: tuple[float, float] = ADAM_BETAS,
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Plan:
-    """Plan :func:`flatten`; reads no tensor data (but, with ``tf1_adam``, the step count).
+    """Plan :func:`flatten`; reads no tensor data (but, with ``tf1_slots``, the step
+    count and a momentum's learning rate).
 
     >>> p = tfckpt.plan_flatten("tf2/ckpt-3", "tf1/model.ckpt")
     >>> [t.new_name for t in p.tensors][:2]
@@ -509,9 +522,10 @@ def plan_flatten(
         for key in ckpt.keys():
             if key != OBJECT_GRAPH_KEY:
                 composed[key] = new_name(flat.get(key, key), exact, rules)
-        made = (
-            tf1_adam_names(optimizer_state(graph), composed, ckpt, adam_betas) if tf1_adam else []
-        )
+        scales: dict[str, float] = {}
+        made: list = []
+        if tf1_slots:
+            scales, made = tf1_names(optimizer_state(graph), composed, ckpt, adam_betas)
     finally:
         if not given:
             ckpt.close()
@@ -522,6 +536,8 @@ def plan_flatten(
         storage_options=storage_options,
     )
     p.object_graph = None  # names are all a name-based reader needs
+    for t in p.tensors:
+        t.scale = scales.get(t.name)
     for name, value in made:
         info = TensorInfo(name, value.dtype.name, value.shape, value.nbytes, None, None, None)
         p.tensors.append(PlannedTensor(0, name, name, info, info.dtype, info.nbytes, value=value))
@@ -533,7 +549,7 @@ def flatten(
     dst,
     options: Options | None = None,
     *,
-    tf1_adam: bool = False,
+    tf1_slots: bool = False,
     adam_betas: tuple[float, float] = ADAM_BETAS,
     progress: Callable[[int], None] | None = None,
     storage_options: StorageOptions | None = None,
@@ -547,9 +563,11 @@ def flatten(
     attributes' tensors by their path (see :mod:`tfckpt.graft`). Every transform
     option applies (see :func:`tfckpt.transform`); ``rename`` and ``rename_exact``
     apply to the flat names. Two tensors with one name are an error. With
-    ``tf1_adam``, an Adam's state is named as ``tf.compat.v1.train.AdamOptimizer``
-    names it: ``VAR/Adam`` and ``VAR/Adam_1`` after the variable's new name,
-    ``global_step``, and ``beta1_power``/``beta2_power`` for that step (``adam_betas``).
+    ``tf1_slots``, an Adam's or momentum SGD's state is named as TF1's
+    ``AdamOptimizer`` or ``MomentumOptimizer`` names it: ``VAR/Adam`` and ``VAR/Adam_1``
+    or ``VAR/Momentum`` (scaled by -1/learning_rate) after the variable's new name,
+    ``global_step``, and for an Adam ``beta1_power``/``beta2_power`` for that step
+    (``adam_betas``).
 
     >>> tfckpt.flatten("tf2/ckpt-3", "tf1/model.ckpt")
     """
@@ -558,7 +576,7 @@ def flatten(
             src,
             dst,
             options,
-            tf1_adam=tf1_adam,
+            tf1_slots=tf1_slots,
             adam_betas=adam_betas,
             storage_options=storage_options,
             **changes,

@@ -54,6 +54,8 @@ class PlannedTensor:
     parts: tuple[Member, ...] | None = None
     # A value the plan computed (a graft's optimizer step), written instead of a read.
     value: Any = field(default=None, repr=False, compare=False)
+    # A factor its elements are multiplied by (a TF1 momentum as Keras keeps it: -lr x).
+    scale: float | None = None
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -145,6 +147,7 @@ class Plan:
                     ),
                     **({"made_of": _made_of(t.parts)} if t.parts is not None else {}),
                     **({"value": t.value.tolist()} if t.value is not None else {}),
+                    **({"scale": t.scale} if t.scale is not None else {}),
                 }
                 for t in self.tensors
             ],

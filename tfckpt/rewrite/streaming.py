@@ -54,6 +54,8 @@ class TaskItem:
     parts: tuple[Member, ...] | None = None
     # A value computed when planning (numpy, of ``dtype`` and ``shape``): nothing is read.
     value: Any = field(default=None, repr=False, compare=False)
+    # A factor each element is multiplied by, in the source's (floating) dtype.
+    scale: float | None = None
 
     @property
     def read_dtype(self) -> str:
@@ -127,6 +129,8 @@ def stream_items(
     def handle(event: tuple) -> None:
         kind, item, payload, nbytes = event
         if kind == "chunk":
+            if item.scale is not None:  # in the source's dtype, one rounding, as TF would
+                payload = payload * payload.dtype.type(item.scale)
             caster = caster_for(item)
             if caster is not None:
                 out.reserve(payload.size * caster.target.fixed_itemsize)
@@ -231,6 +235,7 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         and item.parts is None
         and not item.weights
         and item.value is None
+        and item.scale is None
         and dtype is not _dt.STRING
         and dtype.numpy is not None
         and item.bytes_in <= read_bytes // 2

@@ -250,6 +250,7 @@ def task_item(
         reshape=t.shape if extents is None else None,
         parts=t.parts if extents is None else None,
         value=t.value,
+        scale=t.scale,
     )
 
 

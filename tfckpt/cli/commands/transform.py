@@ -291,13 +291,13 @@ def cmd_flatten(args) -> int:
     from tfckpt.rewrite.graft import plan_flatten
 
     options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
-    if args.adam_betas is not None and not args.tf1_adam:
-        raise CheckpointError("--adam-betas goes with --tf1-adam")
+    if args.adam_betas is not None and not args.tf1_slots:
+        raise CheckpointError("--adam-betas goes with --tf1-slots")
     p = plan_flatten(
         args.src,
         args.dst,
         options,
-        tf1_adam=args.tf1_adam,
+        tf1_slots=args.tf1_slots,
         storage_options=args.storage_options,
         **({"adam_betas": args.adam_betas} if args.adam_betas is not None else {}),
     )
