@@ -1,8 +1,9 @@
-"""graft carries TF1 Adam state onto a TF2 optimizer, proven by training: a TF1 graph
-trains a few steps with ``tf.compat.v1.train.AdamOptimizer`` and saves (in a subprocess,
-graph mode), then takes one more step; the Keras model and optimizer restored from the
-grafted checkpoint take the same step (tf.keras 2's slot variables, its own
-optimizer's lists, Keras 3's lists)."""
+"""graft carries TF1 optimizer state onto a TF2 optimizer, proven by training: a TF1
+graph trains a few steps with ``tf.compat.v1.train.AdamOptimizer`` (Momentum, Adagrad)
+and saves (in a subprocess, graph mode), then takes one more step; the Keras model and
+optimizer restored from the grafted checkpoint take the same step (tf.keras 2's slot
+variables, its own optimizer's lists, Keras 3's lists). flatten --tf1-slots the other
+way: a Keras run's next step is the one the TF1 graph restored from it takes."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ TF1_RUN = textwrap.dedent(
     loss = tf.reduce_mean(tf.square(tf.matmul(x, k) + b - y))
     if which == "adam":
         opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
+    elif which == "adagrad":
+        opt = tf.compat.v1.train.AdagradOptimizer(float(lr))
     else:
         opt = tf.compat.v1.train.MomentumOptimizer(float(lr), float(mom))
     if with_step == "1":
@@ -103,30 +106,36 @@ def run_tf1(out, with_step: bool, restore: str = "", which="adam") -> dict[str, 
     return dict(np.load(f"{out}/next.npz"))
 
 
-def tf_keras_legacy(sgd=False):
+def keras_optimizer(optimizers, which: str):
+    """The Keras optimizer like TF1's ``which`` (Adagrad: no epsilon to speak of)."""
+    if which == "momentum":
+        return optimizers.SGD(LR, MOMENTUM)
+    if which == "adagrad":
+        return optimizers.Adagrad(LR, initial_accumulator_value=0.1, epsilon=1e-30)
+    return optimizers.Adam(LR, BETA1, BETA2, EPS)
+
+
+def tf_keras_legacy(which="adam"):
     tf_keras = pytest.importorskip("tf_keras")
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, name="d")])
-    o = tf_keras.optimizers.legacy
-    opt = o.SGD(LR, MOMENTUM) if sgd else o.Adam(LR, BETA1, BETA2, EPS)
+    opt = keras_optimizer(tf_keras.optimizers.legacy, which)
     opt._create_all_weights(model.trainable_variables)  # its slots and step, as training makes
     return model, opt, {"dense/": "model/layer_with_weights-0/"}
 
 
-def tf_keras_own(sgd=False):
+def tf_keras_own(which="adam"):
     tf_keras = pytest.importorskip("tf_keras")
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, name="d")])
-    o = tf_keras.optimizers
-    opt = o.SGD(LR, MOMENTUM) if sgd else o.Adam(LR, BETA1, BETA2, EPS)
+    opt = keras_optimizer(tf_keras.optimizers, which)
     opt.build(model.trainable_variables)
     return model, opt, {"dense/": "model/layer_with_weights-0/"}
 
 
-def keras3(sgd=False):
+def keras3(which="adam"):
     import keras
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
-    o = keras.optimizers
-    opt = o.SGD(LR, MOMENTUM) if sgd else o.Adam(LR, BETA1, BETA2, EPS)
+    opt = keras_optimizer(keras.optimizers, which)
     opt.build(model.trainable_variables)
     # Keras 3 keys the model's variables through the optimizer: graft finds them by path.
     return (
@@ -142,10 +151,10 @@ def keras3(sgd=False):
 KINDS = {"tf_keras legacy": tf_keras_legacy, "tf_keras": tf_keras_own, "keras 3": keras3}
 
 
-def resumed_step(kind: str, prefix: str, sgd=False) -> tuple[dict[str, np.ndarray], int]:
+def resumed_step(kind: str, prefix: str, which="adam") -> tuple[dict[str, np.ndarray], int]:
     """A fresh model and optimizer of ``kind`` restored from ``prefix`` (everything
     consumed), after one step on the TF1 run's next batch; and the step it restored."""
-    model, opt, _ = KINDS[kind](sgd)
+    model, opt, _ = KINDS[kind](which)
     tf.train.Checkpoint(model=model, optimizer=opt).restore(prefix).assert_consumed()
     restored = int(opt.iterations.numpy())
     xs, ys = batch(STEPS)
@@ -157,8 +166,8 @@ def resumed_step(kind: str, prefix: str, sgd=False) -> tuple[dict[str, np.ndarra
     return {"kernel": np.asarray(layer.kernel), "bias": np.asarray(layer.bias)}, restored
 
 
-def grafted(kind: str, src: str, tmp_path, sgd=False, **changes) -> str:
-    model, opt, rename = KINDS[kind](sgd)
+def grafted(kind: str, src: str, tmp_path, which="adam", **changes) -> str:
+    model, opt, rename = KINDS[kind](which)
     template = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t" / "t"))
     dst = str(tmp_path / "out" / "ckpt")
     tfckpt.graft(template, src, dst, rename=rename, adam_betas=(BETA1, BETA2), **changes)
@@ -223,10 +232,10 @@ def test_swapped_moments_take_another_step(tf1_run, tmp_path):
 # ---------------------------------------------------------------- flatten
 
 
-def trained(kind: str, prefix: str, sgd=False) -> dict[str, np.ndarray]:
+def trained(kind: str, prefix: str, which="adam") -> dict[str, np.ndarray]:
     """A Keras model and its Adam of ``kind`` after STEPS steps, saved at ``prefix``;
     and its weights after one more step on the next batch."""
-    model, opt, _ = KINDS[kind](sgd)
+    model, opt, _ = KINDS[kind](which)
     layer = model.get_layer("d")
     layer.kernel.assign(np.random.default_rng(100).standard_normal((3, 2)).astype(np.float32))
 
@@ -305,11 +314,11 @@ def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
     assert resumed_step("keras 3", dst)[1] == STEPS
 
 
-@pytest.mark.parametrize("optimizer", ["Adagrad", "RMSprop"])
+@pytest.mark.parametrize("optimizer", ["Nadam", "RMSprop"])
 def test_other_optimizers_slots_are_refused(tf1_run, tmp_path, optimizer):
-    """A template whose optimizer is neither Adam nor momentum SGD (Adagrad; RMSprop,
-    whose Keras 3 lists look like Adam's but for their order) has no TF1 counterpart
-    here; nor does flatten --tf1-slots name it."""
+    """A template whose optimizer is no Adam, momentum SGD or Adagrad (Nadam, with a
+    _u_product too; RMSprop, whose Keras 3 lists look like Adam's but for their order)
+    has no TF1 counterpart here; nor does flatten --tf1-slots name it."""
     import keras
 
     src, _ = tf1_run
@@ -320,11 +329,12 @@ def test_other_optimizers_slots_are_refused(tf1_run, tmp_path, optimizer):
     opt.build(model.trainable_variables)
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
     with pytest.raises(
-        tfckpt.CheckpointError, match="of what 'dense/kernel' fills: not an Adam's or"
+        tfckpt.CheckpointError,
+        match="of what 'dense/kernel' fills: no TF1 Adam's, Momentum's or Adagrad's slot",
     ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
     result = in_process("flatten", tpl, tmp_path / "f", "--tf1-slots")
-    assert_cli_error(result, "slot, not an Adam's or")
+    assert_cli_error(result, "slot, no TF1 Adam's, Momentum's or Adagrad's")
 
 
 def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
@@ -350,38 +360,41 @@ def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
         assert names[slot] == f"Adam/{short}/{names[var]}", (slot, var)
 
 
-# ---------------------------------------------------------------- momentum
+# ---------------------------------------------------------------- momentum, adagrad
 
 
-@pytest.fixture(scope="module")
-def tf1_momentum(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tf1momentum")
-    want = run_tf1(d, True, which="momentum")
+@pytest.fixture(scope="module", params=["momentum", "adagrad"])
+def tf1_other(request, tmp_path_factory):
+    """A TF1 run with MomentumOptimizer or AdagradOptimizer (and a global_step)."""
+    d = tmp_path_factory.mktemp("tf1" + request.param)
+    want = run_tf1(d, True, which=request.param)
     with tfckpt.open(str(d / "model.ckpt")) as c:
-        assert "dense/kernel/Momentum" in c.keys()
-    return str(d / "model.ckpt"), want
+        assert f"dense/kernel/{request.param.capitalize()}" in c.keys()
+    return request.param, str(d / "model.ckpt"), want
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_grafted_momentum_takes_the_tf1_runs_next_step(tf1_momentum, kind, tmp_path):
+def test_grafted_momentum_or_adagrad_takes_the_tf1_runs_next_step(tf1_other, kind, tmp_path):
     """TF1's Momentum accumulates gradients, Keras' momentum the updates (-lr times):
-    graft scales it, and Keras' next step is TF1's."""
-    src, want = tf1_momentum
-    got, step = resumed_step(kind, grafted(kind, src, tmp_path, sgd=True), sgd=True)
+    graft scales it, and Keras' next step is TF1's; Adagrad's accumulator is the same."""
+    which, src, want = tf1_other
+    got, step = resumed_step(kind, grafted(kind, src, tmp_path, which=which), which=which)
     assert step == STEPS
     for name in ("kernel", "bias"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.parametrize("which", ["momentum", "adagrad"])
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_flattened_momentum_takes_the_keras_next_step_in_tf1(kind, tmp_path):
+def test_flattened_momentum_or_adagrad_takes_the_keras_next_step_in_tf1(kind, which, tmp_path):
     prefix = str(tmp_path / "tf2" / "ckpt")
-    want = trained(kind, prefix, sgd=True)
+    want = trained(kind, prefix, which=which)
     flat = str(tmp_path / "flat" / "model.ckpt")
     rename = {new: old for old, new in flat_rename(kind).items()}
     tfckpt.flatten(prefix, flat, tf1_slots=True, rename={v: k for k, v in rename.items()})
     with tfckpt.open(flat) as c:
-        assert "beta1_power" not in c.keys() and "dense/bias/Momentum" in c.keys()
-    got = run_tf1(tmp_path, True, flat, which="momentum")
+        assert "beta1_power" not in c.keys()
+        assert f"dense/bias/{which.capitalize()}" in c.keys()
+    got = run_tf1(tmp_path, True, flat, which=which)
     for name in ("kernel", "bias"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)

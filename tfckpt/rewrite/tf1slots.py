@@ -1,4 +1,4 @@
-"""TF1 optimizers' slots as TF2 optimizers keep them (Adam, Momentum), and TF1 Adam's
+"""TF1 optimizers' slots as TF2 optimizers keep them (Adam, Momentum, Adagrad), and TF1 Adam's
 step count from its ``beta1_power`` and ``beta2_power``, and back.
 
 ``tf.compat.v1.train.AdamOptimizer`` keeps no step: it starts ``beta1_power`` at
@@ -50,7 +50,14 @@ MOMENTUM = TF1Optimizer(
     {"momentum": "Momentum", "momentums": "Momentum"},
     scaled_by_learning_rate=True,
 )
-TF1_OPTIMIZERS = (ADAM, MOMENTUM)
+# TF1 Adagrad (accumulator initially 0.1, var -= lr g / sqrt(acc)) and Keras' keep the
+# same accumulator (Keras adds its epsilon under or after the root).
+ADAGRAD = TF1Optimizer(
+    "Adagrad",
+    (frozenset({"accumulator"}), frozenset({"_accumulators"})),
+    {"accumulator": "Adagrad", "_accumulators": "Adagrad"},
+)
+TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD)
 
 
 def tf1_slot(state: OptimizerState, slot: str) -> tuple[TF1Optimizer, str] | None:
@@ -124,12 +131,13 @@ def steps_from_powers(
 def tf1_names(
     state: OptimizerState, names: dict[str, str], ckpt, betas=ADAM_BETAS
 ) -> tuple[dict[str, float], list[tuple[str, np.ndarray]]]:
-    """Name a TF2 Adam's or momentum SGD's state as TF1's AdamOptimizer or
-    MomentumOptimizer does, in ``names`` (key → new name, every variable's given): each
-    slot its variable's new name and ``/Adam``, ``/Adam_1`` or ``/Momentum``, the step
-    count ``global_step``. Returns the factors of the slots to scale (a momentum's:
-    -1/learning_rate) and what TF1 Adam keeps besides: ``beta1_power`` and
-    ``beta2_power`` after that many steps (read from ``ckpt``)."""
+    """Name a TF2 Adam's, momentum SGD's or Adagrad's state as TF1's AdamOptimizer,
+    MomentumOptimizer or AdagradOptimizer does, in ``names`` (key → new name, every
+    variable's given): each slot its variable's new name and ``/Adam``, ``/Adam_1``,
+    ``/Momentum`` or ``/Adagrad``, the step count ``global_step``. Returns the factors
+    of the slots to scale (a momentum's: -1/learning_rate) and what TF1 Adam keeps
+    besides: ``beta1_power`` and ``beta2_power`` after that many steps (read from
+    ``ckpt``)."""
     if not state.slots:
         raise CheckpointError("no optimizer slots to name as TF1's", path=ckpt.prefix)
     scales: dict[str, float] = {}
@@ -138,8 +146,8 @@ def tf1_names(
         found = tf1_slot(state, slot)
         if found is None:
             raise CheckpointError(
-                f"{slot!r} is its optimizer's {role.strip('_')!r} slot, not an Adam's or "
-                "a momentum SGD's: TF1 has none",
+                f"{slot!r} is its optimizer's {role.strip('_')!r} slot, no TF1 Adam's, "
+                "Momentum's or Adagrad's",
                 path=ckpt.prefix,
             )
         opt, suffix = found
