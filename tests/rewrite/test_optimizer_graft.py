@@ -398,3 +398,18 @@ def test_flattened_momentum_or_adagrad_takes_the_keras_next_step_in_tf1(kind, wh
     got = run_tf1(tmp_path, True, flat, which=which)
     for name in ("kernel", "bias"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer", ["Adamax", "Nadam"])
+def test_a_legacy_optimizer_with_adams_slots_is_known_by_name(tf1_run, tmp_path, optimizer):
+    """tf.keras 2's legacy Adamax and Nadam keep Adam's very m and v slots; their
+    variables' names after training (``Adamax/iter``) tell them apart."""
+    tf_keras = pytest.importorskip("tf_keras")
+    src, _ = tf1_run
+    model, _, rename = tf_keras_legacy()
+    opt = getattr(tf_keras.optimizers.legacy, optimizer)(LR)
+    model.compile(opt, "mse")  # training names its variables Adamax/iter, Adamax/...
+    model.fit(np.ones((2, 3)), np.zeros((2, 2)), verbose=0)
+    tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
+    with pytest.raises(tfckpt.CheckpointError, match="no TF1 Adam's, Momentum's or Adagrad's"):
+        tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))

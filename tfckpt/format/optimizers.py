@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfckpt.errors import CheckpointError
 from tfckpt.format.objectgraph import ObjectGraph
 
 # The local names of an edge to an optimizer (tf.train.Checkpoint(optimizer=...), a model's).
@@ -60,6 +59,10 @@ class OptimizerState:
     kinds: dict[str, frozenset[str]] = field(default_factory=dict)
     # A slot's key → its optimizer's learning rate's key, where it keeps one.
     learning_rates: dict[str, str] = field(default_factory=dict)
+    # A slot's key → its optimizer's name (see _optimizer_name).
+    names: dict[str, str] = field(default_factory=dict)
+    # Listed slots whose variable is unknown (tf.keras 2 names two variables alike).
+    untied: set[str] = field(default_factory=set)
 
 
 def _value_key(node) -> str | None:
@@ -100,12 +103,14 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
     for node in nodes:
         roles = frozenset(s.slot_name for s in node.slot_variables)
         rate = _learning_rate(graph, node)
+        name = _optimizer_name(graph, node)
         for s in node.slot_variables:
             slot = _value_key(nodes[s.slot_variable_node_id])
             var = _value_key(nodes[s.original_variable_node_id])
             if slot is not None and var is not None:
                 state.slots[slot] = (var, s.slot_name)
                 state.kinds[slot] = roles
+                state.names[slot] = name
                 if rate is not None:
                     state.learning_rates[slot] = rate
     by_name: dict[str, list[str]] | None = None
@@ -121,6 +126,7 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
         lists = _slot_lists(graph, node)
         kind = _kind(graph, node, lists)
         rate = _learning_rate(graph, node)
+        name = _optimizer_name(graph, node)
         for role, listed in lists.items():
             for pos, slot_node in sorted(listed.items()):
                 slot = _value_key(nodes[slot_node])
@@ -130,14 +136,12 @@ def optimizer_state(graph: ObjectGraph) -> OptimizerState:
                     var = _value_key(nodes[owners[pos]]) if pos in owners else None
                 else:
                     by_name = by_name if by_name is not None else _variables_by_name(graph)
-                    var = _named_owner(nodes[slot_node], role, by_name, graph.path)
+                    var = _named_owner(nodes[slot_node], role, by_name)
                 if var is None:
-                    raise CheckpointError(
-                        f"the optimizer's slot {slot!r} ({role} {pos}) has no variable "
-                        "in the object graph",
-                        path=graph.path,
-                    )
+                    state.untied.add(slot)
+                    continue
                 state.slots[slot] = (var, role)
+                state.names[slot] = name
                 state.kinds[slot] = kind
                 if rate is not None:
                     state.learning_rates[slot] = rate
@@ -197,29 +201,34 @@ def _variables_by_name(graph: ObjectGraph) -> dict[str, list[str]]:
     return out
 
 
-def _named_owner(
-    slot_node, role: str, by_name: dict[str, list[str]], path: str | None
-) -> str | None:
+def _named_owner(slot_node, role: str, by_name: dict[str, list[str]]) -> str | None:
     """tf.keras 2's slot ``[OPTIMIZER/]SHORT/VARIABLE`` (``Adam/m/dense/kernel``, or
-    ``m/dense/kernel`` built outside the optimizer's scope): the one variable so named."""
+    ``m/dense/kernel`` built outside the optimizer's scope): the one variable so named;
+    else the one the longest tail of its name names (``velocity/dense/kernel``)."""
     full = next((a.full_name for a in slot_node.attributes if a.name == "VARIABLE_VALUE"), "")
+    parts = full.split("/")
     short = SLOT_NAMES.get(role)
-    if short is not None:
-        head, sep, rest = f"/{full}".partition(f"/{short}/")
-        if not sep or "/" in head.lstrip("/"):
-            return None
-    else:  # another optimizer's: the longest tail of the name that names a variable
-        parts = full.split("/")
+    rest = ""
+    if short is not None and short in parts[:2]:
+        rest = "/".join(parts[parts.index(short) + 1 :])
+    if rest not in by_name:
         tails = ("/".join(parts[k:]) for k in range(1, len(parts)))
         rest = next((t for t in tails if t in by_name), "")
     keys = by_name.get(rest, [])
-    if len(keys) > 1:
-        raise CheckpointError(
-            f"the optimizer's slot {full!r} names {len(keys)} variables {rest!r}: "
-            "which one it belongs to is unknown",
-            path=path,
-        )
-    return keys[0] if keys else None
+    return keys[0] if len(keys) == 1 else None  # two variables so named: which is unknown
+
+
+def _optimizer_name(graph: ObjectGraph, node) -> str:
+    """The optimizer's name as its step's variable name begins (``Adam/iter``,
+    ``adamax/iteration``), lower case; "" where it is not there."""
+    for name in STEP_CHILDREN:
+        child = _child(node, name)
+        if child is not None:
+            for a in graph.nodes[child].attributes:
+                head, sep, _ = a.full_name.partition("/")
+                if sep:
+                    return head.lower()
+    return ""
 
 
 def _other_optimizer_tensors(graph: ObjectGraph, optimizers: list[int], state: OptimizerState):
@@ -237,6 +246,7 @@ def _other_optimizer_tensors(graph: ObjectGraph, optimizers: list[int], state: O
         a.checkpoint_key for i, n in enumerate(nodes) if i not in seen for a in n.attributes
     }
     taken = set(state.slots) | set(state.steps) | {v for v, _ in state.slots.values()}
+    taken |= state.untied
     for i in seen:
         for a in nodes[i].attributes:
             key = a.checkpoint_key

@@ -32,6 +32,7 @@ class TF1Optimizer:
     name: str  # TF1's default name
     kinds: tuple[frozenset[str], ...]  # the TF2 optimizers of its kind, by their roles
     slots: dict[str, str]  # a TF2 role → its TF1 slot (``VAR/<slot>``)
+    keras_names: frozenset[str]  # Keras' names of its optimizers of this kind
     # Keras' momentum is -learning_rate times TF1's accumulation (TF1: a = mu a + g,
     # var -= lr a; Keras: m = mu m - lr g, var += m), so its values are scaled.
     scaled_by_learning_rate: bool = False
@@ -43,11 +44,13 @@ ADAM = TF1Optimizer(
     "Adam",
     (frozenset({"m", "v"}), frozenset({"_momentums", "_velocities"})),
     {"m": "Adam", "v": "Adam_1", "_momentums": "Adam", "_velocities": "Adam_1"},
+    frozenset({"adam", "adamw"}),
 )
 MOMENTUM = TF1Optimizer(
     "Momentum",
     (frozenset({"momentum"}), frozenset({"momentums"})),
     {"momentum": "Momentum", "momentums": "Momentum"},
+    frozenset({"sgd"}),
     scaled_by_learning_rate=True,
 )
 # TF1 Adagrad (accumulator initially 0.1, var -= lr g / sqrt(acc)) and Keras' keep the
@@ -56,16 +59,24 @@ ADAGRAD = TF1Optimizer(
     "Adagrad",
     (frozenset({"accumulator"}), frozenset({"_accumulators"})),
     {"accumulator": "Adagrad", "_accumulators": "Adagrad"},
+    frozenset({"adagrad"}),
 )
 TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD)
+# Keras' names of its optimizers (their variables' names begin with them unless the
+# user named it): one of another kind is refused though its slots look alike (a
+# tf.keras 2 legacy Adamax or Nadam keeps Adam's very m and v).
+KERAS_NAMES = frozenset(
+    {"adadelta", "adafactor", "adagrad", "adam", "adamax", "adamw", "ftrl", "lamb", "lion"}
+    | {"nadam", "rmsprop", "rm_sprop", "sgd"}
+)
 
 
 def tf1_slot(state: OptimizerState, slot: str) -> tuple[TF1Optimizer, str] | None:
     """The TF1 optimizer whose slot the TF2 ``slot`` is, and that slot's name (``Adam``,
     ``Adam_1``, ``Momentum``); None where its optimizer is none of TF1_OPTIMIZERS."""
-    kind = state.kinds.get(slot)
+    kind, name = state.kinds.get(slot), state.names.get(slot, "")
     for opt in TF1_OPTIMIZERS:
-        if kind in opt.kinds:
+        if kind in opt.kinds and (name not in KERAS_NAMES or name in opt.keras_names):
             return opt, opt.slots[state.slots[slot][1]]
     return None
 
