@@ -94,6 +94,14 @@ def tf1_run(request, tmp_path_factory):
     return str(d / "model.ckpt"), want
 
 
+@pytest.fixture(scope="module")
+def tf1_adam(tmp_path_factory):
+    """A TF1 Adam run's checkpoint (with a global_step), for the refusals."""
+    d = tmp_path_factory.mktemp("tf1adam_refused")
+    run_tf1(d, True)
+    return str(d / "model.ckpt")
+
+
 def run_tf1(out, with_step: bool, restore: str = "", which="adam") -> dict[str, np.ndarray]:
     """Run TF1_RUN in its own process: TF1 graph mode and Keras do not share one."""
     flag = "1" if with_step else "0"
@@ -315,13 +323,13 @@ def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
 
 
 @pytest.mark.parametrize("optimizer", ["Nadam", "RMSprop"])
-def test_other_optimizers_slots_are_refused(tf1_run, tmp_path, optimizer):
+def test_other_optimizers_slots_are_refused(tf1_adam, tmp_path, optimizer):
     """A template whose optimizer is no Adam, momentum SGD or Adagrad (Nadam, with a
     _u_product too; RMSprop, whose Keras 3 lists look like Adam's but for their order)
     has no TF1 counterpart here; nor does flatten --tf1-slots name it."""
     import keras
 
-    src, _ = tf1_run
+    src = tf1_adam
     model, _, rename = keras3()
     opt = getattr(keras.optimizers, optimizer)(0.1)
     if optimizer == "RMSprop":
@@ -401,11 +409,11 @@ def test_flattened_momentum_or_adagrad_takes_the_keras_next_step_in_tf1(kind, wh
 
 
 @pytest.mark.parametrize("optimizer", ["Adamax", "Nadam"])
-def test_a_legacy_optimizer_with_adams_slots_is_known_by_name(tf1_run, tmp_path, optimizer):
+def test_a_legacy_optimizer_with_adams_slots_is_known_by_name(tf1_adam, tmp_path, optimizer):
     """tf.keras 2's legacy Adamax and Nadam keep Adam's very m and v slots; their
     variables' names after training (``Adamax/iter``) tell them apart."""
     tf_keras = pytest.importorskip("tf_keras")
-    src, _ = tf1_run
+    src = tf1_adam
     model, _, rename = tf_keras_legacy()
     opt = getattr(tf_keras.optimizers.legacy, optimizer)(LR)
     model.compile(opt, "mse")  # training names its variables Adamax/iter, Adamax/...
