@@ -21,6 +21,7 @@ import tfckpt
 tf = pytest.importorskip("tensorflow")
 
 LR, BETA1, BETA2, EPS, MOMENTUM = 0.01, 0.8, 0.99, 1e-7, 0.9
+TF1_SLOT = {"momentum": "Momentum", "adagrad": "Adagrad", "rmsprop": "RMSProp"}
 STEPS = 3  # before the save
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -52,6 +53,8 @@ TF1_RUN = textwrap.dedent(
         opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
     elif which == "adagrad":
         opt = tf.compat.v1.train.AdagradOptimizer(float(lr))
+    elif which == "rmsprop":
+        opt = tf.compat.v1.train.RMSPropOptimizer(float(lr), 0.9, float(mom), float(eps))
     else:
         opt = tf.compat.v1.train.MomentumOptimizer(float(lr), float(mom))
     if with_step == "1":
@@ -120,6 +123,8 @@ def keras_optimizer(optimizers, which: str):
         return optimizers.SGD(LR, MOMENTUM)
     if which == "adagrad":
         return optimizers.Adagrad(LR, initial_accumulator_value=0.1, epsilon=1e-30)
+    if which == "rmsprop":
+        return optimizers.RMSprop(LR, rho=0.9, momentum=MOMENTUM, epsilon=EPS)
     return optimizers.Adam(LR, BETA1, BETA2, EPS)
 
 
@@ -322,27 +327,25 @@ def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
     assert resumed_step("keras 3", dst)[1] == STEPS
 
 
-@pytest.mark.parametrize("optimizer", ["Nadam", "RMSprop"])
+@pytest.mark.parametrize("optimizer", ["Nadam", "Ftrl"])
 def test_other_optimizers_slots_are_refused(tf1_adam, tmp_path, optimizer):
-    """A template whose optimizer is no Adam, momentum SGD or Adagrad (Nadam, with a
-    _u_product too; RMSprop, whose Keras 3 lists look like Adam's but for their order)
-    has no TF1 counterpart here; nor does flatten --tf1-slots name it."""
+    """A template whose optimizer is no Adam, momentum SGD, Adagrad or RMSprop (Nadam,
+    with a _u_product beside Adam's lists; Ftrl) has no TF1 counterpart here; nor does
+    flatten --tf1-slots name it."""
     import keras
 
     src = tf1_adam
     model, _, rename = keras3()
     opt = getattr(keras.optimizers, optimizer)(0.1)
-    if optimizer == "RMSprop":
-        opt = keras.optimizers.RMSprop(0.1, momentum=0.9)
     opt.build(model.trainable_variables)
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
     with pytest.raises(
         tfckpt.CheckpointError,
-        match="of what 'dense/kernel' fills: no TF1 Adam's, Momentum's or Adagrad's slot",
+        match="of what 'dense/kernel' fills: no TF1 Adam's, Momentum's, Adagrad's or RMSProp's slot",
     ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
     result = in_process("flatten", tpl, tmp_path / "f", "--tf1-slots")
-    assert_cli_error(result, "slot, no TF1 Adam's, Momentum's or Adagrad's")
+    assert_cli_error(result, "slot, no TF1 Adam's, Momentum's, Adagrad's or RMSProp's")
 
 
 def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
@@ -371,13 +374,14 @@ def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
 # ---------------------------------------------------------------- momentum, adagrad
 
 
-@pytest.fixture(scope="module", params=["momentum", "adagrad"])
+@pytest.fixture(scope="module", params=["momentum", "adagrad", "rmsprop"])
 def tf1_other(request, tmp_path_factory):
-    """A TF1 run with MomentumOptimizer or AdagradOptimizer (and a global_step)."""
+    """A TF1 run with MomentumOptimizer, AdagradOptimizer or RMSPropOptimizer (and a
+    global_step)."""
     d = tmp_path_factory.mktemp("tf1" + request.param)
     want = run_tf1(d, True, which=request.param)
     with tfckpt.open(str(d / "model.ckpt")) as c:
-        assert f"dense/kernel/{request.param.capitalize()}" in c.keys()
+        assert f"dense/kernel/{TF1_SLOT[request.param]}" in c.keys()
     return request.param, str(d / "model.ckpt"), want
 
 
@@ -392,7 +396,7 @@ def test_grafted_momentum_or_adagrad_takes_the_tf1_runs_next_step(tf1_other, kin
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("which", ["momentum", "adagrad"])
+@pytest.mark.parametrize("which", ["momentum", "adagrad", "rmsprop"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_flattened_momentum_or_adagrad_takes_the_keras_next_step_in_tf1(kind, which, tmp_path):
     prefix = str(tmp_path / "tf2" / "ckpt")
@@ -402,7 +406,7 @@ def test_flattened_momentum_or_adagrad_takes_the_keras_next_step_in_tf1(kind, wh
     tfckpt.flatten(prefix, flat, tf1_slots=True, rename={v: k for k, v in rename.items()})
     with tfckpt.open(flat) as c:
         assert "beta1_power" not in c.keys()
-        assert f"dense/bias/{which.capitalize()}" in c.keys()
+        assert f"dense/bias/{TF1_SLOT[which]}" in c.keys()
     got = run_tf1(tmp_path, True, flat, which=which)
     for name in ("kernel", "bias"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
@@ -419,5 +423,7 @@ def test_a_legacy_optimizer_with_adams_slots_is_known_by_name(tf1_adam, tmp_path
     model.compile(opt, "mse")  # training names its variables Adamax/iter, Adamax/...
     model.fit(np.ones((2, 3)), np.zeros((2, 2)), verbose=0)
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
-    with pytest.raises(tfckpt.CheckpointError, match="no TF1 Adam's, Momentum's or Adagrad's"):
+    with pytest.raises(
+        tfckpt.CheckpointError, match="no TF1 Adam's, Momentum's, Adagrad's or RMSProp's"
+    ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))

@@ -1,5 +1,6 @@
-"""TF1 optimizers' slots as TF2 optimizers keep them (Adam, Momentum, Adagrad), and TF1 Adam's
-step count from its ``beta1_power`` and ``beta2_power``, and back.
+"""TF1 optimizers' slots as TF2 optimizers keep them (Adam, Momentum, Adagrad,
+RMSProp), and TF1 Adam's step count from its ``beta1_power`` and ``beta2_power``,
+and back.
 
 ``tf.compat.v1.train.AdamOptimizer`` keeps no step: it starts ``beta1_power`` at
 ``beta1`` and multiplies it by ``beta1`` after each update (in the variables' dtype,
@@ -61,7 +62,25 @@ ADAGRAD = TF1Optimizer(
     {"accumulator": "Adagrad", "_accumulators": "Adagrad"},
     frozenset({"adagrad"}),
 )
-TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD)
+# TF1 RMSProp (ms = rho ms + (1-rho) g^2; mom = mu mom + lr g / sqrt(ms + eps);
+# var -= mom) and Keras' keep the same two (not centered: TF1 names its mg RMSProp_1).
+RMSPROP = TF1Optimizer(
+    "RMSProp",
+    (
+        frozenset({"rms", "momentum"}),
+        frozenset({"rms"}),
+        frozenset({"_velocities", "_momentums", "+order"}),
+        frozenset({"_velocities"}),
+    ),
+    {
+        "rms": "RMSProp",
+        "momentum": "RMSProp_1",
+        "_velocities": "RMSProp",
+        "_momentums": "RMSProp_1",
+    },
+    frozenset({"rmsprop", "rm_sprop"}),
+)
+TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD, RMSPROP)
 # Keras' names of its optimizers (their variables' names begin with them unless the
 # user named it): one of another kind is refused though its slots look alike (a
 # tf.keras 2 legacy Adamax or Nadam keeps Adam's very m and v).
@@ -142,10 +161,10 @@ def steps_from_powers(
 def tf1_names(
     state: OptimizerState, names: dict[str, str], ckpt, betas=ADAM_BETAS
 ) -> tuple[dict[str, float], list[tuple[str, np.ndarray]]]:
-    """Name a TF2 Adam's, momentum SGD's or Adagrad's state as TF1's AdamOptimizer,
-    MomentumOptimizer or AdagradOptimizer does, in ``names`` (key → new name, every
-    variable's given): each slot its variable's new name and ``/Adam``, ``/Adam_1``,
-    ``/Momentum`` or ``/Adagrad``, the step count ``global_step``. Returns the factors
+    """Name a TF2 Adam's, momentum SGD's, Adagrad's or RMSprop's state as TF1's
+    optimizers do, in ``names`` (key → new name, every variable's given): each slot
+    its variable's new name and its TF1 slot's (``/Adam``, ``/Adam_1``, ``/Momentum``,
+    ``/Adagrad``, ``/RMSProp``, ``/RMSProp_1``), the step count ``global_step``. Returns the factors
     of the slots to scale (a momentum's: -1/learning_rate) and what TF1 Adam keeps
     besides: ``beta1_power`` and ``beta2_power`` after that many steps (read from
     ``ckpt``)."""
@@ -158,7 +177,7 @@ def tf1_names(
         if found is None:
             raise CheckpointError(
                 f"{slot!r} is its optimizer's {role.strip('_')!r} slot, no TF1 Adam's, "
-                "Momentum's or Adagrad's",
+                "Momentum's, Adagrad's or RMSProp's",
                 path=ckpt.prefix,
             )
         opt, suffix = found
