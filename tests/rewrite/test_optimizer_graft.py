@@ -371,7 +371,7 @@ def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
         assert names[slot] == f"Adam/{short}/{names[var]}", (slot, var)
 
 
-# ---------------------------------------------------------------- momentum, adagrad
+# ---------------------------------------------------------------- momentum, adagrad, rmsprop
 
 
 @pytest.fixture(scope="module", params=["momentum", "adagrad", "rmsprop"])
@@ -386,7 +386,7 @@ def tf1_other(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_grafted_momentum_or_adagrad_takes_the_tf1_runs_next_step(tf1_other, kind, tmp_path):
+def test_grafted_momentum_adagrad_rmsprop_take_the_tf1_runs_next_step(tf1_other, kind, tmp_path):
     """TF1's Momentum accumulates gradients, Keras' momentum the updates (-lr times):
     graft scales it, and Keras' next step is TF1's; Adagrad's accumulator is the same."""
     which, src, want = tf1_other
@@ -398,7 +398,7 @@ def test_grafted_momentum_or_adagrad_takes_the_tf1_runs_next_step(tf1_other, kin
 
 @pytest.mark.parametrize("which", ["momentum", "adagrad", "rmsprop"])
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_flattened_momentum_or_adagrad_takes_the_keras_next_step_in_tf1(kind, which, tmp_path):
+def test_flattened_momentum_adagrad_rmsprop_take_the_keras_next_step_in_tf1(kind, which, tmp_path):
     prefix = str(tmp_path / "tf2" / "ckpt")
     want = trained(kind, prefix, which=which)
     flat = str(tmp_path / "flat" / "model.ckpt")
