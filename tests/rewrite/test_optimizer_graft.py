@@ -21,7 +21,7 @@ import tfckpt
 tf = pytest.importorskip("tensorflow")
 
 LR, BETA1, BETA2, EPS, MOMENTUM = 0.01, 0.8, 0.99, 1e-7, 0.9
-TF1_SLOT = {"momentum": "Momentum", "adagrad": "Adagrad", "rmsprop": "RMSProp"}
+TF1_SLOT = {"momentum": "Momentum", "adagrad": "Adagrad", "rmsprop": "RMSProp", "ftrl": "Ftrl"}
 STEPS = 3  # before the save
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -53,6 +53,8 @@ TF1_RUN = textwrap.dedent(
         opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
     elif which == "adagrad":
         opt = tf.compat.v1.train.AdagradOptimizer(float(lr))
+    elif which == "ftrl":
+        opt = tf.compat.v1.train.FtrlOptimizer(float(lr))
     elif which == "rmsprop":
         opt = tf.compat.v1.train.RMSPropOptimizer(float(lr), 0.9, float(mom), float(eps))
     else:
@@ -123,6 +125,8 @@ def keras_optimizer(optimizers, which: str):
         return optimizers.SGD(LR, MOMENTUM)
     if which == "adagrad":
         return optimizers.Adagrad(LR, initial_accumulator_value=0.1, epsilon=1e-30)
+    if which == "ftrl":
+        return optimizers.Ftrl(LR)
     if which == "rmsprop":
         return optimizers.RMSprop(LR, rho=0.9, momentum=MOMENTUM, epsilon=EPS)
     return optimizers.Adam(LR, BETA1, BETA2, EPS)
@@ -327,11 +331,10 @@ def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
     assert resumed_step("keras 3", dst)[1] == STEPS
 
 
-@pytest.mark.parametrize("optimizer", ["Nadam", "Ftrl"])
+@pytest.mark.parametrize("optimizer", ["Nadam", "Adamax"])
 def test_other_optimizers_slots_are_refused(tf1_adam, tmp_path, optimizer):
-    """A template whose optimizer is no Adam, momentum SGD, Adagrad or RMSprop (Nadam,
-    with a _u_product beside Adam's lists; Ftrl) has no TF1 counterpart here; nor does
-    flatten --tf1-slots name it."""
+    """A template whose optimizer has no TF1 counterpart here (Nadam, with a _u_product
+    beside Adam's lists; Adamax) is refused; nor does flatten --tf1-slots name it."""
     import keras
 
     src = tf1_adam
@@ -341,11 +344,11 @@ def test_other_optimizers_slots_are_refused(tf1_adam, tmp_path, optimizer):
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
     with pytest.raises(
         tfckpt.CheckpointError,
-        match="of what 'dense/kernel' fills: no TF1 Adam's, Momentum's, Adagrad's or RMSProp's slot",
+        match="of what 'dense/kernel' fills: no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's slot",
     ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
     result = in_process("flatten", tpl, tmp_path / "f", "--tf1-slots")
-    assert_cli_error(result, "slot, no TF1 Adam's, Momentum's, Adagrad's or RMSProp's")
+    assert_cli_error(result, "slot, no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's")
 
 
 def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
@@ -371,13 +374,13 @@ def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
         assert names[slot] == f"Adam/{short}/{names[var]}", (slot, var)
 
 
-# ---------------------------------------------------------------- momentum, adagrad, rmsprop
+# ---------------------------------------------------------------- momentum, adagrad, rmsprop, ftrl
 
 
-@pytest.fixture(scope="module", params=["momentum", "adagrad", "rmsprop"])
+@pytest.fixture(scope="module", params=["momentum", "adagrad", "rmsprop", "ftrl"])
 def tf1_other(request, tmp_path_factory):
-    """A TF1 run with MomentumOptimizer, AdagradOptimizer or RMSPropOptimizer (and a
-    global_step)."""
+    """A TF1 run with MomentumOptimizer, AdagradOptimizer, RMSPropOptimizer or
+    FtrlOptimizer (and a global_step)."""
     d = tmp_path_factory.mktemp("tf1" + request.param)
     want = run_tf1(d, True, which=request.param)
     with tfckpt.open(str(d / "model.ckpt")) as c:
@@ -386,9 +389,10 @@ def tf1_other(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_grafted_momentum_adagrad_rmsprop_take_the_tf1_runs_next_step(tf1_other, kind, tmp_path):
+def test_grafted_other_optimizers_take_the_tf1_runs_next_step(tf1_other, kind, tmp_path):
     """TF1's Momentum accumulates gradients, Keras' momentum the updates (-lr times):
-    graft scales it, and Keras' next step is TF1's; Adagrad's accumulator is the same."""
+    graft scales it, and Keras' next step is TF1's; Adagrad's, RMSProp's and Ftrl's
+    slots are the same."""
     which, src, want = tf1_other
     got, step = resumed_step(kind, grafted(kind, src, tmp_path, which=which), which=which)
     assert step == STEPS
@@ -396,9 +400,11 @@ def test_grafted_momentum_adagrad_rmsprop_take_the_tf1_runs_next_step(tf1_other,
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("which", ["momentum", "adagrad", "rmsprop"])
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_flattened_momentum_adagrad_rmsprop_take_the_keras_next_step_in_tf1(kind, which, tmp_path):
+@pytest.mark.parametrize(
+    ("kind", "which"),
+    [(k, w) for w in ("momentum", "adagrad", "rmsprop") for k in KINDS] + [("keras 3", "ftrl")],
+)
+def test_flattened_other_optimizers_take_the_keras_next_step_in_tf1(kind, which, tmp_path):
     prefix = str(tmp_path / "tf2" / "ckpt")
     want = trained(kind, prefix, which=which)
     flat = str(tmp_path / "flat" / "model.ckpt")
@@ -424,6 +430,6 @@ def test_a_legacy_optimizer_with_adams_slots_is_known_by_name(tf1_adam, tmp_path
     model.fit(np.ones((2, 3)), np.zeros((2, 2)), verbose=0)
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
     with pytest.raises(
-        tfckpt.CheckpointError, match="no TF1 Adam's, Momentum's, Adagrad's or RMSProp's"
+        tfckpt.CheckpointError, match="no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's"
     ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))

@@ -287,9 +287,10 @@ def add_graft(sub: Subparsers) -> None:
         "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
         "the template's dtype. A template tensor without a source is an error, except "
         "save_counter (taken from the first source that has one). TF2 sources are matched "
-        "by their keys. A template's Adam, momentum SGD, Adagrad or RMSprop slots come "
-        "from the TF1 slots VAR/Adam and VAR/Adam_1, VAR/Momentum (times -learning_rate), "
-        "VAR/Adagrad, or VAR/RMSProp and VAR/RMSProp_1 of the tensor that fills their "
+        "by their keys. A template's Adam, momentum SGD, Adagrad, RMSprop or Ftrl slots "
+        "come from the TF1 slots VAR/Adam and VAR/Adam_1, VAR/Momentum (times "
+        "-learning_rate), VAR/Adagrad, VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and "
+        "VAR/Ftrl_1 of the tensor that fills their "
         "variable, its step count from "
         "global_step or Adam's beta1_power and beta2_power.",
     )
@@ -338,10 +339,10 @@ def add_flatten(sub: Subparsers) -> None:
     p.add_argument(
         "--tf1-slots",
         action="store_true",
-        help="name a TF2/Keras Adam's, momentum SGD's, Adagrad's or RMSprop's state as "
-        "TF1's optimizers do: VAR/Adam and VAR/Adam_1, VAR/Momentum, VAR/Adagrad, or "
-        "VAR/RMSProp and VAR/RMSProp_1 (VAR: the variable's new name), global_step, and "
-        "an Adam's beta1_power and beta2_power",
+        help="name a TF2/Keras Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's "
+        "state as TF1's optimizers do: VAR/Adam and VAR/Adam_1, VAR/Momentum, VAR/Adagrad, "
+        "VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and VAR/Ftrl_1 (VAR: the variable's "
+        "new name), global_step, and an Adam's beta1_power and beta2_power",
     )
     p.add_argument(
         "--adam-betas",

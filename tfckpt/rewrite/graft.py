@@ -270,7 +270,7 @@ def _place_optimizer_state(
             why = (
                 f"no {n + '/' + suffix!r} in {srcs[i].label}"
                 if suffix is not None
-                else "no TF1 Adam's, Momentum's, Adagrad's or RMSProp's slot"
+                else "no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's slot"
             )
             missing.append(f"{t!r} ({role.strip('_')} of what {n!r} fills: {why})")
     if missing:
@@ -465,9 +465,10 @@ def graft(
     name finds come from the TF1 slots ``VAR/Adam`` and ``VAR/Adam_1`` of the source
     tensor ``VAR`` that fills their variable, a momentum SGD's from ``VAR/Momentum``
     times -learning_rate, an Adagrad's from ``VAR/Adagrad``, an RMSprop's from
-    ``VAR/RMSProp`` and ``VAR/RMSProp_1``; its step count from ``global_step`` or,
-    without one, from ``beta1_power`` and ``beta2_power`` read with ``adam_betas``
-    (see :mod:`tfckpt.rewrite.tf1slots`). Its other state (learning rate) keeps the
+    ``VAR/RMSProp`` and ``VAR/RMSProp_1``, an Ftrl's from ``VAR/Ftrl`` and
+    ``VAR/Ftrl_1``; its step count from ``global_step`` or, without one, from
+    ``beta1_power`` and ``beta2_power`` read with ``adam_betas`` (see
+    :mod:`tfckpt.rewrite.tf1slots`). Its other state (learning rate) keeps the
     template's values.
 
     >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",
@@ -564,10 +565,10 @@ def flatten(
     attributes' tensors by their path (see :mod:`tfckpt.graft`). Every transform
     option applies (see :func:`tfckpt.transform`); ``rename`` and ``rename_exact``
     apply to the flat names. Two tensors with one name are an error. With
-    ``tf1_slots``, an Adam's, momentum SGD's, Adagrad's or RMSprop's state is named as
-    TF1's optimizers name it: ``VAR/Adam`` and ``VAR/Adam_1``, ``VAR/Momentum``
-    (scaled by -1/learning_rate), ``VAR/Adagrad``, or ``VAR/RMSProp`` and
-    ``VAR/RMSProp_1`` after the variable's new name,
+    ``tf1_slots``, an Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's state is
+    named as TF1's optimizers name it: ``VAR/Adam`` and ``VAR/Adam_1``,
+    ``VAR/Momentum`` (scaled by -1/learning_rate), ``VAR/Adagrad``, ``VAR/RMSProp`` and
+    ``VAR/RMSProp_1``, or ``VAR/Ftrl`` and ``VAR/Ftrl_1`` after the variable's new name,
     ``global_step``, and for an Adam ``beta1_power``/``beta2_power`` for that step
     (``adam_betas``).
 

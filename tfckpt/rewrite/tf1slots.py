@@ -1,5 +1,5 @@
 """TF1 optimizers' slots as TF2 optimizers keep them (Adam, Momentum, Adagrad,
-RMSProp), and TF1 Adam's step count from its ``beta1_power`` and ``beta2_power``,
+RMSProp, Ftrl), and TF1 Adam's step count from its ``beta1_power`` and ``beta2_power``,
 and back.
 
 ``tf.compat.v1.train.AdamOptimizer`` keeps no step: it starts ``beta1_power`` at
@@ -80,7 +80,14 @@ RMSPROP = TF1Optimizer(
     },
     frozenset({"rmsprop", "rm_sprop"}),
 )
-TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD, RMSPROP)
+# TF1 Ftrl and Keras' (FTRL-proximal) keep the same accumulator and linear term.
+FTRL = TF1Optimizer(
+    "Ftrl",
+    (frozenset({"accumulator", "linear"}), frozenset({"_accumulators", "_linears"})),
+    {"accumulator": "Ftrl", "linear": "Ftrl_1", "_accumulators": "Ftrl", "_linears": "Ftrl_1"},
+    frozenset({"ftrl"}),
+)
+TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD, RMSPROP, FTRL)
 # Keras' names of its optimizers (their variables' names begin with them unless the
 # user named it): one of another kind is refused though its slots look alike (a
 # tf.keras 2 legacy Adamax or Nadam keeps Adam's very m and v).
@@ -161,13 +168,13 @@ def steps_from_powers(
 def tf1_names(
     state: OptimizerState, names: dict[str, str], ckpt, betas=ADAM_BETAS
 ) -> tuple[dict[str, float], list[tuple[str, np.ndarray]]]:
-    """Name a TF2 Adam's, momentum SGD's, Adagrad's or RMSprop's state as TF1's
+    """Name a TF2 Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's state as TF1's
     optimizers do, in ``names`` (key → new name, every variable's given): each slot
     its variable's new name and its TF1 slot's (``/Adam``, ``/Adam_1``, ``/Momentum``,
-    ``/Adagrad``, ``/RMSProp``, ``/RMSProp_1``), the step count ``global_step``. Returns the factors
-    of the slots to scale (a momentum's: -1/learning_rate) and what TF1 Adam keeps
-    besides: ``beta1_power`` and ``beta2_power`` after that many steps (read from
-    ``ckpt``)."""
+    ``/Adagrad``, ``/RMSProp``, ``/RMSProp_1``, ``/Ftrl``, ``/Ftrl_1``), the step count
+    ``global_step``. Returns the factors of the slots to scale (a momentum's:
+    -1/learning_rate) and what TF1 Adam keeps besides: ``beta1_power`` and
+    ``beta2_power`` after that many steps (read from ``ckpt``)."""
     if not state.slots:
         raise CheckpointError("no optimizer slots to name as TF1's", path=ckpt.prefix)
     scales: dict[str, float] = {}
@@ -177,7 +184,7 @@ def tf1_names(
         if found is None:
             raise CheckpointError(
                 f"{slot!r} is its optimizer's {role.strip('_')!r} slot, no TF1 Adam's, "
-                "Momentum's, Adagrad's or RMSProp's",
+                "Momentum's, Adagrad's, RMSProp's or Ftrl's",
                 path=ckpt.prefix,
             )
         opt, suffix = found
