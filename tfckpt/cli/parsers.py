@@ -353,7 +353,12 @@ def add_graft(sub: Subparsers) -> None:
         "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
         "the template's dtype. A template tensor without a source is an error, except "
         "save_counter (taken from the first source that has one). TF2 sources are matched "
-        "by their keys.",
+        "by their keys. A template's Adam, momentum SGD, Adagrad, RMSprop or Ftrl slots "
+        "come from the TF1 slots VAR/Adam and VAR/Adam_1, VAR/Momentum (times "
+        "-learning_rate), VAR/Adagrad, VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and "
+        "VAR/Ftrl_1 of the tensor that fills their "
+        "variable, its step count from "
+        "global_step or Adam's beta1_power and beta2_power.",
     )
     p.add_argument("template")
     p.add_argument("sources", nargs="+", metavar="SRC")
@@ -364,7 +369,23 @@ def add_graft(sub: Subparsers) -> None:
         action="store_true",
         help="keep the template's value where no source has the tensor",
     )
+    p.add_argument(
+        "--adam-betas",
+        type=_betas,
+        default=None,
+        metavar="B1,B2",
+        help="the TF1 AdamOptimizer's beta1,beta2 (default 0.9,0.999): the step count "
+        "of a source without global_step comes from its beta1_power and beta2_power",
+    )
     p.set_defaults(func="transform.cmd_graft")
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B1,B2 (e.g. 0.9,0.999), not {text!r}") from None
+    return b1, b2
 
 
 def add_flatten(sub: Subparsers) -> None:
@@ -381,6 +402,21 @@ def add_flatten(sub: Subparsers) -> None:
     p.add_argument("src")
     p.add_argument("dst")
     opt.add_transform_options(p)
+    p.add_argument(
+        "--tf1-slots",
+        action="store_true",
+        help="name a TF2/Keras Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's "
+        "state as TF1's optimizers do: VAR/Adam and VAR/Adam_1, VAR/Momentum, VAR/Adagrad, "
+        "VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and VAR/Ftrl_1 (VAR: the variable's "
+        "new name), global_step, and an Adam's beta1_power and beta2_power",
+    )
+    p.add_argument(
+        "--adam-betas",
+        type=_betas,
+        default=None,
+        metavar="B1,B2",
+        help="the optimizer's beta_1,beta_2 for --tf1-slots' powers (default 0.9,0.999)",
+    )
     p.set_defaults(func="transform.cmd_flatten")
 
 

@@ -22,17 +22,22 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import numpy as np
+
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import (
     OBJECT_GRAPH_KEY,
     ObjectGraph,
     attribute_tensors,
 )
+from tfckpt.format.optimizers import OptimizerState, optimizer_state
 from tfckpt.format.tf2names import flat_names, tensor_path
 from tfckpt.io.storage import StorageOptions
+from tfckpt.rewrite.edits import Literal, Scale
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
@@ -47,6 +52,16 @@ from tfckpt.rewrite.planner import (
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
 from tfckpt.rewrite.rules import NameRules, compile_patterns, compile_rules, new_name
+from tfckpt.rewrite.tf1slots import (
+    ADAM_BETAS,
+    BETA_POWERS,
+    GLOBAL_STEP,
+    MOMENTUM,
+    learning_rate,
+    steps_from_powers,
+    tf1_names,
+    tf1_slot,
+)
 
 
 def _as_list(sources) -> list:
@@ -62,10 +77,13 @@ def plan_graft(
     options: Options | None = None,
     *,
     allow_missing=False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Plan:
-    """Plan :func:`graft`; reads no tensor data. The plan's first source is the template.
+    """Plan :func:`graft`; reads no tensor data but TF1 optimizer step counts
+    (``global_step``, ``beta1_power``, ``beta2_power``). The plan's first source is the
+    template.
 
     >>> p = tfckpt.plan_graft("tf2/template", "tf1/model.ckpt", "out/ckpt",
     ...                       rename={"simple-fc/weights": "model/fc/kernel"})
@@ -92,7 +110,14 @@ def plan_graft(
     )
     dropped: list[tuple[str, str, str]] = []
     found = _found_in_sources(srcs, target, shared, naming, dropped)
-    planned = _grafted_tensors(srcs, names, found, options.prefer, allow_missing, dropped)
+    state = optimizer_state(srcs[0].graph) if srcs[0].graph is not None else OptimizerState()
+    kept = {t for t in names if tensor_path(t) == SAVE_COUNTER or allow_missing} | state.other
+    steps, scales = _place_optimizer_state(
+        srcs, names, found, state, naming, kept, dropped, adam_betas
+    )
+    planned = _grafted_tensors(srcs, names, found, options.prefer, kept, steps, dropped)
+    for t in planned:
+        _scaled(t, scales.get(t.new_name))
     follow_source_layouts(srcs, options)
     return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
 
@@ -197,24 +222,144 @@ def _found_in_sources(
     return found
 
 
+def _usable_names(srcs: list[Source], naming: NameRules) -> list[set[str]]:
+    """Per source, the names its patterns keep (index 0, the template, has none)."""
+    out: list[set[str]] = [set()]
+    for s in srcs[1:]:
+        flat = source_flat_names(s) if naming.includes or naming.excludes else {}
+        out.append({n for n in s.ckpt.keys() if naming.drop_reason(n, flat.get(n)) is None})
+    return out
+
+
+def _place_optimizer_state(
+    srcs: list[Source],
+    names: list[str],
+    found: dict[str, _Hits],
+    state: OptimizerState,
+    naming: NameRules,
+    kept: set[str],
+    dropped: list[tuple[str, str, str]],
+    betas: tuple[float, float],
+) -> tuple[dict[str, int], dict[str, float]]:
+    """Fill ``found`` for the template's optimizer slots no name finds: each from the
+    TF1 slot of the source tensor that fills its variable (``VAR/Adam``, ``VAR/Adam_1``,
+    ``VAR/Momentum``); and the template's step counts, from TF1's ``global_step`` or
+    Adam's powers. Returns key → step count, and key → the factor a slot's values are
+    scaled by (a momentum's: -learning_rate). What they take leaves ``dropped``."""
+    present = set(names)
+    usable = _usable_names(srcs, naming)
+    used: set[tuple[int, str]] = set()
+    missing: list[str] = []
+    scales: dict[str, float] = {}
+    for t, (var, role) in state.slots.items():
+        if t not in present or t in found or not found.get(var):
+            continue
+        tf1 = tf1_slot(state, t)
+        suffix = None if tf1 is None else tf1[1]
+        pairs = [p for where in found[var].values() for p in where]
+        hits: _Hits = {}
+        for i, n in pairs:
+            if suffix is not None and f"{n}/{suffix}" in usable[i]:
+                hits.setdefault(f"{n}/{suffix}", []).append((i, f"{n}/{suffix}"))
+        if hits:
+            found[t] = hits
+            used.update(p for where in hits.values() for p in where)
+            if tf1 is not None and tf1[0] is MOMENTUM:
+                scales[t] = -learning_rate(state, t, srcs[0].ckpt)
+        elif t not in kept:
+            i, n = pairs[0]
+            why = (
+                f"no {n + '/' + suffix!r} in {srcs[i].label}"
+                if suffix is not None
+                else "no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's slot"
+            )
+            missing.append(f"{t!r} ({role.strip('_')} of what {n!r} fills: {why})")
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(
+            f"no source has the template's optimizer slot {'; '.join(missing[:5])}{more} "
+            "(rename the TF1 variable to the template's, cut the optimizer with "
+            "drop_objects, or keep the template's slots with allow_missing)",
+            path=srcs[0].label,
+        )
+    steps: dict[str, int] = {}
+    for t in state.steps:
+        if t in present and t not in found:
+            count = _tf1_step(srcs, usable, betas, used)
+            if count is not None:
+                steps[t] = count
+    dropped[:] = [d for d in dropped if (d[0], d[1]) not in {(srcs[i].label, n) for i, n in used}]
+    return steps, scales
+
+
+def _tf1_step(
+    srcs: list[Source], usable: list[set[str]], betas, used: set[tuple[int, str]]
+) -> int | None:
+    """The step count of the first source with ``global_step`` or Adam's powers (both
+    where both are: they must agree); None where none has either."""
+    step = powers = None
+    for i, s in enumerate(srcs[1:], 1):
+        if step is None and GLOBAL_STEP in usable[i]:
+            step = (i, int(s.ckpt[GLOBAL_STEP]))
+        if powers is None and all(p in usable[i] for p in BETA_POWERS):
+            values = [s.ckpt[p] for p in BETA_POWERS]
+            dtype = values[0].dtype.name
+            powers = (i, steps_from_powers(float(values[0]), float(values[1]), betas, dtype))
+    if step is not None:
+        used.add((step[0], GLOBAL_STEP))
+    if powers is not None:
+        used.update((powers[0], p) for p in BETA_POWERS)
+    if powers is None:
+        return None if step is None else step[1]
+    i, counts = powers
+    where = f"{BETA_POWERS[0]} and {BETA_POWERS[1]} of {srcs[i].label}"
+    if not counts:
+        raise CheckpointError(
+            f"{where} are no step's powers of Adam's betas {tuple(betas)} (give the "
+            "TF1 optimizer's betas with adam_betas, --adam-betas)"
+        )
+    if step is not None:
+        n = step[1]
+        if n in counts or (counts[-1] == -1 and n >= counts[-2]):
+            return n
+        raise CheckpointError(
+            f"{GLOBAL_STEP} of {srcs[step[0]].label} is {n}, but {where} are Adam's "
+            f"after {counts[0]} steps (exclude one of them to choose)"
+        )
+    if counts[-1] == -1:
+        raise CheckpointError(
+            f"{where} stopped changing after {counts[0]} steps: the step count is "
+            f"unknown without {GLOBAL_STEP}"
+        )
+    return counts[0]
+
+
 def _grafted_tensors(
     srcs: list[Source],
     names: list[str],
     found: dict[str, _Hits],
     prefer: str | None,
-    allow_missing: bool,
+    kept: set[str],
+    steps: dict[str, int],
     dropped: list[tuple[str, str, str]],
 ) -> list[PlannedTensor]:
-    """Each template tensor, from the source tensor that fills it (the template's own
-    value for ``save_counter`` and, with ``allow_missing``, for one none fills)."""
+    """Each template tensor, from the source tensor that fills it, or as ``steps``
+    counts (an optimizer's step); the template's own value for those of ``kept`` none
+    fills."""
     tpl = srcs[0]
     planned: list[PlannedTensor] = []
     unmatched: list[str] = []
     for t in names:
         want = tpl.ckpt.info(t)
         hits = found.get(t)
+        if t in steps:
+            value = np.array(steps[t], dtype=_dt.lookup(want.dtype).numpy).reshape(want.shape)
+            planned.append(
+                PlannedTensor(0, t, t, want, want.dtype, want.nbytes, edit=Literal(value.tobytes()))
+            )
+            continue
         if not hits:
-            if allow_missing or tensor_path(t) == SAVE_COUNTER:
+            if t in kept:
                 planned.append(PlannedTensor(0, t, t, want, want.dtype, want.nbytes))
             else:
                 unmatched.append(t)
@@ -296,6 +441,7 @@ def graft(
     options: Options | None = None,
     *,
     allow_missing: bool = False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     progress: Callable[[int], None] | None = None,
     storage_options: StorageOptions | None = None,
     **changes,
@@ -317,6 +463,17 @@ def graft(
     source's by key or flat name). Source tensors no template tensor takes are listed
     in the plan's ``dropped``.
 
+    A template's Adam moments (tf.keras 2 slot variables ``m``/``v``, tf.keras 2 and
+    Keras 3 ``_momentums``/``_velocities``; see :mod:`tfckpt.format.optimizers`) no
+    name finds come from the TF1 slots ``VAR/Adam`` and ``VAR/Adam_1`` of the source
+    tensor ``VAR`` that fills their variable, a momentum SGD's from ``VAR/Momentum``
+    times -learning_rate, an Adagrad's from ``VAR/Adagrad``, an RMSprop's from
+    ``VAR/RMSProp`` and ``VAR/RMSProp_1``, an Ftrl's from ``VAR/Ftrl`` and
+    ``VAR/Ftrl_1``; its step count from ``global_step`` or, without one, from
+    ``beta1_power`` and ``beta2_power`` read with ``adam_betas`` (see
+    :mod:`tfckpt.rewrite.tf1slots`). Its other state (learning rate) keeps the
+    template's values.
+
     >>> tfckpt.graft("tf2/template", "tf1/model.ckpt", "tf2/model",
     ...              rename={"simple-fc/weights": "model/fc/kernel"})
     """
@@ -327,6 +484,7 @@ def graft(
             dst,
             options,
             allow_missing=allow_missing,
+            adam_betas=adam_betas,
             storage_options=storage_options,
             **changes,
         ),
@@ -339,10 +497,13 @@ def plan_flatten(
     dst,
     options: Options | None = None,
     *,
+    tf1_slots: bool = False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> Plan:
-    """Plan :func:`flatten`; reads no tensor data.
+    """Plan :func:`flatten`; reads no tensor data (but, with ``tf1_slots``, the step
+    count and a momentum's learning rate).
 
     >>> p = tfckpt.plan_flatten("tf2/ckpt-3", "tf1/model.ckpt")
     >>> [t.new_name for t in p.tensors][:2]
@@ -366,6 +527,10 @@ def plan_flatten(
         for key in ckpt.keys():
             if key != OBJECT_GRAPH_KEY:
                 composed[key] = new_name(flat.get(key, key), exact, rules)
+        scales: dict[str, float] = {}
+        made: list = []
+        if tf1_slots:
+            scales, made = tf1_names(optimizer_state(graph), composed, ckpt, adam_betas)
     finally:
         if not given:
             ckpt.close()
@@ -376,6 +541,12 @@ def plan_flatten(
         storage_options=storage_options,
     )
     p.object_graph = None  # names are all a name-based reader needs
+    for t in p.tensors:
+        _scaled(t, scales.get(t.name))
+    for name, value in made:
+        info = TensorInfo(name, value.dtype.name, value.shape, value.nbytes, None, None, None)
+        edit = Literal(np.ascontiguousarray(value).tobytes())
+        p.tensors.append(PlannedTensor(0, name, name, info, info.dtype, info.nbytes, edit=edit))
     return p
 
 
@@ -384,6 +555,8 @@ def flatten(
     dst,
     options: Options | None = None,
     *,
+    tf1_slots: bool = False,
+    adam_betas: tuple[float, float] = ADAM_BETAS,
     progress: Callable[[int], None] | None = None,
     storage_options: StorageOptions | None = None,
     **changes,
@@ -395,11 +568,33 @@ def flatten(
     their variable's path and the slot's name (``model/dense/kernel/m``), other
     attributes' tensors by their path (see :mod:`tfckpt.graft`). Every transform
     option applies (see :func:`tfckpt.transform`); ``rename`` and ``rename_exact``
-    apply to the flat names. Two tensors with one name are an error.
+    apply to the flat names. Two tensors with one name are an error. With
+    ``tf1_slots``, an Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's state is
+    named as TF1's optimizers name it: ``VAR/Adam`` and ``VAR/Adam_1``,
+    ``VAR/Momentum`` (scaled by -1/learning_rate), ``VAR/Adagrad``, ``VAR/RMSProp`` and
+    ``VAR/RMSProp_1``, or ``VAR/Ftrl`` and ``VAR/Ftrl_1`` after the variable's new name,
+    ``global_step``, and for an Adam ``beta1_power``/``beta2_power`` for that step
+    (``adam_betas``).
 
     >>> tfckpt.flatten("tf2/ckpt-3", "tf1/model.ckpt")
     """
     return execute(
-        plan_flatten(src, dst, options, storage_options=storage_options, **changes),
+        plan_flatten(
+            src,
+            dst,
+            options,
+            tf1_slots=tf1_slots,
+            adam_betas=adam_betas,
+            storage_options=storage_options,
+            **changes,
+        ),
         progress=progress,
     )
+
+
+def _scaled(t: PlannedTensor, factor: float | None) -> None:
+    """``t`` multiplied by ``factor`` (a TF1 momentum as Keras keeps it, or back), when
+    there is one: rounded to the tensor's dtype first, so that the product, exact in
+    float64 and rounded once, is TensorFlow's in that dtype."""
+    if factor is not None:
+        t.edit = Scale(float(np.array(factor, dtype=_dt.lookup(t.info.dtype).numpy)))

@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
@@ -68,6 +71,22 @@ class PlannedTensor:
     @property
     def cast(self) -> bool:
         return self.info.dtype != self.new_dtype
+
+    def edit_fields(self) -> dict:
+        """What ``--dry-run --json`` shows of an edited tensor ({} for others): the kind
+        of edit, and the factor of a scale or the elements of a small literal (a graft's
+        step count, flatten's Adam powers, a value given to ``edit --set``)."""
+        if self.edit is None:
+            return {}
+        out: dict = {"edit": type(self.edit).__name__.lower()}
+        factor = getattr(self.edit, "factor", None)
+        data = getattr(self.edit, "data", None)
+        if factor is not None:
+            out["scale"] = factor
+        elif isinstance(data, bytes) and len(data) <= 64:
+            dtype = _dt.lookup(self.info.dtype).numpy
+            out["value"] = np.frombuffer(data, dtype=dtype).reshape(self.info.shape).tolist()
+        return out
 
 
 @dataclass
@@ -145,7 +164,7 @@ class Plan:
                         else {}
                     ),
                     **({"made_of": _made_of(t.parts)} if t.parts is not None else {}),
-                    **({"edit": type(t.edit).__name__.lower()} if t.edit is not None else {}),
+                    **t.edit_fields(),
                 }
                 for t in self.tensors
             ],

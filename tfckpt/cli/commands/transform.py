@@ -132,11 +132,13 @@ def _print_plan(p: Plan) -> None:
         rows[0].append("DTYPE BY")
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
+        value = t.edit_fields().get("value")  # a graft's step count, flatten's Adam powers
+        computed = value is not None
         rows.append(
             [
-                p.sources[t.source].label,
-                t.name,
-                t.new_name if t.renamed else "=",
+                "(computed)" if computed else p.sources[t.source].label,
+                str(value) if computed else t.name,
+                t.new_name if t.renamed or computed else "=",
                 dtype,
                 shape_text(t.info.shape)
                 + ("" if t.shape is None else f"->{shape_text(t.out_shape)}"),
@@ -349,6 +351,7 @@ def cmd_graft(args) -> int:
         options,
         allow_missing=args.allow_missing,
         storage_options=args.storage_options,
+        **({"adam_betas": args.adam_betas} if args.adam_betas is not None else {}),
     )
     return _run_plan(args, p)
 
@@ -358,7 +361,16 @@ def cmd_flatten(args) -> int:
     from tfckpt.rewrite.graft import plan_flatten
 
     options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
-    p = plan_flatten(args.src, args.dst, options, storage_options=args.storage_options)
+    if args.adam_betas is not None and not args.tf1_slots:
+        raise CheckpointError("--adam-betas goes with --tf1-slots")
+    p = plan_flatten(
+        args.src,
+        args.dst,
+        options,
+        tf1_slots=args.tf1_slots,
+        storage_options=args.storage_options,
+        **({"adam_betas": args.adam_betas} if args.adam_betas is not None else {}),
+    )
     return _run_plan(args, p)
 
 
