@@ -121,7 +121,7 @@ def archive_checkpoints(store: ArchiveStorage) -> list[str]:
     found: list[str] = []
     for directory in store.directories():
         try:
-            latest = paths.state_file_latest(store, directory, warn=False)
+            latest = paths.state_file_latest(store, directory)
         except CheckpointError:
             latest = None
         if latest is not None:

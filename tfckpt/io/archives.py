@@ -41,6 +41,7 @@ from tfckpt.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
     CorruptCheckpointError,
+    UnsupportedCheckpointError,
 )
 from tfckpt.io import members as _m
 from tfckpt.io.compressed import Cursor, Stream
@@ -57,6 +58,7 @@ from tfckpt.io.storage import (
 MARK = "#"
 # Zip files that are something else, and said so where opening fails (opening.py).
 NOT_ARCHIVES = (".keras", ".npz", ".h5")
+WHOLE_MAX = 64 << 20
 _ROOTED = re.compile(r"^(?:[/\\]|[A-Za-z]:[/\\])")
 
 
@@ -283,9 +285,9 @@ class ArchiveStorage(Storage):
         return list(index.children[found])
 
     def names(self, limit: int) -> list[str]:
-        """The first ``limit`` files of the archive, as member names."""
+        """The first ``limit`` entries of the archive (but directories), as member names."""
         index = self.index()
-        return [n for n, m in index.members.items() if m.kind == _m.FILE][:limit]
+        return [n for n, m in index.members.items() if m.kind != _m.DIR][:limit]
 
     # -- reading
 
@@ -316,8 +318,17 @@ class ArchiveStorage(Storage):
         return StreamReader(path, stream, 0, m.size, None)
 
     def read_bytes(self, path: str) -> bytes:
+        """A member whole (an index, a state file); one in a compressed stream at most
+        :data:`WHOLE_MAX` bytes, whatever it declares (a bomb posing as an index)."""
         reader = self.open_reader(path)
         try:
+            if isinstance(reader, StreamReader) and reader.size > WHOLE_MAX:
+                raise UnsupportedCheckpointError(
+                    f"the member is {reader.size} bytes, compressed; tfckpt reads at most "
+                    f"{WHOLE_MAX >> 20} MiB of a compressed member whole (an index of about "
+                    "a million tensors): extract it",
+                    path=path,
+                )
             buf = bytearray(reader.size)
             view = memoryview(buf)
             done = 0

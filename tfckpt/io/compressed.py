@@ -153,7 +153,7 @@ class Cursor:
         s = self.stream
         self._d = point.state.copy() if point.state is not None else _decompressor(s.codec)
         self.out = point.out  # output offset of the next byte produced
-        self._block = b""  # compressed bytes read, from file offset _block_at
+        self._block = bytearray()  # compressed bytes read, from file offset _block_at
         self._block_at = s.start + point.inp
         self._pos = 0  # how much of _block the decompressor has taken
         self._done = False  # the last stream ended: nothing follows
@@ -165,7 +165,7 @@ class Cursor:
         """File offset of the next compressed byte to feed."""
         return self._block_at + self._pos
 
-    def _read(self, at: int, n: int) -> bytes:
+    def _read(self, at: int, n: int) -> bytearray:
         if self._file is None:
             self._file = self.stream.open_file()
         buf = bytearray(n)
@@ -176,7 +176,9 @@ class Cursor:
             if k == 0:
                 break
             got += k
-        return bytes(buf[:got])
+        view.release()
+        del buf[got:]
+        return buf
 
     def _fill(self) -> bool:
         """Read the next block of compressed input; False at the stream's end."""
@@ -195,7 +197,7 @@ class Cursor:
         if self._block_at <= at <= self._block_at + len(self._block):
             self._pos = at - self._block_at
         else:
-            self._block, self._block_at, self._pos = b"", at, 0
+            self._block, self._block_at, self._pos = bytearray(), at, 0
 
     def _next_stream(self) -> None:
         """After a stream's end: another one follows (pigz, pbzip2 and xz may write

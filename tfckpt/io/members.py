@@ -53,6 +53,7 @@ MAX_HOPS = 40
 SMALL = 1 << 20
 SMALL_TOTAL = 16 << 20
 TAIL = 64
+_TAR_HEADER = "a tar header (or its long name or pax records)"
 DEFLATE_MAX_RATIO = 1032  # deflate's most: 258 bytes from 2 bits
 _ROOTED = re.compile(r"^(?:[/\\]|[A-Za-z]:)")
 ZIP_STORED, ZIP_DEFLATED, ZIP_BZIP2 = 0, 8, 12
@@ -217,8 +218,11 @@ class _HeaderReads(io.RawIOBase):
     ``most`` bytes each and ``total`` in all (a header's declared size is never
     allocated unchecked); seeking only moves the position."""
 
-    def __init__(self, read_at: Callable[[int, int], bytes], size: int | None, path: str):
+    def __init__(
+        self, read_at: Callable[[int, int], bytes], size: int | None, path: str, what: str
+    ):
         self._read_at = read_at
+        self._what = what
         self._size = size
         self._path = path
         self.pos = 0
@@ -249,7 +253,8 @@ class _HeaderReads(io.RawIOBase):
             n = (self._size or 0) - self.pos
         if n > self.most:
             raise CorruptCheckpointError(
-                f"a header of {n} bytes at byte {self.pos}; tfckpt reads at most {self.most}",
+                f"{self._what} of {n} bytes at byte {self.pos}: tfckpt reads at most "
+                f"{self.most >> 20} MiB of it",
                 path=self._path,
             )
         self.total += n
@@ -305,11 +310,11 @@ def index_tar(open_file: Callable[[], Reader], path: str, size: int, codec: str 
     cursor = None
     try:
         if codec is None:
-            headers = _HeaderReads(_pread(reader), size, path)
+            headers = _HeaderReads(_pread(reader), size, path, _TAR_HEADER)
         else:
             index.stream = Stream(open_file, 0, size, codec, path)
             cursor = index.stream.cursor()
-            headers = _HeaderReads(_cursor_read(cursor), None, path)
+            headers = _HeaderReads(_cursor_read(cursor), None, path, _TAR_HEADER)
         try:
             tar = tarfile.TarFile(fileobj=headers, mode="r")
             while True:
@@ -387,7 +392,7 @@ def index_zip(open_file: Callable[[], Reader], path: str, size: int) -> Index:
     index = Index(path, "zip", size)
     reader = open_file()
     try:
-        headers = _HeaderReads(_pread(reader), size, path)
+        headers = _HeaderReads(_pread(reader), size, path, "a zip central directory")
         headers.most = MAX_DIRECTORY
         try:
             # Unbuffered: a buffered reader would allocate a declared size before reading.
