@@ -343,6 +343,16 @@ def test_storage_pickles_and_is_shared(archives):
     assert again == store and again.isfile(f"{archive}#train/checkpoint")
 
 
+def test_tasks_in_other_processes_read_the_archive(archives, tree, tmp_path):
+    """A task pickles its archive's storage to the archive's path, indexed again there."""
+    for kind in ("tar.gz", "zip-deflated"):
+        inside = f"{archives[kind]}#{MEMBERS['sharded']}"
+        out = tmp_path / kind
+        cli("convert", inside, f"{out}/pool/", "--dtype", "float16", "--executor", "processes:2")
+        cli("convert", tree / MEMBERS["sharded"], f"{out}/here/", "--dtype", "float16")
+        same_files(out / "pool", out / "here")
+
+
 # ================================================================ never written
 
 
