@@ -173,3 +173,36 @@ def test_transform_memory_script_runs_at_a_small_size(tmp_path):
         "TensorFlow reader + numpy + safetensors",
     }
     assert all(r["peak_rss"] > 0 and r["wall"] > 0 for r in report["contenders"].values())
+
+
+def test_archive_read_script_runs_at_a_small_size(tmp_path):
+    """The archive benchmark at 6 MiB: TensorFlow writes the input, it is packed as a
+    tar.gz and a deflated zip, every command runs in the archive and after extracting
+    (the conversions checked against the extracted files'), and the report has every
+    number and ratio."""
+    pytest.importorskip("tensorflow")
+    import json
+    import subprocess
+
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    args = ["--big-mib", "4", "--medium", "2", "--medium-mib", "1", "--repeat", "1"]
+    args += ["--kinds", "tar.gz", "zip-deflated", "--prefault-mib", "0", "--out", str(tmp_path)]
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "archive_read.py"), *args],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    report = json.loads((tmp_path / "archive_read.json").read_text())
+    assert report["checkpoint_mib"] == 6
+    assert sorted(report["rows"]) == [
+        "tar.gz convert",
+        "tar.gz dump",
+        "zip-deflated convert",
+        "zip-deflated dump",
+    ]
+    for row in report["rows"].values():
+        assert row["in the archive"]["peak_rss"] > 0 and row["ratio"]["wall"] > 0
+        assert row["extract, then tfckpt"]["wall"] >= row["extraction alone"]["wall"]

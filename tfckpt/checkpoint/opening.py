@@ -5,15 +5,21 @@ what else the file is.
 storage options given; :func:`open_in` opens a path on a storage at hand (a task's source,
 a checkpoint listed in a directory). The readers' own constructors take the storage and
 what was resolved, so a path is looked up once.
+
+An archive (:mod:`tfckpt.io.archives`) opens like a directory: ``ARCHIVE#MEMBER`` as
+that member's path would; the archive itself (its root) opens the one checkpoint it
+holds, or fails listing those it holds (:func:`archive_checkpoints`); a file that is
+an archive by its content, whatever its name, opens as that archive.
 """
 
 from __future__ import annotations
 
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.v1 import V1Checkpoint
-from tfckpt.checkpoint.v1files import resolve_files
+from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file, resolve_files
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from tfckpt.io import paths
+from tfckpt.io.archives import ArchiveStorage, archive_at
 from tfckpt.io.storage import (
     Storage,
     StorageOptions,
@@ -42,6 +48,8 @@ def open_checkpoint(
 
 def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> Checkpoint:
     """The checkpoint ``path``, on ``store``, designates (see :func:`open_checkpoint`)."""
+    if isinstance(store, ArchiveStorage) and store.is_root(path):
+        path = the_checkpoint_in(store)
     try:
         prefix = paths.find_prefix(store, path)
     except CheckpointNotFoundError as e:
@@ -49,6 +57,9 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
         files = resolve_files(store, path, warn=False)
         if files is not None:
             return V1Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=files)
+        inner = archive_at(store, normalize(path))
+        if inner is not None:
+            return open_in(inner, inner.root, verify=verify, mmap=mmap)
         why = not_a_checkpoint(store, path)
         if why is not None:
             raise UnsupportedCheckpointError(why, path=e.path) from None
@@ -73,8 +84,8 @@ def not_a_checkpoint(store: Storage, path) -> str | None:
         return "a Keras HDF5 file, not a TensorFlow checkpoint; load it with Keras"
     if head.startswith(b"PK\x03\x04") and lower.endswith(".keras"):
         return "a Keras .keras archive, not a TensorFlow checkpoint; load it with Keras"
-    if head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar" or head.startswith(b"PK\x03\x04"):
-        return "an archive (tar/gzip/zip); extract it first and open what it holds"
+    if head.startswith(b"PK\x03\x04") and lower.endswith(".npz"):
+        return "an npz file of arrays, not a checkpoint; tfckpt import makes one of it"
     if lower.endswith(".meta"):
         return (
             "a MetaGraphDef (.meta) graph file: it holds no variable values; "
@@ -97,3 +108,65 @@ def _head(store: Storage, path: str) -> bytes:
         return bytes(buf[:n])
     finally:
         reader.close()
+
+
+# Files beside checkpoints that are no V1 table: not worth looking into.
+_NOT_TABLES = (".json", ".txt", ".meta", ".pb", ".pbtxt", ".md", ".model", ".vocab", ".h5")
+SHOWN = 5  # how many checkpoints or files an error lists
+
+
+def archive_checkpoints(store: ArchiveStorage) -> list[str]:
+    """Every checkpoint in an archive, directory by directory: in a directory with a
+    ``checkpoint`` state file, the latest it names; elsewhere each ``.index`` prefix and
+    each V1 checkpoint (a table file, or a sharded save's shards)."""
+    found: list[str] = []
+    for directory in store.directories():
+        try:
+            latest = paths.state_file_latest(store, directory)
+        except CheckpointError:
+            latest = None
+        if latest is not None:
+            found.append(latest)
+            continue
+        prefixes = paths.bundle_prefixes(store, directory)
+        found += prefixes
+        bundled = {store.basename(p) for p in prefixes}
+        v1: dict[str, None] = {}
+        for name in sorted(store.listdir(directory)):
+            full = store.join(directory, name)
+            parsed = paths.parse_data_filename(name)
+            if (
+                name.endswith(".index")
+                or (parsed is not None and parsed[0] in bundled)
+                or name == paths.STATE_FILENAME
+                or name.lower().endswith(_NOT_TABLES)
+                or not is_table_file(store, full)
+            ):
+                continue
+            m = SHARD_RE.match(name)
+            v1[store.join(directory, m["prefix"]) if m else full] = None
+        found += v1
+    return found
+
+
+def the_checkpoint_in(store: ArchiveStorage) -> str:
+    """The one checkpoint an archive holds (see :func:`archive_checkpoints`); an error
+    listing them when it holds several, or its files when none."""
+    found = archive_checkpoints(store)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        shown = ", ".join(store.member(p) for p in found[:SHOWN])
+        more = f" (and {len(found) - SHOWN} more)" if len(found) > SHOWN else ""
+        raise CheckpointNotFoundError(
+            f"the archive holds {len(found)} checkpoints: {shown}{more}; name one as "
+            f"ARCHIVE#{store.member(found[0])}",
+            path=store.root,
+        )
+    files = store.names(SHOWN + 1)
+    listed = ", ".join(files[:SHOWN]) + (", ..." if len(files) > SHOWN else "")
+    raise CheckpointNotFoundError(
+        f"no checkpoint in the {store.kind} archive"
+        + (f" (it holds {listed})" if files else " (it is empty)"),
+        path=store.root,
+    )

@@ -442,6 +442,7 @@ class BundleWriter(_Adder):
         self.endianness = endianness
         self.durable = durable
         self.storage = storage_for(self.prefix, storage_options)
+        self.storage.check_writable(self.prefix)
         self.index = IndexEntries()
         self._tmp_base = temporary_base(self.prefix)
         self._shards: list[ShardWriter] = []

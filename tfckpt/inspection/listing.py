@@ -6,6 +6,7 @@ from tfckpt.checkpoint.opening import open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError
 from tfckpt.io import paths
+from tfckpt.io.archives import ArchiveStorage, archive_at
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 
 # --- every checkpoint of a directory --------------------------------------------
@@ -14,7 +15,7 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> dict:
     """Every checkpoint in a directory: ``{"directory", "state_file", "latest",
     "checkpoints": [{"prefix", "name", "step", "format", "tensors", "bytes",
-    "in_state_file", "latest", "error"}]}``.
+    "in_state_file", "state_file", "latest", "error"}]}``.
 
     Those the ``checkpoint`` state file lists come first, in its order (oldest
     first; their paths found beside the state file when they are from elsewhere,
@@ -24,14 +25,29 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
     (of every file, for a V1 checkpoint). Each checkpoint's index is read; one
     that cannot be opened keeps its row, with ``error`` saying why.
 
+    An archive (``model.tar.gz``, or a file that is one by its content) lists every
+    directory in it, each as above, rows named by their paths in the archive
+    (``state_file`` per row: whether its directory has one); ``ARCHIVE#DIR`` lists
+    that directory only.
+
     >>> [(c["name"], c["step"]) for c in tfckpt.list_checkpoints("train")["checkpoints"]]
     [('model.ckpt-3', 3), ('model.ckpt-4', 4), ('model.ckpt-5', 5)]
     """
     directory = normalize(directory)
     store = storage_for(directory, storage_options)
     if not store.isdir(directory):
-        raise CheckpointNotFoundError("not a directory", path=directory)
+        inner = archive_at(store, directory)
+        if inner is None:
+            raise CheckpointNotFoundError("not a directory", path=directory)
+        store, directory = inner, inner.root
     directory = store.dir_path(directory)
+    if isinstance(store, ArchiveStorage) and store.is_root(directory):
+        return _archive(store)
+    return _directory(store, directory)
+
+
+def _directory(store: Storage, directory: str, name=None) -> dict:
+    """The listing of one directory; ``name(prefix)`` names its rows (its base name)."""
     listed = paths.state_file_checkpoints(store, directory)
     in_state, latest = listed if listed is not None else ([], None)
     # A Saver's state file names absolute paths: the directory's own files are the
@@ -45,12 +61,13 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
     for prefix in prefixes:
         row: dict = {
             "prefix": prefix,
-            "name": store.basename(prefix),
+            "name": name(prefix) if name else store.basename(prefix),
             "step": paths.checkpoint_step(store.basename(prefix)),
             "format": None,
             "tensors": None,
             "bytes": None,
             "in_state_file": prefix in in_state,
+            "state_file": listed is not None,
             "latest": prefix == latest,
             "error": None,
         }
@@ -74,6 +91,23 @@ def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> 
         "directory": directory,
         "state_file": listed is not None,
         "latest": latest,
+        "checkpoints": rows,
+    }
+
+
+def _archive(store: ArchiveStorage) -> dict:
+    """Every directory of an archive, listed as one: rows named by their member paths;
+    ``latest`` the latest of the one state file, when there is exactly one."""
+    rows, latest = [], []
+    for directory in store.directories():
+        part = _directory(store, directory, name=store.member)
+        rows += part["checkpoints"]
+        if part["state_file"]:
+            latest.append(part["latest"])
+    return {
+        "directory": store.root,
+        "state_file": bool(latest),
+        "latest": latest[0] if len(latest) == 1 else None,
         "checkpoints": rows,
     }
 

@@ -170,6 +170,7 @@ def import_(
     chosen, dropped = _chosen(ins, naming, policy, ShapeRules.of(options))
     ruled = bool(policy.labels)
     store = storage_for(prefix, storage_options)
+    store.check_writable(prefix)
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
         raise CheckpointError(

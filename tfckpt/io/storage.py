@@ -64,6 +64,18 @@ def is_url(path) -> bool:
 
 
 StorageOptions = Mapping[str, Any]
+# The names of archives tfckpt reads as sources (see tfckpt.io.archives).
+ARCHIVE_SUFFIXES = (
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz2",
+    ".tbz",
+    ".tar.xz",
+    ".txz",
+    ".zip",
+)
 GIVEN_AS = "storage option"  # how the library names an option in a message
 
 
@@ -71,11 +83,22 @@ def storage_for(path, storage_options: StorageOptions | None) -> Storage:
     """The storage that holds ``path``: :data:`LOCAL`, or for a URL its fsspec file system
     made with ``storage_options`` (None: fsspec's defaults). Local paths ignore them.
 
+    A path into an archive (``ARCHIVE#MEMBER``, or an archive file itself: see
+    :mod:`tfckpt.io.archives`) gets the archive's read-only storage, the archive read
+    through the storage it is on.
+
     Called where a path enters tfckpt (a public function's argument); what is beneath
     is handed the result, never the options.
     """
-    if is_url(path):
-        return RemoteStorage.for_url(os.fspath(path), storage_options)
+    text = os.fspath(path)
+    if "#" in text or text.lower().endswith(ARCHIVE_SUFFIXES):
+        from tfckpt.io.archives import storage_within
+
+        within = storage_within(text, storage_options)
+        if within is not None:
+            return within
+    if is_url(text):
+        return RemoteStorage.for_url(text, storage_options)
     return LOCAL
 
 
@@ -320,6 +343,10 @@ class Storage:
     def dir_path(self, path: str) -> str:
         """A directory's path spelled as :meth:`join` expects it."""
         return path
+
+    def check_writable(self, path: str) -> None:
+        """Refuse, before anything is written, a destination nothing can be written to
+        (inside an archive); here, anything may be."""
 
     def open_reader(self, path: str) -> Reader:
         return LocalReader(path)

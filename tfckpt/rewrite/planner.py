@@ -78,7 +78,9 @@ def destination_storage(
     if storage_options is None:
         given = (s.ckpt.storage.options for s in sources if s.ckpt.storage.options is not None)
         storage_options = next(given, None)
-    return storage_for(normalize(dst), storage_options)
+    store = storage_for(normalize(dst), storage_options)
+    store.check_writable(normalize(dst))
+    return store
 
 
 def resolve_destination(store: Storage, dst, sources: list[Source], overwrite: bool) -> str:

@@ -233,7 +233,7 @@ def _print_checkpoints(data: dict) -> None:
     rows = [["NAME", "STEP", "TENSORS", "SIZE", "NOTE"]]
     for c in data["checkpoints"]:
         note = "latest" if c["latest"] else ""
-        if data["state_file"] and not c["in_state_file"]:
+        if c.get("state_file", data["state_file"]) and not c["in_state_file"]:
             note = "not in the state file"
         if c["error"]:
             note = f"{note}; {c['error']}" if note else c["error"]
