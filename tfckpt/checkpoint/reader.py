@@ -163,6 +163,11 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
         this checkpoint by: a bundle's prefix."""
         return self.prefix
 
+    @property
+    def stem(self) -> str:
+        """The name a rewrite's output takes in a directory given as its destination."""
+        return self.storage.basename(self.prefix)
+
     # -- values
 
     def read(self, name: str) -> np.ndarray:
