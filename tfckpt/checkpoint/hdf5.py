@@ -49,9 +49,10 @@ class HDF5Checkpoint(Checkpoint):
     """A Keras HDF5 weights file (or a group in one), read through the same API as a bundle.
 
     Created by :func:`tfckpt.open` for a path to an HDF5 file (``model.h5``) or to a
-    group inside one (``model.h5/optimizer_weights``). ``layers`` lists the file's
-    layers in order, each with the names of its weights' tensors: what Keras pairs
-    with a model's layers when it loads the file. ``keras_version`` is the writer's.
+    group inside one (``model.h5/optimizer_weights``). ``keras_layers`` lists the
+    file's layers in order, each with the names of its weights' tensors: what Keras
+    pairs with a model's layers when it loads the file (weights a model holds outside
+    its layers last, as ``top_level_model_weights``). ``keras_version`` is the writer's.
     """
 
     format = FORMAT_NAME
@@ -110,7 +111,7 @@ class HDF5Checkpoint(Checkpoint):
             self.format = f"{FORMAT_NAME} (Keras {layout.keras_version})"
         self._datasets: dict[str, Dataset] = {}
         self._copies: dict[str, list[Dataset]] = {}
-        self.layers: list[tuple[str, list[str]]] = []
+        self.keras_layers: list[tuple[str, list[str]]] = []
         self._name_all(layout)
 
     def _name_all(self, layout: Layout) -> None:
@@ -143,9 +144,9 @@ class HDF5Checkpoint(Checkpoint):
                         )
                     self._copies.setdefault(name, []).append(d)
                 tensor_of[w.path] = name
+        self.keras_layers = [(name, [tensor_of[w.path] for w in ws]) for name, ws in layout.layers]
         # In the order the layers list them, each once.
-        self._names = list(dict.fromkeys(tensor_of[w.path] for _, ws in layout.layers for w in ws))
-        self.layers = [(layer, [tensor_of[w.path] for w in ws]) for layer, ws in layout.layers]
+        self._names = list(dict.fromkeys(t for _, ts in self.keras_layers for t in ts))
 
     def _checked(self, w: Weight, name: str) -> Dataset:
         try:

@@ -58,6 +58,9 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
     __hash__ = object.__hash__
 
     format = "bundle v2"
+    # Keras's own list of layers and their weights' tensors, in the order Keras pairs them
+    # with a model's layers: a Keras HDF5 file has one (see tfckpt.checkpoint.hdf5).
+    keras_layers: list[tuple[str, list[str]]] | None = None
 
     def __init__(
         self,
