@@ -9,7 +9,6 @@ the Keras layout and read the same way.
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
