@@ -203,7 +203,9 @@ class TFBertMLMHead(Layer):
 
 class TFBertForMaskedLM(keras.Model):
     def __init__(self, c):
-        super().__init__(name="tf_bert_for_masked_lm")
+        # Unnamed, as transformers left them: Keras names a model after its class,
+        # snake-cased (tf_bert_for_masked_lm, tfgpt2lm_head_model).
+        super().__init__()
         self.bert = TFBertMainLayer(c, pooler=False, name="bert")
         self.mlm = TFBertMLMHead(c, self.bert.embeddings, name="mlm___cls")
 
@@ -214,7 +216,7 @@ class TFBertForMaskedLM(keras.Model):
 
 class TFBertModel(keras.Model):
     def __init__(self, c):
-        super().__init__(name="tf_bert_model")
+        super().__init__()
         self.bert = TFBertMainLayer(c, name="bert")
 
     def call(self, inputs):
@@ -302,7 +304,7 @@ class TFGPT2MainLayer(Layer):
 
 class TFGPT2LMHeadModel(keras.Model):
     def __init__(self, c):
-        super().__init__(name="tf_gpt2lm_head_model")
+        super().__init__()
         self.transformer = TFGPT2MainLayer(c, name="transformer")
 
     def call(self, inputs):
@@ -472,7 +474,7 @@ class TFT5MainLayer(Layer):
 
 class TFT5ForConditionalGeneration(keras.Model):
     def __init__(self, c):
-        super().__init__(name="tf_t5for_conditional_generation")
+        super().__init__()
         self.c = c
         self.shared = keras.layers.Embedding(c["vocab_size"], c["d_model"], name="shared")
         self.encoder = TFT5MainLayer(c, self.shared, False, name="encoder")

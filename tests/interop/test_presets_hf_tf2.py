@@ -112,10 +112,10 @@ def test_the_files_hold_the_names_transformers_tf_classes_give(written):
     )
     assert "tf_bert_for_masked_lm/mlm___cls/predictions/bias:0" in names["bert-mlm"]
     assert "tf_bert_model/bert/embeddings/token_type_embeddings/embeddings:0" in names["bert-base"]
-    assert "tf_gpt2lm_head_model/transformer/h_._0/attn/c_attn/bias:0" in names["gpt2"]
+    assert "tfgpt2lm_head_model/transformer/h_._0/attn/c_attn/bias:0" in names["gpt2"]
     assert "shared/shared/embeddings:0" in names["t5"]
     assert (
-        "tf_t5for_conditional_generation/encoder/block_._0/layer_._0/SelfAttention/"
+        "tft5_for_conditional_generation/encoder/block_._0/layer_._0/SelfAttention/"
         "relative_attention_bias/embeddings:0"
     ) in names["t5"]
     with tfckpt.open(written / "t5" / "tf_model.h5") as ckpt:

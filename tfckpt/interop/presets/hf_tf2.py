@@ -36,6 +36,7 @@ _SEPARABLE = ("pointwise_kernel", "depthwise_kernel")
 _KERNEL_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 2, 0, 1)}
 # A PyTorch class with a task head has one of these in its name; the others are base models.
 _HEADS = ("For", "Head", "Heads")
+_MODEL_SCOPE = re.compile(r"tf[a-z0-9_]*/")
 
 
 def pytorch_name(name: str) -> tuple[str, str | None]:
@@ -137,8 +138,11 @@ def _config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
 
 
 def _recognises(names: list[str]) -> bool:
-    """Names scoped as transformers' TF models scope them (``tf_bert_model/...``)."""
-    return any(n.startswith("tf_") and "/" in n for n in names)
+    """Names scoped as transformers' TF models scope them: the model's Keras name first
+    (``tf_bert_model``, ``tfgpt2lm_head_model``: its class's, snake-cased), list items as
+    ``_._N``."""
+    scoped = any(_MODEL_SCOPE.match(n) for n in names)
+    return scoped and any("_._" in n for n in names)
 
 
 PRESET = Preset(
