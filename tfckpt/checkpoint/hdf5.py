@@ -76,7 +76,7 @@ class HDF5Checkpoint(Checkpoint):
         self.index_path = self.file
         self.verify = verify
         self.mmap = mmap
-        self._readers = {}
+        self._readers = {}  # the base class's data shards: none here
         self._h5: h5py.File | None = None
         self.header = Header(1, "little", Version(0, 0))
         self._closed = True
@@ -102,7 +102,7 @@ class HDF5Checkpoint(Checkpoint):
             layout = read_layout(self._h5, self.group, self.file)
         except CheckpointError:
             raise
-        except _H5_ERRORS as e:
+        except _H5_ERRORS as e:  # HDF5's own error while it walks the structure
             raise CorruptCheckpointError(
                 f"unreadable HDF5 structure: {e}", path=self.file
             ) from None
@@ -293,8 +293,10 @@ class HDF5Checkpoint(Checkpoint):
         return np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
 
     def read_slice(self, name: str, extents: Slice) -> np.ndarray:
-        self._no_slices(name, extents)
-        raise AssertionError  # _no_slices raised
+        self._dataset(name)
+        raise TensorNotFoundError(
+            "an HDF5 dataset is stored whole, in no slices", path=self.prefix, tensor=name
+        )
 
     def _no_slices(self, name: str, extents: Slice | None) -> None:
         self._dataset(name)

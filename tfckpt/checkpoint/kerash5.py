@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 from h5py import h5a, h5l
 
-from tfckpt.errors import CheckpointError, CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 MODEL_WEIGHTS = "model_weights"
 OPTIMIZER_WEIGHTS = "optimizer_weights"
@@ -64,7 +64,7 @@ def read_layout(f: h5py.File, inner: str, path: str) -> Layout:
     for part in _parts(inner, path, "the path inside the file"):
         where = _join(where, part)
         group = _group(_child(group, part, where, path), where, path)
-    if not inner and not _has_names(f, "layer_names", where, path):
+    if not inner and not _has_names(f, "layer_names"):
         if _link_type(f, MODEL_WEIGHTS) is None:
             raise UnsupportedCheckpointError(_not_keras2(f), path=path)
         where = _join(where, MODEL_WEIGHTS)
@@ -164,7 +164,7 @@ def _group(node, where: str, path: str):
     return node
 
 
-def _has_names(group, name: str, where: str, path: str) -> bool:
+def _has_names(group, name: str) -> bool:
     return _attr_exists(group, name) or _attr_exists(group, f"{name}0")
 
 
@@ -251,10 +251,3 @@ def _not_keras2(f) -> str:
             "load it with Keras 3 (model.load_weights)"
         )
     return "an HDF5 file without Keras weights (no layer_names, no model_weights group)"
-
-
-def check_layout_error(e: Exception, path: str) -> CheckpointError:
-    """An HDF5 library error met while reading the layout, as a CheckpointError."""
-    if isinstance(e, CheckpointError):
-        return e
-    return CorruptCheckpointError(f"unreadable HDF5 structure: {e}", path=path)
