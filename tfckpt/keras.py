@@ -1,7 +1,8 @@
 """Load TensorFlow-format checkpoints into Keras 3 models, on any Keras backend.
 
-Keras 3 reads only its own ``.weights.h5`` files, so weights that tf.keras 2.x
-saved with ``model.save_weights(prefix)``, ``tf.train.Checkpoint(model=...)``
+Keras 3 reads only its own ``.weights.h5`` files (and not every Keras 2 ``.h5``), so
+weights that tf.keras 2.x saved with ``model.save_weights(prefix)`` or in HDF5
+(``model.save_weights("w.h5")``, ``model.save("m.h5")``), ``tf.train.Checkpoint(model=...)``
 saves, and name-based (TF1) checkpoints are loaded here, from the files alone:
 
 >>> import keras, tfckpt.keras
@@ -14,8 +15,12 @@ Keras is imported when a function here is called (never by ``import tfckpt``)
 and TensorFlow is never imported by this module: Keras imports it only when it
 is Keras's own backend.
 
-Matching follows the object graph as tf.keras restores it: a model's layers
-that have weights pair in order with the checkpoint's ``layer_with_weights-N``
+A Keras 2 HDF5 file (``model.save_weights("w.h5")``, ``model.save("m.h5")``, Hugging
+Face's ``tf_model.h5``) pairs as Keras pairs it: the model's layers that have weights
+with the file's layers that list weights, in order, and within a layer weight by
+weight (trainable ones first). Otherwise matching follows the object graph as tf.keras
+restores it: a model's layers that have weights pair in order with the checkpoint's
+``layer_with_weights-N``
 objects (tf.keras 2.x) or with the weight-holding entries of ``_operations``
 (Keras 3 on TensorFlow); a nested model recurses; within one layer the
 variables pair by name (the last object name, ``_kernel`` as ``kernel``), in
@@ -105,7 +110,8 @@ def load_weights(
     ``path`` is anything :func:`tfckpt.open` takes, or an open
     :class:`~tfckpt.Checkpoint`. A TF2 checkpoint (tf.keras ``save_weights``
     in TF format, ``tf.train.Checkpoint(model=...)`` of a tf.keras or Keras 3
-    model) is matched through its object graph. With ``assignment_map``, or
+    model) is matched through its object graph; a Keras 2 HDF5 file (``w.h5``,
+    ``m.h5``) layer by layer, as Keras loads it. With ``assignment_map``, or
     for a checkpoint without an object graph (TF1), tensors are matched by
     name instead: ``assignment_map`` is ``{regex: replacement}`` (or pairs),
     matched at the start of each tensor name, the first match applying, as in
@@ -179,7 +185,9 @@ def _check(keras, model, ckpt, assignment_map, allow_missing, skip_mismatch):
         raise CheckpointError(
             f"the model {model.name!r} has no weights: build it before loading", path=label
         )
-    if assignment_map is not None or OBJECT_GRAPH_KEY not in ckpt:
+    if assignment_map is None and ckpt.keras_layers is not None:
+        pairs, why = _match_layers(model, ckpt.keras_layers)
+    elif assignment_map is not None or OBJECT_GRAPH_KEY not in ckpt:
         pairs, why = _match_by_name(model, ckpt, assignment_map, label)
     else:
         graph = ObjectGraph.of(ckpt, path=label)
@@ -317,6 +325,52 @@ def _match_by_name(model, ckpt, assignment_map, label):
         if id(v) not in pairs
     }
     return list(pairs.values()), why
+
+
+# -- layer-list matching (Keras HDF5 files)
+
+_TOP_LEVEL = "top_level_model_weights"
+
+
+def _legacy_weights(layer) -> list:
+    """A layer's weights in the order Keras 2 saved them: trainable, then the others."""
+    return list(layer.trainable_weights) + list(layer.non_trainable_weights)
+
+
+def _match_layers(model, listed: list[tuple[str, list[str]]]):
+    """Keras's own pairing for its HDF5 files: the model's layers that have weights with
+    the file's layers that list weights, in order; within a layer, weight by weight in
+    order (trainable ones first); the model's own weights (outside every layer) with
+    the file's ``top_level_model_weights``."""
+    theirs = [(name, tensors) for name, tensors in listed if tensors and name != _TOP_LEVEL]
+    top = next((tensors for name, tensors in listed if name == _TOP_LEVEL), [])
+    layers = [layer for layer in model.layers if layer.weights]
+    pairs: list[tuple[Any, str]] = []
+    why: dict[str, str] = {}
+    for k, layer in enumerate(layers):
+        if k >= len(theirs):
+            for var in _legacy_weights(layer):
+                why[var.path] = (
+                    f"layer {layer.name!r} is layer with weights {k} of {model.name!r}; the "
+                    f"file lists {len(theirs)} such layers"
+                )
+            continue
+        name, tensors = theirs[k]
+        weights = _legacy_weights(layer)
+        for var, tensor in zip(weights, tensors):
+            pairs.append((var, tensor))
+        for var in weights[len(tensors) :]:
+            why[var.path] = (
+                f"layer {layer.name!r} has {len(weights)} weights; the file's layer {name!r} "
+                f"(layer with weights {k}) lists {len(tensors)}"
+            )
+    inside = {id(w) for layer in layers for w in layer.weights}
+    own = [w for w in model.weights if id(w) not in inside]
+    for var, tensor in zip(own, top):
+        pairs.append((var, tensor))
+    for var in own[len(top) :]:
+        why[var.path] = "a weight of the model itself; the file lists no such weight"
+    return pairs, why
 
 
 # -- object-graph matching

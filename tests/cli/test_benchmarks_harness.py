@@ -206,3 +206,35 @@ def test_archive_read_script_runs_at_a_small_size(tmp_path):
     for row in report["rows"].values():
         assert row["in the archive"]["peak_rss"] > 0 and row["ratio"]["wall"] > 0
         assert row["extract, then tfckpt"]["wall"] >= row["extraction alone"]["wall"]
+
+
+def test_h5_export_memory_script_runs_at_a_small_size(tmp_path):
+    """The HDF5 export memory benchmark at a few MiB: TensorFlow writes the input, h5py
+    saves it in the Keras layout, the three contenders must write the same tensors, and
+    the report has every number."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("tf_keras")
+    pytest.importorskip("h5py")
+    pytest.importorskip("safetensors")
+    import json
+    import subprocess
+
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    args = ["--big-mib", "8", "--medium", "2", "--medium-mib", "1", "--chunk-bytes", "2M"]
+    args += ["--prefault-mib", "0", "--out", str(tmp_path)]
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "h5_export_memory.py"), *args],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    report = json.loads((tmp_path / "h5_export_memory.json").read_text())
+    assert set(report["contenders"]) == {
+        "tfckpt export",
+        "h5py read whole + safetensors",
+        "tf.keras load_weights + safetensors",
+    }
+    assert all(r["peak_rss"] > 0 and r["wall"] > 0 for r in report["contenders"].values())
+    assert report["h5_bytes"] > 10 << 20 and report["chunk_bytes"] == 2 << 20

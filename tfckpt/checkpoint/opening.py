@@ -1,5 +1,5 @@
-"""One door to every checkpoint: a path resolved to a V2 bundle or a V1 checkpoint, or
-what else the file is.
+"""One door to every checkpoint: a path resolved to a V2 bundle, a V1 checkpoint or Keras
+HDF5 weights, or what else the file is.
 
 :func:`open_checkpoint` is what :func:`tfckpt.open` and every command call, with the
 storage options given; :func:`open_in` opens a path on a storage at hand (a task's source,
@@ -18,6 +18,7 @@ from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.v1 import V1Checkpoint
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file, resolve_files
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
+from tfckpt.format.h5chunks import SIGNATURE, superblock_offsets
 from tfckpt.io import paths
 from tfckpt.io.archives import ArchiveStorage, archive_at
 from tfckpt.io.storage import (
@@ -35,10 +36,12 @@ def open_checkpoint(
     mmap: bool = True,
     storage_options: StorageOptions | None = None,
 ) -> Checkpoint:
-    """The checkpoint ``path`` designates, V2 or V1, read through one API.
+    """The checkpoint ``path`` designates, V2, V1 or Keras HDF5, read through one API.
 
-    A path that designates no bundle may designate a V1 checkpoint; a file that is
-    neither is an :class:`~tfckpt.UnsupportedCheckpointError` saying what it is.
+    A path that designates no bundle may designate a V1 checkpoint, an HDF5 file of
+    Keras weights (``model.h5``) or a group inside one (``model.h5/optimizer_weights``,
+    see :mod:`tfckpt.checkpoint.hdf5`); a file that is none of these is an
+    :class:`~tfckpt.UnsupportedCheckpointError` saying what it is.
 
     >>> with open_checkpoint("train/model.ckpt-7", mmap=False) as ckpt:
     ...     names = ckpt.keys()
@@ -53,6 +56,9 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
     try:
         prefix = paths.find_prefix(store, path)
     except CheckpointNotFoundError as e:
+        h5 = find_hdf5(store, path)
+        if h5 is not None:
+            return _open_hdf5(store, path, h5, verify, mmap)
         # find_prefix warned already about a state file naming moved paths.
         files = resolve_files(store, path, warn=False)
         if files is not None:
@@ -65,6 +71,62 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
             raise UnsupportedCheckpointError(why, path=e.path) from None
         raise
     return Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=prefix)
+
+
+# Names under which an HDF5 file may begin with a user block (the signature further in).
+HDF5_SUFFIXES = (".h5", ".hdf5", ".he5", ".hdf")
+_DEPTH = 32  # group levels a path inside an HDF5 file may have
+
+
+def find_hdf5(store: Storage, path) -> tuple[str, str] | None:
+    """``(file, group)`` when ``path`` on ``store`` is an HDF5 file (group ``""``) or a
+    group inside one (``model.h5/optimizer_weights``); else None."""
+    p = normalize(path)
+    inner: list[str] = []
+    for _ in range(_DEPTH):
+        if store.isfile(p):
+            return (p, "/".join(reversed(inner))) if is_hdf5(store, p) else None
+        parent = store.dirname(p)
+        if not parent or parent == p or store.exists(p):
+            return None
+        inner.append(store.basename(p))
+        p = parent
+    return None
+
+
+def is_hdf5(store: Storage, path: str) -> bool:
+    """Whether the file ``path`` holds HDF5's signature where HDF5 looks for it (past a
+    user block only in a file named as HDF5 files are)."""
+    try:
+        reader = store.open_reader(path)
+    except (OSError, CheckpointError):
+        return False
+    try:
+        offsets = superblock_offsets(reader.size)
+        if not path.lower().endswith(HDF5_SUFFIXES):
+            offsets = iter([0])
+        for offset in offsets:
+            buf = bytearray(len(SIGNATURE))
+            if reader.readinto(memoryview(buf), offset) == len(buf) and bytes(buf) == SIGNATURE:
+                return True
+        return False
+    except OSError:
+        return False
+    finally:
+        reader.close()
+
+
+def _open_hdf5(store: Storage, path, found: tuple[str, str], verify: bool, mmap: bool):
+    try:
+        from tfckpt.checkpoint.hdf5 import HDF5Checkpoint
+    except ModuleNotFoundError as e:
+        if e.name != "h5py":
+            raise
+        raise UnsupportedCheckpointError(
+            "an HDF5 file (Keras weights): reading it needs h5py (pip install 'tfckpt[h5]')",
+            path=found[0],
+        ) from None
+    return HDF5Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=found)
 
 
 def not_a_checkpoint(store: Storage, path) -> str | None:
@@ -80,8 +142,8 @@ def not_a_checkpoint(store: Storage, path) -> str | None:
     lower = p.lower()
     if not head:
         return "the file is empty"
-    if head.startswith(b"\x89HDF\r\n\x1a\n") or lower.endswith(".h5"):
-        return "a Keras HDF5 file, not a TensorFlow checkpoint; load it with Keras"
+    if lower.endswith(HDF5_SUFFIXES):
+        return "named as an HDF5 file, but HDF5's signature is not where HDF5 looks for it"
     if head.startswith(b"PK\x03\x04") and lower.endswith(".keras"):
         return "a Keras .keras archive, not a TensorFlow checkpoint; load it with Keras"
     if head.startswith(b"PK\x03\x04") and lower.endswith(".npz"):

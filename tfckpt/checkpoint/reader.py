@@ -58,6 +58,9 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
     __hash__ = object.__hash__
 
     format = "bundle v2"
+    # Keras's own list of layers and their weights' tensors, in the order Keras pairs them
+    # with a model's layers: a Keras HDF5 file has one (see tfckpt.checkpoint.hdf5).
+    keras_layers: list[tuple[str, list[str]]] | None = None
 
     def __init__(
         self,
@@ -162,6 +165,11 @@ class Checkpoint(StreamingReads, collections.abc.Mapping):
         """The path TensorFlow's readers (``tf.train.load_checkpoint``, ``RestoreV2``) open
         this checkpoint by: a bundle's prefix."""
         return self.prefix
+
+    @property
+    def stem(self) -> str:
+        """The name a rewrite's output takes in a directory given as its destination."""
+        return self.storage.basename(self.prefix)
 
     # -- values
 

@@ -77,8 +77,10 @@ def verify(
                     )
             except CheckpointError as e:
                 problems.append(str(e))
+        other = {"format": ckpt.format} if ckpt.format != Checkpoint.format else {}
         return {
             "prefix": ckpt.prefix,
+            **other,
             "tensors": checked,
             "bytes": nbytes,
             "problems": problems,

@@ -54,7 +54,12 @@ def verify_against(
         if not path.endswith(TENSOR_FILES):
             raise CheckpointError("a preset's output is a model directory", path=out)
         p, _, _ = plan_preset(
-            src, store.dirname(path), preset, options, storage_options=storage_options
+            src,
+            store.dirname(path),
+            preset,
+            options,
+            output_config=True,  # hf-tf2 plans from the config the export copied
+            storage_options=storage_options,
         )
     elif path.endswith(TENSOR_FILES):
         named = path[: -len(".index.json")] if path.endswith(".index.json") else path

@@ -88,9 +88,7 @@ def resolve_destination(store: Storage, dst, sources: list[Source], overwrite: b
     checkpoints."""
     dst = normalize(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
-        dst = store.join(
-            store.dir_path(dst), sources[0].ckpt.storage.basename(sources[0].ckpt.prefix)
-        )
+        dst = store.join(store.dir_path(dst), sources[0].ckpt.stem)
     real = store.realpath(dst)
     for s in sources:
         if s.ckpt.storage.realpath(s.ckpt.prefix) == real:

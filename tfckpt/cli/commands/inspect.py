@@ -35,10 +35,13 @@ def _print_dump(data: dict) -> None:
     v = data["version"]
     emit(f"prefix      {data['prefix']}")
     emit(f"shards      {data['num_shards']}")
-    emit(
-        f"format      {data.get('format', 'bundle v2')}, producer {v['producer']}, "
-        f"min consumer {v['min_consumer']}, {data['endianness']}-endian"
-    )
+    if data.get("format", "").startswith("Keras"):  # no TensorFlow header to speak of
+        emit(f"format      {data['format']}")
+    else:
+        emit(
+            f"format      {data.get('format', 'bundle v2')}, producer {v['producer']}, "
+            f"min consumer {v['min_consumer']}, {data['endianness']}-endian"
+        )
     emit(f"tensors     {data['tensor_count']}")
     emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
     if not data["tensors"]:
@@ -421,9 +424,14 @@ def cmd_verify(args) -> int:
             extra = "; TensorFlow's reader agrees bit-for-bit" + (
                 f", {data['tf']['cast_checked']} casts equal tf.cast" if args.reference else ""
             )
+        checked = (
+            "every dataset read"
+            if data.get("format", "").startswith("Keras")
+            else "every checksum, shard, slice and object-graph key checked"
+        )
         emit(
             f"ok: {data['prefix']}: {data['tensors']} tensors, {human_bytes(data['bytes'])}, "
-            f"every checksum, shard, slice and object-graph key checked{extra}"
+            f"{checked}{extra}"
         )
     for d in data.get("tf", {}).get("cast_differences", []):
         # Documented differences from tf.cast: information, not problems.

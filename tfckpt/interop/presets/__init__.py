@@ -4,8 +4,10 @@ A preset is data: a rules file shipped beside this module (``hf-bert.toml``: whi
 tensors, their names, their layouts) and a small translator of the release's own
 config file (``bert_config.json``) into the ``config.json`` transformers reads, which
 also names the architecture the checkpoint's tensors make (one module per family:
-``bert.py``; what a preset is: ``family.py``). :func:`export_preset` runs
-an export with them; every tensor the rules do not name is an error listing them all.
+``bert.py``; what a preset is: ``family.py``). A family whose names follow a convention
+rather than a list (``hf-tf2``: Hugging Face's TF models) makes its rules from the
+source's names, shapes and config instead. :func:`export_preset` runs an export with
+them; every tensor the rules do not name is an error listing them all.
 
 >>> tfckpt.interop.presets.export_preset("uncased_L-12_H-768_A-12/bert_model.ckpt", "hf/")
 >>> transformers.AutoModelForPreTraining.from_pretrained("hf/")
@@ -21,7 +23,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.interop.presets import albert, bert, electra, gpt2, t5
+from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, t5
 from tfckpt.interop.presets.family import Preset
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
@@ -38,6 +40,7 @@ PRESETS: dict[str, Preset] = {
         electra.GENERATOR_PRESET,
         gpt2.PRESET,
         t5.PRESET,
+        hf_tf2.PRESET,
     )
 }
 
@@ -47,8 +50,7 @@ def find(name: str, names: list[str]) -> Preset:
     ``names`` are of (its markers: no two families share one, so one preset at most
     recognises a checkpoint); an error naming the presets there are."""
     if name == "auto":
-        present = set(names)
-        found = [p for p in PRESETS.values() if any(m in present for m in p.markers)]
+        found = [p for p in PRESETS.values() if p.knows(names)]
         if not found:
             raise CheckpointError(
                 f"--preset auto: no preset recognises these tensors (presets: {', '.join(PRESETS)})"
@@ -107,20 +109,39 @@ def plan_preset(
     preset: str = "auto",
     options: Options | None = None,
     *,
+    config=None,
+    config_values: Mapping[str, Any] | None = None,
+    output_config: bool = False,
     storage_options: StorageOptions | None = None,
     **changes,
 ) -> tuple[Plan, Preset, str]:
     """The export plan of ``src`` into ``out_dir``'s ``model.safetensors`` with a
     preset's rules (those of ``options`` tried first), the tensors the architecture has
     no place for left out; the preset and the architecture chosen. The plan's sources
-    are open: close them with :func:`~tfckpt.interop.export.close_opened`."""
+    are open: close them with :func:`~tfckpt.interop.export.close_opened`.
+
+    A preset that makes its rules from the source (``hf-tf2``) reads the config here:
+    ``config`` and ``config_values`` as for :func:`export_preset`; with ``output_config``,
+    the ``config.json`` an export wrote into ``out_dir`` when none is beside the source."""
     with open_checkpoint(src, storage_options=storage_options) as ckpt:
         names = ckpt.keys()
-    chosen = find(preset, names)
+        chosen = find(preset, names)
+        made: dict[str, Any] | None = None
+        if chosen.from_source is not None:
+            shapes = {n: ckpt.info(n).shape for n in names}
+            where = ckpt.storage, ckpt.storage.dirname(ckpt.prefix) or "."
+            release = _source_config(
+                chosen, config, where, out_dir, output_config, storage_options, config_values
+            )
+            made, arch = chosen.from_source(shapes, release)
     opts = with_rules(Options.of(options, **changes), chosen.rules())
+    if made is not None:
+        opts = with_rules(opts, made)
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
     p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    if made is not None:
+        return p, chosen, arch
     arch = chosen.architecture(_shapes(p))
     unused = chosen.unused.get(arch, ())
     if unused:  # planned again without them
@@ -128,6 +149,27 @@ def plan_preset(
         opts = with_rules(opts, {"exclude": list(unused)})
         p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
     return p, chosen, arch
+
+
+def _source_config(
+    chosen: Preset,
+    config,
+    where: tuple[Storage, str],
+    out_dir,
+    output_config: bool,
+    storage_options,
+    values: Mapping[str, Any] | None,
+) -> dict:
+    """The release's config for a preset that plans from it (see :func:`plan_preset`):
+    ``config``, else the one beside the source (``where``: its storage and directory),
+    else with ``output_config`` the one an export copied into ``out_dir``."""
+    store, directory = where
+    if config is None and output_config:
+        beside = [store.join(directory, n) for n in chosen.config_files]
+        if not any(store.isfile(b) for b in beside):
+            out = normalize(out_dir)
+            config = storage_for(out, storage_options).join(out, "config.json")
+    return release_config(chosen, config, store, directory, storage_options, values)[1]
 
 
 def export_preset(
@@ -164,7 +206,14 @@ def export_preset(
     >>> export_preset("uncased_L-12_H-768_A-12/bert_model.ckpt", "hf/", cast="bfloat16")
     """
     p, chosen, arch = plan_preset(
-        src, out_dir, preset, options, storage_options=storage_options, **changes
+        src,
+        out_dir,
+        preset,
+        options,
+        config=config,
+        config_values=config_values,
+        storage_options=storage_options,
+        **changes,
     )
     try:
         shapes = _shapes(p)

@@ -44,6 +44,13 @@ class Preset:
     read: Callable[[bytes], dict[str, Any]] = read_json
     # False: the translator makes the config from the shapes (and --config-value) alone.
     needs_config: bool = True
+    # Recognises the family's names where no single name does (``--preset auto``).
+    recognises: Callable[[list[str]], bool] | None = None
+    # For a family whose names follow a convention, not a list: the rules made from the
+    # source's names and shapes and the release's config, and the architecture it names.
+    from_source: (
+        Callable[[Mapping[str, tuple[int, ...]], Mapping[str, Any]], tuple[dict, str]] | None
+    ) = None
 
     @property
     def rules_file(self) -> str:
@@ -52,6 +59,13 @@ class Preset:
     def rules(self) -> dict[str, Any]:
         """The :class:`~tfckpt.Options` fields of the preset's rules file."""
         return load_rules(self.rules_file)
+
+    def knows(self, names: list[str]) -> bool:
+        """Whether the source ``names`` are of this preset's family."""
+        present = set(names)
+        if any(m in present for m in self.markers):
+            return True
+        return self.recognises is not None and self.recognises(names)
 
 
 def check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
