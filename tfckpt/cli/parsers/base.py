@@ -1,0 +1,129 @@
+"""What every command's parser shares: its examples, and :func:`command`, which makes it
+with them and the option every command takes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from tfckpt.cli import options as opt
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+EXAMPLES = {
+    "edit": """examples:
+  tfckpt edit train/model.ckpt-7 out/model.ckpt --set global_step=0
+  tfckpt edit run/ckpt-3 --in-place --delete '^model/dense_2/' --scale 'model/dense/kernel=0.5'
+  tfckpt edit nmt/model.ckpt warm/model.ckpt --remap-rows 'embedding$' \\
+      --old-vocab vocab.55k.txt --new-vocab vocab.70k.txt --init normal:0.01:7
+  tfckpt edit cls/model.ckpt out/model.ckpt --resize 'logits/(kernel|bias)$=1000' --axis -1""",
+    "dump": """examples:
+  tfckpt dump train/model.ckpt-7
+  tfckpt dump train/ --filter '^optimizer/' --json
+  tfckpt dump train/ --tensor global_step --tensor '^logits/' --full
+  tfckpt dump saved_model_dir --object-graph
+  tfckpt dump train/ --all
+  tfckpt dump train/model.ckpt-900.meta           # a TF1 graph: variables, Saver, signatures""",
+    "check": """examples:
+  tfckpt check train/model.ckpt-900 --against export/model.ckpt-900.meta
+  tfckpt check pretrained/ --against saved_model_dir/
+  tfckpt check tf2/ckpt-3 --against template/ckpt-1 --assert-consumed
+  tfckpt check fp16/model.ckpt --against model.meta --cast --json
+
+exit status: 0 a restore would succeed, 1 it would fail (the report says why), 2 error""",
+    "diff": """examples:
+  tfckpt diff fp32/model.ckpt fp16/model.ckpt        # how much error did float16 add?
+  tfckpt diff old/ new/ --names-only                 # which variables does new/ lack?
+  tfckpt diff a b --atol 1e-3 --json
+
+exit status: 0 same, 1 different, 2 error""",
+    "stats": """examples:
+  tfckpt stats train/model.ckpt-7                    # is it safe to cast to float16?
+  tfckpt stats train/ --filter 'kernel' --json""",
+    "verify": """examples:
+  tfckpt verify train/model.ckpt-7
+  tfckpt verify fp16/model.ckpt --tf --reference train/model.ckpt-7
+  tfckpt verify bert/bert_model.ckpt --against hf/ --preset hf-bert
+  tfckpt verify gpt2/model.ckpt --against out.safetensors --rules gpt2.toml --dtype float16
+
+exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
+    "convert": """examples:
+  tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
+  tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
+  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run
+  tfckpt convert bert/ fp16/ --dtype float16 --keep-dtype 'LayerNorm|layer_norm|embeddings' \\
+      --dtype-rule 'pooler/=bfloat16'""",
+    "rename": """examples:
+  tfckpt rename pre/model new/model --map 'simple-conv1/=complex-conv1/'
+  tfckpt rename pre/ new/ --map '(.*)/weights$=\\1/kernel' --map-file exact.json""",
+    "select": """examples:
+  tfckpt select pre/model new/model --include '^simple-conv1/(weights|biases)$'
+  tfckpt select trained/ shipped/ --drop-object optimizer
+  tfckpt select trained/ small/ --exclude 'BatchNorm'""",
+    "merge": """examples:
+  tfckpt merge a/model.ckpt b/model.ckpt -o c/model.ckpt
+  tfckpt merge a/ b/ -o c/ --prefer last""",
+    "graft": """examples:
+  tfckpt graft tf2/template tf1/model.ckpt -o tf2/model \\
+      --map 'simple-conv1/weights=model/layer_with_weights-0/kernel' \\
+      --map 'simple-conv1/biases=model/layer_with_weights-0/bias'
+  tfckpt graft template/ tf1/ -o out/ --map '(.*)/weights$=\\1/kernel' --dry-run
+  tfckpt graft template/ tf1/ -o out/ --drop-object optimizer --allow-missing""",
+    "flatten": """examples:
+  tfckpt flatten tf2/ckpt-3 tf1/model.ckpt
+  tfckpt flatten tf2/ tf1/model.ckpt --drop-object optimizer --map 'model/=' --dry-run""",
+    "average": """examples:
+  tfckpt average train/model.ckpt-800 train/model.ckpt-900 train/model.ckpt-1000 -o avg/
+  tfckpt average --last 5 train/ -o avg/model --use-ema --drop-object optimizer
+  tfckpt average a/ckpt-3 b/ckpt-3 -o avg/ --weights 1 3 --dtype bfloat16
+
+the last checkpoint given (with --last: the state file's latest) is the newest""",
+    "export": """examples:
+  tfckpt export train/ckpt-7 model.safetensors
+  tfckpt export train/ model.npz --dtype float16 --overflow clip
+  tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset auto
+  tfckpt export bert/model.ckpt-900 hf/ --preset hf-bert --config bert_config.json \\
+      --dtype bfloat16 --max-shard-bytes 2G
+  tfckpt export my/ckpt model.safetensors --rules my_model.toml""",
+    "match": """examples:
+  tfckpt match my/model.ckpt hf/model.safetensors -o my_model.toml
+  tfckpt match old/ckpt-9 weights.json --min-confidence 0.5 -o review.toml
+  tfckpt match tf1/model.ckpt tf2/template --json
+
+then review the file, and: tfckpt export SRC OUT.safetensors --rules FILE.toml --dry-run""",
+    "presets": """examples:
+  tfckpt presets
+  tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset hf-bert""",
+    "ls": """examples:
+  tfckpt ls train/
+  tfckpt ls s3://bucket/runs/train/ --json""",
+    "prune": """examples:
+  tfckpt prune train/ --keep-last 5 --dry-run
+  tfckpt prune train/ --keep-last 3 --keep-every-steps 10000 --keep 4200""",
+    "cp": """examples:
+  tfckpt cp train/ s3://bucket/runs/train/          # every checkpoint and the state file
+  tfckpt cp train/ckpt-7 best/                       # one checkpoint, under its name
+  tfckpt cp train/model.ckpt-900 release/model.ckpt  # one checkpoint, renamed""",
+    "mv": """examples:
+  tfckpt mv scratch/run7/ s3://bucket/runs/run7/
+  tfckpt mv train/ckpt-7 best/
+
+the copy is verified (every checksum read back) before the source is deleted""",
+    "import": """examples:
+  tfckpt import model.safetensors ckpt/model
+  tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
+}
+
+
+def command(sub: Subparsers, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser, with its examples and the option every command takes."""
+    p = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=EXAMPLES[name],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    opt.add_storage_option(p)
+    return p
