@@ -145,3 +145,24 @@ os.link, os.replace = hold(os.link), hold(os.replace)
 from tfckpt.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+def run_role(script: str, role: str, out, **env: str) -> None:
+    """Run ``tests/SCRIPT`` with ``ROLE OUT`` in a process of its own (this checkout and
+    the tests' helpers importable, ``env`` added); an assertion error with the end of
+    its stderr when it fails."""
+    tests = Path(__file__).resolve().parent
+    full = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]),
+        TF_CPP_MIN_LOG_LEVEL="2",
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, str(tests / script), role, str(out)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]

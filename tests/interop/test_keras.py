@@ -17,6 +17,7 @@ from pathlib import Path
 import keras_checkpoints as kc
 import numpy as np
 import pytest
+from cli_helpers import run_role
 
 import tfckpt
 
@@ -36,20 +37,7 @@ CASES = [f"{case}-{tag}" for case in kc.MODELS for tag in ("k2", "k2w", "k3")]
 
 
 def _run(role: str, out: Path, **env) -> None:
-    full = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]),
-        TF_CPP_MIN_LOG_LEVEL="2",
-        **env,
-    )
-    done = subprocess.run(
-        [sys.executable, str(TESTS / "keras_checkpoints.py"), role, str(out)],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_role("keras_checkpoints.py", role, out, **env)
 
 
 @pytest.fixture(scope="module")

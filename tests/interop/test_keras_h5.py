@@ -6,13 +6,11 @@ what h5py reads from the file's dataset; predictions equal tf.keras's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_role
 
 import tfckpt
 
@@ -27,20 +25,7 @@ CASES = ["seq", "shared", "cnn", "nested", "lstm", "sub"]
 
 
 def _run(role: str, out: Path, **env) -> None:
-    full = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]),
-        TF_CPP_MIN_LOG_LEVEL="2",
-        **env,
-    )
-    done = subprocess.run(
-        [sys.executable, str(TESTS / "keras_h5.py"), role, str(out)],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_role("keras_h5.py", role, out, **env)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ that run in other processes carry their storage with them. Options checked once
 (:func:`check_options`) keep the words that name one in a message: ``storage option``
 in the library, ``--storage-option`` on the command line.
 
-It runs past 600 lines on purpose: being the one module that touches files is the
+It runs near 900 lines on purpose: being the one module that touches files is the
 point, so the local and remote implementations of the same operations, their options,
 retries and error translation stay side by side where they can be checked against
 each other.
