@@ -94,11 +94,42 @@ class BufferRing:
         return self._buffers[i][:nbytes]
 
 
-# How often a pipeline thread looks again at a hand-over. A Ctrl-C raised in the main
-# thread in the middle of a queue operation can swallow the wake-up of the thread on
-# the other side (Python's locks are not safe against such asynchronous exceptions),
-# so no hand-over waits without a timeout.
+# How often a pipeline thread looks again at a hand-over (whether the other side is
+# still there), so no hand-over waits without a timeout.
 _POLL = 0.05
+
+
+class Handover:
+    """A bounded hand-over of items between two threads that a Ctrl-C cannot corrupt.
+
+    ``queue.Queue`` guards its state with locks taken and released in Python code: a
+    KeyboardInterrupt raised in the main thread between the two leaves a lock released
+    under the thread on the other side, which then fails with "release unlocked lock".
+    ``queue.SimpleQueue`` is written in C, each call whole or not at all; the bound is a
+    second one holding the free places. An interrupt between the two calls loses a place,
+    which matters to nobody: the pipeline is being taken down.
+    """
+
+    def __init__(self, depth: int):
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(depth):
+            self._free.put(None)
+
+    def put(self, item, timeout: float) -> bool:
+        """Queue ``item``, waiting at most ``timeout`` for a free place; False if none came."""
+        try:
+            self._free.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        self._items.put(item)
+        return True
+
+    def get(self, timeout: float):
+        """The next item, waiting at most ``timeout`` (then ``queue.Empty``)."""
+        item = self._items.get(timeout=timeout)
+        self._free.put(None)
+        return item
 
 
 class WriteBehind:
@@ -115,17 +146,29 @@ class WriteBehind:
 
     def __init__(self, sink):
         self._sink = sink
-        self._items: queue.Queue = queue.Queue(maxsize=WRITE_BEHIND_DEPTH)
+        self._items = Handover(WRITE_BEHIND_DEPTH)
         self._error: BaseException | None = None
         self._cancelled = False
+        # Set once no more items come. The end is also queued, to wake the thread at
+        # once; but a Ctrl-C may have cost the hand-over its free place, and then the
+        # thread finds the flag at its next look.
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # a Ctrl-C before ``with`` holds the writer: no __exit__
+            self._closed.set()
+            raise
 
     def _run(self) -> None:
         while True:
+            # Looked at before the hand-over: once closed, an empty hand-over stays empty.
+            closed = self._closed.is_set()
             try:
                 item = self._items.get(timeout=_POLL)
             except queue.Empty:
+                if closed:
+                    return
                 continue
             if item is _END:
                 return
@@ -136,20 +179,12 @@ class WriteBehind:
                     self._error = e
             del item  # the buffer is free once written
 
-    def _put(self, item) -> None:
-        while True:
-            try:
-                self._items.put(item, timeout=_POLL)
-                return
-            except queue.Full:
-                if not self._thread.is_alive():
-                    return
-                continue
-
     def write(self, data) -> None:
         if self._error is not None:
             raise self._error
-        self._put(data)
+        while not self._items.put(data, timeout=_POLL):
+            if not self._thread.is_alive():
+                return
 
     def __enter__(self) -> WriteBehind:
         return self
@@ -157,8 +192,8 @@ class WriteBehind:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self._cancelled = True
-        # Queued last, so the thread sees it only after every item before it.
-        self._put(_END)
+        self._closed.set()
+        self._items.put(_END, timeout=_POLL)
         self._thread.join()
         if self._error is not None and exc_type is None:
             raise self._error
@@ -177,17 +212,14 @@ def prefetch(iterator: Iterator):
     >>> for chunk in prefetch(ckpt.iter_chunks("emb", 1 << 20)):
     ...     use(chunk)
     """
-    items: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
+    items = Handover(PREFETCH_DEPTH)
     stop = threading.Event()
     done = object()
 
     def offer(item) -> bool:
         while not stop.is_set():
-            try:
-                items.put(item, timeout=_POLL)
+            if items.put(item, timeout=_POLL):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def produce():
@@ -200,8 +232,8 @@ def prefetch(iterator: Iterator):
             offer((done, e))
 
     worker = threading.Thread(target=produce, daemon=True)
-    worker.start()
     try:
+        worker.start()
         while True:
             try:
                 item, error = items.get(timeout=_POLL)
@@ -214,7 +246,8 @@ def prefetch(iterator: Iterator):
             yield item
     finally:
         stop.set()
-        worker.join()
+        if worker.ident is not None:  # else a Ctrl-C came before it ran: it ends on ``stop``
+            worker.join()
 
 
 # Shard tasks (by path) whose run has failed: tasks running in this process's threads
