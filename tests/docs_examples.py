@@ -7,7 +7,7 @@ The convention (docs/tested.md, "The examples in these pages"):
   continues on the next); ``$ tfckpt ...`` runs the command line in-process, anything
   else in bash. The lines after a command, up to the next ``$``, are output it must print:
   each line, in order, must equal a line of its output (``...`` in a line matches any
-  text); none given, only the exit status is checked. A command expects exit status 0,
+  text; runs of spaces count as one); none given, only the exit status is checked. A command expects exit status 0,
   or N when it ends with ``# exit status N``;
 - ```` ```toml ````, ```` ```json ```` or ```` ```text ```` blocks preceded by
   ``<!-- file: NAME -->`` are written to NAME before the next block runs; other
@@ -88,7 +88,8 @@ def parse(path: Path, name: str) -> Page:
         body = []
         i += 1
         while i < len(lines) and lines[i].strip() != "```":
-            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
+            text = lines[i]
+            body.append(text[indent:] if text[:indent].strip() == "" else text.lstrip())
             i += 1
         blocks.append(
             Block(name, start + 1, fence["lang"], "\n".join(body) + "\n",
@@ -138,9 +139,9 @@ def commands(text: str) -> list[tuple[str, list[str]]]:
 
 def _matches(expected: list[str], output: str) -> str | None:
     """None when every expected line appears, in order, among the output's lines."""
-    got = [line.rstrip() for line in output.splitlines()]
+    got = [" ".join(line.split()) for line in output.splitlines()]
     k = 0
-    for want in (w.rstrip() for w in expected):
+    for want in (" ".join(w.split()) for w in expected):
         if not want:
             continue
         pattern = re.compile(".*".join(re.escape(p) for p in want.split("...")) + r"\Z")
