@@ -116,4 +116,7 @@ def write_tf(root: Path) -> None:  # noqa: PLR0915 - one TensorFlow session's wo
 if __name__ == "__main__":
     if sys.argv[1:2] != ["tf"] or len(sys.argv) != 3:
         sys.exit("usage: docs_setups.py tf DIR")
-    write_tf(Path(sys.argv[2]))
+    # Saved under relative paths, so the state files name their checkpoints relatively and
+    # a copy of the directory is a run of its own.
+    os.chdir(sys.argv[2])
+    write_tf(Path("."))
