@@ -169,7 +169,8 @@ def _run_console(block: dict) -> str | None:
     for cmd, expected in commands(block["text"]):
         m = _EXIT.search(cmd)
         want_status = int(m[1]) if m else 0
-        argv = shlex.split(cmd, comments=True)
+        # A comment starts at a `#` after whitespace, as in bash (`a.tar#member` is a path).
+        argv = shlex.split(re.sub(r"(^|\s)#.*$", "", cmd))
         if argv[:1] == ["tfckpt"] or argv[:3] == ["python", "-m", "tfckpt"]:
             status, output = _run_tfckpt(argv[1:] if argv[0] == "tfckpt" else argv[3:])
         else:
