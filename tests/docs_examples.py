@@ -18,9 +18,10 @@ The convention (docs/tested.md, "The examples in these pages"):
   marked.
 
 A page's setup (``<!-- examples: setup=NAME -->``, see docs_setups.py) is the directory
-its examples run in. Run as a script (``python docs_examples.py SPEC.json``), this module
-is that run: the page's blocks, in a fresh process, in the current directory; it prints
-one JSON line per block.
+its examples run in, a fresh copy per page. Run as a script (``python docs_examples.py
+SPECS.json``), this module is that run: page after page, each in its directory with a
+namespace of its own, in one process (so TensorFlow is imported once); it prints one JSON
+line per block.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ RUNNABLE = {"python", "console"}
 FILES = {"toml", "json", "text"}
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
-_MARK = re.compile(r"<!--\s*(?P<kind>skip|file|examples):\s*(?P<value>.*?)\s*-->")
+# A mark is a comment alone on its line.
+_MARK = re.compile(r"\s*<!--\s*(?P<kind>skip|file|examples):\s*(?P<value>.*?)\s*-->\s*")
 _EXIT = re.compile(r"#\s*exit status (\d+)\s*$")
 
 
@@ -73,14 +75,15 @@ def parse(path: Path, name: str) -> Page:
     i = 0
     while i < len(lines):
         line = lines[i]
-        for m in _MARK.finditer(line):
+        m = _MARK.fullmatch(line)
+        if m:
             if m["kind"] == "examples":
                 setup = m["value"].removeprefix("setup=").strip()
             else:
                 pending[m["kind"]] = m["value"]
         fence = _FENCE.match(line)
         if not fence:
-            if line.strip() and not _MARK.search(line):
+            if line.strip() and not m:
                 pending = {}
             i += 1
             continue
@@ -92,8 +95,14 @@ def parse(path: Path, name: str) -> Page:
             body.append(text[indent:] if text[:indent].strip() == "" else text.lstrip())
             i += 1
         blocks.append(
-            Block(name, start + 1, fence["lang"], "\n".join(body) + "\n",
-                  skip=pending.get("skip"), file=pending.get("file"))
+            Block(
+                name,
+                start + 1,
+                fence["lang"],
+                "\n".join(body) + "\n",
+                skip=pending.get("skip"),
+                file=pending.get("file"),
+            )
         )
         pending = {}
         i += 1
@@ -105,8 +114,10 @@ def problems(page: Page) -> list[str]:
     found = []
     for b in page.blocks:
         if b.lang not in RUNNABLE | FILES:
-            found.append(f"{b.where}: a ```{b.lang or '(no language)'} block: use console, "
-                         "python or text (or mark it <!-- skip: REASON -->)")
+            found.append(
+                f"{b.where}: a ```{b.lang or '(no language)'} block: use console, "
+                "python or text (or mark it <!-- skip: REASON -->)"
+            )
         if b.skip is not None and not b.skip.strip():
             found.append(f"{b.where}: <!-- skip: --> without a reason")
         if b.skip is not None and b.lang not in RUNNABLE:
@@ -185,7 +196,11 @@ def _run_console(block: dict) -> str | None:
 
 
 def run(spec: dict) -> None:
-    """Run a page's blocks here, in order; one JSON line per block on stdout."""
+    """Run a page's blocks in its directory, in order; one JSON line per block on stdout.
+
+    The first block that fails ends the page (the later ones may depend on it).
+    """
+    os.chdir(spec["cwd"])
     namespace: dict = {"__name__": "__docs__"}
     report = sys.stdout
     for block in spec["blocks"]:
@@ -200,11 +215,31 @@ def run(spec: dict) -> None:
                     exec(code, namespace)
             elif block["lang"] == "console":
                 error = _run_console(block)
-        except BaseException:  # noqa: BLE001 - reported against the block
+        except BaseException:  # reported against the block, whatever it is
             error = traceback.format_exc(limit=-3)
-        print(json.dumps({"where": block["where"], "error": error}), file=report, flush=True)
+        line = {"page": spec["page"], "where": block["where"], "error": error}
+        print(json.dumps(line), file=report, flush=True)
         if error:
             return
+
+
+def run_pages(specs: list[dict]) -> None:
+    """Run several pages one after another in this process, each in its own directory.
+
+    What a page leaves in fsspec's in-memory file system is cleared before the next.
+    """
+    for spec in specs:
+        run(spec)
+        if "fsspec" in sys.modules:
+            import fsspec
+
+            fsspec.filesystem("memory").store.clear()
+            fsspec.filesystem("memory").pseudo_dirs[:] = [""]
+
+
+def needs_own_process(page: Page) -> bool:
+    """A page that chooses Keras' backend runs alone: the choice is per process."""
+    return any("KERAS_BACKEND" in b.text for b in page.blocks if b.lang == "python")
 
 
 def spec_of(page: Page) -> dict:
@@ -222,4 +257,4 @@ def spec_of(page: Page) -> dict:
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with open(sys.argv[1], encoding="utf-8") as f:
-        run(json.load(f))
+        run_pages(json.load(f))

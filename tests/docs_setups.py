@@ -34,7 +34,7 @@ def write_demo(root: Path) -> None:
     )
 
 
-def write_tf(root: Path) -> None:  # noqa: PLR0915 - one TensorFlow session's worth of files
+def write_tf(root: Path) -> None:
     """Checkpoints written by TensorFlow (and Keras 3 on TensorFlow):
 
     - ``A/model.ckpt``, ``B/model.ckpt``: TF1 ``Saver`` saves of scopes ``a1``, ``a2`` and
@@ -84,10 +84,18 @@ def write_tf(root: Path) -> None:  # noqa: PLR0915 - one TensorFlow session's wo
     def floats(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
-    tf1_save(root / "A" / "model.ckpt", {f"a{i}/{n}": floats(*s) for i in (1, 2) for n, s in (("w", (4, 3)), ("b", (3,)))})
-    tf1_save(root / "B" / "model.ckpt", {f"b{i}/{n}": floats(*s) for i in (1, 2) for n, s in (("w", (4, 3)), ("b", (3,)))})
+    tf1_save(
+        root / "A" / "model.ckpt",
+        {f"a{i}/{n}": floats(*s) for i in (1, 2) for n, s in (("w", (4, 3)), ("b", (3,)))},
+    )
+    tf1_save(
+        root / "B" / "model.ckpt",
+        {f"b{i}/{n}": floats(*s) for i in (1, 2) for n, s in (("w", (4, 3)), ("b", (3,)))},
+    )
     dense = {"dense/kernel": floats(8, 4), "dense/bias": floats(4)}
-    tf1_save(root / "run" / "model.ckpt", {**dense, "global_step": np.int64(0)}, steps=(100, 200, 300))
+    tf1_save(
+        root / "run" / "model.ckpt", {**dense, "global_step": np.int64(0)}, steps=(100, 200, 300)
+    )
     tf1_save(root / "tf1" / "model.ckpt", dense)
     tf1_save(
         root / "v1" / "model.ckpt",

@@ -14,10 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import docs_examples
 import docs_setups
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,9 +36,7 @@ MAX_SKIPPED = 12
 
 
 def _pages() -> list[str]:
-    names = ["README.md"] + sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")
-    )
+    names = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
     return [n for n in names if n not in NOT_RUN]
 
 
@@ -68,38 +65,23 @@ def test_runnable_blocks_exist():
     assert runnable >= 50
 
 
-@pytest.fixture(scope="session")
-def setup_dirs(tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            root = tmp_path_factory.mktemp(f"docs-setup-{name}")
-            if name in ("demo", "tf"):
-                docs_setups.write_demo(root)
-            if name == "tf":
-                env = {**os.environ, "PYTHONPATH": str(ROOT)}
-                done = subprocess.run(
-                    [sys.executable, str(Path(docs_setups.__file__)), "tf", str(root)],
-                    capture_output=True, text=True, env=env, timeout=600,
-                )
-                assert done.returncode == 0, done.stderr[-4000:]
-            made[name] = root
-        return made[name]
-
-    return get
+def _setup(name: str, root: Path) -> None:
+    if name in ("demo", "tf"):
+        docs_setups.write_demo(root)
+    if name == "tf":
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, str(Path(docs_setups.__file__)), "tf", str(root)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
 
 
-@pytest.mark.parametrize(
-    "name", [n for n in PAGES if docs_examples.spec_of(_parse(n))["blocks"]]
-)
-def test_page_examples(name, setup_dirs, tmp_path):
-    page = _parse(name)
-    spec = docs_examples.spec_of(page)
-    work = tmp_path / "work"
-    shutil.copytree(setup_dirs(page.setup), work)
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps(spec), encoding="utf-8")
+def _start(specs: list[dict], where: Path) -> subprocess.Popen:
+    where.write_text(json.dumps(specs), encoding="utf-8")
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -107,14 +89,54 @@ def test_page_examples(name, setup_dirs, tmp_path):
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "COLUMNS": "100",
     }
-    done = subprocess.run(
-        [sys.executable, str(Path(docs_examples.__file__)), str(spec_file)],
-        cwd=work, capture_output=True, text=True, env=env, timeout=600,
+    return subprocess.Popen(
+        [sys.executable, str(Path(docs_examples.__file__)), str(where)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="session")
+def page_results(tmp_path_factory):
+    """Every page's examples, run once: {page: (block results, the process's stderr)}.
+
+    Pages that choose Keras' backend run in processes of their own, the others one after
+    another in one process (TensorFlow imported once), side by side with the former.
+    """
+    base = tmp_path_factory.mktemp("docs-examples")
+    pages = [p for p in map(_parse, PAGES) if docs_examples.spec_of(p)["blocks"]]
+    setups: dict[str, Path] = {}
+    groups: list[list[dict]] = [[]]
+    for i, page in enumerate(pages):
+        if page.setup not in setups:
+            setups[page.setup] = base / f"setup-{page.setup}"
+            setups[page.setup].mkdir()
+            _setup(page.setup, setups[page.setup])
+        work = base / f"page-{i}"
+        shutil.copytree(setups[page.setup], work)
+        spec = {**docs_examples.spec_of(page), "cwd": str(work)}
+        if docs_examples.needs_own_process(page):
+            groups.append([spec])
+        else:
+            groups[0].append(spec)
+    runs = [(g, _start(g, base / f"specs-{k}.json")) for k, g in enumerate(groups) if g]
+    results: dict[str, tuple[list[dict], str]] = {}
+    for group, proc in runs:
+        out, err = proc.communicate(timeout=900)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for spec in group:
+            results[spec["page"]] = ([r for r in lines if r["page"] == spec["page"]], err)
+    return results
+
+
+@pytest.mark.parametrize("name", [n for n in PAGES if docs_examples.spec_of(_parse(n))["blocks"]])
+def test_page_examples(name, page_results):
+    results, stderr = page_results[name]
     failed = [r for r in results if r["error"]]
     assert not failed, f"{failed[0]['where']}: {failed[0]['error']}"
-    assert len(results) == len(spec["blocks"]), (
-        f"{name}: the run stopped after {len(results)} of {len(spec['blocks'])} blocks\n"
-        + done.stderr[-4000:]
+    expected = len(docs_examples.spec_of(_parse(name))["blocks"])
+    assert len(results) == expected, (
+        f"{name}: the run stopped after {len(results)} of {expected} blocks\n" + stderr[-4000:]
     )
