@@ -44,8 +44,6 @@ def write_tf(root: Path) -> None:
     - ``tf1/model.ckpt``: the same variables once more, for graft;
     - ``tf2/template-1``: ``tf.train.Checkpoint(model=Dense)`` of a ``tf.Module`` with a
       ``kernel`` [8, 4] and a ``bias`` [4], freshly initialised (the graft template);
-    - ``model/ckpt-1``: ``tf.train.Checkpoint(net=Net)``, a ``tf.Module`` with a float32
-      ``kernel`` [784, 10] and ``bias`` [10] (the README's float16 round trip);
     - ``v1/model.ckpt``: a ``Saver(write_version=V1)`` save of ``conv/weights`` and ``step``;
     - ``keras/ckpt-1``: a Keras 3 model (``Input(8)``, ``Dense(4, name="hidden")``,
       ``Dense(2, name="out")``) trained one step with Adam and saved with
@@ -109,13 +107,6 @@ def write_tf(root: Path) -> None:
             self.bias = tf.Variable(tf.zeros([4]))
 
     tf.train.Checkpoint(model=Dense()).save(str(root / "tf2" / "template"))
-
-    class Net(tf.Module):  # the README's float16 round trip
-        def __init__(self):
-            self.kernel = tf.Variable(floats(784, 10))
-            self.bias = tf.Variable(tf.zeros([10]))
-
-    tf.train.Checkpoint(net=Net()).save(str(root / "model" / "ckpt"))
 
     import keras
 

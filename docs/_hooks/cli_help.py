@@ -16,7 +16,7 @@ _MARK = re.compile(r"<!--\s*cli-help:\s*([\w-]*)\s*-->")
 def _help(command: str) -> str:
     from tfckpt.cli import build_parser
 
-    os.environ["COLUMNS"] = "90"  # argparse wraps to it; the same width on every machine
+    os.environ["COLUMNS"] = "78"  # argparse wraps to it; the same width on every machine
     parser = build_parser()
     if not command:
         return parser.format_help()
