@@ -105,6 +105,7 @@ def page_results(tmp_path_factory):
     Pages that choose Keras' backend run in processes of their own, the others one after
     another in one process (TensorFlow imported once), side by side with the former.
     """
+    pytest.importorskip("tensorflow")  # the `tf` setup, and pages that restore with it
     base = tmp_path_factory.mktemp("docs-examples")
     pages = [p for p in map(_parse, PAGES) if docs_examples.spec_of(p)["blocks"]]
     setups: dict[str, Path] = {}
