@@ -41,7 +41,8 @@ def write_tf(root: Path) -> None:
       ``b1``, ``b2`` (each ``w`` [4, 3] and ``b`` [3], float32);
     - ``run/model.ckpt-100``, ``-200``, ``-300``: a TF1 ``Saver(max_to_keep=5)`` run of
       ``dense/kernel`` [8, 4], ``dense/bias`` [4] and ``global_step``, its state file;
-    - ``tf1/model.ckpt``: the same variables once more, for graft;
+    - ``tf1/model.ckpt``: the same variables once more, for graft, with its graph file
+      ``tf1/model.ckpt.meta``;
     - ``tf2/template-1``: ``tf.train.Checkpoint(model=Dense)`` of a ``tf.Module`` with a
       ``kernel`` [8, 4] and a ``bias`` [4], freshly initialised (the graft template);
     - ``v1/model.ckpt``: a ``Saver(write_version=V1)`` save of ``conv/weights`` and ``step``;
@@ -58,7 +59,7 @@ def write_tf(root: Path) -> None:
     v1 = tf.compat.v1
     rng = np.random.default_rng(7)
 
-    def tf1_save(prefix: Path, values: dict, *, steps=(None,), version=None) -> None:
+    def tf1_save(prefix: Path, values: dict, *, steps=(None,), version=None, meta=False) -> None:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         with tf.Graph().as_default():
             variables = {
@@ -77,7 +78,7 @@ def write_tf(root: Path) -> None:
                         for var in variables.values():
                             if var.dtype.base_dtype == tf.float32:
                                 sess.run(var.assign(var * 0.5 + 0.1))
-                    saver.save(sess, str(prefix), global_step=n, write_meta_graph=False)
+                    saver.save(sess, str(prefix), global_step=n, write_meta_graph=meta)
 
     def floats(*shape):
         return rng.standard_normal(shape).astype(np.float32)
@@ -94,7 +95,7 @@ def write_tf(root: Path) -> None:
     tf1_save(
         root / "run" / "model.ckpt", {**dense, "global_step": np.int64(0)}, steps=(100, 200, 300)
     )
-    tf1_save(root / "tf1" / "model.ckpt", dense)
+    tf1_save(root / "tf1" / "model.ckpt", dense, meta=True)
     tf1_save(
         root / "v1" / "model.ckpt",
         {"conv/weights": floats(3, 3, 1, 2), "step": np.int64(5)},
