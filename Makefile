@@ -50,8 +50,9 @@ $(VENV)/.installed-docs: pyproject.toml | $(PY)
 	$(PIP) install -e ".[docs]"
 	touch $@ $(VENV)/.installed-base
 
+# NO_MKDOCS_2_WARNING: Material's notice about its successor, printed on every build.
 docs: $(VENV)/.installed-docs
-	$(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # Regenerate tfckpt/_proto from proto/ with protoc 25 (grpcio-tools 1.62.3): its output
 # imports under every protobuf runtime from 4.25 to 7.x. The .pyi stubs beside it come
