@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 
-.PHONY: demo test check protos clean bench
+.PHONY: demo test check docs protos clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps "tf-keras==$$($(PY) -c 'from importlib.metadata import version; print(version("tensorflow-cpu").rsplit(".", 1)[0])').*"
-	touch $@ $(VENV)/.installed-base $(VENV)/.installed-lint
+	touch $@ $(VENV)/.installed-base $(VENV)/.installed-lint $(VENV)/.installed-docs
 
 # The package plus the pinned linters (ruff, mypy, protobuf stubs).
 $(VENV)/.installed-lint: pyproject.toml | $(PY)
@@ -44,6 +44,16 @@ check: $(VENV)/.installed-lint
 	$(VENV)/bin/lint-imports || status=1; \
 	exit $$status
 
+# The documentation site, from docs/ and the docstrings, into site/; strict: a broken link,
+# a page left out of the nav or a docstring that does not render fails the build.
+$(VENV)/.installed-docs: pyproject.toml | $(PY)
+	$(PIP) install -e ".[docs]"
+	touch $@ $(VENV)/.installed-base
+
+# NO_MKDOCS_2_WARNING: Material's notice about its successor, printed on every build.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
 # Regenerate tfckpt/_proto from proto/ with protoc 25 (grpcio-tools 1.62.3): its output
 # imports under every protobuf runtime from 4.25 to 7.x. The .pyi stubs beside it come
 # from mypy-protobuf 3.6, the last release whose plugin runs on protobuf 4.25.
@@ -55,7 +65,7 @@ protos:
 		proto/tfckpt/_proto/*.proto
 
 clean:
-	rm -rf demo-out .pytest_cache .venv-protoc
+	rm -rf demo-out site .pytest_cache .venv-protoc
 
 # Benchmarks against TensorFlow (not part of the tests); writes benchmarks/out/results.json.
 bench: $(VENV)/.installed-dev

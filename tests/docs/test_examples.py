@@ -1,0 +1,143 @@
+"""Every code example of README.md and docs/ runs (the convention: tests/docs_examples.py).
+
+Each page runs in a process of its own, in a fresh copy of its setup's directory
+(tests/docs_setups.py; the TensorFlow-written setup is made once, by one TensorFlow
+process). A block that fails names its page and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import docs_examples
+import docs_setups
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Pages whose examples are not run yet, with the reason (the presets' pages run real
+# releases' checkpoints, which tests/interop/test_presets_*.py write and test).
+NOT_RUN = {
+    "docs/check.md": "written before the examples convention; its command is run in tests/inspection/test_check.py",
+    "docs/match.md": "written before the examples convention; tests/interop/test_match.py runs its steps",
+    **{
+        f"docs/presets/{p.name}": "a research release's checkpoint; tests/interop/test_presets_*.py"
+        for p in (ROOT / "docs" / "presets").glob("*.md")
+    },
+}
+
+# Blocks marked <!-- skip: REASON --> (a remote bucket, the suite itself...) stay few.
+MAX_SKIPPED = 10
+
+
+def _pages() -> list[str]:
+    names = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
+    return [n for n in names if n not in NOT_RUN]
+
+
+PAGES = _pages()
+
+
+def _parse(name: str) -> docs_examples.Page:
+    return docs_examples.parse(ROOT / name, name)
+
+
+def test_convention():
+    """Every block is run, written as a file, plain output, or marked with a reason."""
+    found, skipped = [], []
+    for name in PAGES:
+        page = _parse(name)
+        assert page.setup in docs_setups.SETUPS, f"{name}: unknown setup {page.setup!r}"
+        found += docs_examples.problems(page)
+        skipped += [f"{b.where}: {b.skip}" for b in page.blocks if b.skip is not None]
+    assert not found, "\n".join(found)
+    assert len(skipped) <= MAX_SKIPPED, "too many examples not run:\n" + "\n".join(skipped)
+
+
+def test_runnable_blocks_exist():
+    """The examples test tests something: most pages have examples that run."""
+    runnable = sum(len(docs_examples.spec_of(_parse(n))["blocks"]) for n in PAGES)
+    assert runnable >= 80
+
+
+def _setup(name: str, root: Path) -> None:
+    if name in ("demo", "tf"):
+        docs_setups.write_demo(root)
+    if name == "tf":
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, str(Path(docs_setups.__file__)), "tf", str(root)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _start(specs: list[dict], where: Path) -> subprocess.Popen:
+    where.write_text(json.dumps(specs), encoding="utf-8")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "COLUMNS": "100",
+    }
+    return subprocess.Popen(
+        [sys.executable, str(Path(docs_examples.__file__)), str(where)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="session")
+def page_results(tmp_path_factory):
+    """Every page's examples, run once: {page: (block results, the process's stderr)}.
+
+    Pages that choose Keras' backend run in processes of their own, the others one after
+    another in one process (TensorFlow imported once), side by side with the former.
+    """
+    pytest.importorskip("tensorflow")  # the `tf` setup, and pages that restore with it
+    base = tmp_path_factory.mktemp("docs-examples")
+    pages = [p for p in map(_parse, PAGES) if docs_examples.spec_of(p)["blocks"]]
+    setups: dict[str, Path] = {}
+    groups: list[list[dict]] = [[]]
+    for i, page in enumerate(pages):
+        if page.setup not in setups:
+            setups[page.setup] = base / f"setup-{page.setup}"
+            setups[page.setup].mkdir()
+            _setup(page.setup, setups[page.setup])
+        work = base / f"page-{i}"
+        shutil.copytree(setups[page.setup], work)
+        spec = {**docs_examples.spec_of(page), "cwd": str(work)}
+        if docs_examples.needs_own_process(page):
+            groups.append([spec])
+        else:
+            groups[0].append(spec)
+    runs = [(g, _start(g, base / f"specs-{k}.json")) for k, g in enumerate(groups) if g]
+    results: dict[str, tuple[list[dict], str]] = {}
+    for group, proc in runs:
+        out, err = proc.communicate(timeout=900)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for spec in group:
+            results[spec["page"]] = ([r for r in lines if r["page"] == spec["page"]], err)
+    return results
+
+
+@pytest.mark.parametrize("name", [n for n in PAGES if docs_examples.spec_of(_parse(n))["blocks"]])
+def test_page_examples(name, page_results):
+    results, stderr = page_results[name]
+    failed = [r for r in results if r["error"]]
+    assert not failed, f"{failed[0]['where']}: {failed[0]['error']}"
+    expected = len(docs_examples.spec_of(_parse(name))["blocks"])
+    assert len(results) == expected, (
+        f"{name}: the run stopped after {len(results)} of {expected} blocks\n" + stderr[-4000:]
+    )
