@@ -61,8 +61,9 @@ class KerasH5Target:
             return self._by_objects(ckpt)
         raise UnsupportedCheckpointError(
             f"{self.label} is restored by model.load_weights, which reads a Keras HDF5 file "
-            "or a TF2 checkpoint; this one has neither layers nor an object graph (a TF1 "
-            "checkpoint: check it against a .meta graph or a template)",
+            "or a TF2 checkpoint; this one has neither Keras layers nor an object graph (a "
+            "TF1 checkpoint: check it against a .meta graph or a template; Hugging Face's "
+            "sharded weights, which transformers loads by name, not load_weights)",
             path=ckpt.prefix,
         )
 

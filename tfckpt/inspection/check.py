@@ -4,7 +4,9 @@ TARGET is read by the first of :data:`TARGET_READERS` that knows it: a TF1 graph
 (``.meta``: what its Saver restores), a SavedModel directory (the object graph of its
 ``variables/variables`` when it is a TF2 one, else the Saver of its MetaGraph), or a
 checkpoint standing for the program that wrote it (a template: a TF2 checkpoint's object
-graph, a TF1 checkpoint's names, with their dtypes and shapes). Each reader returns a
+graph, a TF1 checkpoint's names, with their dtypes and shapes); a Keras 2 HDF5 file
+(what ``model.load_weights`` does in the model that wrote it) is read by
+:func:`tfckpt.checkpoint.h5target.keras_h5_target`, registered first. Each reader returns a
 :class:`Target`, which says what a restore reads from a given checkpoint; a new kind of
 target is one more reader (:func:`register_target_reader`). What is compared, and how,
 is :func:`tfckpt.checkpoint.restoring.check_restore`'s.
