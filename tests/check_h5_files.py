@@ -8,7 +8,7 @@ Run as a script in a process of its own (see tests/inspection/test_check_h5.py):
 - ``h5``: a Sequential model (Dense, BatchNormalization, Dropout, Dense) saved with
   ``save_weights("w.h5")`` and ``save("m.h5")`` is the target; the checkpoints are the
   same architecture and ones with a layer missing, one more, a layer of another width
-  or dtype, each saved as ``w.h5``, in TF format (``save_weights``: the model is the
+  or dtype, each saved as ``w.h5``, whole as ``m.h5``, in TF format (``save_weights``: the model is the
   root) and with ``tf.train.Checkpoint(model=...)``. The outcome: a model built as the
   target's writer was runs ``load_weights`` (an ``.h5``; a TF-format checkpoint, then
   the mode's assertion on its status) or ``tf.train.Checkpoint(model=...).read``.
@@ -78,7 +78,7 @@ def _outcome(build, path: str, how: str, mode: str) -> tuple[bool, str]:
 
     model = build()
     try:
-        if how == "h5":
+        if how in ("h5", "m5"):
             model.load_weights(path)
         elif how == "tf":
             _assert(model.load_weights(path), mode)
@@ -89,14 +89,18 @@ def _outcome(build, path: str, how: str, mode: str) -> tuple[bool, str]:
     return True, ""
 
 
-def _save_all(model, d: Path) -> dict[str, str]:
+def _save_all(model, d: Path, whole: bool = True) -> dict[str, str]:
     import tensorflow as tf
 
     d.mkdir(parents=True)
     model.save_weights(str(d / "w.h5"))
     model.save_weights(str(d / "tf" / "ckpt"))
     tf.train.Checkpoint(model=model).write(str(d / "obj" / "ckpt"))
-    return {"h5": str(d / "w.h5"), "tf": str(d / "tf" / "ckpt"), "obj": str(d / "obj" / "ckpt")}
+    out = {"h5": str(d / "w.h5"), "tf": str(d / "tf" / "ckpt"), "obj": str(d / "obj" / "ckpt")}
+    if whole:  # a whole model (model_weights/), which load_weights reads as well
+        model.save(str(d / "m.h5"))
+        out["m5"] = str(d / "m.h5")
+    return out
 
 
 def h5_table(keras, out: Path) -> list:
@@ -112,7 +116,7 @@ def h5_table(keras, out: Path) -> list:
         model = seq(keras, kind)
         model(x)
         for how, path in _save_all(model, out / kind).items():
-            for mode in MODES if how != "h5" else ("default",):
+            for mode in MODES if how in ("tf", "obj") else ("default",):
                 ok, message = _outcome(lambda: _built(keras, x), path, how, mode)
                 rows += [["h5", t, f"{kind}-{how}", path, mode, ok, message] for t in targets]
     return rows
@@ -141,7 +145,7 @@ def hf_table(keras, out: Path) -> list:
     build().save_weights(str(target / "tf_model.h5"))
     rows = []
     for kind, changes in (("same", {}), ("shape", {"vocab_size": 31})):
-        for how, path in _save_all(build(**changes), out / f"hf-{kind}").items():
+        for how, path in _save_all(build(**changes), out / f"hf-{kind}", whole=False).items():
             for mode in ("existing",) if how != "h5" else ("default",):
                 ok, message = _outcome(build, path, how, mode)
                 rows.append(

@@ -68,6 +68,7 @@ def test_check_against_a_keras_h5_predicts_load_weights(table):
     # Both outcomes of each difference are in the table.
     assert outcomes["w.h5", "same-h5", "default"] and outcomes["m.h5", "same-obj", "consumed"]
     assert not outcomes["w.h5", "extra-h5", "default"]  # load_weights refuses another count
+    assert outcomes["w.h5", "same-m5", "default"] and not outcomes["m.h5", "shape-m5", "default"]
     assert outcomes["w.h5", "extra-tf", "existing"] and not outcomes["w.h5", "extra-tf", "consumed"]
     assert not outcomes["w.h5", "missing-tf", "existing"]
     assert outcomes["w.h5", "missing-obj", "partial"]
