@@ -15,6 +15,10 @@ The optimizer's state of a whole-model file is a group of its own:
 ``model.h5/optimizer_weights`` opens it; any group's path inside the file opens that
 group the same way.
 
+Hugging Face's sharded TF weights (``tf_model.h5.index.json`` beside
+``tf_model-0000K-of-0000N.h5``) are one :class:`HFShardedCheckpoint`, named as the single
+``tf_model.h5`` would be.
+
 >>> with tfckpt.open("tf_model.h5") as ckpt:
 ...     ckpt.info("tf_bert_model/bert/embeddings/word_embeddings/weight").shape
 """
@@ -443,15 +447,15 @@ class HFShardedCheckpoint(HDF5Checkpoint):
     def _open_all(self) -> None:
         index = parse_index(self._index_bytes(), self.file)
         directory = self.storage.dirname(self.file)
-        owner: dict[str, str] = {}  # dataset path in its shard -> the weight it is
+        owner: dict[tuple[str, str], str] = {}  # (shard, dataset path) -> its weight
         for weight, file in index.weight_map.items():
-            owner.setdefault(f"{file}:{dataset_name(weight)}", weight)
+            owner.setdefault((file, dataset_name(weight)), weight)
         found: dict[str, Dataset] = {}
         shard_of = {file: k for k, file in enumerate(index.files)}
         for file in index.files:
             shard = self.storage.join(directory, file) if directory else file
             for w, d in self._open_shard(shard, file, index):
-                listed = owner.get(f"{file}:{w.name}")
+                listed = owner.get((file, w.name))
                 if listed is None or index.weight_map.get(listed) != file:
                     elsewhere = [
                         k for k, f in index.weight_map.items() if dataset_name(k) == w.name

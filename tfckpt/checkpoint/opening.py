@@ -1,5 +1,6 @@
-"""One door to every checkpoint: a path resolved to a V2 bundle, a V1 checkpoint or Keras
-HDF5 weights, or what else the file is.
+"""One door to every checkpoint: a path resolved to a V2 bundle, a V1 checkpoint, Keras
+HDF5 weights or Hugging Face's sharded TF weights (their ``tf_model.h5.index.json``, or
+a directory holding it), or what else the file is.
 
 :func:`open_checkpoint` is what :func:`tfckpt.open` and every command call, with the
 storage options given; :func:`open_in` opens a path on a storage at hand (a task's source,
