@@ -9,7 +9,8 @@ tf.keras layers nested and named as transformers' TF classes name them (up to re
 ``mlm___cls``, GPT-2's ``Conv1D`` with its ``[1, n]`` bias, T5's ``shared/shared``
 embedding that the encoder and decoder list again), gives every weight random values,
 saves ``DIR/<case>/tf_model.h5`` with ``model.save_weights`` (a Keras 2 HDF5 file, as
-``save_pretrained`` wrote it), and computes the outputs for ``DIR/<case>/inputs.npz``
+``save_pretrained`` wrote it) and the same weights sharded in ``DIR/<case>/sharded/``
+as ``save_pretrained(..., max_shard_size=...)`` wrote them (:func:`save_sharded`), and computes the outputs for ``DIR/<case>/inputs.npz``
 into ``DIR/<case>/outputs.npz``, following the published architectures in TensorFlow.
 """
 
@@ -502,6 +503,47 @@ MODELS = {
 }
 
 
+def save_sharded(model, directory: str, max_shard_bytes: int) -> dict:
+    """``model``'s weights as transformers' TF ``save_pretrained(directory,
+    max_shard_size=...)`` wrote them when they exceed one shard: ``model.weights`` in
+    order, cut before a weight that would take a shard past ``max_shard_bytes``; each
+    shard ``tf_model-0000K-of-0000N.h5`` an HDF5 file holding its weights (sorted by
+    name) as datasets named as the weight less its model scope (unless the name holds
+    ``model.`` or has one component), listed in the root attribute ``layer_names``; the
+    index ``tf_model.h5.index.json`` maps each weight's name to its shard."""
+    import h5py
+    from tf_keras.src.saving.legacy.hdf5_format import save_attributes_to_hdf5_group
+
+    blocks, block, size, total = [], [], 0, 0
+    for w in model.weights:
+        n = int(np.prod(w.shape)) * w.dtype.size
+        if size + n > max_shard_bytes:
+            blocks.append(block)
+            block, size = [], 0
+        block.append(w)
+        size += n
+        total += n
+    blocks.append(block)
+    weight_map = {}
+    for k, block in enumerate(blocks):
+        file = f"tf_model-{k + 1:05d}-of-{len(blocks):05d}.h5"
+        with h5py.File(os.path.join(directory, file), "w") as f:
+            listed = []
+            for w in sorted(block, key=lambda w: w.name):
+                scoped = "model." in w.name or len(w.name.split("/")) == 1
+                name = w.name if scoped else "/".join(w.name.split("/")[1:])
+                value = w.numpy()
+                f.create_dataset(name, value.shape, dtype=value.dtype)[:] = value
+                listed.append(name.encode("utf8"))
+            save_attributes_to_hdf5_group(f, "layer_names", listed)
+        for w in block:
+            weight_map[w.name] = file
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(os.path.join(directory, "tf_model.h5.index.json"), "w") as f:
+        f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return index
+
+
 def main(root: str) -> None:
     rng = np.random.default_rng(4)
     for case, cls in MODELS.items():
@@ -517,6 +559,13 @@ def main(root: str) -> None:
                 value += 1.0
             w.assign(value.astype(np.float32))
         model.save_weights(os.path.join(d, "tf_model.h5"))
+        sharded = os.path.join(d, "sharded")
+        os.mkdir(sharded)
+        # About a third of the weights' bytes a shard: three shards or more.
+        weights_bytes = sum(int(np.prod(w.shape)) * w.dtype.size for w in model.weights)
+        save_sharded(model, sharded, weights_bytes // 3)
+        with open(os.path.join(sharded, "config.json"), "w") as f:
+            json.dump(config, f)
         outputs = {k: v.numpy() for k, v in model(inputs).items()}
         np.savez(os.path.join(d, "outputs.npz"), **outputs)
         names = sorted({w.name for w in model.weights})

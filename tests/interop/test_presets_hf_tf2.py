@@ -222,3 +222,129 @@ def test_the_naming_rules():
     assert arch == "ConvNextModel"
     assert rules["rename_exact"]["tf_convnext_model/convnext/stem/kernel"] == "stem.weight"
     assert sorted(tuple(a) for _, a in rules["permute"]) == [(2, 1, 0), (3, 2, 0, 1)]
+
+
+# -- Hugging Face's sharded TF weights (tf_model.h5.index.json and its shards)
+
+
+def _sharded(written, case: str) -> str:
+    return str(written / case / "sharded")
+
+
+def test_the_shards_are_laid_out_as_transformers_writes_them(written):
+    h5py = pytest.importorskip("h5py")
+    d = written / "bert-mlm" / "sharded"
+    index = json.loads((d / "tf_model.h5.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 3 and files[0] == f"tf_model-00001-of-{len(files):05d}.h5"
+    name = "tf_bert_for_masked_lm/bert/embeddings/word_embeddings/weight:0"
+    with h5py.File(d / index["weight_map"][name], "r") as f:
+        # Datasets at the weight's name less the model's scope, listed at the root.
+        listed = [n.decode() if isinstance(n, bytes) else n for n in f.attrs["layer_names"]]
+        assert "bert/embeddings/word_embeddings/weight:0" in listed
+        assert isinstance(f["bert/embeddings/word_embeddings/weight:0"], h5py.Dataset)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sharded_weights_read_as_the_single_file(written, case):
+    """The index (or its directory) opens as one checkpoint: the names and values of the
+    unsharded tf_model.h5, bit for bit."""
+    with tfckpt.open(written / case / "tf_model.h5") as one:
+        want = {n: one[n] for n in one.keys()}
+    for path in (
+        _sharded(written, case),
+        os.path.join(_sharded(written, case), "tf_model.h5.index.json"),
+    ):
+        with tfckpt.open(path) as ckpt:
+            assert sorted(ckpt.keys()) == sorted(want)
+            for n in ckpt.keys():
+                got = ckpt[n]
+                assert got.dtype == want[n].dtype and got.tobytes() == want[n].tobytes(), n
+            assert ckpt.header.num_shards >= 3 and len(ckpt.data_files) == ckpt.header.num_shards
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_transformers_loads_the_export_of_sharded_weights(written, case, tmp_path):
+    config, _, outputs = CASES[case]
+    (cls,) = config.architectures
+    out_dir = str(tmp_path / "hf")
+    proc = run("-m", "tfckpt", "export", _sharded(written, case), out_dir, "--preset", "hf-tf2")
+    assert f"preset hf-tf2: hf-tf2 ({cls})" in proc.stderr and "verified: " in proc.stderr
+    info, got = consume(out_dir, cls, str(written / case / "inputs.npz"), tmp_path)
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
+    assert info["mismatched_keys"] == [], info
+    want = dict(np.load(written / case / "outputs.npz"))
+    for name in outputs:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+def test_read_only_commands_and_convert_take_the_sharded_directory(written, tmp_path):
+    from cli_helpers import in_process
+
+    d = _sharded(written, "gpt2")
+    rc, out, err = in_process("dump", d, "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["num_shards"] >= 3 and data["prefix"].endswith("tf_model.h5.index.json")
+    rc, out, err = in_process("diff", d, str(written / "gpt2" / "tf_model.h5"))
+    assert rc == 0, (out, err)
+    rc, _, err = in_process("convert", d, str(tmp_path / "v2" / "ckpt"))
+    assert rc == 0, err
+    with tfckpt.open(tmp_path / "v2" / "ckpt") as c, tfckpt.open(d) as s:
+        assert sorted(c.keys()) == sorted(s.keys())
+        assert all(c[n].tobytes() == s[n].tobytes() for n in s.keys())
+
+
+def _hostile(written, tmp_path, change) -> str:
+    """A copy of BERT's sharded weights with ``change(directory, index)`` applied."""
+    import shutil
+
+    d = tmp_path / "hostile"
+    shutil.copytree(written / "bert-mlm" / "sharded", d)
+    index = json.loads((d / "tf_model.h5.index.json").read_text())
+    text = change(d, index)
+    (d / "tf_model.h5.index.json").write_text(text if text else json.dumps(index))
+    return str(d)
+
+
+def test_a_hostile_index_is_a_clean_error(written, tmp_path):
+    from cli_helpers import assert_cli_error, in_process
+
+    word = "tf_bert_for_masked_lm/bert/embeddings/word_embeddings/weight:0"
+
+    def redirect(target):
+        def change(d, index):
+            index["weight_map"][word] = target
+
+        return change
+
+    def drop_shard(d, index):
+        (d / index["weight_map"][word]).unlink()
+
+    def move(d, index):  # the index puts it in another shard than the one holding it
+        files = sorted(set(index["weight_map"].values()))
+        index["weight_map"][word] = next(f for f in files if f != index["weight_map"][word])
+
+    def twice(d, index):  # the key twice, pointing at two shards
+        body = json.dumps(index)
+        files = sorted(set(index["weight_map"].values()))
+        return body.replace('"weight_map": {', f'"weight_map": {{"{word}": "{files[-1]}", ', 1)
+
+    def unlisted(d, index):  # a weight the index does not name
+        del index["weight_map"][word]
+
+    cases = {
+        "outside": (redirect("../tf_model-00001-of-00004.h5"), "in the index's own directory"),
+        "absolute": (redirect(str(written / "bert-mlm" / "tf_model.h5")), "own directory"),
+        "missing shard": (drop_shard, "cannot be read"),
+        "moved": (move, "a weight in two shards"),
+        "twice": (twice, "twice"),
+        "unlisted": (unlisted, "the index names no such weight"),
+        "not json": (lambda d, index: "{", "not an index of shards"),
+        "no weight_map": (lambda d, index: json.dumps({"metadata": {}}), "no weight_map"),
+    }
+    for name, (change, fragment) in cases.items():
+        d = _hostile(written, tmp_path / name.replace(" ", "_"), change)
+        with pytest.raises(tfckpt.CheckpointError, match=fragment):
+            tfckpt.open(d)
+        assert_cli_error(in_process("dump", d), fragment)

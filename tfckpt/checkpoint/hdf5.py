@@ -15,19 +15,24 @@ The optimizer's state of a whole-model file is a group of its own:
 ``model.h5/optimizer_weights`` opens it; any group's path inside the file opens that
 group the same way.
 
+Hugging Face's sharded TF weights (``tf_model.h5.index.json`` beside
+``tf_model-0000K-of-0000N.h5``) are one :class:`HFShardedCheckpoint`, named as the single
+``tf_model.h5`` would be.
+
 >>> with tfckpt.open("tf_model.h5") as ckpt:
 ...     ckpt.info("tf_bert_model/bert/embeddings/word_embeddings/weight").shape
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 
 import h5py
 import numpy as np
 
 from tfckpt.checkpoint.h5datasets import Dataset
-from tfckpt.checkpoint.kerash5 import Layout, Weight, read_layout
+from tfckpt.checkpoint.kerash5 import Layout, Weight, read_layout, read_shard
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.checkpoint.slicing import Region, region_counts, region_index
 from tfckpt.errors import (
@@ -38,6 +43,13 @@ from tfckpt.errors import (
     UnsupportedCheckpointError,
 )
 from tfckpt.format.bundle import NATIVE, Header, TensorInfo, TensorTable, Version
+from tfckpt.format.hfindex import (
+    INDEX_SUFFIX,
+    MAX_INDEX_BYTES,
+    ShardIndex,
+    dataset_name,
+    parse_index,
+)
 from tfckpt.format.slices import Slice, num_elements
 from tfckpt.io.storage import Reader, ReaderFile, Storage, StorageOptions, normalize, storage_for
 
@@ -111,7 +123,7 @@ class HDF5Checkpoint(Checkpoint):
             self.format = f"{FORMAT_NAME} (Keras {layout.keras_version})"
         self._datasets: dict[str, Dataset] = {}
         self._copies: dict[str, list[Dataset]] = {}
-        self.keras_layers: list[tuple[str, list[str]]] = []
+        self.keras_layers = []
         self._name_all(layout)
 
     def _name_all(self, layout: Layout) -> None:
@@ -144,9 +156,10 @@ class HDF5Checkpoint(Checkpoint):
                         )
                     self._copies.setdefault(name, []).append(d)
                 tensor_of[w.path] = name
-        self.keras_layers = [(name, [tensor_of[w.path] for w in ws]) for name, ws in layout.layers]
+        layers = [(name, [tensor_of[w.path] for w in ws]) for name, ws in layout.layers]
+        self.keras_layers = layers
         # In the order the layers list them, each once.
-        self._names = list(dict.fromkeys(t for _, ts in self.keras_layers for t in ts))
+        self._names = list(dict.fromkeys(t for _, ts in layers for t in ts))
 
     def _checked(self, w: Weight, name: str) -> Dataset:
         try:
@@ -239,7 +252,7 @@ class HDF5Checkpoint(Checkpoint):
         if d.dtype.kind == "bool" and raw.size and int(raw.max()) > 1:
             raise CorruptCheckpointError(
                 f"dataset {d.where}: bool values other than 0 and 1",
-                path=self.file,
+                path=d.path,
                 tensor=d.tensor,
             )
         order = d.file_dtype.byteorder
@@ -258,7 +271,7 @@ class HDF5Checkpoint(Checkpoint):
             raise
         except _H5_ERRORS as e:
             raise CorruptCheckpointError(
-                f"dataset {d.where}: read failed: {e}", path=self.file, tensor=d.tensor
+                f"dataset {d.where}: read failed: {e}", path=d.path, tensor=d.tensor
             ) from None
         if self.verify and d.tensor in self._copies:
             self._check_copies(d, start, count, out)
@@ -325,7 +338,7 @@ class HDF5Checkpoint(Checkpoint):
             d.read_flat(start, count, raw, self.verify)
         except _H5_ERRORS as e:
             raise CorruptCheckpointError(
-                f"dataset {d.where}: read failed: {e}", path=self.file, tensor=name
+                f"dataset {d.where}: read failed: {e}", path=d.path, tensor=name
             ) from None
         return self._native(d, raw, (count,))
 
@@ -388,6 +401,180 @@ class HDF5Checkpoint(Checkpoint):
         self, name: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extents: Slice | None = None
     ) -> Iterator[tuple[str, np.ndarray, int]]:
         raise TypeError(f"{name!r} is a {self._dataset(name).dtype.name} tensor, not strings")
+
+
+class HFShardedCheckpoint(HDF5Checkpoint):
+    """Hugging Face's sharded TF weights (``tf_model.h5.index.json`` and its
+    ``tf_model-0000K-of-0000N.h5`` shards, see :mod:`tfckpt.format.hfindex`) read as one
+    checkpoint, each tensor named as the index names its weight, less ``:0``: the names
+    the unsharded ``tf_model.h5`` gives. Created by :func:`tfckpt.open` for the index or
+    a directory holding it; ``prefix`` is the index's path. Every shard is opened and
+    checked first: a missing shard, a weight the index puts in one shard and a shard
+    lists too (or lacks), is an error naming the file.
+    """
+
+    format = "Hugging Face sharded TF weights (Keras HDF5)"
+    keras_layers = None  # transformers loads these by name, not by layer order
+
+    def __init__(
+        self,
+        path,
+        *,
+        verify: bool = True,
+        mmap: bool = True,
+        storage_options: StorageOptions | None = None,
+        storage: Storage | None = None,
+        index_file: str | None = None,
+    ):
+        self.storage = storage or storage_for(normalize(path), storage_options)
+        self.file = self.prefix = self.index_path = index_file or normalize(path)
+        self.group = ""
+        self.verify, self.mmap = verify, mmap
+        self._readers = {}
+        self.header = Header(1, "little", Version(0, 0))
+        self.keras_version = None
+        self._shards: list[tuple[Reader, h5py.File | None]] = []
+        self._datasets = {}
+        self._copies = {}
+        self._shard_of: dict[str, int] = {}
+        self._closed = False
+        try:
+            self._open_all()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_all(self) -> None:
+        index = parse_index(self._index_bytes(), self.file)
+        directory = self.storage.dirname(self.file)
+        owner: dict[tuple[str, str], str] = {}  # (shard, dataset path) -> its weight
+        for weight, file in index.weight_map.items():
+            owner.setdefault((file, dataset_name(weight)), weight)
+        found: dict[str, Dataset] = {}
+        shard_of = {file: k for k, file in enumerate(index.files)}
+        for file in index.files:
+            shard = self.storage.join(directory, file) if directory else file
+            for w, d in self._open_shard(shard, file, index):
+                listed = owner.get((file, w.name))
+                if listed is None or index.weight_map.get(listed) != file:
+                    elsewhere = [
+                        k for k, f in index.weight_map.items() if dataset_name(k) == w.name
+                    ]
+                    why = (
+                        f"the index puts {elsewhere[0]!r} in {index.weight_map[elsewhere[0]]}"
+                        if elsewhere
+                        else "the index names no such weight"
+                    )
+                    raise CorruptCheckpointError(
+                        f"the shard lists the dataset {w.path}, and {why}: "
+                        "a weight in two shards, or a shard of another model",
+                        path=shard,
+                    )
+                if listed in found:
+                    raise CorruptCheckpointError(
+                        f"the shard lists the dataset {w.path} twice", path=shard
+                    )
+                d.tensor = _plain(listed)
+                found[listed] = d
+        for weight, file in index.weight_map.items():
+            if weight not in found:
+                raise CorruptCheckpointError(
+                    f"the index puts {weight!r} in {file}, which does not list it "
+                    f"(as {dataset_name(weight)!r})",
+                    path=self.file,
+                    tensor=_plain(weight),
+                )
+        for weight in index.weight_map:
+            name = _plain(weight)
+            if name in self._datasets:
+                raise CorruptCheckpointError(
+                    f"the index names {name!r} twice (with and without :0)", path=self.file
+                )
+            self._datasets[name] = found[weight]
+            self._shard_of[name] = shard_of[index.weight_map[weight]]
+        self._names = list(self._datasets)
+        self.header = Header(len(index.files), "little", Version(0, 0))
+
+    def _index_bytes(self) -> bytes:
+        """The index file's bytes, refused unread above :data:`MAX_INDEX_BYTES`."""
+        try:
+            reader = self.storage.open_reader(self.file)
+        except OSError as e:
+            raise CheckpointNotFoundError(
+                f"cannot read: {e.strerror or e}", path=self.file
+            ) from None
+        try:
+            if reader.size > MAX_INDEX_BYTES:
+                raise CorruptCheckpointError(
+                    f"{reader.size} bytes: more than an index of weights takes", path=self.file
+                )
+            buf = bytearray(reader.size)
+            done = 0
+            while done < reader.size:
+                n = reader.readinto(memoryview(buf)[done:], done)
+                if n <= 0:
+                    raise CorruptCheckpointError("the file ended early", path=self.file)
+                done += n
+            return bytes(buf)
+        finally:
+            reader.close()
+
+    def _open_shard(self, shard: str, file: str, index: ShardIndex):
+        """``(weight, dataset)`` of each weight the shard ``shard`` lists."""
+        try:
+            reader = self.storage.open_reader(shard)
+        except (OSError, CheckpointError) as e:
+            detail = e.strerror if isinstance(e, OSError) else e.detail
+            raise CheckpointNotFoundError(
+                f"the index names the shard {file}, which cannot be read: {detail or e}",
+                path=shard,
+            ) from None
+        self._shards.append((reader, None))
+        try:
+            h5 = h5py.File(ReaderFile(reader), "r")
+        except _H5_ERRORS as e:
+            raise CorruptCheckpointError(f"not a readable HDF5 file: {e}", path=shard) from None
+        self._shards[-1] = (reader, h5)
+        try:
+            weights = read_shard(h5, shard)
+            return [(w, Dataset(w.dataset, w.path, shard, reader, _plain(w.name))) for w in weights]
+        except CheckpointError:
+            raise
+        except _H5_ERRORS as e:
+            raise CorruptCheckpointError(f"unreadable HDF5 structure: {e}", path=shard) from None
+
+    def __repr__(self) -> str:
+        return (
+            f"<tfckpt.Checkpoint {self.prefix!r} (Hugging Face sharded TF weights, "
+            f"{len(self._shards)} shards): {len(self)} tensors>"
+        )
+
+    def info(self, name: str) -> TensorInfo:
+        """As :meth:`HDF5Checkpoint.info`, ``shard`` the tensor's shard file's place in
+        the index (the first file it names is 0)."""
+        return dataclasses.replace(super().info(name), shard=self._shard_of[name])
+
+    @property
+    def stem(self) -> str:
+        base = self.storage.basename(self.file)
+        return base[: -len(INDEX_SUFFIX)] if base.endswith(INDEX_SUFFIX) else base
+
+    @property
+    def data_files(self) -> list[str]:
+        return [r.path for r, _ in self._shards]
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        shards, self._shards = self._shards, []
+        for reader, h5 in shards:
+            if h5 is not None:
+                try:
+                    h5.close()
+                except _H5_ERRORS:
+                    pass
+            reader.close()
 
 
 def _native_bytes(d: Dataset, raw: np.ndarray) -> np.ndarray:

@@ -251,3 +251,15 @@ def _not_keras2(f) -> str:
             "load it with Keras 3 (model.load_weights)"
         )
     return "an HDF5 file without Keras weights (no layer_names, no model_weights group)"
+
+
+def read_shard(f: h5py.File, path: str) -> list[Weight]:
+    """The weights of one shard of Hugging Face's sharded TF weights (see
+    :mod:`tfckpt.format.hfindex`): the root's ``layer_names`` lists datasets, each by its
+    path in the file."""
+    names = _names(f, "layer_names", "/", path)
+    if names is None:
+        raise UnsupportedCheckpointError(
+            "no shard of Hugging Face's TF weights: no layer_names at its root", path=path
+        )
+    return _weights(f, "", "/", names, path)

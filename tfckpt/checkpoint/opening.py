@@ -1,5 +1,6 @@
-"""One door to every checkpoint: a path resolved to a V2 bundle, a V1 checkpoint or Keras
-HDF5 weights, or what else the file is.
+"""One door to every checkpoint: a path resolved to a V2 bundle, a V1 checkpoint, Keras
+HDF5 weights or Hugging Face's sharded TF weights (their ``tf_model.h5.index.json``, or
+a directory holding it), or what else the file is.
 
 :func:`open_checkpoint` is what :func:`tfckpt.open` and every command call, with the
 storage options given; :func:`open_in` opens a path on a storage at hand (a task's source,
@@ -19,6 +20,7 @@ from tfckpt.checkpoint.v1 import V1Checkpoint
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file, resolve_files
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
 from tfckpt.format.h5chunks import SIGNATURE, superblock_offsets
+from tfckpt.format.hfindex import INDEX_NAME, INDEX_SUFFIX
 from tfckpt.io import paths
 from tfckpt.io.archives import ArchiveStorage, archive_at
 from tfckpt.io.storage import (
@@ -56,6 +58,9 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
     try:
         prefix = paths.find_prefix(store, path)
     except CheckpointNotFoundError as e:
+        index = find_hf_index(store, path)
+        if index is not None:
+            return _open_hdf5(store, path, (index, ""), verify, mmap, sharded=True)
         h5 = find_hdf5(store, path)
         if h5 is not None:
             return _open_hdf5(store, path, h5, verify, mmap)
@@ -116,9 +121,24 @@ def is_hdf5(store: Storage, path: str) -> bool:
         reader.close()
 
 
-def _open_hdf5(store: Storage, path, found: tuple[str, str], verify: bool, mmap: bool):
+def find_hf_index(store: Storage, path) -> str | None:
+    """The index of Hugging Face's sharded TF weights ``path`` designates: the index
+    itself (``tf_model.h5.index.json``) or a directory holding it; else None."""
+    p = normalize(path)
+    if p.endswith(INDEX_SUFFIX) and store.isfile(p):
+        return p
+    if store.isdir(p):
+        index = store.join(store.dir_path(p), INDEX_NAME)
+        if store.isfile(index):
+            return index
+    return None
+
+
+def _open_hdf5(
+    store: Storage, path, found: tuple[str, str], verify: bool, mmap: bool, sharded: bool = False
+):
     try:
-        from tfckpt.checkpoint.hdf5 import HDF5Checkpoint
+        from tfckpt.checkpoint.hdf5 import HDF5Checkpoint, HFShardedCheckpoint
     except ModuleNotFoundError as e:
         if e.name != "h5py":
             raise
@@ -126,6 +146,10 @@ def _open_hdf5(store: Storage, path, found: tuple[str, str], verify: bool, mmap:
             "an HDF5 file (Keras weights): reading it needs h5py (pip install 'tfckpt[h5]')",
             path=found[0],
         ) from None
+    if sharded:
+        return HFShardedCheckpoint(
+            path, verify=verify, mmap=mmap, storage=store, index_file=found[0]
+        )
     return HDF5Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=found)
 
 

@@ -132,6 +132,19 @@ class RestoreCheck:
         return CheckpointError(f"{what}: " + "; ".join(lines), path=self.checkpoint, tensor=tensor)
 
 
+@dataclass
+class Expectation:
+    """What a restore reads from one checkpoint: the values (``wanted``), the tensors a
+    restore that must consume everything must read (None: all of them), notes, and
+    ``problems`` the restorer has that no value stands for (a Keras HDF5 file of another
+    layer count): findings added as they are, their tensors not listed as unused."""
+
+    wanted: list[Wanted]
+    consumable: set[str] | None = None
+    notes: list[str] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
+
+
 def check_restore(
     ckpt,
     wanted: Iterable[Wanted],

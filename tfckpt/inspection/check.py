@@ -4,7 +4,9 @@ TARGET is read by the first of :data:`TARGET_READERS` that knows it: a TF1 graph
 (``.meta``: what its Saver restores), a SavedModel directory (the object graph of its
 ``variables/variables`` when it is a TF2 one, else the Saver of its MetaGraph), or a
 checkpoint standing for the program that wrote it (a template: a TF2 checkpoint's object
-graph, a TF1 checkpoint's names, with their dtypes and shapes). Each reader returns a
+graph, a TF1 checkpoint's names, with their dtypes and shapes); a Keras 2 HDF5 file
+(what ``model.load_weights`` does in the model that wrote it) is read by
+:func:`tfckpt.checkpoint.h5target.keras_h5_target`, registered first. Each reader returns a
 :class:`Target`, which says what a restore reads from a given checkpoint; a new kind of
 target is one more reader (:func:`register_target_reader`). What is compared, and how,
 is :func:`tfckpt.checkpoint.restoring.check_restore`'s.
@@ -13,11 +15,17 @@ is :func:`tfckpt.checkpoint.restoring.check_restore`'s.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from tfckpt.checkpoint.h5target import keras_h5_target
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
-from tfckpt.checkpoint.restoring import RestoreCheck, Restorer, Wanted, check_restore
+from tfckpt.checkpoint.restoring import (
+    Expectation,
+    RestoreCheck,
+    Restorer,
+    Wanted,
+    check_restore,
+)
 from tfckpt.errors import CheckpointError, UnsupportedCheckpointError
 from tfckpt.format.metagraph import MetaGraph, parse_meta_graph, parse_saved_model, saver_version
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
@@ -28,16 +36,6 @@ from tfckpt.inspection.meta import META_SUFFIX, SAVED_MODEL_PB, read_capped
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 
 SERVING_TAG = "serve"
-
-
-@dataclass
-class Expectation:
-    """What a restore reads from one checkpoint: the values (``wanted``), the tensors a
-    restore that must consume everything must read (None: all of them), and notes."""
-
-    wanted: list[Wanted]
-    consumable: set[str] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 class Target(Protocol):
@@ -227,6 +225,11 @@ def register_target_reader(reader: TargetReader) -> None:
     TARGET_READERS.insert(0, reader)
 
 
+# A Keras HDF5 file stands for the model that wrote it; tried before the template reader,
+# which would take it as a checkpoint of names.
+register_target_reader(keras_h5_target)
+
+
 def read_target(path, storage_options: StorageOptions | None = None) -> Target:
     """The :class:`Target` ``path`` designates; an error when no reader knows it."""
     p = normalize(path)
@@ -236,7 +239,8 @@ def read_target(path, storage_options: StorageOptions | None = None) -> Target:
         if target is not None:
             return target
     raise UnsupportedCheckpointError(
-        "not a target to check against: a .meta graph, a SavedModel directory or a checkpoint is",
+        "not a target to check against: a .meta graph, a SavedModel directory, a Keras .h5 "
+        "file or a checkpoint is",
         path=p,
     )
 
@@ -261,6 +265,11 @@ def check_target(
         consumable=expected.consumable,
     )
     result.notes.extend(expected.notes)
+    if expected.problems:
+        named = {f.tensor for f in expected.problems}
+        result.findings = [
+            f for f in result.findings if not (f.kind == "unused" and f.tensor in named)
+        ] + expected.problems
     return result
 
 

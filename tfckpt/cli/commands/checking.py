@@ -131,7 +131,7 @@ def print_check(result: RestoreCheck) -> None:
         head = f"{len(unused)} tensors of the checkpoint are read by nothing"
         emit(
             (head, "31" if failing else "2"),
-            " (assert_consumed fails on them):" if failing else " (information):",
+            " (the restore fails on them):" if failing else " (information):",
         )
         for f in unused[:20]:
             emit(f"  {f.tensor}")

@@ -57,7 +57,8 @@ def add_check(sub: Subparsers) -> None:
         "lacks, every dtype and shape mismatch (and whether a cast fixes it), partitioned "
         "tensors whose stored slices cannot give what TARGET reads, and what CKPT holds "
         "that nothing reads. TARGET: a TF1 graph (.meta: what its Saver restores), a "
-        "SavedModel directory, or a checkpoint standing for the program that wrote it.",
+        "SavedModel directory, a Keras .h5 file (what model.load_weights(CKPT) does in "
+        "the model that wrote it), or a checkpoint standing for the program that wrote it.",
     )
     p.add_argument("path", metavar="CKPT", help="the checkpoint to restore")
     p.add_argument("--against", required=True, metavar="TARGET", help="what restores it")
