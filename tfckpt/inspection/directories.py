@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
+from tfckpt.checkpoint.index import BundleIndex
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 from tfckpt.io import commit as commit_files
@@ -35,6 +36,7 @@ from tfckpt.io.temporaries import stale_temporaries
 # --- scanning -------------------------------------------------------------------
 
 DATA_WITHOUT_INDEX = "data shard without an index"
+OTHER_SAVE = "data shard of another save (its index names a different shard count)"
 
 
 @dataclass
@@ -82,6 +84,22 @@ class Scan:
         """How a state file names the checkpoint ``name`` of the directory."""
         found = self.by_name(name)
         return name if found is None else found.state_name
+
+
+def _own_data(store: Storage, index: str, data: list[str]) -> tuple[list[str], list[str]]:
+    """The data files of ``data`` that the ``index`` names, and the others: where the
+    names carry more than one shard count (an in-place rewrite killed, or a replaced
+    file it could not delete), the index's header tells which save they belong to.
+    An index that cannot be read claims them all (nothing is called an orphan)."""
+    counts = {paths.parse_data_filename(n)[2] for n in data}  # type: ignore[index]
+    if len(counts) < 2:
+        return data, []
+    try:
+        num = BundleIndex(store.read_bytes(index), index, index).header.num_shards
+    except (OSError, CheckpointError):
+        return data, []
+    own = [n for n in data if paths.parse_data_filename(n)[2] == num]  # type: ignore[index]
+    return own, [n for n in data if n not in own]
 
 
 def _natural(name: str) -> tuple:
@@ -136,7 +154,9 @@ def scan(store: Storage, directory: str) -> Scan:
             orphans += [(join(directory, n), kind) for k in ("index", "data") for n in g[k]]
             continue
         if g["index"]:
-            files, fmt, shards = [*g["data"], *g["meta"], *g["index"]], "V2", len(g["data"])
+            own, others = _own_data(store, join(directory, g["index"][0]), g["data"])
+            orphans += [(join(directory, n), OTHER_SAVE) for n in others]
+            files, fmt, shards = [*own, *g["meta"], *g["index"]], "V2", len(own)
         elif g["v1"]:
             files, fmt, shards = [*g["meta"], *g["v1"]], "V1", len(g["v1"])
         else:
