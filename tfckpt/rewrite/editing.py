@@ -105,8 +105,10 @@ def edit(
       without loss (a decimal literal takes the dtype's nearest value).
     - ``add={name: "@file.npy" or array}``: a new tensor. A TF2 source refuses it (a new
       variable needs an object-graph node) unless ``as_tf1``, which writes no object graph.
-    - ``delete=[regex, ...]``: tensors whose name (or TF2 flat name) the regex finds; in
-      a TF2 checkpoint their objects go from the graph, with their optimizer slots.
+    - ``delete=[regex, ...]``: tensors whose name (or TF2 flat name) the regex finds,
+      with their optimizer slots (TF1: ``VAR/Adam``, ``VAR/Adam_1``, ``VAR/Momentum``...,
+      any ``VAR/NAME`` or ``VAR/NAME_N`` of the variable's shape, ``NAME`` capitalised as
+      TF1 optimizers' names are); in a TF2 checkpoint their objects go from the graph.
     - ``fill={name: "zeros" | "ones" | value}``, ``scale={name: factor}`` (floating point:
       the product in float64, rounded once to the dtype).
     - ``resize={regex: rows or "ROWS[:init]"}``: axis ``axis`` cut or grown to ``rows``.
@@ -263,6 +265,10 @@ class _Editor:
             for n in hits:
                 gone.setdefault(n, f"deleted (--delete {rx.pattern!r})")
         g = self.s.graph
+        if g is None:  # a TF1 variable's slots are tensors of their own: they go with it
+            for n in list(gone):
+                for t in self.slots(n):
+                    gone.setdefault(t, f"an optimizer slot of {n}, which was deleted")
         if g is not None:
             present = set(self.names)
             keys = g.checkpoint_keys()
@@ -395,7 +401,7 @@ class _Editor:
                 axis = self.axis(pt, edits.axis, what)
                 rows = rows_for(pt.info.shape[axis])
                 self.remap(pt, Rows(axis, rows, init, std, seed), what, init)
-                for slot in self.slots(pt):
+                for slot in self.slots(pt.name):
                     self.remap(by_name[slot], Rows(axis, rows), f"{what} (slot of {hit})", "zeros")
 
     def axis(self, pt: PlannedTensor, axis: int, what: str) -> int:
@@ -421,8 +427,9 @@ class _Editor:
             self._slot_set = {t for n in self.names for t in self.slots_of_name(n)}
         return self._slot_set
 
-    def slots(self, pt: PlannedTensor) -> list[str]:
-        return [t for t in self.slots_of_name(pt.name) if t != pt.name]
+    def slots(self, name: str) -> list[str]:
+        """The optimizer slots of the variable ``name``."""
+        return [t for t in self.slots_of_name(name) if t != name]
 
     def slots_of_name(self, name: str) -> list[str]:
         """The optimizer slots of variable ``name``: TF2 slot variables of its node; in a
