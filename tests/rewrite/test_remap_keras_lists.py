@@ -155,3 +155,22 @@ def test_a_factored_slot_is_refused(tmp_path):
         tfckpt.CheckpointError, match=r"'optimizer/_variables/2/.*\(shape \[6\]\) is not a slot"
     ):
         tfckpt.edit(src, str(tmp_path / "out"), resize={"embeddings": "8"})
+
+
+def test_delete_of_a_variable_with_listed_moments_is_refused(tmp_path):
+    """Keras 3's lists are positional: a variable deleted would leave its moments (and
+    every later variable's) where an optimizer of the smaller model does not look."""
+    import keras
+
+    model = _model(keras, len(OLD))
+    opt = keras.optimizers.Adam(LR)
+    _step(model, opt, np.array([[0, 2]]))
+    src = tf.train.Checkpoint(model=model, optimizer=opt).write(str(tmp_path / "src" / "ckpt"))
+    with pytest.raises(tfckpt.CheckpointError, match=r"keeps its state in lists .*--as-tf1"):
+        tfckpt.edit(src, str(tmp_path / "out"), delete=["_operations/3/bias$"])
+    assert not (tmp_path / "out").exists()
+    # written without the object graph (which the flat names come from), by its key
+    bias = "^optimizer/_trainable_variables/2/"
+    tfckpt.edit(src, str(tmp_path / "tf1" / "ckpt"), delete=[bias], as_tf1=True)
+    with tfckpt.open(str(tmp_path / "tf1" / "ckpt")) as c:
+        assert "optimizer/_trainable_variables/2/.ATTRIBUTES/VARIABLE_VALUE" not in c.keys()

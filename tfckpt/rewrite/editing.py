@@ -270,6 +270,7 @@ class _Editor:
                 for t in self.slots(n):
                     gone.setdefault(t, f"an optimizer slot of {n}, which was deleted")
         if g is not None:
+            tied = {n: self.slots(n) for n in gone}  # before the graph loses them
             present = set(self.names)
             keys = g.checkpoint_keys()
             of_tensor = {t: k for k in keys for t in attribute_tensors(k, present)}
@@ -283,8 +284,23 @@ class _Editor:
             missing = g.missing_keys(present - set(gone))
             if missing:
                 raise self.err(f"deleting leaves the object graph without {missing[0]!r}")
+            self.no_listed_slots_left(tied, gone)
         self.names = [n for n in self.names if n not in gone]
         return [(self.label, n, why) for n, why in gone.items()]
+
+    def no_listed_slots_left(self, tied: Mapping[str, list[str]], gone: Mapping) -> None:
+        """Refuse a deleted variable whose optimizer keeps its state in lists (Keras 3,
+        tf.keras 2's own optimizers): its entries stay, and the lists are positional,
+        so an optimizer of the model without the variable would not restore them."""
+        for n, slots in tied.items():
+            left = [t for t in slots if t not in gone]
+            if left:
+                raise self.err(
+                    f"--delete: its optimizer keeps its state in lists ({left[0]!r}), "
+                    "whose entries edit does not renumber; write the output with "
+                    "--as-tf1, or graft it onto a template of the model without it",
+                    n,
+                )
 
     def planned(self) -> list[PlannedTensor]:
         infos = self.s.ckpt.table(self.names).infos()
