@@ -122,6 +122,15 @@ def _state_names(directory) -> tuple[str, list[str]]:
     return state.model_checkpoint_path, list(state.all_model_checkpoint_paths)
 
 
+def _aged(*files) -> None:
+    """Files an hour old: leftovers of a save long over, which prune removes (younger
+    ones may be a save in progress)."""
+    import time
+
+    for f in files:
+        os.utime(f, (time.time() - 3600,) * 2)
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -208,6 +217,7 @@ def test_ls_tf1_saver_run(tf1_run, tmp_path, monkeypatch):
 def test_prune_tf2_run_as_checkpoint_manager_leaves_it(tf2_run, tmp_path):
     run = _copy(tf2_run, tmp_path)
     (run / "ckpt-9.data-00000-of-00001").write_bytes(b"x")
+    _aged(run / "ckpt-9.data-00000-of-00001")
     before = _files(run)
     plan = directories.prune(str(run), keep_last=2, keep_every_steps=3, keep=[1], dry_run=True)
     assert _files(run) == before  # a dry run changes nothing
@@ -257,7 +267,7 @@ def test_prune_never_follows_a_link_out_of_the_directory(tf2_run, tmp_path):
     assert {o["kind"] for o in directories.ls(str(run))["orphans"]} == {
         "part directory of an interrupted save"
     }
-    directories.prune(str(run), keep_last=TF2_STEPS)
+    directories.prune(str(run), keep_last=TF2_STEPS, min_age=0)  # the link is new
     assert not os.path.lexists(run / "ckpt-8_temp")
     assert (outside / "precious").read_bytes() == b"keep me"
 
@@ -353,6 +363,9 @@ def test_sigkill_during_prune_loses_nothing_kept(tf2_run, tmp_path):
         (run / "ckpt-9.data-00000-of-00001").write_bytes(b"x")
         (run / "ckpt-8_temp").mkdir()
         (run / "ckpt-8_temp" / "part-00000-of-00001.index").write_bytes(b"y")
+        # all of it long written: what a killed prune leaves (data without its index)
+        # is no save in progress for the next prune
+        _aged(*run.iterdir(), run / "ckpt-8_temp" / "part-00000-of-00001.index")
         before = _files(run)
         args = ("prune", run, "--keep-last", "2", "--keep", "3")
         rc = _killed_at(n, *args)
@@ -617,13 +630,16 @@ def test_prune_on_s3_with_failing_requests(s3, tf2_run, tmp_path):
     # the state file cannot be stored: nothing is deleted
     s3.proxy.rules.append(on("PUT", "/checkpoint", 500))
     ch.assert_cli_error(
-        ch.in_process("prune", url, "--keep-last", "2"), "/checkpoint: writing failed"
+        ch.in_process("prune", url, "--keep-last", "2", "--min-age", "0"),
+        "/checkpoint: writing failed",
     )
     assert s3.files("runs/prune") == before
     s3.proxy.reset()
     # a delete fails: the new state file names only what is there, kept files are whole
     s3.proxy.rules.append(on("DELETE", "ckpt-2.index", 500))
-    ch.assert_cli_error(ch.in_process("prune", url, "--keep-last", "2"), "ckpt-2.index")
+    ch.assert_cli_error(
+        ch.in_process("prune", url, "--keep-last", "2", "--min-age", "0"), "ckpt-2.index"
+    )
     s3.proxy.reset()
     data = directories.ls(url)
     assert data["missing"] == [] and data["latest"] == f"ckpt-{TF2_STEPS}"
@@ -633,7 +649,7 @@ def test_prune_on_s3_with_failing_requests(s3, tf2_run, tmp_path):
     for s in (TF2_STEPS - 1, TF2_STEPS):
         for f in (f"ckpt-{s}.index", f"ckpt-{s}.data-00000-of-00001"):
             assert after[f] == before[f]
-    assert ch.in_process("prune", url, "--keep-last", "2")[0] == 0
+    assert ch.in_process("prune", url, "--keep-last", "2", "--min-age", "0")[0] == 0
     assert sorted(s3.files("runs/prune")) == sorted(
         ["checkpoint"]
         + [f"ckpt-{s}{x}" for s in (5, 6) for x in (".index", ".data-00000-of-00001")]
@@ -715,3 +731,47 @@ def test_overwrite_on_s3_whose_index_upload_fails(s3, tf2_run, tf2_other, tmp_pa
     assert directories.ls(url)["orphans"] == []
     for s in range(1, TF2_STEPS + 1):
         _restores_tf2(str(back / f"ckpt-{s}"), s)
+
+
+def test_prune_leaves_a_save_in_progress_alone(tf2_run, tmp_path):
+    """TensorFlow mid-save: its part directory ``ckpt-7_temp/`` written (SaveV2 of the part,
+    as a sharded save writes it), not merged yet. prune leaves it and a checkpoint whose
+    index temporary is fresh; the save then completes (MergeV2Checkpoints) and TensorFlow
+    reads it. An hour later the same part directory is a leftover prune removes."""
+    run = _copy(tf2_run, tmp_path)
+    part = str(run / "ckpt-7_temp" / "part-00000-of-00001")
+    value = np.arange(5, dtype=np.float32)
+    tf.raw_ops.SaveV2(prefix=part, tensor_names=["v"], shape_and_slices=[""], tensors=[value])
+    (run / "ckpt-2.index.tempstate123").write_bytes(b"")  # ckpt-2 being written again
+    rc, out, err = ch.in_process("prune", run, "--keep-last", "2", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert sorted(os.path.basename(o["path"].rstrip("/")) for o in data["in_progress"]) == [
+        "ckpt-2.index.tempstate123",
+        "ckpt-7_temp",
+    ]
+    assert [r["name"] for r in data["removed"]] == ["ckpt-1", "ckpt-3", "ckpt-4"]
+    assert (run / "ckpt-2.index").exists() and (run / "ckpt-7_temp").is_dir()
+    tf.raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=[part], destination_prefix=str(run / "ckpt-7"), delete_old_dirs=True
+    )
+    np.testing.assert_array_equal(
+        tf.train.load_checkpoint(str(run / "ckpt-7")).get_tensor("v"), value
+    )
+    _restores_tf2(str(run / "ckpt-2"), 2)
+
+    tf.raw_ops.SaveV2(prefix=part, tensor_names=["v"], shape_and_slices=[""], tensors=[value])
+    _aged(*(run / "ckpt-7_temp").iterdir(), run / "ckpt-2.index.tempstate123")
+    data = directories.prune(str(run), keep_last=2)
+    assert data["in_progress"] == [] and [r["name"] for r in data["removed"]] == [
+        "ckpt-2",
+        "ckpt-5",
+    ]
+    assert not (run / "ckpt-7_temp").exists()
+    assert sorted(os.listdir(run)) == sorted(
+        ["checkpoint"]
+        + [f"ckpt-{s}{x}" for s in (6, 7) for x in (".index", ".data-00000-of-00001")]
+    )
+    ch.assert_cli_error(
+        ch.in_process("prune", run, "--keep-last", "1", "--min-age", "nan"), "min_age"
+    )

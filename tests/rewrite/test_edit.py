@@ -381,3 +381,27 @@ def test_in_place_on_an_object_store(tmp_path):
     assert np.array_equal(got.pop("emb"), np.ones((6, 4), np.float32))
     old.pop("emb")
     assert all(np.array_equal(got[n], v) for n, v in old.items()) and sorted(got) == sorted(old)
+
+
+def test_tf1_delete_takes_the_variables_optimizer_slots(tf1, tmp_path):
+    """``--delete '^emb$'`` removes ``emb``, ``emb/Adam`` and ``emb/Adam_1``; a TF1 Saver
+    restores the output, every variable of a graph without ``emb`` (its Adam slots and
+    beta powers made by ``minimize``) found with the values it had."""
+    src = tf_values(tf1)
+    dst = str(tmp_path / "out" / "model.ckpt")
+    rc, _, err = ch.in_process("edit", tf1, dst, "--delete", "^emb$")
+    assert rc == 0, err
+    got = tf_values(dst)
+    assert sorted(got) == sorted(n for n in src if n.split("/")[0] != "emb")
+    with tf.Graph().as_default():
+        k = tf.compat.v1.get_variable("dense/kernel", shape=(4, 3))
+        b = tf.compat.v1.get_variable("dense/bias", shape=(3,))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        loss = tf.reduce_sum((tf.matmul(tf.ones((1, 4)), k) + b) ** 2)
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, global_step=step)
+        variables = tf.compat.v1.global_variables()
+        assert len(variables) == len(got)  # nothing in the graph the output lacks
+        with tf.compat.v1.Session() as s:
+            tf.compat.v1.train.Saver().restore(s, dst)  # fails on a missing variable
+            for v in variables:
+                assert np.array_equal(s.run(v), src[v.op.name]), v.op.name

@@ -22,6 +22,8 @@ tf = pytest.importorskip("tensorflow")
 
 LR, BETA1, BETA2, EPS, MOMENTUM = 0.01, 0.8, 0.99, 1e-7, 0.9
 TF1_SLOT = {"momentum": "Momentum", "adagrad": "Adagrad", "rmsprop": "RMSProp", "ftrl": "Ftrl"}
+TF1_SLOT |= {"rmsprop_centered": "RMSProp_2", "adadelta": "Adadelta_1", "adam_named": "MyAdam_1"}
+RHO_ADADELTA = 0.95
 STEPS = 3  # before the save
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -51,6 +53,16 @@ TF1_RUN = textwrap.dedent(
     loss = tf.reduce_mean(tf.square(tf.matmul(x, k) + b - y))
     if which == "adam":
         opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
+    elif which == "adam_named":  # its slots named after it: dense/kernel/MyAdam, MyAdam_1
+        opt = tf.compat.v1.train.AdamOptimizer(
+            float(lr), float(b1), float(b2), float(eps), name="MyAdam"
+        )
+    elif which == "adadelta":
+        opt = tf.compat.v1.train.AdadeltaOptimizer(float(lr), 0.95, float(eps))
+    elif which == "rmsprop_centered":
+        opt = tf.compat.v1.train.RMSPropOptimizer(
+            float(lr), 0.9, float(mom), float(eps), centered=True
+        )
     elif which == "adagrad":
         opt = tf.compat.v1.train.AdagradOptimizer(float(lr))
     elif which == "ftrl":
@@ -72,7 +84,8 @@ TF1_RUN = textwrap.dedent(
                 xs, ys = batch(i)
                 sess.run(train, {x: xs, y: ys})
             tf.compat.v1.train.Saver().save(sess, out + "/model.ckpt", write_meta_graph=False)
-        powers = sess.run(opt._get_beta_accumulators()) if which == "adam" else [0, 0]
+        adam = which in ("adam", "adam_named")
+        powers = sess.run(opt._get_beta_accumulators()) if adam else [0, 0]
         xs, ys = batch(int(steps))
         sess.run(train, {x: xs, y: ys})
         np.savez(out + "/next.npz", kernel=sess.run(k), bias=sess.run(b), powers=powers)
@@ -129,6 +142,10 @@ def keras_optimizer(optimizers, which: str):
         return optimizers.Ftrl(LR)
     if which == "rmsprop":
         return optimizers.RMSprop(LR, rho=0.9, momentum=MOMENTUM, epsilon=EPS)
+    if which == "rmsprop_centered":
+        return optimizers.RMSprop(LR, rho=0.9, momentum=MOMENTUM, epsilon=EPS, centered=True)
+    if which == "adadelta":
+        return optimizers.Adadelta(LR, rho=RHO_ADADELTA, epsilon=EPS)
     return optimizers.Adam(LR, BETA1, BETA2, EPS)
 
 
@@ -331,10 +348,11 @@ def test_graft_refuses_a_global_step_adams_powers_contradict(tf1_run, tmp_path):
     assert resumed_step("keras 3", dst)[1] == STEPS
 
 
-@pytest.mark.parametrize("optimizer", ["Nadam", "Adamax"])
+@pytest.mark.parametrize("optimizer", ["Nadam", "Adamax", "Lion"])
 def test_other_optimizers_slots_are_refused(tf1_adam, tmp_path, optimizer):
-    """A template whose optimizer has no TF1 counterpart here (Nadam, with a _u_product
-    beside Adam's lists; Adamax) is refused; nor does flatten --tf1-slots name it."""
+    """A template whose optimizer has no TF1 counterpart (Nadam, with a _u_product beside
+    Adam's lists; Adamax; Lion) is refused, naming it; nor does flatten --tf1-slots
+    name its slots."""
     import keras
 
     src = tf1_adam
@@ -344,11 +362,13 @@ def test_other_optimizers_slots_are_refused(tf1_adam, tmp_path, optimizer):
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
     with pytest.raises(
         tfckpt.CheckpointError,
-        match="of what 'dense/kernel' fills: no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's slot",
+        match=f"of what 'dense/kernel' fills: a {optimizer} slot: TF1 .* has no {optimizer}",
     ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
     result = in_process("flatten", tpl, tmp_path / "f", "--tf1-slots")
-    assert_cli_error(result, "slot, no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's")
+    assert_cli_error(
+        result, f"slot, a {optimizer} slot: TF1 (tf.compat.v1.train) has no {optimizer}"
+    )
 
 
 def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
@@ -377,10 +397,14 @@ def test_tf_keras_slots_are_tied_by_their_names_after_fit(tmp_path):
 # ---------------------------------------------------------------- momentum, adagrad, rmsprop, ftrl
 
 
-@pytest.fixture(scope="module", params=["momentum", "adagrad", "rmsprop", "ftrl"])
+OTHERS = ["momentum", "adagrad", "rmsprop", "ftrl", "rmsprop_centered", "adadelta", "adam_named"]
+
+
+@pytest.fixture(scope="module", params=OTHERS)
 def tf1_other(request, tmp_path_factory):
-    """A TF1 run with MomentumOptimizer, AdagradOptimizer, RMSPropOptimizer or
-    FtrlOptimizer (and a global_step)."""
+    """A TF1 run with MomentumOptimizer, AdagradOptimizer, RMSPropOptimizer (centred or
+    not), AdadeltaOptimizer, FtrlOptimizer or an AdamOptimizer named ``MyAdam`` (and a
+    global_step)."""
     d = tmp_path_factory.mktemp("tf1" + request.param)
     want = run_tf1(d, True, which=request.param)
     with tfckpt.open(str(d / "model.ckpt")) as c:
@@ -391,8 +415,9 @@ def tf1_other(request, tmp_path_factory):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_grafted_other_optimizers_take_the_tf1_runs_next_step(tf1_other, kind, tmp_path):
     """TF1's Momentum accumulates gradients, Keras' momentum the updates (-lr times):
-    graft scales it, and Keras' next step is TF1's; Adagrad's, RMSProp's and Ftrl's
-    slots are the same."""
+    graft scales it, and Keras' next step is TF1's; Adagrad's, RMSProp's (centred: its
+    mean gradient RMSProp_1 is Keras' average gradient), Adadelta's and Ftrl's slots are
+    the same; an Adam named MyAdam keeps its slots as MyAdam and MyAdam_1."""
     which, src, want = tf1_other
     got, step = resumed_step(kind, grafted(kind, src, tmp_path, which=which), which=which)
     assert step == STEPS
@@ -402,7 +427,9 @@ def test_grafted_other_optimizers_take_the_tf1_runs_next_step(tf1_other, kind, t
 
 @pytest.mark.parametrize(
     ("kind", "which"),
-    [(k, w) for w in ("momentum", "adagrad", "rmsprop") for k in KINDS] + [("keras 3", "ftrl")],
+    [(k, w) for w in ("momentum", "adagrad", "rmsprop") for k in KINDS]
+    + [(k, w) for w in ("rmsprop_centered", "adadelta") for k in KINDS]
+    + [("keras 3", "ftrl")],
 )
 def test_flattened_other_optimizers_take_the_keras_next_step_in_tf1(kind, which, tmp_path):
     prefix = str(tmp_path / "tf2" / "ckpt")
@@ -430,6 +457,19 @@ def test_a_legacy_optimizer_with_adams_slots_is_known_by_name(tf1_adam, tmp_path
     model.fit(np.ones((2, 3)), np.zeros((2, 2)), verbose=0)
     tpl = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "t"))
     with pytest.raises(
-        tfckpt.CheckpointError, match="no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's"
+        tfckpt.CheckpointError, match=f"a {optimizer} slot: TF1 .* has no {optimizer} optimizer"
     ):
         tfckpt.graft(tpl, src, str(tmp_path / "o"), rename=rename, adam_betas=(BETA1, BETA2))
+
+
+def test_centred_and_plain_rmsprop_are_told_apart(tmp_path_factory, tmp_path):
+    """A centred TF1 RMSProp keeps three slots (RMSProp_1 its mean gradient), a plain one
+    two (RMSProp_1 its momentum): a template of the other kind is refused, not filled
+    with the wrong slot."""
+    centred = tmp_path_factory.mktemp("centred")
+    run_tf1(centred, True, which="rmsprop_centered")
+    plain = tmp_path_factory.mktemp("plain")
+    run_tf1(plain, True, which="rmsprop")
+    for src, which in ((centred, "rmsprop"), (plain, "rmsprop_centered")):
+        with pytest.raises(tfckpt.CheckpointError, match="RMSProp optimizer's slots"):
+            grafted("keras 3", str(src / "model.ckpt"), tmp_path / which, which=which)

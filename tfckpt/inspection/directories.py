@@ -20,9 +20,11 @@ their changes stay in one place, where that order can be checked.)
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 
 from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
+from tfckpt.checkpoint.index import BundleIndex
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
 from tfckpt.io import commit as commit_files
@@ -35,6 +37,10 @@ from tfckpt.io.temporaries import stale_temporaries
 # --- scanning -------------------------------------------------------------------
 
 DATA_WITHOUT_INDEX = "data shard without an index"
+KILLED_TFCKPT = "temporary of a killed tfckpt run"  # its process is gone: never in progress
+# prune leaves a leftover this recent alone (seconds): a save may be writing it.
+MIN_AGE = 30.0
+OTHER_SAVE = "data shard of another save (its index names a different shard count)"
 
 
 @dataclass
@@ -84,6 +90,22 @@ class Scan:
         return name if found is None else found.state_name
 
 
+def _own_data(store: Storage, index: str, data: list[str]) -> tuple[list[str], list[str]]:
+    """The data files of ``data`` that the ``index`` names, and the others: where the
+    names carry more than one shard count (an in-place rewrite killed, or a replaced
+    file it could not delete), the index's header tells which save they belong to.
+    An index that cannot be read claims them all (nothing is called an orphan)."""
+    counts = {paths.parse_data_filename(n)[2] for n in data}  # type: ignore[index]
+    if len(counts) < 2:
+        return data, []
+    try:
+        num = BundleIndex(store.read_bytes(index), index, index).header.num_shards
+    except (OSError, CheckpointError):
+        return data, []
+    own = [n for n in data if paths.parse_data_filename(n)[2] == num]  # type: ignore[index]
+    return own, [n for n in data if n not in own]
+
+
 def _natural(name: str) -> tuple:
     return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name))
 
@@ -110,7 +132,7 @@ def scan(store: Storage, directory: str) -> Scan:
             continue
         if dirs.is_tfckpt_temporary(name):
             if path in stale:
-                orphans.append((path, "temporary of a killed tfckpt run"))
+                orphans.append((path, KILLED_TFCKPT))
             continue  # a live run's: not ours to touch
         kind = dirs.tensorflow_temporary(name)
         if kind is not None:
@@ -136,7 +158,9 @@ def scan(store: Storage, directory: str) -> Scan:
             orphans += [(join(directory, n), kind) for k in ("index", "data") for n in g[k]]
             continue
         if g["index"]:
-            files, fmt, shards = [*g["data"], *g["meta"], *g["index"]], "V2", len(g["data"])
+            own, others = _own_data(store, join(directory, g["index"][0]), g["data"])
+            orphans += [(join(directory, n), OTHER_SAVE) for n in others]
+            files, fmt, shards = [*own, *g["meta"], *g["index"]], "V2", len(own)
         elif g["v1"]:
             files, fmt, shards = [*g["meta"], *g["v1"]], "V1", len(g["v1"])
         else:
@@ -268,6 +292,7 @@ def prune(
     keep_every_steps: int | None = None,
     keep: tuple[int, ...] | list[int] = (),
     dry_run: bool = False,
+    min_age: float = MIN_AGE,
     storage_options: StorageOptions | None = None,
 ) -> dict:
     """Keep the ``keep_last`` newest numbered checkpoints of ``directory``, those whose
@@ -282,9 +307,18 @@ def prune(
 
     The new state file is written first, naming only checkpoints kept; then each
     checkpoint to go loses its index, then its other files. ``dry_run``: only say what
-    would go. Returns ``{"directory", "kept", "removed": [{"name", "step", "files"}],
-    "orphans": [{"path", "kind"}], "state_file": {"latest", "checkpoints"} | None,
-    "dry_run"}``.
+    would go.
+
+    A run saving into the directory meanwhile: a leftover written less than
+    ``min_age`` seconds ago (a part directory by its newest file) may be a save in
+    progress and stays, and so does a checkpoint such a leftover names (its
+    ``NAME_temp`` part directory, ``NAME.index.tempstate...``); both are listed in
+    ``in_progress``. (The state file a saving run writes after its save may still name
+    checkpoints pruned meanwhile: TensorFlow's manager skips those that are gone.)
+
+    Returns ``{"directory", "kept", "removed": [{"name", "step", "files"}],
+    "orphans": [{"path", "kind"}], "in_progress": [{"path", "kind"}],
+    "state_file": {"latest", "checkpoints"} | None, "dry_run"}``.
 
     >>> prune("train", keep_last=3, keep_every_steps=10000)["kept"]
     ['model.ckpt-10000', 'model.ckpt-20000', 'model.ckpt-24000', ...]
@@ -297,11 +331,14 @@ def prune(
         raise CheckpointError(
             f"keep_every_steps must be a whole number >= 1, not {keep_every_steps!r}"
         )
+    if not isinstance(min_age, (int, float)) or not min_age >= 0 or min_age == float("inf"):
+        raise CheckpointError(f"min_age must be a number of seconds >= 0, not {min_age!r}")
     directory = normalize(directory)
     store = storage_for(directory, storage_options)
     s = scan(store, _directory(store, directory))
     if s.state_error is not None:
         raise CheckpointError(f"cannot prune: {s.state_error}")
+    busy = _in_progress(s, min_age)
     numbered = [c for c in s.checkpoints if c.step is not None]
     recent = numbered[-keep_last:]
     wanted = set(keep)
@@ -311,14 +348,16 @@ def prune(
         assert step is not None
         if step in wanted or (keep_every_steps and step % keep_every_steps == 0):
             preserved.append(c)
-        else:
+        elif not _named_by(store, c, busy):
             removed.append(c)
     state = _manager_state(s, recent, preserved)
+    orphans = [(p, k) for p, k in s.orphans if p not in busy]
     result = {
         "directory": s.directory,
         "kept": [c.name for c in s.checkpoints if c not in removed],
         "removed": [{"name": c.name, "step": c.step, "files": c.files} for c in removed],
-        "orphans": [{"path": p, "kind": k} for p, k in s.orphans],
+        "orphans": [{"path": p, "kind": k} for p, k in orphans],
+        "in_progress": [{"path": p, "kind": k} for p, k in s.orphans if p in busy],
         "state_file": None if state is None else {"latest": state[0], "checkpoints": state[1]},
         "dry_run": dry_run,
     }
@@ -328,9 +367,46 @@ def prune(
         dirs.replace_state_file(store, s.directory, dirs.state_bytes(*state))
     for c in removed:
         _delete_checkpoint(store, c)
-    for path, _ in s.orphans:
+    for path, _ in orphans:
         dirs.remove(store, path.rstrip(store.sep), tree=path.endswith(store.sep))
     return result
+
+
+def _in_progress(s: Scan, min_age: float) -> set[str]:
+    """The leftovers of ``s`` written less than ``min_age`` seconds ago (a directory: its
+    newest entry); one that cannot be looked at counts as written now. A tfckpt
+    temporary whose process is gone is no save in progress."""
+    if min_age <= 0:
+        return set()
+    store, now, busy = s.store, time.time(), set()
+    for path, kind in s.orphans:
+        if kind == KILLED_TFCKPT:
+            continue
+        try:
+            if path.endswith(store.sep):
+                top = path.rstrip(store.sep)
+                entries = [store.join(top, n) for n in store.listdir(top)]
+                times = [store.stat(e)[1] for e in entries if not store.isdir(e)]
+                newest = max(times, default=0.0)
+            else:
+                newest = store.stat(path)[1]
+        except FileNotFoundError:
+            continue  # gone already: nothing to keep
+        except (OSError, CheckpointError):
+            newest = now
+        if now - newest < min_age:
+            busy.add(path)
+    return busy
+
+
+def _named_by(store: Storage, c: Stored, busy: set[str]) -> bool:
+    """Whether a leftover in ``busy`` is one of checkpoint ``c``'s save (its part
+    directory ``NAME_temp...``, a ``NAME.index.tempstate...``, an S3 part)."""
+    for path in busy:
+        name = store.basename(path.rstrip(store.sep))
+        if name.startswith((f"{c.name}_temp", f"{c.name}.")):
+            return True
+    return False
 
 
 def _manager_state(

@@ -23,7 +23,7 @@ from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, attribute_tensors
-from tfckpt.format.tf2names import VARIABLE_VALUE
+from tfckpt.format.optimizers import optimizer_state
 from tfckpt.io import paths
 from tfckpt.io.storage import StorageOptions
 from tfckpt.rewrite.edits import (
@@ -105,8 +105,10 @@ def edit(
       without loss (a decimal literal takes the dtype's nearest value).
     - ``add={name: "@file.npy" or array}``: a new tensor. A TF2 source refuses it (a new
       variable needs an object-graph node) unless ``as_tf1``, which writes no object graph.
-    - ``delete=[regex, ...]``: tensors whose name (or TF2 flat name) the regex finds; in
-      a TF2 checkpoint their objects go from the graph, with their optimizer slots.
+    - ``delete=[regex, ...]``: tensors whose name (or TF2 flat name) the regex finds,
+      with their optimizer slots (TF1: ``VAR/Adam``, ``VAR/Adam_1``, ``VAR/Momentum``...,
+      any ``VAR/NAME`` or ``VAR/NAME_N`` of the variable's shape, ``NAME`` capitalised as
+      TF1 optimizers' names are); in a TF2 checkpoint their objects go from the graph.
     - ``fill={name: "zeros" | "ones" | value}``, ``scale={name: factor}`` (floating point:
       the product in float64, rounded once to the dtype).
     - ``resize={regex: rows or "ROWS[:init]"}``: axis ``axis`` cut or grown to ``rows``.
@@ -263,7 +265,12 @@ class _Editor:
             for n in hits:
                 gone.setdefault(n, f"deleted (--delete {rx.pattern!r})")
         g = self.s.graph
+        if g is None:  # a TF1 variable's slots are tensors of their own: they go with it
+            for n in list(gone):
+                for t in self.slots(n):
+                    gone.setdefault(t, f"an optimizer slot of {n}, which was deleted")
         if g is not None:
+            tied = {n: self.slots(n) for n in gone}  # before the graph loses them
             present = set(self.names)
             keys = g.checkpoint_keys()
             of_tensor = {t: k for k in keys for t in attribute_tensors(k, present)}
@@ -277,8 +284,23 @@ class _Editor:
             missing = g.missing_keys(present - set(gone))
             if missing:
                 raise self.err(f"deleting leaves the object graph without {missing[0]!r}")
+            self.no_listed_slots_left(tied, gone)
         self.names = [n for n in self.names if n not in gone]
         return [(self.label, n, why) for n, why in gone.items()]
+
+    def no_listed_slots_left(self, tied: Mapping[str, list[str]], gone: Mapping) -> None:
+        """Refuse a deleted variable whose optimizer keeps its state in lists (Keras 3,
+        tf.keras 2's own optimizers): its entries stay, and the lists are positional,
+        so an optimizer of the model without the variable would not restore them."""
+        for n, slots in tied.items():
+            left = [t for t in slots if t not in gone]
+            if left:
+                raise self.err(
+                    f"--delete: its optimizer keeps its state in lists ({left[0]!r}), "
+                    "whose entries edit does not renumber; write the output with "
+                    "--as-tf1, or graft it onto a template of the model without it",
+                    n,
+                )
 
     def planned(self) -> list[PlannedTensor]:
         infos = self.s.ckpt.table(self.names).infos()
@@ -395,8 +417,38 @@ class _Editor:
                 axis = self.axis(pt, edits.axis, what)
                 rows = rows_for(pt.info.shape[axis])
                 self.remap(pt, Rows(axis, rows, init, std, seed), what, init)
-                for slot in self.slots(pt):
+                self.no_loose_state(pt, axis, by_name, what)
+                for slot in self.slots(pt.name):
+                    if by_name[slot].info.shape != pt.info.shape:  # a factored one (Adafactor)
+                        raise self.err(
+                            f"{what}: its optimizer slot {slot!r} has shape "
+                            f"{list(by_name[slot].info.shape)}, not the variable's "
+                            f"{list(pt.info.shape)}: cannot take the same rows",
+                            hit,
+                        )
                     self.remap(by_name[slot], Rows(axis, rows), f"{what} (slot of {hit})", "zeros")
+
+    def no_loose_state(
+        self, pt: PlannedTensor, axis: int, by_name: Mapping[str, PlannedTensor], what: str
+    ) -> None:
+        """Refuse when an optimizer holds a tensor tied to no variable that may hold this
+        variable's rows (one of its dimensions that size: an Adafactor's factors), which
+        would keep the old rows beside the new variable."""
+        if self.s.graph is None:
+            return
+        if not hasattr(self, "_loose"):
+            state = optimizer_state(self.s.graph)
+            self._loose = sorted(k for k in state.other | state.untied if k in by_name)
+        rows = pt.info.shape[axis]
+        for key in self._loose:
+            shape = by_name[key].info.shape
+            if rows in shape:
+                raise self.err(
+                    f"{what}: the optimizer's {key!r} (shape {list(shape)}) is not a slot "
+                    "tied to a variable, and may hold rows of this one (an optimizer "
+                    "tfckpt does not know, e.g. Adafactor)",
+                    pt.name,
+                )
 
     def axis(self, pt: PlannedTensor, axis: int, what: str) -> int:
         shape = pt.info.shape
@@ -421,14 +473,17 @@ class _Editor:
             self._slot_set = {t for n in self.names for t in self.slots_of_name(n)}
         return self._slot_set
 
-    def slots(self, pt: PlannedTensor) -> list[str]:
-        return [t for t in self.slots_of_name(pt.name) if t != pt.name]
+    def slots(self, name: str) -> list[str]:
+        """The optimizer slots of the variable ``name``."""
+        return [t for t in self.slots_of_name(name) if t != name]
 
     def slots_of_name(self, name: str) -> list[str]:
-        """The optimizer slots of variable ``name``: TF2 slot variables of its node; in a
-        TF1 checkpoint the tensors ``NAME/SLOT`` of its shape, SLOT named as TF1 optimizers
-        name them (``Adam``, ``Adam_1``, ``Momentum``, ``RMSProp_1``: capitalised, where
-        a variable's own children are ``kernel``, ``bias``...)."""
+        """The optimizer slots of variable ``name``: TF2 slot variables of its node, or the
+        entries of a Keras optimizer's lists that are its (see
+        :func:`~tfckpt.format.optimizers.optimizer_state`); in a TF1 checkpoint the
+        tensors ``NAME/SLOT`` of its shape, SLOT named as TF1 optimizers name them
+        (``Adam``, ``Adam_1``, ``Momentum``, ``RMSProp_1``: capitalised, where a
+        variable's own children are ``kernel``, ``bias``...)."""
         g = self.s.graph
         if g is None:
             if not hasattr(self, "_shapes"):
@@ -443,16 +498,14 @@ class _Editor:
                 and _TF1_SLOT.fullmatch(n[len(name) + 1 :])
                 and self._shapes[n] == shape
             ]
-        keys = g.checkpoint_keys()
-        node = keys.get(name)
-        if node is None:
-            return []
-        out = []
-        for _, slot in g.slot_variables_of(node):
-            for a in g.nodes[slot].attributes:
-                if a.name == VARIABLE_VALUE and a.checkpoint_key in self.s.ckpt:
-                    out.append(a.checkpoint_key)
-        return out
+        if not hasattr(self, "_slot_map"):
+            # Slot variables, and the lists of Keras 3's and tf.keras 2's own optimizers
+            # (``optimizer/_variables/N``), each tied to its variable as graft ties them.
+            self._slot_map: dict[str, list[str]] = {}
+            for slot, (var, _) in optimizer_state(g).slots.items():
+                if slot in self.s.ckpt:
+                    self._slot_map.setdefault(var, []).append(slot)
+        return self._slot_map.get(name, [])
 
     def added(self, add: Mapping[str, object]) -> list[PlannedTensor]:
         """New tensors: ``add``'s, from ``.npy`` files or arrays."""

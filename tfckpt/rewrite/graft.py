@@ -15,6 +15,9 @@ alone reaches the object), and for a slot variable its variable's flat name, ``/
 and the slot's name (``model/dense/kernel/m``), as a TF1 optimizer names its slots.
 Mostly the flat name is the path; they differ for slots, and where a key runs
 through the optimizer (Keras 3: ``optimizer/_trainable_variables/0``).
+
+(A little past 600 lines: placing a TF1 optimizer's state stays beside the matching
+by name it completes.)
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ from tfckpt.rewrite.tf1slots import (
     BETA_POWERS,
     GLOBAL_STEP,
     MOMENTUM,
+    children,
     learning_rate,
+    no_tf1_slot,
+    slot_suffix,
     steps_from_powers,
     tf1_names,
     tf1_slot,
@@ -251,16 +257,21 @@ def _place_optimizer_state(
     used: set[tuple[int, str]] = set()
     missing: list[str] = []
     scales: dict[str, float] = {}
+    below: dict[int, dict[str, set[str]]] = {}  # per source: children's names by parent
     for t, (var, role) in state.slots.items():
         if t not in present or t in found or not found.get(var):
             continue
         tf1 = tf1_slot(state, t)
-        suffix = None if tf1 is None else tf1[1]
         pairs = [p for where in found[var].values() for p in where]
         hits: _Hits = {}
         for i, n in pairs:
-            if suffix is not None and f"{n}/{suffix}" in usable[i]:
-                hits.setdefault(f"{n}/{suffix}", []).append((i, f"{n}/{suffix}"))
+            if tf1 is None:
+                continue
+            if i not in below:
+                below[i] = children(usable[i])
+            named = slot_suffix(tf1[0], tf1[1], below[i].get(n, set()))
+            if named is not None:
+                hits.setdefault(f"{n}/{named}", []).append((i, f"{n}/{named}"))
         if hits:
             found[t] = hits
             used.update(p for where in hits.values() for p in where)
@@ -269,9 +280,10 @@ def _place_optimizer_state(
         elif t not in kept:
             i, n = pairs[0]
             why = (
-                f"no {n + '/' + suffix!r} in {srcs[i].label}"
-                if suffix is not None
-                else "no TF1 Adam's, Momentum's, Adagrad's, RMSProp's or Ftrl's slot"
+                no_tf1_slot(state, t)
+                if tf1 is None
+                else f"no {n + '/' + tf1[1]!r} in {srcs[i].label} (nor one TF1 "
+                f"{tf1[0].name} optimizer's slots under another name)"
             )
             missing.append(f"{t!r} ({role.strip('_')} of what {n!r} fills: {why})")
     if missing:

@@ -1,6 +1,9 @@
 """TF1 optimizers' slots as TF2 optimizers keep them (Adam, Momentum, Adagrad,
-RMSProp, Ftrl), and TF1 Adam's step count from its ``beta1_power`` and ``beta2_power``,
-and back.
+RMSProp, centred RMSProp, Adadelta, Ftrl), and TF1 Adam's step count from its
+``beta1_power`` and ``beta2_power``, and back. A TF1 optimizer made with ``name=``
+names its slots after that name (``VAR/MyAdam``, ``VAR/MyAdam_1``), not its powers
+(``beta1_power`` whatever its name). Keras' Nadam, Adamax, Lion, Lamb and Adafactor
+have no TF1 counterpart: their slots are refused, naming them.
 
 ``tf.compat.v1.train.AdamOptimizer`` keeps no step: it starts ``beta1_power`` at
 ``beta1`` and multiplies it by ``beta1`` after each update (in the variables' dtype,
@@ -12,6 +15,7 @@ Both powers are replayed here, rounding as TensorFlow rounds, to find ``n``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,7 +91,54 @@ FTRL = TF1Optimizer(
     {"accumulator": "Ftrl", "linear": "Ftrl_1", "_accumulators": "Ftrl", "_linears": "Ftrl_1"},
     frozenset({"ftrl"}),
 )
-TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD, RMSPROP, FTRL)
+# TF1 RMSProp(centered=True) makes its slots rms, mg, momentum in that order: RMSProp,
+# RMSProp_1, RMSProp_2; Keras keeps mg as its average gradient.
+CENTERED_RMSPROP = TF1Optimizer(
+    "RMSProp",
+    (
+        frozenset({"rms", "mg", "momentum"}),
+        frozenset({"rms", "mg"}),
+        frozenset({"_velocities", "_average_gradients", "_momentums", "+order"}),
+        frozenset({"_velocities", "_average_gradients", "_momentums"}),
+        frozenset({"_velocities", "_average_gradients"}),
+    ),
+    {
+        "rms": "RMSProp",
+        "mg": "RMSProp_1",
+        "momentum": "RMSProp_2",
+        "_velocities": "RMSProp",
+        "_average_gradients": "RMSProp_1",
+        "_momentums": "RMSProp_2",
+    },
+    frozenset({"rmsprop", "rm_sprop"}),
+)
+# TF1 Adadelta's accum and accum_update (Adadelta, Adadelta_1) are Keras' accumulated
+# gradients and accumulated updates.
+ADADELTA = TF1Optimizer(
+    "Adadelta",
+    (
+        frozenset({"accum_grad", "accum_var"}),
+        frozenset({"_accumulated_grads", "_accumulated_delta_vars"}),
+    ),
+    {
+        "accum_grad": "Adadelta",
+        "accum_var": "Adadelta_1",
+        "_accumulated_grads": "Adadelta",
+        "_accumulated_delta_vars": "Adadelta_1",
+    },
+    frozenset({"adadelta"}),
+)
+TF1_OPTIMIZERS = (ADAM, MOMENTUM, ADAGRAD, RMSPROP, CENTERED_RMSPROP, ADADELTA, FTRL)
+TF1_KINDS = "TF1 Adam's, Momentum's, Adagrad's, Adadelta's, RMSProp's or Ftrl's"
+# Keras optimizers tf.compat.v1.train has no counterpart of (known by their name, or
+# by their lists: Adamax's _m and _u, Nadam's Adam lists beside its _u_product).
+NOT_IN_TF1 = {"nadam": "Nadam", "adamax": "Adamax", "lion": "Lion", "lamb": "Lamb"}
+NOT_IN_TF1 |= {"adafactor": "Adafactor"}
+_KINDS_NOT_IN_TF1 = {
+    frozenset({"_m", "_u"}): "Adamax",
+    frozenset({"_momentums", "_velocities", "+extra"}): "Nadam",
+    frozenset({"_momentums"}): "Lion",
+}
 # Keras' names of its optimizers (their variables' names begin with them unless the
 # user named it): one of another kind is refused though its slots look alike (a
 # tf.keras 2 legacy Adamax or Nadam keeps Adam's very m and v).
@@ -97,14 +148,63 @@ KERAS_NAMES = frozenset(
 )
 
 
+def _keras_name(state: OptimizerState, slot: str) -> str:
+    """The Keras name of ``slot``'s optimizer, less the ``_N`` Keras 3 adds to a second
+    one of a kind (``rm_sprop_1``)."""
+    return re.sub(r"_[0-9]+$", "", state.names.get(slot, ""))
+
+
 def tf1_slot(state: OptimizerState, slot: str) -> tuple[TF1Optimizer, str] | None:
     """The TF1 optimizer whose slot the TF2 ``slot`` is, and that slot's name (``Adam``,
     ``Adam_1``, ``Momentum``); None where its optimizer is none of TF1_OPTIMIZERS."""
-    kind, name = state.kinds.get(slot), state.names.get(slot, "")
+    kind, name = state.kinds.get(slot), _keras_name(state, slot)
     for opt in TF1_OPTIMIZERS:
         if kind in opt.kinds and (name not in KERAS_NAMES or name in opt.keras_names):
             return opt, opt.slots[state.slots[slot][1]]
     return None
+
+
+def no_tf1_slot(state: OptimizerState, slot: str) -> str:
+    """Why the TF2 ``slot`` is no TF1 optimizer's slot, in words."""
+    name = NOT_IN_TF1.get(_keras_name(state, slot)) or _KINDS_NOT_IN_TF1.get(
+        state.kinds.get(slot, frozenset())
+    )
+    if name is not None:
+        return f"a {name} slot: TF1 (tf.compat.v1.train) has no {name} optimizer"
+    return f"no {TF1_KINDS} slot"
+
+
+def children(names) -> dict[str, set[str]]:
+    """The last parts of ``names`` by the name above them (``dense/kernel/Adam``:
+    ``Adam`` below ``dense/kernel``)."""
+    out: dict[str, set[str]] = {}
+    for name in names:
+        head, sep, tail = name.rpartition("/")
+        if sep:
+            out.setdefault(head, set()).add(tail)
+    return out
+
+
+def slot_suffix(opt: TF1Optimizer, default: str, tails: set[str]) -> str | None:
+    """The name a TF1 run gave the slot TF1 names ``default`` (``Adam_1``) by default:
+    ``tails`` are the last parts of the names below the variable (``Adam``,
+    ``Adam_1``, ``ExponentialMovingAverage``). A TF1 optimizer made with ``name=``
+    names its slots after it (``MyAdam``, ``MyAdam_1``); the one name NAME under which
+    exactly this optimizer's slots are (NAME, NAME_1, ...) is taken, the default
+    first. None where there is no such name, or more than one."""
+    index = int(default[len(opt.name) + 1 :] or 0)
+    count = len(set(opt.slots.values()))
+    bases = [opt.name] + sorted({re.sub(r"_[0-9]+$", "", t) for t in tails} | tails)
+    found = []
+    for base in dict.fromkeys(bases):
+        below = {t for t in tails if t == base or re.fullmatch(re.escape(base) + r"_[0-9]+", t)}
+        if below == {base, *(f"{base}_{k}" for k in range(1, count))}:
+            found.append(base)
+            if base == opt.name:
+                break
+    if len(found) != 1:
+        return None
+    return found[0] if index == 0 else f"{found[0]}_{index}"
 
 
 def learning_rate(state: OptimizerState, slot: str, ckpt) -> float:
@@ -171,7 +271,8 @@ def tf1_names(
     """Name a TF2 Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's state as TF1's
     optimizers do, in ``names`` (key → new name, every variable's given): each slot
     its variable's new name and its TF1 slot's (``/Adam``, ``/Adam_1``, ``/Momentum``,
-    ``/Adagrad``, ``/RMSProp``, ``/RMSProp_1``, ``/Ftrl``, ``/Ftrl_1``), the step count
+    ``/Adagrad``, ``/RMSProp``, ``/RMSProp_1`` (``/RMSProp_2`` centred), ``/Adadelta``,
+    ``/Adadelta_1``, ``/Ftrl``, ``/Ftrl_1``), the step count
     ``global_step``. Returns the factors of the slots to scale (a momentum's:
     -1/learning_rate) and what TF1 Adam keeps besides: ``beta1_power`` and
     ``beta2_power`` after that many steps (read from ``ckpt``)."""
@@ -183,8 +284,7 @@ def tf1_names(
         found = tf1_slot(state, slot)
         if found is None:
             raise CheckpointError(
-                f"{slot!r} is its optimizer's {role.strip('_')!r} slot, no TF1 Adam's, "
-                "Momentum's, Adagrad's, RMSProp's or Ftrl's",
+                f"{slot!r} is its optimizer's {role.strip('_')!r} slot, {no_tf1_slot(state, slot)}",
                 path=ckpt.prefix,
             )
         opt, suffix = found

@@ -53,6 +53,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         keep_every_steps=args.keep_every_steps,
         keep=args.keep,
         dry_run=args.dry_run,
+        min_age=args.min_age,
         storage_options=args.storage_options,
     )
     if args.json:
@@ -63,6 +64,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         emit(f"{verb} {c['name']} ({len(c['files'])} files)")
     for o in data["orphans"]:
         emit(f"{verb} {o['path']} ({o['kind']})")
+    for o in data["in_progress"]:
+        emit(f"left {o['path']} ({o['kind']}, written under --min-age ago: a save in progress?)")
     kept = ", ".join(data["kept"]) or "nothing"
     emit(f"{'would keep' if data['dry_run'] else 'kept'} {kept}")
     return 0

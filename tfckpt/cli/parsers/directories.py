@@ -38,7 +38,8 @@ def add_prune(sub: Subparsers) -> None:
         "interrupted saves; rewrite the state file as tf.train.CheckpointManager "
         "(max_to_keep=N) leaves it, the other kept checkpoints preserved for good. The "
         "state file is written before anything is deleted. Checkpoints whose name ends "
-        "in no step are kept. Do not prune a directory a run is saving into.",
+        "in no step are kept. A leftover written less than --min-age seconds ago may "
+        "be a save in progress: it stays, and so does the checkpoint it is part of.",
     )
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--keep-last", type=int, required=True, metavar="N", help="N >= 1")
@@ -49,6 +50,13 @@ def add_prune(sub: Subparsers) -> None:
         "--keep", type=int, nargs="+", default=[], metavar="STEP", help="also keep these steps"
     )
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    p.add_argument(
+        "--min-age",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="leave leftovers younger than this alone (default 30; 0: remove them all)",
+    )
     opt.add_json(p)
     p.set_defaults(func="directories.cmd_prune")
 
