@@ -1,0 +1,65 @@
+"""Histograms of magnitudes on a log2 scale, accumulated chunk by chunk.
+
+One bin per binary exponent: bin ``k`` counts the magnitudes in ``[2**k, 2**(k+1))``.
+The bins are exact (``numpy.frexp`` gives the exponent of every float without rounding),
+so the boundaries of every IEEE format's normal and subnormal ranges, which are powers
+of two, fall on bin edges; and the memory a tensor needs is one counter per exponent
+its values use, whatever its size. ``stats`` keeps one for the values of each tensor,
+``compare_values`` one for the relative errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# frexp's exponents of float64, subnormals included, lie in [-1073, 1024].
+_OFFSET = 1100
+_BINS = 2200
+_FREXP_TYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+class Log2Histogram:
+    """Counts of magnitudes per binary exponent, plus zeros and non-finite values.
+
+    >>> h = Log2Histogram()
+    >>> h.add(np.array([0.0, 0.3, 1.0, 1.5, 3.0, np.inf]))
+    >>> h.result()
+    {'first': -2, 'counts': [1, 0, 2, 1], 'zeros': 1, 'nonfinite': 1}
+    """
+
+    def __init__(self) -> None:
+        self._counts: np.ndarray | None = None  # allocated when a finite non-zero comes
+        self.zeros = 0
+        self.nonfinite = 0  # inf and NaN
+
+    def add(self, values: np.ndarray) -> None:
+        """Count the magnitudes of ``values`` (any real floating-point or integer array)."""
+        x = values.reshape(-1)
+        if x.dtype not in _FREXP_TYPES:  # integers, bfloat16, float8: exact in float64
+            x = x.astype(np.float64)
+        x = np.abs(x)
+        finite = np.isfinite(x)
+        self.nonfinite += int(x.size - np.count_nonzero(finite))
+        nonzero = x != 0
+        self.zeros += int(np.count_nonzero(~nonzero & finite))
+        x = x[finite & nonzero]
+        if not x.size:
+            return
+        _, exponent = np.frexp(x)  # x = m * 2**e with m in [0.5, 1): floor(log2 x) = e - 1
+        bins = np.bincount(exponent.astype(np.int64) - 1 + _OFFSET, minlength=_BINS)
+        if self._counts is None:
+            self._counts = np.zeros(_BINS, np.int64)
+        self._counts += bins
+
+    def result(self) -> dict:
+        """``{"first": k, "counts": [...], "zeros", "nonfinite"}``: ``counts[i]`` is the
+        number of magnitudes in ``[2**(k+i), 2**(k+i+1))``, trimmed to the bins in use
+        (``first`` is None and ``counts`` empty when there is none)."""
+        first: int | None = None
+        counts: list[int] = []
+        if self._counts is not None:
+            used = np.flatnonzero(self._counts)
+            lo, hi = int(used[0]), int(used[-1])
+            first = lo - _OFFSET
+            counts = [int(c) for c in self._counts[lo : hi + 1]]
+        return {"first": first, "counts": counts, "zeros": self.zeros, "nonfinite": self.nonfinite}
