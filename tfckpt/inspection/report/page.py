@@ -25,7 +25,7 @@ body { margin: 0; font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, s
 main { max-width: 1320px; margin: 0 auto; padding: 24px 28px 48px; }
 h1 { font-size: 22px; margin: 0 0 4px; }
 h2 { font-size: 17px; margin: 32px 0 10px; }
-.meta { color: var(--muted); margin: 0 0 18px; word-break: break-all; }
+.meta { color: var(--muted); margin: 0 0 18px; overflow-wrap: anywhere; }
 .card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 14px 18px; }
 .summary ul { margin: 6px 0 0; padding-left: 20px; }
 .summary li { margin: 4px 0; }
@@ -42,14 +42,15 @@ figure.overview { background: #fff; border: 1px solid var(--line); border-radius
                   padding: 8px 12px; }
 figure.tensor { background: #fff; border: 1px solid var(--line); border-radius: 8px;
                 padding: 10px 12px 4px; }
-figcaption { color: var(--muted); font-size: 12.5px; margin-bottom: 4px; word-break: break-all; }
+figcaption { color: var(--muted); font-size: 12.5px; margin-bottom: 4px; overflow-wrap: anywhere; }
 figcaption b { color: var(--ink); font-size: 13.5px; }
 .table-wrap { overflow-x: auto; }
 table { border-collapse: collapse; width: 100%; font-size: 11.5px; background: #fff; }
 th, td { padding: 3px 5px; border-bottom: 1px solid var(--line); text-align: right;
          white-space: nowrap; }
 th { background: #eef2f6; position: sticky; top: 0; }
-td.name, th.name { text-align: left; white-space: normal; word-break: break-all; min-width: 12em; }
+td.name, th.name { text-align: left; white-space: normal; overflow-wrap: anywhere;
+                   min-width: 12em; }
 td.text { text-align: left; }
 tr.lossy td { background: #fff7ef; }
 code { font-size: 12.5px; }
@@ -193,6 +194,11 @@ def _cell(key: str, value) -> str:
     return f'<td data-key="{key}"{cls}>{escape(text)}</td>'
 
 
+def _breakable(name: str) -> str:
+    """``name`` escaped, with line-break opportunities after its scope separators."""
+    return escape(name).replace("/", "/<wbr>")
+
+
 def _table_html(data: dict) -> str:
     stats = {t["name"]: t for t in data["stats"]["tensors"]}
     columns = _COLUMNS + (_ERROR_COLUMNS if data["kind"] == "convert" else [])
@@ -208,7 +214,7 @@ def _table_html(data: dict) -> str:
         lossy = ' class="lossy"' if row["affected"] else ""
         rows.append(
             f'<tr{lossy} data-name="{escape(row["name"])}"><td class="name">'
-            f"{escape(row['name'])}</td>{cells}</tr>"
+            f"{_breakable(row['name'])}</td>{cells}</tr>"
         )
     return (
         f'<div class="table-wrap"><table id="tensors"><thead><tr>{head}</tr></thead>'
