@@ -15,7 +15,7 @@ import numpy as np
 
 # Magnitudes away from every rounding edge of float16 (2**-25, 2**-14, 65504..65520), so
 # that the log2 bins they fall in say exactly what the cast does to them.
-TO_ZERO = [1e-9, -3e-9, 2e-10]  # below 2**-25: round to 0
+TO_ZERO = [1e-9, -3e-9, 2e-10, 1e-40]  # below 2**-25: round to 0 (1e-40: float32 subnormal)
 SUBNORMAL = [1e-6, -4e-7, 3e-6, 2e-5, -5e-8]  # between 2**-25 and 2**-15
 OVERFLOW = [7e4, -1e5]  # beyond 65520: inf
 

@@ -15,7 +15,13 @@ import numpy as np
 # frexp's exponents of float64, subnormals included, lie in [-1073, 1024].
 _OFFSET = 1100
 _BINS = 2200
-_FREXP_TYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+# Per IEEE type read directly: its bits as unsigned integers, the mantissa's width, the
+# exponent field's mask and its bias. Other types are widened exactly to one of these.
+_LAYOUTS = {
+    np.dtype(np.float16): (np.uint16, 10, 0x1F, 15),
+    np.dtype(np.float32): (np.uint32, 23, 0xFF, 127),
+    np.dtype(np.float64): (np.uint64, 52, 0x7FF, 1023),
+}
 
 
 class Log2Histogram:
@@ -35,21 +41,30 @@ class Log2Histogram:
     def add(self, values: np.ndarray) -> None:
         """Count the magnitudes of ``values`` (any real floating-point or integer array)."""
         x = values.reshape(-1)
-        if x.dtype not in _FREXP_TYPES:  # integers, bfloat16, float8: exact in float64
-            x = x.astype(np.float64)
-        x = np.abs(x)
-        finite = np.isfinite(x)
-        self.nonfinite += int(x.size - np.count_nonzero(finite))
-        nonzero = x != 0
-        self.zeros += int(np.count_nonzero(~nonzero & finite))
-        x = x[finite & nonzero]
-        if not x.size:
-            return
-        _, exponent = np.frexp(x)  # x = m * 2**e with m in [0.5, 1): floor(log2 x) = e - 1
-        bins = np.bincount(exponent.astype(np.int64) - 1 + _OFFSET, minlength=_BINS)
+        if x.dtype not in _LAYOUTS:  # integers, bfloat16, float8, other byte orders
+            wide = x.dtype.kind in "iub" or x.dtype.itemsize > 4
+            x = x.astype(np.float64 if wide else np.float32)
+        bits, mantissa, mask, bias = _LAYOUTS[x.dtype]
+        # A normal number's exponent field is its bin: no arithmetic on the values.
+        field = (x.view(bits) >> bits(mantissa)) & bits(mask)
+        per_field = np.bincount(
+            field.view(f"i{x.itemsize}") if x.itemsize == 8 else field, minlength=mask + 1
+        )
+        self.nonfinite += int(per_field[mask])
+        if per_field[1:mask].any():
+            self._bins()[_OFFSET + 1 - bias : _OFFSET + mask - bias] += per_field[1:mask]
+        if per_field[0]:  # zeros and subnormals: the exponent field is 0
+            small = x[field == 0]
+            small = small[small != 0]
+            self.zeros += int(per_field[0]) - small.size
+            if small.size:
+                _, exponent = np.frexp(small.astype(np.float64))  # |x| = m * 2**e, m in [0.5, 1)
+                self._bins()[:] += np.bincount(exponent - 1 + _OFFSET, minlength=_BINS)
+
+    def _bins(self) -> np.ndarray:
         if self._counts is None:
             self._counts = np.zeros(_BINS, np.int64)
-        self._counts += bins
+        return self._counts
 
     def result(self) -> dict:
         """``{"first": k, "counts": [...], "zeros", "nonfinite"}``: ``counts[i]`` is the

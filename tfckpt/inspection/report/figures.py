@@ -14,7 +14,7 @@ import re
 
 import matplotlib
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 # The colours of the target's ranges: red where values are lost, orange where they keep
 # fewer bits, blue where a cast only rounds; the bars take the colour of their range.
@@ -37,8 +37,21 @@ _STYLE = {
 }
 
 
-def _power_of_two(value, _pos) -> str:
-    return f"$2^{{{int(value)}}}$" if value == int(value) else ""
+_SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_two(k: int) -> str:
+    """``2ᵏ`` in plain text (superscript digits): mathtext would take most of the time of
+    drawing a figure, laying out its tick labels."""
+    return "2" + str(k).translate(_SUPERSCRIPTS)
+
+
+def _power_of_two_tick(value, _pos) -> str:
+    return power_of_two(int(value)) if value == int(value) else ""
+
+
+def _count_tick(value, _pos) -> str:
+    return f"{value:,.0f}" if value >= 1 else ""
 
 
 def _band_of(k: float, band: dict) -> str:
@@ -77,12 +90,15 @@ def _bars(ax, xs: list[int], ys: list[int], colours: list[str]) -> None:
     if max(ys) >= 20:  # counts over decades: a log scale, so that single values show
         ax.set_yscale("log")
         ax.set_ylim(0.6, max(ys) * 3)
+        ax.yaxis.set_major_locator(LogLocator(base=10))
+        ax.yaxis.set_major_formatter(FuncFormatter(_count_tick))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     else:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, max(ys) * 1.25)
     ax.set_ylabel("values")
     ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, steps=[1, 2, 5, 10]))
-    ax.xaxis.set_major_formatter(FuncFormatter(_power_of_two))
+    ax.xaxis.set_major_formatter(FuncFormatter(_power_of_two_tick))
 
 
 def _label_folded(ax, x: int, y: int, text: str) -> None:
@@ -129,9 +145,9 @@ def _values_panel(ax, hist: dict, band: dict) -> None:
     xs, ys = _fold(first, counts, floor, ceiling)
     _bars(ax, xs, ys, [COLOURS[_band_of(x + 0.5, band)] for x in xs])
     if first < floor:
-        _label_folded(ax, floor, ys[0], f"≤ $2^{{{floor}}}$")
+        _label_folded(ax, floor, ys[0], f"≤ {power_of_two(floor)}")
     if last > ceiling:
-        _label_folded(ax, ceiling, ys[-1], f"≥ $2^{{{ceiling}}}$")
+        _label_folded(ax, ceiling, ys[-1], f"≥ {power_of_two(ceiling)}")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("|value| (one bar per power of two)")
 
@@ -205,9 +221,12 @@ def overview_figure(rows: list[dict], effects: list[tuple[str, str]], salt: str)
                 )
         ax.set_yticks(ys, [short_name(r["name"]) for r in rows], fontsize=8)
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}%"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(axis="x", color="#e5e5e5", lw=0.6)
         ax.set_ylim(-0.7, len(rows) - 0.3)
-        ax.set_xlabel("% of the tensor's values")
+        ax.set_xlabel("share of the tensor's values")
         ax.legend(loc="lower right", fontsize=8, frameon=True)
         return _svg(fig, salt)
 

@@ -210,7 +210,12 @@ def _table_html(data: dict) -> str:
             "row": row,
             "error": data["errors"].get(row["name"], {}),
         }
-        cells = "".join(_cell(key, sources[src].get(key)) for key, _, src in columns)
+        # A tensor the cast leaves alone has no counts: a dash, not a zero.
+        cast = row["target"] is not None
+        cells = "".join(
+            _cell(key, sources[src].get(key) if cast or src != "row" else None)
+            for key, _, src in columns
+        )
         lossy = ' class="lossy"' if row["affected"] else ""
         rows.append(
             f'<tr{lossy} data-name="{escape(row["name"])}"><td class="name">'
