@@ -211,6 +211,20 @@ def test_an_existing_page_is_replaced_only_with_overwrite(ckpt, tmp_path):
     assert _embedded(page.read_text())["bands"].keys() == {"bfloat16"}
 
 
+def test_a_page_never_replaces_the_checkpoint(ckpt, tmp_path):
+    index = Path(ckpt + ".index")
+    before = index.read_bytes()
+    assert_cli_error(
+        run_text("stats", ckpt, "--html", index, "--overwrite"), "a file of the checkpoint"
+    )
+    out = tmp_path / "o" / "model"
+    assert_cli_error(
+        run_text("convert", ckpt, out, "--dtype", TARGET, "--report", f"{out}.index"),
+        "a file of the checkpoint",
+    )
+    assert index.read_bytes() == before and not out.parent.exists()
+
+
 def test_report_refuses_a_dry_run(ckpt, tmp_path):
     assert_cli_error(
         run_text(

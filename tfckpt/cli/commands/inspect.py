@@ -398,10 +398,13 @@ def _stats_page(args) -> dict:
     """Write the --html page; the statistics it holds (one pass gives both)."""
     from tfckpt.inspection import report  # loads matplotlib: only for a page
 
-    report.check_destination(
-        args.html, overwrite=args.overwrite, storage_options=args.storage_options
-    )
     with open_checkpoint(args.path, storage_options=args.storage_options) as ckpt:
+        report.check_destination(
+            args.html,
+            overwrite=args.overwrite,
+            storage_options=args.storage_options,
+            checkpoints=[ckpt.prefix],
+        )
         page = report.stats_report(ckpt, args.dtype, filter=args.filter)
     path = report.write_report(
         args.html,

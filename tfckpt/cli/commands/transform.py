@@ -255,7 +255,10 @@ def _run_plan(args, p: Plan) -> int:
         from tfckpt.inspection import report  # loads matplotlib: only for a report
 
         report.check_destination(
-            report_path, overwrite=args.overwrite, storage_options=args.storage_options
+            report_path,
+            overwrite=args.overwrite,
+            storage_options=args.storage_options,
+            checkpoints=[s.ckpt.prefix for s in p.sources] + [p.dst],
         )
         # The cast tensors whose values are the source's, only rounded: what the page
         # compares (a reshaped, permuted or edited tensor has no element-wise pair).

@@ -16,6 +16,8 @@ Imported by name, never by :mod:`tfckpt.inspection`: only a report loads matplot
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tfckpt.errors import CheckpointError
 from tfckpt.inspection.report.data import (
     DEFAULT_TOP,
@@ -25,6 +27,7 @@ from tfckpt.inspection.report.data import (
     summary,
 )
 from tfckpt.io.commit import Commit
+from tfckpt.io.paths import index_filename, parse_data_filename
 from tfckpt.io.storage import StorageOptions, normalize, storage_for
 
 __all__ = [
@@ -53,10 +56,26 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
     return page.render_html(data, top=top)
 
 
-def check_destination(path, *, overwrite: bool, storage_options: StorageOptions | None = None):
-    """Refuse ``path`` before any work when a file is there and ``overwrite`` is false."""
+def check_destination(
+    path,
+    *,
+    overwrite: bool,
+    storage_options: StorageOptions | None = None,
+    checkpoints: Sequence[str] = (),
+) -> None:
+    """Refuse ``path`` before any work when a file is there and ``overwrite`` is false, or
+    when it is a file of one of ``checkpoints`` (prefixes): a report never replaces the
+    checkpoint it describes, whatever ``overwrite`` says."""
     path = normalize(path)
-    if storage_for(path, storage_options).exists(path) and not overwrite:
+    store = storage_for(path, storage_options)
+    for prefix in checkpoints:
+        prefix = normalize(prefix)
+        ours = parse_data_filename(path)
+        if path in (prefix, index_filename(prefix)) or (ours and ours[0] == prefix):
+            raise CheckpointError(
+                f"the report would replace a file of the checkpoint {prefix}", path=path
+            )
+    if store.exists(path) and not overwrite:
         raise CheckpointError("the report file already exists (use --overwrite)", path=path)
 
 
@@ -72,7 +91,10 @@ def write_report(
     every writer uses; an existing file is replaced only with ``overwrite``. The path."""
     html = render_html(data, top=top).encode("utf-8")
     path = normalize(path)
-    check_destination(path, overwrite=overwrite, storage_options=storage_options)
+    described = [data["source"]] + ([data["output"]] if data["output"] else [])
+    check_destination(
+        path, overwrite=overwrite, storage_options=storage_options, checkpoints=described
+    )
     store = storage_for(path, storage_options)
     commit = Commit(store, path, overwrite=overwrite, what="a report")
     try:
