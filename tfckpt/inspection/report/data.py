@@ -60,7 +60,7 @@ def stats_report(
     ``ckpt`` to ``target`` would do.
 
     ``{"format", "kind": "stats", "source", "output": None, "stats", "histograms",
-    "bands", "tensors"}``: ``stats`` is :func:`~tfckpt.inspection.stats` exactly (what
+    "errors": {}, "bands", "tensors"}``: ``stats`` is :func:`~tfckpt.inspection.stats` exactly (what
     ``tfckpt stats --json`` prints), ``histograms`` each tensor's log2 histogram,
     ``bands`` the target's ranges (:func:`bands`), ``tensors`` one record per tensor
     (name, target, what it loses), the most affected first.

@@ -128,6 +128,8 @@ def _figure_notes(stat: dict, row: dict, error: dict | None) -> str:
     if error:
         hist = error["rel_histogram"]
         notes.append(f"exact {hist['zeros']:,} ({_share(hist['zeros'], n)})")
+        if hist["nonfinite"]:  # which diff's largest relative error leaves out
+            notes.append(f"error inf or NaN {hist['nonfinite']:,}")
         notes.append(f"max. relative error {_num(error['max_rel'], 3)}")
     return " · ".join(notes or ["nothing lost beyond rounding"])
 
@@ -241,6 +243,21 @@ def _legend_html() -> str:
     return f'<p class="legend">{spans}</p>'
 
 
+def _overview_html(data: dict, drawn: list[dict], top: int) -> str:
+    """The markers of the most affected tensors, when more than one is affected."""
+    lossy = [r for r in drawn if r["affected"]][:top]
+    if len(lossy) < 2:
+        return ""
+    sizes = {t["name"]: t.get("stored_elements", t["elements"]) for t in data["stats"]["tensors"]}
+    rows = [{**r, "elements": sizes[r["name"]]} for r in lossy]
+    effects = [("overflow", "overflow"), ("to_zero", "→ 0"), ("subnormal", "subnormal")]
+    return (
+        '<h2>Most affected tensors</h2><figure class="overview">'
+        + figures.overview_figure(rows, effects, "overview")
+        + "</figure>"
+    )
+
+
 def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
     """The page of a report's ``data`` (``stats_report`` or ``conversion_report``), with
     figures for the ``top`` most affected tensors and a table of all."""
@@ -254,24 +271,12 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
         meta += f" · output <code>{escape(data['output'])}</code>"
     meta += f" · {n} tensors · tfckpt {__version__}"
     drawn = [r for r in data["tensors"] if _drawable(data, r)]
-    overview = ""
-    lossy = [r for r in drawn if r["affected"]][:top]
-    if len(lossy) > 1:
-        sizes = {
-            t["name"]: t.get("stored_elements", t["elements"]) for t in data["stats"]["tensors"]
-        }
-        rows = [{**r, "elements": sizes[r["name"]]} for r in lossy]
-        effects = [("overflow", "overflow"), ("to_zero", "→ 0"), ("subnormal", "subnormal")]
-        overview = (
-            '<h2>Most affected tensors</h2><figure class="overview">'
-            + figures.overview_figure(rows, effects, "overview")
-            + "</figure>"
-        )
+    overview = _overview_html(data, drawn, top)
     shown = min(top, len(drawn))
     heading = (
         f"The {shown} most affected tensors"
         if shown < len(drawn)
-        else "Every floating-point tensor"
+        else ("Every tensor cast" if converted else "Every floating-point tensor")
     )
     explain = (
         "Each figure: how many values of the tensor lie at each magnitude (log scale, one bar "
