@@ -197,6 +197,21 @@ def report_summary(data):
 # ---------------------------------------------------------------- the command line
 
 
+def test_top_n_drawn_every_tensor_in_the_table(ckpt, tmp_path):
+    page = tmp_path / "top.html"
+    done = run_text("stats", ckpt, "--html", page, "--report-top", "2")
+    assert done.returncode == 0, done.stderr
+    html = page.read_text()
+    data = _embedded(html)
+    drawn = re.findall(r'<figure class="tensor" data-name="([^"]*)"', html)
+    most = [r["name"] for r in data["tensors"] if r["target"] and r["name"] in data["histograms"]]
+    assert drawn == most[:2] == [n for n in most if n.startswith(("embedding/", "scale/"))]
+    assert "The 2 most affected tensors" in html
+    table = re.findall(r'<tr[^>]* data-name="([^"]*)"', html)
+    assert table == [r["name"] for r in data["tensors"]]
+    assert sorted(table) == sorted(t["name"] for t in data["stats"]["tensors"])
+
+
 def test_an_existing_page_is_replaced_only_with_overwrite(ckpt, tmp_path):
     page = tmp_path / "r.html"
     page.write_text("mine")

@@ -273,17 +273,20 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
     drawn = [r for r in data["tensors"] if _drawable(data, r)]
     overview = _overview_html(data, drawn, top)
     shown = min(top, len(drawn))
-    heading = (
-        f"The {shown} most affected tensors"
-        if shown < len(drawn)
-        else ("Every tensor cast" if converted else "Every floating-point tensor")
-    )
+    if 0 < shown < len(drawn):
+        heading = f"The {shown} most affected tensors"
+    elif shown:
+        heading = "Every tensor cast" if converted else "Every floating-point tensor"
+    else:
+        heading = "Figures"
     explain = (
         "Each figure: how many values of the tensor lie at each magnitude (log scale, one bar "
         "per power of two), over the ranges of the target dtype"
         + ("; beside it, the relative error each value got in the cast." if converted else ".")
     )
     figs = _figures_html(data, top)
+    if not figs:
+        figs = "<p>No figure was asked for.</p>" if drawn else "<p>No values to draw.</p>"
     grid = "" if converted else ' class="grid"'  # one panel per figure: two figures a row
     payload = json.dumps(_json_safe(data), allow_nan=False).replace("<", "\\u003c")
     return (
@@ -295,7 +298,7 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
         f'<section class="card summary" id="summary">{_summary_html(data)}</section>'
         f"{overview}"
         f"<h2>{escape(heading)}</h2><p>{escape(explain)}</p>{_legend_html()}"
-        f'<section id="figures"{grid}>{figs or "<p>No floating-point tensor.</p>"}</section>'
+        f'<section id="figures"{grid}>{figs}</section>'
         f"<h2>All {n} tensors</h2>"
         "<p>Sorted by the share of values the cast changes beyond rounding. The statistics are "
         "those of <code>tfckpt stats --json</code>"
