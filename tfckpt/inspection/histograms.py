@@ -15,6 +15,7 @@ import numpy as np
 # frexp's exponents of float64, subnormals included, lie in [-1073, 1024].
 _OFFSET = 1100
 _BINS = 2200
+_BLOCK = 1 << 16  # elements per bincount
 # Per IEEE type read directly: its bits as unsigned integers, the mantissa's width, the
 # exponent field's mask and its bias. Other types are widened exactly to one of these.
 _LAYOUTS = {
@@ -45,16 +46,20 @@ class Log2Histogram:
             wide = x.dtype.kind in "iub" or x.dtype.itemsize > 4
             x = x.astype(np.float64 if wide else np.float32)
         bits, mantissa, mask, bias = _LAYOUTS[x.dtype]
-        # A normal number's exponent field is its bin: no arithmetic on the values.
-        field = (x.view(bits) >> bits(mantissa)) & bits(mask)
-        per_field = np.bincount(
-            field.view(f"i{x.itemsize}") if x.itemsize == 8 else field, minlength=mask + 1
-        )
+        raw = x.view(bits)
+        # A normal number's exponent field is its bin: no arithmetic on the values. In
+        # blocks that stay in the cache (bincount widens its input to 64-bit integers).
+        per_field = np.zeros(mask + 1, np.int64)
+        for a in range(0, raw.size, _BLOCK):
+            field = (raw[a : a + _BLOCK] >> bits(mantissa)) & bits(mask)
+            per_field += np.bincount(
+                field.view(np.int64) if x.itemsize == 8 else field, minlength=mask + 1
+            )
         self.nonfinite += int(per_field[mask])
         if per_field[1:mask].any():
             self._bins()[_OFFSET + 1 - bias : _OFFSET + mask - bias] += per_field[1:mask]
         if per_field[0]:  # zeros and subnormals: the exponent field is 0
-            small = x[field == 0]
+            small = x[(raw & bits(mask << mantissa)) == 0]
             small = small[small != 0]
             self.zeros += int(per_field[0]) - small.size
             if small.size:
