@@ -54,3 +54,17 @@ def test_version_loads_no_commands():
         "loaded = {'tfckpt.cli.commands', 'tfckpt.checkpoint.reader', 'crc32c'} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
+
+
+def test_stats_and_convert_load_no_plotting_without_a_report(tf_checkpoints, tmp_path):
+    """matplotlib (and the report's modules) load for --html / --report only."""
+    path = tf_checkpoints("tf1_saver").path
+    out = str(tmp_path / "fp16" / "model")
+    run_python(
+        "import sys, io, contextlib, tfckpt.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    assert tfckpt.cli.main(['stats', '--json', {path!r}]) == 0\n"
+        f"    assert tfckpt.cli.main(['convert', {path!r}, {out!r}, '--dtype', 'float16', '--overflow', 'inf']) == 0\n"
+        "loaded = {m for m in sys.modules if m.startswith(('matplotlib', 'tfckpt.inspection.report'))}\n"
+        "assert not loaded, loaded\n"
+    )

@@ -55,6 +55,24 @@ def add_json(p: Container, help: str = "machine-readable output") -> None:
     p.add_argument("--json", action="store_true", help=help)
 
 
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (0, 1, 2, ...)")
+    return int(text)
+
+
+def add_report_top(p: Container) -> None:
+    """``--report-top N``: how many tensors an HTML report draws (the table lists all)."""
+    p.add_argument(
+        "--report-top",
+        type=_count,
+        default=12,  # report.DEFAULT_TOP, not imported: the parsers load no report code
+        metavar="N",
+        help="tensors the HTML report draws, the most affected first (default 12; its "
+        "table lists every tensor)",
+    )
+
+
 def add_filter(p: Container) -> None:
     """``--filter REGEX``: the tensors an inspecting command looks at."""
     p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches")

@@ -10,6 +10,7 @@ from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.errors import UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
+from tfckpt.inspection.histograms import Log2Histogram
 from tfckpt.inspection.reading import match_names, stored_chunks
 
 # --- diff --------------------------------------------------------------------
@@ -49,12 +50,16 @@ def compare_values(
     atol: float = 0.0,
     rtol: float = 0.0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    rel_histogram: Log2Histogram | None = None,
 ) -> dict:
     """Element-wise comparison of two tensors of one shape, streamed, in the wider dtype.
 
     Returns ``{"elements", "differing", "max_abs", "max_rel"}``; NaNs in the same
-    place count as equal. Strings are compared element by element. Pre-sliced
-    tensors are compared over their stored slices (the same in both).
+    place count as equal; the relative difference is ``|a - b| / |b|``. Strings are
+    compared element by element. Pre-sliced tensors are compared over their stored
+    slices (the same in both). ``rel_histogram`` is given every element's relative
+    difference in the same pass: 0 where equal, inf where ``b`` is 0 and ``a`` is not
+    or where one side is inf (an overflow), NaN where one side is.
     """
     name_b = name_b or name_a
     ia, ib = a.info(name_a), b.info(name_b)
@@ -106,6 +111,8 @@ def compare_values(
                 )
                 if rel.size:
                     max_rel = max(max_rel, float(np.nanmax(rel)))
+                if rel_histogram is not None:
+                    rel_histogram.add(np.where((denom == 0) & (diff != 0), np.inf, rel))
         differing += int(np.count_nonzero(bad))
     return {
         "elements": elements,

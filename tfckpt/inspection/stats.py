@@ -7,6 +7,7 @@ import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.format import dtypes as _dt
+from tfckpt.inspection.histograms import Log2Histogram
 from tfckpt.inspection.reading import match_names, stored_chunks
 from tfckpt.rewrite.cast import Caster
 
@@ -16,15 +17,23 @@ CAST_CHECK_TARGETS = ("float16", "bfloat16")
 
 
 def stats(
-    ckpt: Checkpoint, *, filter: str | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ckpt: Checkpoint,
+    *,
+    filter: str | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    targets: tuple[str, ...] = CAST_CHECK_TARGETS,
+    histograms: bool = False,
 ) -> dict:
     """Per-tensor statistics, streamed in bounded chunks.
 
     For each numeric tensor: ``min``, ``max`` (over non-NaN values), ``mean``,
     ``std`` (over finite values), ``nan``, ``inf``, ``zeros`` (fraction), and for
-    floating-point tensors ``cast``: for float16 and bfloat16, how many values
-    would overflow, become zero or become subnormal if cast. A pre-sliced tensor's
-    statistics are over its stored elements, counted in ``stored_elements``.
+    floating-point tensors ``cast``: for each of ``targets`` (float16 and bfloat16),
+    how many values would overflow, become zero or become subnormal if cast. A
+    pre-sliced tensor's statistics are over its stored elements, counted in
+    ``stored_elements``. With ``histograms``, each real tensor also gets
+    ``log2_histogram``, its magnitudes per binary exponent
+    (:class:`~tfckpt.inspection.histograms.Log2Histogram`), counted in the same pass.
     """
     out = []
     for name in match_names(ckpt.keys(), filter):
@@ -38,10 +47,9 @@ def stats(
             continue
         acc = _Moments()
         casters = {
-            t: Caster(dt, _dt.lookup(t), "inf")
-            for t in CAST_CHECK_TARGETS
-            if dt.is_floating and dt.name != t
+            t: Caster(dt, _dt.lookup(t), "inf") for t in targets if dt.is_floating and dt.name != t
         }
+        hist = Log2Histogram() if histograms and dt.kind != "complex" else None
         for chunk in stored_chunks(ckpt, name, chunk_bytes):
             if chunk.dtype.fields:
                 chunk = chunk.view(chunk.dtype[0])
@@ -49,7 +57,11 @@ def stats(
                 acc.add(chunk)
             for c in casters.values():
                 c(chunk)
+            if hist is not None:
+                hist.add(chunk)
         rec.update(acc.result())
+        if hist is not None:
+            rec["log2_histogram"] = hist.result()
         if casters:
             rec["cast"] = {
                 t: {

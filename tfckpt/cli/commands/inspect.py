@@ -347,8 +347,11 @@ def cmd_diff(args) -> int:
 
 def cmd_stats(args) -> int:
     """``tfckpt stats``: value statistics per tensor, and what a float16/bfloat16 cast would do."""
-    with open_checkpoint(args.path, storage_options=args.storage_options) as ckpt:
-        data = _inspect.stats(ckpt, filter=args.filter)
+    if args.html is None:
+        with open_checkpoint(args.path, storage_options=args.storage_options) as ckpt:
+            data = _inspect.stats(ckpt, filter=args.filter)
+    else:
+        data = _stats_page(args)
     if args.json:
         print_json(data)
         return 0
@@ -389,6 +392,29 @@ def cmd_stats(args) -> int:
             "flush to zero or subnormals"
         )
     return 0
+
+
+def _stats_page(args) -> dict:
+    """Write the --html page; the statistics it holds (one pass gives both)."""
+    from tfckpt.inspection import report  # loads matplotlib: only for a page
+
+    with open_checkpoint(args.path, storage_options=args.storage_options) as ckpt:
+        report.check_destination(
+            args.html,
+            overwrite=args.overwrite,
+            storage_options=args.storage_options,
+            checkpoints=[ckpt.prefix],
+        )
+        page = report.stats_report(ckpt, args.dtype, filter=args.filter)
+    path = report.write_report(
+        args.html,
+        page,
+        top=args.report_top,
+        overwrite=args.overwrite,
+        storage_options=args.storage_options,
+    )
+    emit(f"wrote {path}", err=True)
+    return page["stats"]
 
 
 def cmd_verify(args) -> int:

@@ -237,6 +237,12 @@ def _executor(spec: str | None):
 
 def _run_plan(args, p: Plan) -> int:
     """Print a dry run's plan, or execute it and print the summary."""
+    report_path = getattr(args, "report", None)  # convert's alone
+    if report_path is not None and args.dry_run:
+        raise CheckpointError(
+            "--report shows what a conversion did: run it without --dry-run "
+            "(tfckpt stats SRC --html FILE shows what it would do)"
+        )
     if args.dry_run:
         if args.json:
             print_json(p.to_dict())
@@ -245,6 +251,22 @@ def _run_plan(args, p: Plan) -> int:
         return 0
     from tfckpt.rewrite.engine import execute
 
+    if report_path is not None:
+        from tfckpt.inspection import report  # loads matplotlib: only for a report
+
+        report.check_destination(
+            report_path,
+            overwrite=args.overwrite,
+            storage_options=args.storage_options,
+            checkpoints=[s.ckpt.prefix for s in p.sources] + [p.dst],
+        )
+        # The cast tensors whose values are the source's, only rounded: what the page
+        # compares (a reshaped, permuted or edited tensor has no element-wise pair).
+        pairs = [
+            (t.name, t.new_name, t.new_dtype)
+            for t in p.tensors
+            if t.cast and t.perm is None and t.shape is None and t.parts is None and t.edit is None
+        ]
     update, close = _progress(p.bytes_in)
     executor, shutdown = _executor(args.executor)
     try:
@@ -255,7 +277,27 @@ def _run_plan(args, p: Plan) -> int:
     if args.json:
         print_json(summary.to_dict())
     _print_summary(summary)
+    if report_path is not None:
+        _write_report(args, report_path, summary.dst, pairs)
     return 0
+
+
+def _write_report(args, path: str, dst: str, pairs: list[tuple[str, str, str]]) -> None:
+    """``convert --report``: the source and the output compared, in a page."""
+    from tfckpt.checkpoint.opening import open_checkpoint
+    from tfckpt.inspection import report
+
+    with open_checkpoint(args.src, storage_options=args.storage_options) as src:
+        with open_checkpoint(dst, storage_options=args.storage_options) as out:
+            data = report.conversion_report(src, out, pairs)
+    path = report.write_report(
+        path,
+        data,
+        top=args.report_top,
+        overwrite=args.overwrite,
+        storage_options=args.storage_options,
+    )
+    emit(f"wrote {path}", err=True)
 
 
 def cmd_transform(args) -> int:

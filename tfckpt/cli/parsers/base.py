@@ -40,7 +40,8 @@ exit status: 0 a restore would succeed, 1 it would fail (the report says why), 2
 exit status: 0 same, 1 different, 2 error""",
     "stats": """examples:
   tfckpt stats train/model.ckpt-7                    # is it safe to cast to float16?
-  tfckpt stats train/ --filter 'kernel' --json""",
+  tfckpt stats train/ --filter 'kernel' --json
+  tfckpt stats train/model.ckpt-7 --html cast.html  # the same, in pictures""",
     "verify": """examples:
   tfckpt verify train/model.ckpt-7
   tfckpt verify fp16/model.ckpt --tf --reference train/model.ckpt-7
@@ -52,6 +53,7 @@ exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
   tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
   tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
   tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run
+  tfckpt convert train/model.ckpt-7 fp16/ --dtype float16 --report fp16.html
   tfckpt convert bert/ fp16/ --dtype float16 --keep-dtype 'LayerNorm|layer_norm|embeddings' \\
       --dtype-rule 'pooler/=bfloat16'""",
     "rename": """examples:

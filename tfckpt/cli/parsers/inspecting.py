@@ -109,11 +109,27 @@ def add_stats(sub: Subparsers) -> None:
         "value statistics, and what a float16/bfloat16 cast would do",
         "Per tensor: min, max, mean, std, NaN and inf counts, fraction of zeros; for "
         "floating-point tensors, how many values would overflow, become zero or become "
-        "subnormal in float16 and bfloat16. Streams in bounded memory.",
+        "subnormal in float16 and bfloat16. Streams in bounded memory. With --html, also "
+        "a page of pictures of it (needs the report extra: matplotlib).",
     )
     p.add_argument("path")
     opt.add_filter(p)
     opt.add_json(p)
+    g = p.add_argument_group("report")
+    g.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML page: per tensor, its values on a log scale "
+        "over the --dtype's normal, subnormal and overflow ranges",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("float16", "bfloat16"),
+        default="float16",
+        help="the cast the --html page shows (default float16)",
+    )
+    opt.add_report_top(g)
+    g.add_argument("--overwrite", action="store_true", help="replace an existing --html file")
     p.set_defaults(func="inspect.cmd_stats")
 
 

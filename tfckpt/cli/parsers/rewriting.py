@@ -26,6 +26,15 @@ def add_convert(sub: Subparsers) -> None:
     p.add_argument("src")
     p.add_argument("dst", help="output prefix, or a directory (the source's name is kept)")
     opt.add_transform_options(p)
+    g = p.add_argument_group("report")
+    g.add_argument(
+        "--report",
+        metavar="FILE",
+        help="after the conversion, write a self-contained HTML page of what the cast did "
+        "to each tensor: values over the target's ranges, relative errors (needs the "
+        "report extra: matplotlib); replaced only with --overwrite",
+    )
+    opt.add_report_top(g)
     p.set_defaults(func="transform.cmd_transform")
 
 
