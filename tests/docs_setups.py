@@ -9,9 +9,13 @@ run in a fresh copy of that setup's directory. The setups:
   (``python -m tfckpt.demo``'s tensors: two conv layers with batch norm, a dense head,
   Adam slots, ``global_step``), written by tfckpt (byte for byte what SaveV2 writes);
 - ``tf``: the demo's files plus checkpoints TensorFlow writes in one process of its own
-  (``python tests/docs_setups.py tf DIR``), listed in :func:`write_tf`.
+  (``python tests/docs_setups.py tf DIR``), listed in :func:`write_tf`;
+- ``releases``: tiny research releases under the released files' names, written by
+  TensorFlow in a process of its own (``python tests/docs_setups.py releases DIR``),
+  listed in :func:`write_releases`, for the presets' pages.
 
-Run as a script it writes the ``tf`` setup into DIR; only that process imports TensorFlow.
+Run as a script it writes the ``tf`` or ``releases`` setup into DIR; only that process
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-SETUPS = ("none", "demo", "tf")
+SETUPS = ("none", "demo", "tf", "releases")
 
 
 def write_demo(root: Path) -> None:
@@ -122,10 +126,87 @@ def write_tf(root: Path) -> None:
     model.save(str(root / "keras" / "model.h5"))
 
 
+def write_releases(root: Path) -> None:
+    """The releases of tests/*_release.py (their variables, names and layouts, small
+    shapes), each saved by TensorFlow's ``SaveV2`` op under the released files' names:
+
+    - ``uncased_L-12_H-768_A-12/bert_model.ckpt`` and ``bert_config.json``: BERT
+      pretraining with its Adam moments (tests/bert_release.py; 2 layers, hidden 16);
+    - ``albert_base/model.ckpt-best`` and ``albert_config.json`` (tests/albert_release.py);
+    - ``electra_base/model.ckpt`` with its state file (tests/electra_release.py);
+    - ``models/124M/model.ckpt`` and ``hparams.json``: GPT-2 (tests/gpt2_release.py);
+    - ``t5.1.1-base/model.ckpt-1000000`` and ``t5-small/model.ckpt-1000000``, each with its
+      ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
+    - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
+      transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
+      their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
+    """
+    import json
+
+    import albert_release
+    import bert_release
+    import electra_release
+    import gpt2_release
+    import t5_release
+    from transform_helpers import save_v2
+
+    def save(prefix: Path, values: dict) -> None:
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        save_v2(str(prefix), {n: values[n] for n in sorted(values)})
+
+    bert = root / "uncased_L-12_H-768_A-12"
+    save(bert / "bert_model.ckpt", bert_release.weights("pretraining"))
+    (bert / "bert_config.json").write_text(json.dumps(bert_release.CONFIG, indent=2))
+    albert = root / "albert_base"
+    save(albert / albert_release.FILE, albert_release.weights("pretraining"))
+    config = albert_release.CONFIGS["pretraining"]
+    (albert / "albert_config.json").write_text(json.dumps(config, indent=2))
+    electra = root / "electra_base"
+    save(electra / electra_release.FILE, electra_release.weights())
+    (electra / "checkpoint").write_text(f'model_checkpoint_path: "{electra_release.FILE}"\n')
+    gpt2 = root / "models" / "124M"
+    save(gpt2 / "model.ckpt", gpt2_release.weights())
+    (gpt2 / "hparams.json").write_text(json.dumps(gpt2_release.HPARAMS))
+    for variant, name in (("t5.1.1", "t5.1.1-base"), ("t5", "t5-small")):
+        save(root / name / "model.ckpt-1000000", t5_release.weights(variant))
+        (root / name / "operative_config.gin").write_text(t5_release.gin_config(variant))
+    _write_hf_tf2(root)
+
+
+def _write_hf_tf2(root: Path) -> None:
+    """A transformers TF BERT masked LM's ``tf_model.h5``, whole and sharded."""
+    import json
+
+    import hf_tf2_models
+    import numpy as np
+
+    config = {
+        "model_type": "bert", "architectures": ["TFBertForMaskedLM"], "vocab_size": 50,
+        "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 32, "max_position_embeddings": 24, "type_vocab_size": 2,
+        "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+    }  # fmt: skip
+    ids = np.array([[2, 7, 11, 3, 9, 0]])
+    inputs = {"input_ids": ids, "token_type_ids": 0 * ids, "attention_mask": 1 + 0 * ids}
+    model = hf_tf2_models.TFBertForMaskedLM(config)
+    model({k: hf_tf2_models.tf.constant(v) for k, v in inputs.items()})
+    rng = np.random.default_rng(4)
+    for w in model.weights:
+        w.assign((rng.standard_normal(w.shape) * 0.3).astype(np.float32))
+    whole, sharded = root / "bert-base-uncased", root / "bert-large"
+    whole.mkdir()
+    sharded.mkdir()
+    model.save_weights(str(whole / "tf_model.h5"))
+    weights_bytes = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    hf_tf2_models.save_sharded(model, str(sharded), weights_bytes // 3)
+    for d in (whole, sharded):
+        (d / "config.json").write_text(json.dumps(config, indent=2))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["tf"] or len(sys.argv) != 3:
-        sys.exit("usage: docs_setups.py tf DIR")
+    if sys.argv[1:2] not in (["tf"], ["releases"]) or len(sys.argv) != 3:
+        sys.exit("usage: docs_setups.py tf|releases DIR")
     # Saved under relative paths, so the state files name their checkpoints relatively and
     # a copy of the directory is a run of its own.
     os.chdir(sys.argv[2])
-    write_tf(Path("."))
+    (write_tf if sys.argv[1] == "tf" else write_releases)(Path("."))
