@@ -242,6 +242,16 @@ def needs_own_process(page: Page) -> bool:
     return any("KERAS_BACKEND" in b.text for b in page.blocks if b.lang == "python")
 
 
+def uses_transformers(page: Page) -> bool:
+    """A page that loads its output in transformers (PyTorch) runs apart from TensorFlow's
+    pages, with the other such pages: the tests never import both in one process."""
+    return any(
+        re.search(r"^\s*(import|from) transformers\b", b.text, re.M)
+        for b in page.blocks
+        if b.lang == "python" and b.skip is None
+    )
+
+
 def spec_of(page: Page) -> dict:
     """The blocks to run (and the files to write), in order, for :func:`run`."""
     return {

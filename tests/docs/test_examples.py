@@ -20,16 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Pages whose examples are not run yet, with the reason (the presets' pages run real
-# releases' checkpoints, which tests/interop/test_presets_*.py write and test).
-NOT_RUN = {
-    "docs/check.md": "written before the examples convention; its command is run in tests/inspection/test_check.py",
-    "docs/match.md": "written before the examples convention; tests/interop/test_match.py runs its steps",
-    **{
-        f"docs/presets/{p.name}": "a research release's checkpoint; tests/interop/test_presets_*.py"
-        for p in (ROOT / "docs" / "presets").glob("*.md")
-    },
-}
+# Pages whose examples are not run, with the reason (none now).
+NOT_RUN: dict[str, str] = {}
 
 # Blocks marked <!-- skip: REASON --> (a remote bucket, the suite itself...) stay few.
 MAX_SKIPPED = 10
@@ -65,19 +57,19 @@ def test_runnable_blocks_exist():
     assert runnable >= 80
 
 
-def _setup(name: str, root: Path) -> None:
+def _setup(name: str, root: Path) -> subprocess.Popen | None:
+    """Write the setup's files; a TensorFlow-written setup's process, started, is returned."""
     if name in ("demo", "tf"):
         docs_setups.write_demo(root)
-    if name == "tf":
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(
-            [sys.executable, str(Path(docs_setups.__file__)), "tf", str(root)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
+    if name not in ("tf", "releases"):
+        return None
+    return subprocess.Popen(
+        [sys.executable, str(Path(docs_setups.__file__)), name, str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def _start(specs: list[dict], where: Path) -> subprocess.Popen:
@@ -102,24 +94,32 @@ def _start(specs: list[dict], where: Path) -> subprocess.Popen:
 def page_results(tmp_path_factory):
     """Every page's examples, run once: {page: (block results, the process's stderr)}.
 
-    Pages that choose Keras' backend run in processes of their own, the others one after
-    another in one process (TensorFlow imported once), side by side with the former.
+    Pages that choose Keras' backend run in processes of their own, pages that load
+    their output in transformers one after another in another, the others one after
+    another in one process (TensorFlow imported once), all side by side.
     """
     pytest.importorskip("tensorflow")  # the `tf` setup, and pages that restore with it
     base = tmp_path_factory.mktemp("docs-examples")
     pages = [p for p in map(_parse, PAGES) if docs_examples.spec_of(p)["blocks"]]
-    setups: dict[str, Path] = {}
-    groups: list[list[dict]] = [[]]
+    setups = {name: base / f"setup-{name}" for name in sorted({p.setup for p in pages})}
+    writing = []  # the TensorFlow-written setups, side by side
+    for name, root in setups.items():
+        root.mkdir()
+        proc = _setup(name, root)
+        if proc is not None:
+            writing.append((name, proc))
+    for name, proc in writing:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"setup {name}:\n{err[-4000:]}"
+    groups: list[list[dict]] = [[], []]  # TensorFlow's pages, transformers' pages
     for i, page in enumerate(pages):
-        if page.setup not in setups:
-            setups[page.setup] = base / f"setup-{page.setup}"
-            setups[page.setup].mkdir()
-            _setup(page.setup, setups[page.setup])
         work = base / f"page-{i}"
         shutil.copytree(setups[page.setup], work)
         spec = {**docs_examples.spec_of(page), "cwd": str(work)}
         if docs_examples.needs_own_process(page):
             groups.append([spec])
+        elif docs_examples.uses_transformers(page):
+            groups[1].append(spec)
         else:
             groups[0].append(spec)
     runs = [(g, _start(g, base / f"specs-{k}.json")) for k, g in enumerate(groups) if g]
