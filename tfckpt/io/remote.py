@@ -7,9 +7,10 @@ stream in flight, through the file system's own asynchronous client and its even
 loop, bounded so that memory stays within the reads' and writes' own sizes:
 
 - :class:`ConcurrentReader` (any asynchronous fsspec file system: s3fs, gcsfs, ...)
-  splits each positioned read into ranges of at least :data:`MIN_PART` bytes,
-  fetched together with fsspec's ``cat_ranges`` (``max_concurrency`` of them at most
-  in flight, as the file system's own transfers), straight into the caller's buffer.
+  splits each positioned read into ranges of at least :data:`MIN_PART` bytes, all
+  requested at once (``max_concurrency`` of them at most, as the file system's own
+  transfers): on S3 each streamed straight into its place in the caller's buffer,
+  elsewhere fetched with fsspec's ``cat_ranges`` and copied there.
   The engine reads a chunk ahead of the cast in a thread of its own (see
   :mod:`tfckpt.rewrite.pipeline`), so the ranges of the next chunk are in flight while
   this one is cast; the bytes in flight are those of the one chunk being read, sized
@@ -37,6 +38,7 @@ from typing import Any
 from tfckpt.errors import CheckpointError, CheckpointWriteError
 
 MIN_PART = 1 << 20  # the smallest range read on its own: smaller ones cost a request each
+STREAM_PIECE = 1 << 18  # bytes of a response taken at a time, straight into their place
 PART_BYTES = 5 << 20  # S3's smallest part (all parts but the last)
 PARTS_IN_FLIGHT = 3  # parts uploading at once, at most (and never more than max_concurrency)
 
@@ -87,6 +89,12 @@ class ConcurrentReader:
         ranges = split(offset, n, self._parts)
         what = f"reading bytes [{offset}, {offset + n})"
         fs = self._store.fs
+        if multipart_uploads(fs):  # S3: each range streamed into its place in ``buf``
+            from fsspec.asyn import sync
+
+            view = memoryview(buf)[:n]
+            self._store.call(what, self.path, sync, fs.loop, self._fetch, view, offset, ranges)
+            return n
         if len(ranges) == 1:
             pieces = [
                 self._store.call(
@@ -105,15 +113,52 @@ class ConcurrentReader:
                 on_error="raise",
             )
         for (start, end), data in zip(ranges, pieces):
-            if len(data) != end - start:  # a server that ignores Range sends the whole object
-                raise CheckpointError(
-                    f"reading bytes [{start}, {end}) returned {len(data)} bytes "
-                    f"instead of {end - start}",
-                    path=self.path,
-                )
+            self._check_length(start, end, len(data))
             buf[start - offset : end - offset] = data
             del data
         return n
+
+    def _check_length(self, start: int, end: int, got) -> None:
+        if got != end - start:  # a server that ignores Range sends the whole object
+            raise CheckpointError(
+                f"reading bytes [{start}, {end}) returned {got} bytes instead of {end - start}",
+                path=self.path,
+            )
+
+    async def _fetch(self, view: memoryview, offset: int, ranges: list[tuple[int, int]]) -> None:
+        """Every range at once, each written into ``view`` as its bytes arrive (no copy of
+        a whole range is held); all have ended when this returns, failed or not, so no
+        request writes into ``view`` afterwards."""
+        results = await asyncio.gather(
+            *(self._fetch_range(view[s - offset : e - offset], s, e) for s, e in ranges),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _fetch_range(self, view: memoryview, start: int, end: int) -> None:
+        fs = self._store.fs
+        bucket, key, version = fs.split_path(self._key)
+        resp = await fs._call_s3(
+            "get_object",
+            Bucket=bucket,
+            Key=key,
+            Range=f"bytes={start}-{end - 1}",
+            **({"VersionId": version} if version else {}),
+        )
+        body = resp["Body"]
+        try:
+            self._check_length(start, end, resp.get("ContentLength"))
+            got = 0
+            while got < len(view):
+                k = await body.readinto(view[got : got + STREAM_PIECE])
+                if k == 0:
+                    break
+                got += k
+            self._check_length(start, end, got)
+        finally:
+            body.close()
 
     def close(self) -> None:
         pass
