@@ -168,3 +168,15 @@ def test_convert_s3_to_s3_in_parts_restored_by_tensorflow(s3, big, tmp_path):
         want = np.asarray(want)
         want = want.astype(np.float16) if want.dtype.kind == "f" else want
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+
+
+def test_parts_grow_so_that_ten_thousand_hold_a_large_object(s3, monkeypatch):
+    """S3 takes 10 000 parts at most: every GROW_EVERY parts, they grow by a part."""
+    assert remote.part_bytes(0) == remote.part_bytes(999) == remote.PART_BYTES
+    assert remote.part_bytes(1000) == 2 * remote.PART_BYTES
+    assert sum(remote.part_bytes(i) for i in range(10_000)) > 250 << 30
+    monkeypatch.setattr(remote, "GROW_EVERY", 2)  # 5, 5, 10 MiB parts, then the rest
+    data = np.random.default_rng(5).bytes(4 * remote.PART_BYTES + 3)
+    url = upload(s3, "grown.bin", data)
+    assert s3.direct.cat_file(key(url)) == data
+    assert len([p for m, p, _ in s3.proxy.log if m == "PUT" and "partNumber=" in p]) == 4

@@ -40,6 +40,7 @@ from tfckpt.errors import CheckpointError, CheckpointWriteError
 MIN_PART = 1 << 20  # the smallest range read on its own: smaller ones cost a request each
 STREAM_PIECE = 1 << 18  # bytes of a response taken at a time, straight into their place
 PART_BYTES = 5 << 20  # S3's smallest part (all parts but the last)
+GROW_EVERY = 1000  # parts: S3 takes 10 000 at most, so parts grow (see part_bytes)
 PARTS_IN_FLIGHT = 3  # parts uploading at once, at most (and never more than max_concurrency)
 
 
@@ -58,6 +59,13 @@ def concurrent_reads(fs) -> bool:
 def multipart_uploads(fs) -> bool:
     """Whether ``fs`` is an S3 client whose multipart calls this module can make."""
     return concurrent_reads(fs) and hasattr(fs, "_call_s3") and hasattr(fs, "split_path")
+
+
+def part_bytes(done: int) -> int:
+    """The size of the next part after ``done`` parts: :data:`PART_BYTES`, one more
+    :data:`PART_BYTES` every :data:`GROW_EVERY` parts, so the 10 000 parts S3 allows hold
+    268 GiB (memory grows with the object only past 5 GiB)."""
+    return PART_BYTES * (1 + done // GROW_EVERY)
 
 
 def split(offset: int, n: int, parts: int) -> list[tuple[int, int]]:
@@ -167,12 +175,13 @@ class ConcurrentReader:
 class MultipartUpload:
     """A streaming upload of one S3 object, parts uploaded concurrently behind the writer.
 
-    Writes are copied into a part of :data:`PART_BYTES`; a full part goes to the file
+    Writes are copied into a part (:func:`part_bytes`); a full part goes to the file
     system's event loop as an ``upload_part`` request while the next fills, with
     :data:`PARTS_IN_FLIGHT` at most under way (the writer waits for the oldest beyond
     that). Part buffers are reused once their request is done, so memory stays at
-    ``(PARTS_IN_FLIGHT + 1) * PART_BYTES``. Errors are :class:`CheckpointWriteError`;
-    :meth:`discard` (and any failure) aborts the upload, so the object never appears.
+    ``(PARTS_IN_FLIGHT + 1) * PART_BYTES`` (for objects up to 5 GiB). Errors are
+    :class:`CheckpointWriteError`; :meth:`discard` (and any failure) aborts the upload,
+    so the object never appears.
     """
 
     def __init__(self, store, path: str):
@@ -240,11 +249,11 @@ class MultipartUpload:
         total = len(view)
         try:
             while len(view):
-                k = min(len(view), PART_BYTES - self._fill)
+                k = min(len(view), len(self._buf) - self._fill)
                 self._buf[self._fill : self._fill + k] = view[:k]
                 self._fill += k
                 view = view[k:]
-                if self._fill == PART_BYTES:
+                if self._fill == len(self._buf):
                     self._ship()
         except BaseException:
             self.discard()
@@ -255,8 +264,11 @@ class MultipartUpload:
         """Send the full part; take a free buffer, waiting for the oldest part if none."""
         while len(self._in_flight) >= self._in_flight_max:
             self._wait_oldest()
-        self._submit(self._buf, PART_BYTES)
-        self._buf = self._free.pop() if self._free else bytearray(PART_BYTES)
+        self._submit(self._buf, len(self._buf))
+        size = part_bytes(len(self._parts) + len(self._in_flight))
+        free = [b for b in self._free if len(b) == size]
+        self._free = free[1:]  # smaller ones, outgrown, are dropped
+        self._buf = free[0] if free else bytearray(size)
         self._fill = 0
 
     def flush(self) -> None:
