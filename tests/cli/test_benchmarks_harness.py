@@ -238,3 +238,65 @@ def test_h5_export_memory_script_runs_at_a_small_size(tmp_path):
     }
     assert all(r["peak_rss"] > 0 and r["wall"] > 0 for r in report["contenders"].values())
     assert report["h5_bytes"] > 10 << 20 and report["chunk_bytes"] == 2 << 20
+
+
+def test_gpu_script_without_a_gpu_says_so_and_exits_0(tmp_path):
+    """benchmarks/gpu.py where TensorFlow sees no GPU (hidden from it here, on any machine):
+    one line saying so, exit 0, and no input written."""
+    import subprocess
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("no GPU: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_script_compares_every_output_file(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "model.index").write_bytes(b"index")
+        (d / "checkpoint").write_text(f"model_checkpoint_path: {d}")  # names its folder
+    (a / "model.data-00000-of-00001").write_bytes(b"x" * (1 << 25) + b"1")
+    (b / "model.data-00000-of-00001").write_bytes(b"x" * (1 << 25) + b"2")
+    assert gpu.same_files(str(a), str(b)) == ["model.data-00000-of-00001"]
+    (b / "model.data-00000-of-00001").write_bytes(b"x" * (1 << 25) + b"1")
+    assert gpu.same_files(str(a), str(b)) == []
+    (a / "extra").write_bytes(b"")
+    assert gpu.same_files(str(a), str(b)) == ["extra"]
+
+
+def test_s3_table_takes_ratios_within_rounds():
+    """The S3 benchmark's ratio is the median of each round's own ratio, not a ratio of
+    medians; the server's rates come from its in-process figures."""
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_s3", ROOT / "benchmarks" / "s3_throughput.py"
+    )
+    s3b = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s3b)
+
+    def rnd(convert, getput):
+        return {
+            "tfckpt convert": {"wall": convert, "rss": 100 << 20},
+            "fsspec get + put": {"wall": getput, "rss": 600 << 20},
+            "server alone: GET": {"wall": 1.0, "rss": 1 << 20, "throughput": 2e9},
+            "server alone: PUT": {"wall": 1.0, "rss": 1 << 20, "throughput": 1e8},
+        }
+
+    rounds = [rnd(10.0, 20.0), rnd(30.0, 30.0), rnd(10.0, 12.0)]
+    a = SimpleNamespace(server="/x/s3rver", concurrency=10, repeat=3)
+    out = s3b.summary(rounds, 1 << 30, a)
+    assert "| tfckpt convert | 10.00 s | 0.107 | 100 MiB |" in out
+    assert "get + put's (ratio in each round, median): 1.20×" in out
+    assert "GET 2.000 GB/s, PUT 0.100 GB/s" in out

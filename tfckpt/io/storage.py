@@ -26,6 +26,10 @@ that run in other processes carry their storage with them. Options checked once
 (:func:`check_options`) keep the words that name one in a message: ``storage option``
 in the library, ``--storage-option`` on the command line.
 
+Keeping several requests of one object in flight (concurrent range reads, multipart
+uploads) is :mod:`tfckpt.io.remote`'s, which this module's remote storage hands its
+readers and writers to where the file system allows.
+
 It runs near 900 lines on purpose: being the one module that touches files is the
 point, so the local and remote implementations of the same operations, their options,
 retries and error translation stay side by side where they can be checked against
@@ -673,7 +677,13 @@ class RemoteStorage(Storage):
         """One request that stores the whole object (object stores have no exclusive create)."""
         self.write_bytes(path, data)
 
-    def open_writer(self, path: str, *, exclusive: bool = True) -> RemoteWriter:
+    def open_writer(self, path: str, *, exclusive: bool = True):
+        """A streaming upload: on S3 with parts in flight behind the writer
+        (:class:`tfckpt.io.remote.MultipartUpload`), elsewhere fsspec's own file."""
+        from tfckpt.io import remote
+
+        if remote.multipart_uploads(self.fs):
+            return remote.MultipartUpload(self, path)
         return RemoteWriter(self, path)
 
     def fsync(self, file) -> None:
@@ -704,7 +714,14 @@ class RemoteStorage(Storage):
         return path.rstrip("/")
 
     def open_reader(self, path: str) -> Reader:
-        return RemoteReader(self, path)
+        """Range reads; on an asynchronous file system each read is several ranges in
+        flight at once (:class:`tfckpt.io.remote.ConcurrentReader`)."""
+        from tfckpt.io import remote
+
+        reader = RemoteReader(self, path)
+        if remote.concurrent_reads(self.fs):
+            return remote.ConcurrentReader(self, path, reader.size)
+        return reader
 
     def remove(self, path: str) -> None:
         self.call("deleting", path, self.fs.rm_file, self._strip(path), error=CheckpointWriteError)
