@@ -199,8 +199,10 @@ def _did_you_mean(store: Storage, p: str) -> str:
     if base.endswith(".index"):
         base = base[: -len(".index")]
     try:
-        if not base or not store.isdir(directory or "."):
+        if not base:
             return ""
+        if not store.isdir(directory or "."):
+            return _missing_directory(store, directory)
         names = sorted(
             (n[: -len(".index")] for n in _index_names(store, directory or ".")),
             key=_natural,
@@ -216,6 +218,18 @@ def _did_you_mean(store: Storage, p: str) -> str:
     more = f" (the last {SUGGESTIONS} of {len(found)})" if len(found) > SUGGESTIONS else ""
     shown = [store.join(directory, n) if directory else n for n in found[-SUGGESTIONS:]]
     return f"; did you mean {', '.join(shown)}{more}?"
+
+
+def _missing_directory(store: Storage, directory: str) -> str:
+    """The tail of an error message for a path whose directory is not there: the
+    nearest existing directory's entry that resembles the missing one ('' when none)."""
+    missing, parent = store.basename(directory), store.dirname(directory)
+    if not missing or parent == directory or not store.isdir(parent or "."):
+        return ""
+    found = difflib.get_close_matches(missing, store.listdir(parent or "."), n=1)
+    if not found:
+        return f"; there is no directory {directory}"
+    return f"; there is no directory {directory}, did you mean {store.join(parent, found[0])}?"
 
 
 def resolve_prefix(path, *, storage_options: StorageOptions | None = None) -> str:
