@@ -56,7 +56,7 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
         path = the_checkpoint_in(store)
     try:
         prefix = paths.find_prefix(store, path)
-    except CheckpointNotFoundError as e:
+    except CheckpointNotFoundError:
         h5 = find_hdf5(store, path)
         if h5 is not None:
             return _open_hdf5(store, path, h5, verify, mmap)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
+from tfckpt.format.natural import natural_key
 from tfckpt.io import commit as commit_files
 from tfckpt.io import directories as dirs
 from tfckpt.io import paths
@@ -82,10 +83,6 @@ class Scan:
         """How a state file names the checkpoint ``name`` of the directory."""
         found = self.by_name(name)
         return name if found is None else found.state_name
-
-
-def _natural(name: str) -> tuple:
-    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name))
 
 
 def scan(store: Storage, directory: str) -> Scan:
@@ -154,7 +151,7 @@ def scan(store: Storage, directory: str) -> Scan:
             if not f.endswith(".meta"):
                 c.nbytes += size
         checkpoints.append(c)
-    checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, _natural(c.name)))
+    checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, natural_key(c.name)))
     result = Scan(store, directory, checkpoints, sorted(orphans))
     _read_state(result)
     return result

@@ -16,6 +16,7 @@ from tfckpt.errors import (
     CheckpointPathWarning,
     CorruptCheckpointError,
 )
+from tfckpt.format.natural import natural_key
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import TMP_MARK
 
@@ -173,10 +174,6 @@ def checkpoint_step(prefix: str) -> int | None:
     return int(m[1]) if m else None
 
 
-def _natural(name: str) -> tuple:
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
-
-
 def _index_names(store: Storage, directory: str) -> list[str]:
     """The ``.index`` files in ``directory``, but those of a run's temporaries: a run
     killed as it commits leaves one, which no reader may take for a checkpoint."""
@@ -188,7 +185,7 @@ def bundle_prefixes(store: Storage, directory: str) -> list[str]:
     """Every prefix with an ``.index`` file in ``directory`` (on ``store``), steps in
     numeric order."""
     names = [n[: -len(".index")] for n in _index_names(store, directory)]
-    return [store.join(directory, n) for n in sorted(names, key=_natural)]
+    return [store.join(directory, n) for n in sorted(names, key=natural_key)]
 
 
 def _did_you_mean(store: Storage, p: str) -> str:
@@ -205,13 +202,13 @@ def _did_you_mean(store: Storage, p: str) -> str:
             return _missing_directory(store, directory)
         names = sorted(
             (n[: -len(".index")] for n in _index_names(store, directory or ".")),
-            key=_natural,
+            key=natural_key,
         )
     except (OSError, CheckpointError):
         return ""  # only a hint: a directory that cannot be listed gives none
     found = [n for n in names if n.startswith(base) and n != base]
     if not found:
-        found = sorted(difflib.get_close_matches(base, names, n=SUGGESTIONS), key=_natural)
+        found = sorted(difflib.get_close_matches(base, names, n=SUGGESTIONS), key=natural_key)
     if not found:
         return ""
     # The newest steps are the likeliest wanted.

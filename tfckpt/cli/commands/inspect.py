@@ -43,7 +43,10 @@ def _print_dump(data: dict) -> None:
             f"min consumer {v['min_consumer']}, {data['endianness']}-endian"
         )
     emit(f"tensors     {data['tensor_count']}")
-    emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
+    emit(
+        f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes of "
+        "tensor data on disk)"
+    )
     if not data["tensors"]:
         return
     emit()
@@ -245,7 +248,7 @@ def _print_checkpoints(data: dict) -> None:
                 c["name"],
                 "-" if c["step"] is None else str(c["step"]),
                 "-" if c["tensors"] is None else str(c["tensors"]),
-                "-" if c["bytes"] is None else human_bytes(c["bytes"]),
+                "-" if c["tensor_bytes"] is None else human_bytes(c["tensor_bytes"]),
                 note,
             ]
         )

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfckpt.checkpoint.opening import open_checkpoint
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, option
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
 from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, t5
@@ -229,7 +229,10 @@ def export_preset(
         out_dir = p.storage.dirname(p.output.out)
         target = p.storage.join(out_dir, "config.json")
         if not p.options.overwrite and p.storage.exists(target):
-            raise CheckpointError("the output already exists (use overwrite)", path=target)
+            raise CheckpointError(
+                f"the output already exists (use {option('overwrite=True', '--overwrite')})",
+                path=target,
+            )
         p.output.extra = ((target, (json.dumps(translated, indent=2) + "\n").encode()),)
         notes = [f"preset {preset}: {chosen.name} ({arch})"]
         if dry_run:
