@@ -24,6 +24,21 @@ def option(python: str, flag: str) -> str:
     return f"{_OPEN}{python}{_BETWEEN}{flag}{_CLOSE}"
 
 
+SUGGEST_AMONG = 200_000  # names searched for the nearest: an error stays quick
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """``"; did you mean 'X'?"`` for the candidate nearest ``word`` (difflib's measure);
+    ``""`` when none is near, or when there are too many to search quickly."""
+    import difflib
+
+    names = [c for c in candidates if isinstance(c, str)]
+    if not isinstance(word, str) or not names or len(names) > SUGGEST_AMONG:
+        return ""
+    found = difflib.get_close_matches(word, names, n=1, cutoff=0.75)
+    return f"; did you mean {found[0]!r}?" if found else ""
+
+
 def spelt(text: str, *, cli: bool = False) -> str:
     """``text`` with each :func:`option` in it spelt for Python, or for the command line."""
     return _OPTION.sub(lambda m: m[2 if cli else 1], text)

@@ -48,7 +48,9 @@ def tflite(tmp_path_factory):
     module = tf.Module()
     module.v = tf.Variable([1.0, 2.0])
     fn = tf.function(lambda x: x * module.v, input_signature=[tf.TensorSpec([2], tf.float32)])
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()], module)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [fn.get_concrete_function()], module
+    )
     path = tmp_path_factory.mktemp("tflite") / "model.tflite"
     path.write_bytes(converter.convert())
     return str(path)

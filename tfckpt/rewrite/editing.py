@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, did_you_mean
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, attribute_tensors
@@ -240,7 +240,8 @@ class _Editor:
         found = name if name in self.s.ckpt and name != OBJECT_GRAPH_KEY else None
         found = found or self.by_flat.get(name)
         if found is None or found not in self.names:
-            raise self.err(f"{what}: no tensor {name!r}")
+            near = did_you_mean(name, [*self.names, *self.by_flat])
+            raise self.err(f"{what}: no tensor {name!r}{near}")
         return found
 
     def matching(self, rx: re.Pattern, names: Iterable[str]) -> list[str]:

@@ -53,7 +53,7 @@ def fish_script(parser: argparse.ArgumentParser) -> str:
                 continue
             flags = " ".join([*(f"-l {x}" for x in longs), *(f"-s {x}" for x in shorts)])
             takes = a.nargs != 0
-            extra = f" -r -a {_quote(' '.join(map(str, a.choices)))}" if a.choices else ""
+            extra = f" -x -a {_quote(' '.join(map(str, a.choices)))}" if a.choices else ""
             if takes and not a.choices:
                 extra = " -r -F"
             help_text = (a.help or "").split(";")[0].split(":")[0][:60]

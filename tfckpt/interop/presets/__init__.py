@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfckpt.checkpoint.opening import open_checkpoint
-from tfckpt.errors import CheckpointError, option
+from tfckpt.errors import CheckpointError, did_you_mean, option
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
 from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, t5
@@ -62,7 +62,8 @@ def find(name: str, names: list[str]) -> Preset:
             )
         return found[0]
     if name not in PRESETS:
-        raise CheckpointError(f"no preset {name!r} (presets: {', '.join(PRESETS)}, auto)")
+        near = did_you_mean(name, [*PRESETS, "auto"])
+        raise CheckpointError(f"no preset {name!r}{near} (presets: {', '.join(PRESETS)}, auto)")
     return PRESETS[name]
 
 
