@@ -37,7 +37,9 @@ complete_words tfckpt convert --ov
 complete_words tfckpt convert --overflow c
 complete_words tfckpt ''
 """
-    out = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", "--norc", "-c", probe], capture_output=True, text=True, check=True
+    )
     lines = out.stdout.splitlines()
     assert lines[0].startswith("complete ") and lines[0].endswith(" tfckpt"), lines
     assert lines[1] == "convert"
