@@ -369,13 +369,13 @@ def _merged_graph(
 
 
 def follow_source_layouts(srcs: list[Source], options: Options) -> None:
-    """Without ``max_shard_bytes`` the output keeps the sources' shards: each source's
-    start after the previous source's (see :attr:`Source.shard_base`)."""
+    """Without ``max_shard_bytes`` the output keeps the sources' shards, laid over one
+    another: output shard ``i`` holds shard ``i`` of every source (see
+    :attr:`Source.shard_base`), so a merge of small single-shard checkpoints writes one
+    data file, not one per source, and one source keeps its layout exactly."""
     if options.max_shard_bytes is None:
-        base = 0
         for s in srcs:
-            s.shard_base = base
-            base += s.ckpt.header.num_shards
+            s.shard_base = 0
 
 
 def _planned_tensors(

@@ -140,7 +140,7 @@ def plan_preset(
         opts = with_rules(opts, made)
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
-    p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    p = _plan_pt(src, out, opts, storage_options)
     if made is not None:
         return p, chosen, arch
     arch = chosen.architecture(_shapes(p))
@@ -148,8 +148,16 @@ def plan_preset(
     if unused:  # planned again without them
         close_opened(p, src)
         opts = with_rules(opts, {"exclude": list(unused)})
-        p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+        p = _plan_pt(src, out, opts, storage_options)
     return p, chosen, arch
+
+
+def _plan_pt(src, out: str, opts: Options, storage_options: StorageOptions | None) -> Plan:
+    """The export plan into ``out``, its tensors in a PyTorch model's layouts (the
+    preset's rules): its safetensors metadata says so, as PyTorch's writers do."""
+    p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    p.output.framework = "pt"
+    return p
 
 
 def _source_config(
