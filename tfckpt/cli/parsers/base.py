@@ -114,7 +114,7 @@ then review the file, and: tfckpt export SRC OUT.safetensors --rules FILE.toml -
 
 the copy is verified (every checksum read back) before the source is deleted""",
     "completion": """examples:
-  tfckpt completion bash > ~/.local/share/bash-completion/completions/tfckpt
+  tfckpt completion bash > "$XDG_DATA_HOME/bash-completion/completions/tfckpt"
   tfckpt completion zsh > "${fpath[1]}/_tfckpt"
   tfckpt completion fish > ~/.config/fish/completions/tfckpt.fish""",
     "import": """examples:
