@@ -24,6 +24,13 @@ def option(python: str, flag: str) -> str:
     return f"{_OPEN}{python}{_BETWEEN}{flag}{_CLOSE}"
 
 
+def flag(name: str) -> str:
+    """:func:`option` for an option whose argument is its flag's name in snake case:
+    ``flag("in-place")`` reads ``in_place`` from Python, ``--in-place`` on the command
+    line."""
+    return option(name.replace("-", "_"), f"--{name}")
+
+
 SUGGEST_AMONG = 200_000  # names searched for the nearest: an error stays quick
 
 

@@ -109,6 +109,10 @@ def test_tensor_name_and_preset_suggestions(ckpt, tmp_path):
         in_process("edit", ckpt, tmp_path / "e", "--set", "vs/3/.ATTRIBUTES/VARIABLE_VALU=0"),
         "did you mean 'vs/3/.ATTRIBUTES/VARIABLE_VALUE'?",
     )
+    assert_cli_error(
+        in_process("dump", ckpt, "--tensor", "vs/11/.ATTRIBUTES/VARIABLE_VALEU"),
+        "did you mean 'vs/11/.ATTRIBUTES/VARIABLE_VALUE'?",
+    )
     with tfckpt.open(ckpt) as c, pytest.raises(tfckpt.TensorNotFoundError, match="did you mean"):
         c["vs/3/.ATTRIBUTES/VARIABLE_VALU"]
     assert_cli_error(
@@ -170,6 +174,13 @@ def test_messages_name_flags_on_the_command_line_and_arguments_in_python(ckpt, t
     with pytest.raises(tfckpt.CheckpointError, match="prefer='first' or 'last'") as e:
         tfckpt.merge([ckpt, ckpt], tmp_path / "m")
     assert "--prefer" not in str(e.value)
+    # The library's edit speaks arguments too, its command flags.
+    assert_cli_error(
+        in_process("edit", ckpt, tmp_path / "e", "--set", "nope=0"), "--set: no tensor"
+    )
+    with pytest.raises(tfckpt.CheckpointError, match="set: no tensor 'nope'") as e:
+        tfckpt.edit(ckpt, tmp_path / "e", set={"nope": 0})
+    assert "--set" not in str(e.value) and "--set" in e.value.cli_message
 
 
 # --- listings -------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from tfckpt.cli.display import (
     table,
     width,
 )
-from tfckpt.errors import CheckpointError, CheckpointNotFoundError
+from tfckpt.errors import CheckpointError, CheckpointNotFoundError, did_you_mean
 from tfckpt.format import dtypes as _dt
 from tfckpt.inspection.meta import is_meta_graph
 
@@ -87,7 +87,8 @@ def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[tuple[str, str |
             continue
         matched = [n for n in ckpt.keys() if re.search(p, n)]
         if not matched:
-            raise CheckpointError(f"no tensor matches {p!r}", path=ckpt.prefix)
+            near = did_you_mean(p, ckpt.keys())
+            raise CheckpointError(f"no tensor matches {p!r}{near}", path=ckpt.prefix)
         names.extend((n, None) for n in matched)
     return list(dict.fromkeys(names))
 
