@@ -100,6 +100,11 @@ def test_unknown_command_suggests_the_nearest():
     assert_cli_error(in_process("dupm", "x"), "unknown command 'dupm'", "did you mean 'dump'?")
 
 
+def test_a_bad_argument_is_shown_escaped():
+    line = assert_cli_error(in_process("dump", "a", "b\x1b[31mc"), "unrecognized arguments")
+    assert "\x1b" not in line and "b\\x1b[31mc" in line
+
+
 def test_missing_argument_is_one_line():
     assert_cli_error(in_process("convert"), "required", "tfckpt convert --help")
 

@@ -89,8 +89,8 @@ GRAPH = FileKind(
 )
 HDF5_WITHOUT_SIGNATURE = FileKind(
     "hdf5-named",
-    "named as an HDF5 file, but HDF5's signature is not where HDF5 looks for it",
-    "it is no Keras weights file tfckpt can read",
+    "a file named as HDF5, but HDF5's signature is not where HDF5 looks for it",
+    "tfckpt reads Keras HDF5 weights (model.h5, tf_model.h5) that are HDF5 files",
 )
 EMPTY = FileKind("empty", "an empty file", "a checkpoint's index is never empty")
 

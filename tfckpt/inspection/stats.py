@@ -7,7 +7,7 @@ import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.natural import natural_key
+from tfckpt.format.natural import in_natural_order
 from tfckpt.inspection.reading import match_names, stored_chunks
 from tfckpt.rewrite.cast import Caster
 
@@ -28,7 +28,7 @@ def stats(
     statistics are over its stored elements, counted in ``stored_elements``.
     """
     out = []
-    for name in sorted(match_names(ckpt.keys(), filter), key=natural_key):
+    for name in in_natural_order(match_names(ckpt.keys(), filter)):
         info = ckpt.info(name)
         dt = _dt.lookup(info.dtype)
         rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape), "elements": info.size}

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from tfckpt.cli import options as opt
+from tfckpt.cli.display import emit
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -130,7 +131,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """One line: the error, and where the help is."""
-        print(f"tfckpt: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        # Through emit: the message may quote what was typed, control characters too.
+        emit(f"tfckpt: error: {message} (see {self.prog} --help)", err=True)
         sys.exit(2)
 
     def _check_value(self, action: argparse.Action, value) -> None:
