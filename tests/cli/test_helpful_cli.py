@@ -227,3 +227,19 @@ def tfckpt_bytes(n: int) -> str:
     from tfckpt.cli.display import human_bytes
 
     return human_bytes(n)
+
+
+def test_a_rules_file_takes_the_same_names(ckpt, tmp_path):
+    rules = tmp_path / "r.toml"
+    rules.write_text(
+        'cast = "bf16"\ncast_from = ["float"]\n[[dtype]]\nmatch = "vs/1/"\ndtype = "half"\n'
+    )
+    rc, out, err = in_process("convert", ckpt, tmp_path / "out" / "ckpt", "--rules", rules)
+    assert rc == 0, err
+    dtypes = tf.train.load_checkpoint(str(tmp_path / "out" / "ckpt")).get_variable_to_dtype_map()
+    assert dtypes["vs/1/.ATTRIBUTES/VARIABLE_VALUE"] == tf.float16
+    assert dtypes["vs/2/.ATTRIBUTES/VARIABLE_VALUE"] == tf.bfloat16
+    rules.write_text('cast = "bfloat61"\n')
+    assert_cli_error(
+        in_process("convert", ckpt, tmp_path / "bad", "--rules", rules), "did you mean 'bfloat16'?"
+    )
