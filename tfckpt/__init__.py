@@ -21,6 +21,7 @@ from tfckpt.errors import (
     CheckpointWriteError,
     CorruptCheckpointError,
     TensorNotFoundError,
+    UnknownDTypeError,
     UnsupportedCheckpointError,
 )
 from tfckpt.version import __version__ as __version__
@@ -172,6 +173,7 @@ __all__ = [
     "UnsupportedCheckpointError",
     "CheckpointWriteError",
     "TensorNotFoundError",
+    "UnknownDTypeError",
     "CastOverflowError",
     "CheckpointPathWarning",
 ]

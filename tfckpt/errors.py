@@ -1,6 +1,54 @@
-"""The one exception family tfckpt raises for anything wrong with a checkpoint."""
+"""The one exception family tfckpt raises for anything wrong with a checkpoint, and
+:func:`option`, how its messages name an option: as an argument from Python, as a flag on
+the command line."""
 
 from __future__ import annotations
+
+import re
+
+# Private-use characters around an option's two spellings in a message (never in a name
+# tfckpt writes into one: those reach messages through repr or as paths).
+_OPEN, _BETWEEN, _CLOSE = "\ue000", "\ue001", "\ue002"
+_OPTION = re.compile(f"{_OPEN}([^{_BETWEEN}]*){_BETWEEN}([^{_CLOSE}]*){_CLOSE}")
+
+
+def option(python: str, flag: str) -> str:
+    """An option named in an error message, spelt both ways: ``python`` as the library
+    takes it (``"overwrite=True"``), ``flag`` as the command line does
+    (``"--overwrite"``). ``str(error)`` shows the first, the command line the second
+    (:attr:`CheckpointError.cli_message`).
+
+    >>> str(CheckpointError(f"it exists (use {option('overwrite=True', '--overwrite')})"))
+    'it exists (use overwrite=True)'
+    """
+    return f"{_OPEN}{python}{_BETWEEN}{flag}{_CLOSE}"
+
+
+def flag(name: str) -> str:
+    """:func:`option` for an option whose argument is its flag's name in snake case:
+    ``flag("in-place")`` reads ``in_place`` from Python, ``--in-place`` on the command
+    line."""
+    return option(name.replace("-", "_"), f"--{name}")
+
+
+SUGGEST_AMONG = 200_000  # names searched for the nearest: an error stays quick
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """``"; did you mean 'X'?"`` for the candidate nearest ``word`` (difflib's measure);
+    ``""`` when none is near, or when there are too many to search quickly."""
+    import difflib
+
+    names = [c for c in candidates if isinstance(c, str)]
+    if not isinstance(word, str) or not names or len(names) > SUGGEST_AMONG:
+        return ""
+    found = difflib.get_close_matches(word, names, n=1, cutoff=0.75)
+    return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def spelt(text: str, *, cli: bool = False) -> str:
+    """``text`` with each :func:`option` in it spelt for Python, or for the command line."""
+    return _OPTION.sub(lambda m: m[2 if cli else 1], text)
 
 
 class CheckpointError(Exception):
@@ -18,13 +66,15 @@ class CheckpointError(Exception):
     def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None):
         self.path = path
         self.tensor = tensor
-        self.detail = message
+        self.detail = spelt(message)
         parts = []
         if path is not None:
             parts.append(str(path))
         if tensor is not None:
             parts.append(f"tensor {tensor!r}")
-        self.message = ": ".join(parts + [message])
+        self.message = ": ".join(parts + [self.detail])
+        # The options the message names (see option()) as the command line spells them.
+        self.cli_message = ": ".join(parts + [spelt(message, cli=True)])
         super().__init__(self.message)
 
     def __str__(self) -> str:
@@ -70,6 +120,16 @@ class UnsupportedCheckpointError(CheckpointError):
     """
 
 
+class UnknownDTypeError(CheckpointError, ValueError):
+    """A dtype name tfckpt does not know (also a ``ValueError``, as numpy's would be); the
+    message suggests the nearest known name.
+
+    >>> tfckpt.convert("train/", "fp16/", "flaot16")
+    Traceback (most recent call last):
+    tfckpt.errors.UnknownDTypeError: unknown dtype 'flaot16'; did you mean 'float16'?
+    """
+
+
 class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint failed; nothing was left at the destination.
 
@@ -81,6 +141,8 @@ class CheckpointWriteError(CheckpointError):
 
 
 _LISTED = 50  # tensors an overflow message names
+OVERFLOW_ARGS = "overflow='clip' or 'inf'"
+PREFER_ARGS = "prefer='first' or 'last'"
 
 
 class CastOverflowError(CheckpointError):
@@ -104,7 +166,7 @@ class CastOverflowError(CheckpointError):
             listed += f" and {len(counts) - len(shown)} more"
         super().__init__(
             f"values beyond the target dtype's range in {len(counts)} tensor(s), "
-            f"nothing written (use overflow='clip' or 'inf'): {listed}",
+            f"nothing written (use {option(OVERFLOW_ARGS, '--overflow clip|inf')}): {listed}",
             path=dst,
         )
 

@@ -27,6 +27,7 @@ import tfckpt
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.format.bundle import BULK_MAX_RANK, TensorTable, decode_entries, parse_entry
+from tfckpt.format.natural import in_natural_order
 from tfckpt.format.orderedcode import decode_name, decode_names
 from tfckpt.format.table import (
     _U32,
@@ -662,10 +663,12 @@ def scope_of(name: str) -> str:
 
 
 def _old_dump(ckpt, filter=None) -> dict:
-    """``dump`` as it was built before, one ``info`` at a time: the oracle."""
+    """``dump`` as it was built before, one ``info`` at a time: the oracle (its names in
+    the order dump lists them, natural where they come sorted)."""
     names = ckpt.keys()
     if filter is not None:
         names = [n for n in names if re.search(filter, n)]
+    names = in_natural_order(names)
     tensors, scopes = [], {}
     for name in names:
         info = ckpt.info(name)

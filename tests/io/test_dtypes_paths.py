@@ -161,10 +161,14 @@ def test_dtype_kinds_and_swap_units():
     assert f("qint8").kind == "quantized" and f("qint32").itemsize == 4
 
 
-@pytest.mark.parametrize("spec", ["nonsense", "float128x", "Float32"])
+@pytest.mark.parametrize("spec", ["nonsense", "float128x", "flaot32"])
 def test_dtype_unknown_spec(spec):
     with pytest.raises(ValueError):
         dtypes.lookup(spec)
+
+
+def test_dtype_names_are_read_in_any_case():
+    assert dtypes.lookup("Float32").name == "float32" and dtypes.lookup("BF16").name == "bfloat16"
 
 
 # --- errors ------------------------------------------------------------------------

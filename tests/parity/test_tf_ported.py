@@ -236,7 +236,9 @@ def test_equivalent_full_slices(tmp_path):
 
 def test_directory_structure(tmp_path):
     # TensorBundleTest.DirectoryStructure: one bundle merged alone keeps one shard; two
-    # one-shard bundles merge into NAME.data-0000{0,1}-of-00002, as MergeV2Checkpoints names them.
+    # one-shard bundles merge into NAME.data-0000{0,1}-of-00002 with MergeV2Checkpoints (the
+    # per-device parts of one sharded save), into one data file with tfckpt's merge of two
+    # checkpoints (the sources' shards laid over one another, issue 28): TensorFlow reads both.
     workers = []
     for i in range(2):
         workers.append(_save(str(tmp_path / f"worker{i}"), {f"tensor{i}": tf.zeros([2, 3])}))
@@ -260,13 +262,17 @@ def test_directory_structure(tmp_path):
     tf.raw_ops.MergeV2Checkpoints(
         checkpoint_prefixes=copies, destination_prefix=str(tf_dir / "merged")
     )
-    assert (
-        ours
-        == sorted(p.name for p in tf_dir.glob("merged.*"))
-        == ["merged.data-00000-of-00002", "merged.data-00001-of-00002", "merged.index"]
-    )
+    assert sorted(p.name for p in tf_dir.glob("merged.*")) == [
+        "merged.data-00000-of-00002",
+        "merged.data-00001-of-00002",
+        "merged.index",
+    ]
+    assert ours == ["merged.data-00000-of-00001", "merged.index"]
     reader = tf.train.load_checkpoint(merged)
     assert sorted(reader.get_variable_to_shape_map()) == ["tensor0", "tensor1"]
+    theirs = tf.train.load_checkpoint(str(tf_dir / "merged"))
+    for name in ("tensor0", "tensor1"):
+        assert _same(reader.get_tensor(name), theirs.get_tensor(name))
     with tfckpt.open(str(tf_dir / "merged")) as ckpt:
         assert ckpt.keys() == ["tensor0", "tensor1"]
 

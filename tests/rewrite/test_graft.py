@@ -146,7 +146,7 @@ def test_graft_missing_source_is_an_error_naming_it(tf1, templates, tmp_path):
     src, _ = tf1
     dst = tmp_path / "out"
     result = in_process("graft", templates["float32"], src, "-o", dst, *map_args(MAP[:3]))
-    assert_cli_error(result, repr(BIAS2 + VALUE), "allow_missing")
+    assert_cli_error(result, repr(BIAS2 + VALUE), "--allow-missing")
     assert not (tmp_path / "out.index").exists()
 
 
@@ -232,7 +232,7 @@ def test_graft_onto_a_template_with_its_optimizer(tf1, tmp_path):
         result,
         "no source has the template's optimizer slot 'optimizer/_variables/2" + VALUE,
         "momentums of what 'simple-conv1/weights' fills: no 'simple-conv1/weights/Adam' in",
-        "drop_objects",
+        "--drop-object",
     )
     rc, _, err = in_process(
         "graft", template, src, "-o", dst, *map_args(), "--drop-object", "optimizer"

@@ -22,7 +22,12 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
-from tfckpt.errors import CorruptCheckpointError, TensorNotFoundError, UnsupportedCheckpointError
+from tfckpt.errors import (
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    UnsupportedCheckpointError,
+    did_you_mean,
+)
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import orderedcode
 from tfckpt.format.bundle import (
@@ -192,7 +197,9 @@ class BundleIndex:
         raw = self.raw.get(key)
         if raw is None or key == HEADER_KEY:
             raise TensorNotFoundError(
-                "no such tensor in the checkpoint", path=self.prefix, tensor=name
+                "no such tensor in the checkpoint" + did_you_mean(name, self.names),
+                path=self.prefix,
+                tensor=name,
             )
         try:
             proto = parse_entry(raw)
@@ -230,7 +237,9 @@ class BundleIndex:
         key = _encode_name(name)
         if key in self.slice_keys or key == HEADER_KEY:
             raise TensorNotFoundError(
-                "no such tensor in the checkpoint", path=self.prefix, tensor=name
+                "no such tensor in the checkpoint" + did_you_mean(name, self.names),
+                path=self.prefix,
+                tensor=name,
             )
         return self._entry(key, name)
 

@@ -19,6 +19,7 @@ from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.v1 import V1Checkpoint
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file, resolve_files
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
+from tfckpt.format.filekinds import HEAD_BYTES, FileKind, identify
 from tfckpt.format.h5chunks import SIGNATURE, superblock_offsets
 from tfckpt.format.hfindex import INDEX_NAME, INDEX_SUFFIX
 from tfckpt.io import paths
@@ -57,7 +58,7 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
         path = the_checkpoint_in(store)
     try:
         prefix = paths.find_prefix(store, path)
-    except CheckpointNotFoundError as e:
+    except CheckpointNotFoundError:
         index = find_hf_index(store, path)
         if index is not None:
             return _open_hdf5(store, path, (index, ""), verify, mmap, sharded=True)
@@ -68,12 +69,13 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
         files = resolve_files(store, path, warn=False)
         if files is not None:
             return V1Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=files)
+        # Before archives: a PyTorch or Keras zip is no archive of checkpoints.
+        why = not_a_checkpoint(store, path)
+        if why is not None:
+            raise UnsupportedCheckpointError(why, path=normalize(path)) from None
         inner = archive_at(store, normalize(path))
         if inner is not None:
             return open_in(inner, inner.root, verify=verify, mmap=mmap)
-        why = not_a_checkpoint(store, path)
-        if why is not None:
-            raise UnsupportedCheckpointError(why, path=e.path) from None
         raise
     return Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=prefix)
 
@@ -154,42 +156,29 @@ def _open_hdf5(
 
 
 def not_a_checkpoint(store: Storage, path) -> str | None:
-    """Why ``path``, a file on ``store`` that is no checkpoint, is not one; None when no
-    kind is known."""
+    """Why ``path``, a file on ``store`` that is no checkpoint, is not one (what it is, and
+    what handles it: :func:`tfckpt.format.filekinds.identify`); None when no kind is
+    known."""
+    kind = file_kind(store, path)
+    return None if kind is None else kind.message()
+
+
+def file_kind(store: Storage, path) -> FileKind | None:
+    """The kind of the file ``path`` on ``store`` when it is one people take for a
+    checkpoint (see :func:`tfckpt.format.filekinds.identify`); None otherwise."""
     p = normalize(path)
-    if not store.isfile(p):
-        return None
     try:
-        head = _head(store, p)
+        if not store.isfile(p):
+            return None
+        return identify(p, _head(store, p))
     except (OSError, CheckpointError):
         return None
-    lower = p.lower()
-    if not head:
-        return "the file is empty"
-    if lower.endswith(HDF5_SUFFIXES):
-        return "named as an HDF5 file, but HDF5's signature is not where HDF5 looks for it"
-    if head.startswith(b"PK\x03\x04") and lower.endswith(".keras"):
-        return "a Keras .keras archive, not a TensorFlow checkpoint; load it with Keras"
-    if head.startswith(b"PK\x03\x04") and lower.endswith(".npz"):
-        return "an npz file of arrays, not a checkpoint; tfckpt import makes one of it"
-    if lower.endswith(".meta"):
-        return (
-            "a MetaGraphDef (.meta) graph file: it holds no variable values; "
-            "open the checkpoint beside it (tfckpt dump lists the graph's variables, "
-            "tfckpt check --against it what its Saver restores)"
-        )
-    if lower.endswith(".pb") or lower.endswith(".pbtxt"):
-        return (
-            "a SavedModel graph (.pb): open the SavedModel directory "
-            "(its variables/ hold the values)"
-        )
-    return None
 
 
 def _head(store: Storage, path: str) -> bytes:
     reader = store.open_reader(path)
     try:
-        buf = bytearray(512)
+        buf = bytearray(HEAD_BYTES)
         n = reader.readinto(memoryview(buf), 0)
         return bytes(buf[:n])
     finally:

@@ -20,7 +20,7 @@ import numpy as np
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.checkpoint.entries import IndexEntries
 from tfckpt.checkpoint.streams import StringStream, TensorStream, data_bytes, holds
-from tfckpt.errors import CheckpointError, CheckpointWriteError
+from tfckpt.errors import CheckpointError, CheckpointWriteError, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import VARIANT, entry_proto
 from tfckpt.format.dtypes import Endianness
@@ -452,7 +452,9 @@ class BundleWriter(_Adder):
         index = paths.index_filename(self.prefix)
         if self.storage.isfile(index) and not overwrite:
             raise CheckpointWriteError(
-                "a checkpoint already exists here (pass overwrite=True to replace it)", path=index
+                f"a checkpoint already exists here (use {option('overwrite=True', '--overwrite')} "
+                "to replace it)",
+                path=index,
             )
         try:
             self._created_dirs = self.storage.makedirs(self.storage.dirname(self.prefix))

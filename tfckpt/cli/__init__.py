@@ -26,6 +26,7 @@ import warnings
 from tfckpt.cli.display import emit
 from tfckpt.cli.options import parse_size
 from tfckpt.cli.parsers import COMMANDS
+from tfckpt.cli.parsers.base import DEBUG_HELP, Parser, finish
 from tfckpt.errors import CheckpointError, CheckpointPathWarning
 from tfckpt.io.storage import check_options
 from tfckpt.rewrite import collector
@@ -114,15 +115,20 @@ def nested_storage_options(pairs: list[tuple[list[str], object]]) -> dict | None
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``tfckpt`` parser: global flags, and one subparser per command."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tfckpt",
+        usage="%(prog)s [--version] [--debug] COMMAND ...",
         description="Read, inspect and rewrite TensorFlow checkpoints directly from their files.",
+        epilog="tfckpt COMMAND --help shows a command's arguments and examples",
     )
     parser.add_argument("--version", action="version", version=f"tfckpt {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", title="commands", prog="tfckpt"
+    )
     for add_command in COMMANDS:
-        add_command(sub)
+        add_command(sub)  # type: ignore[arg-type]  # a Parser is an ArgumentParser
+    finish(sub)  # type: ignore[arg-type]
     return parser
 
 
@@ -169,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        # Bare `tfckpt`: what it can do, rather than that a command is missing.
+        parser.print_help()
+        return EXIT_ERROR
+    args = parser.parse_args(argv)
     try:
         # Checked once, here; their errors (and the library's, later) name --storage-option.
         args.storage_options = check_options(
@@ -196,6 +207,6 @@ def _main(argv: list[str] | None) -> int:
         elif isinstance(e, OSError) and not isinstance(e, CheckpointError):
             message = f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
         else:
-            message = str(e)
+            message = e.cli_message if isinstance(e, CheckpointError) else str(e)
         emit(f"tfckpt: error: {message}", err=True)
         return EXIT_ERROR

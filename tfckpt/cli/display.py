@@ -138,6 +138,12 @@ def print_json_text(*parts: str) -> None:
     sys.stdout.write("\n")
 
 
+def print_script(text: str) -> None:
+    """Print a script the command line made itself from its own parser (a completion
+    script): lines kept as they are, as the shell must read them."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
 def fmt(v, digits: int = 6) -> str:
     if v is None:
         return "-"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CAST_TARGETS, OVERFLOW_POLICIES
 from tfckpt.rewrite.options import BACKENDS, DEFAULTS, PREFER
 
@@ -33,6 +34,37 @@ def parse_size(text: str, *, minimum: int = 1) -> int:
 
 def _parse_size_or_zero(text: str) -> int:
     return parse_size(text, minimum=0)
+
+
+SHARED = "shared options"
+
+
+def shared_group(p: argparse.ArgumentParser) -> Container:
+    """The group of options a command shares with the others (storage, debug, who runs
+    and rounds, memory), made on first use; its help lists them after the command's own
+    (see :func:`tfckpt.cli.parsers.base.finish`)."""
+    for g in p._action_groups:
+        if g.title == SHARED:
+            return g
+    return p.add_argument_group(SHARED)
+
+
+def dtype_name(text: str) -> str:
+    """A cast target as the command line takes it: TensorFlow's name or any other one
+    :func:`tfckpt.format.dtypes.lookup` knows (``half``, ``fp16``, ``bf16``...), as
+    TensorFlow's name; an unknown one suggests the nearest."""
+    try:
+        dtype = _dt.lookup(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if dtype.name not in CAST_TARGETS:
+        raise argparse.ArgumentTypeError(
+            f"cannot cast to {text!r}; targets: {', '.join(CAST_TARGETS)}"
+        )
+    return dtype.name
+
+
+DTYPE_NAMES = "float16 (half, fp16), bfloat16 (bf16), float32, float64, float8_e4m3fn, float8_e5m2"
 
 
 def add_storage_option(p: Container) -> None:
@@ -83,12 +115,13 @@ def add_dtype_options(
 ) -> None:
     """``--dtype``, ``--from``, ``--keep-dtype`` and ``--dtype-rule``: which tensors are
     written in which floating-point dtype."""
-    g.add_argument("--dtype", choices=CAST_TARGETS, help=dtype_help)
+    g.add_argument("--dtype", type=dtype_name, metavar="DTYPE", help=f"{dtype_help}: {DTYPE_NAMES}")
     g.add_argument(
         "--from",
         dest="cast_from",
         metavar="DTYPES",
-        help="only cast these source dtypes (comma-separated, e.g. float32,float64)",
+        help="only cast these source dtypes (comma-separated, e.g. float32,float64; any "
+        "name --dtype takes)",
     )
     g.add_argument(
         "--keep-dtype",
@@ -119,21 +152,23 @@ def add_cast_group(p: argparse.ArgumentParser) -> None:
     """The transforms' "cast" group: the dtype options, who rounds, and overflow."""
     g = p.add_argument_group("cast")
     add_dtype_options(g)
-    g.add_argument(
+    add_overflow(g)
+    shared = shared_group(p)
+    shared.add_argument(
         "--backend",
         choices=BACKENDS,
         default=DEFAULTS.backend,
-        help="who rounds: numpy (default), tf (tf.cast on the best device for "
-        "tensors of at least --tf-threshold), auto (tf only with a GPU)",
+        help="who rounds: numpy (the default: NumKong's SIMD kernels where the CPU has "
+        "them, else numpy and ml-dtypes; the same bits either way), tf (tf.cast on the "
+        "best device for tensors of at least --tf-threshold), auto (tf only with a GPU)",
     )
-    g.add_argument(
+    shared.add_argument(
         "--tf-threshold",
         type=_parse_size_or_zero,
         default=DEFAULTS.tf_threshold,
         metavar="SIZE",
         help="smallest tensor cast by the tf backend (default 64M)",
     )
-    add_overflow(g)
 
 
 def add_drop_object(
@@ -225,13 +260,14 @@ def add_output_group(p: argparse.ArgumentParser) -> None:
     )
     add_write_options(g)
     add_plan_output(g)
-    g.add_argument(
+    shared = shared_group(p)
+    shared.add_argument(
         "--executor",
         metavar="SPEC",
         help="run the per-shard tasks on: threads:N, processes:N, or a Dask "
         "scheduler dask://HOST:PORT (default: here, one after another)",
     )
-    add_chunk_bytes(g)
+    add_chunk_bytes(shared)
 
 
 def add_transform_options(p: argparse.ArgumentParser) -> None:

@@ -7,13 +7,14 @@ and most commands never meet those types.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
-from tfckpt.errors import UnsupportedCheckpointError
+from tfckpt.errors import UnknownDTypeError, UnsupportedCheckpointError
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -127,10 +128,35 @@ _BY_ENUM: dict[int, DType] = {
     e: DType(e, name, spec, kind, size) for e, name, spec, kind, size in _TABLE
 }
 _BY_NAME: dict[str, DType] = {d.name: d for d in _BY_ENUM.values()}
+# Other names people write for the same types, lowercase: TensorFlow's own aliases
+# (tf.half, tf.float, tf.double), and the usual short forms. numpy's names and type codes
+# ("f2", "<f4", "e") are numpy's to read (see :func:`lookup`).
 _ALIASES = {
     "half": "float16",
     "float": "float32",
     "double": "float64",
+    "fp16": "float16",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "f32": "float32",
+    "single": "float32",
+    "fp64": "float64",
+    "f64": "float64",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "c64": "complex64",
+    "c128": "complex128",
     "bytes": "string",
     "str": "string",
     "object": "string",
@@ -174,18 +200,28 @@ _BULK_ITEMSIZE = np.array(
 
 
 def lookup(spec) -> DType:
-    """A DType from a TensorFlow name (``'float16'``, ``'half'``), a number,
-    a numpy dtype, or a DType."""
+    """A DType from a name (TensorFlow's ``'float16'``, ``'half'``; numpy's ``'f2'``;
+    short ones ``'fp16'``, ``'bf16'``, any case), a number, a numpy dtype, or a DType.
+
+    Every dtype a user names (the command line's ``--dtype``, ``--from``,
+    ``--dtype-rule``, rules files, the library's ``cast=``) is read here; a name it
+    does not know is an :class:`~tfckpt.errors.UnknownDTypeError` suggesting the
+    nearest one.
+
+    >>> lookup("bf16").name
+    'bfloat16'
+    """
     if isinstance(spec, DType):
         return spec
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         return from_enum(int(spec))
     if isinstance(spec, str):
-        key = _ALIASES.get(spec, spec)
+        key = spec.strip().lower()
+        key = _ALIASES.get(key, key)
         if key in _BY_NAME:
             return _BY_NAME[key]
     try:
-        npd = np.dtype(spec)
+        npd = np.dtype(spec) if spec is not None else None
     except TypeError:
         npd = None
     if npd is not None:
@@ -201,7 +237,20 @@ def lookup(spec) -> DType:
             and found.numpy.newbyteorder("=") == npd.newbyteorder("=")
         ):
             return found
-    raise ValueError(f"no TensorFlow dtype for {spec!r}")
+    raise UnknownDTypeError(f"unknown dtype {spec!r}{did_you_mean(spec)}")
+
+
+def did_you_mean(spec, among=None) -> str:
+    """``"; did you mean 'float32'?"`` for the known name nearest ``spec`` (among
+    ``among``, default every name and alias); ``""`` when none is near."""
+    if not isinstance(spec, str):
+        return ""
+    names = list(among) if among is not None else [*_BY_NAME, *_ALIASES]
+    found = difflib.get_close_matches(spec.strip().lower(), names, n=1)
+    if not found:
+        return ""
+    name = _ALIASES.get(found[0], found[0]) if among is None else found[0]
+    return f"; did you mean {name!r}?"
 
 
 def all_dtypes() -> list[DType]:

@@ -9,6 +9,7 @@ import numpy as np
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.errors import UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.natural import natural_key
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
 from tfckpt.inspection.histograms import Log2Histogram
 from tfckpt.inspection.reading import match_names, stored_chunks
@@ -146,7 +147,7 @@ def diff(
     names_b = set(match_names(b.keys(), filter)) - {OBJECT_GRAPH_KEY}
     changed: list[dict[str, object]] = []
     value_diffs: list[dict[str, object]] = []
-    for name in sorted(names_a & names_b):
+    for name in sorted(names_a & names_b, key=natural_key):
         ia, ib = a.info(name), b.info(name)
         stored_differently = (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices)
         if ia.dtype != ib.dtype or ia.shape != ib.shape or stored_differently:
@@ -172,7 +173,8 @@ def diff(
         result = compare_values(a, b, name, atol=atol, rtol=rtol, chunk_bytes=chunk_bytes)
         if result["differing"]:
             value_diffs.append({"name": name, **result})
-    only_a, only_b = sorted(names_a - names_b), sorted(names_b - names_a)
+    only_a = sorted(names_a - names_b, key=natural_key)
+    only_b = sorted(names_b - names_a, key=natural_key)
     return {
         "a": a.prefix,
         "b": b.prefix,

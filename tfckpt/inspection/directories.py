@@ -27,6 +27,7 @@ from tfckpt._proto.checkpoint_state_pb2 import CheckpointState
 from tfckpt.checkpoint.index import BundleIndex
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file
 from tfckpt.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError
+from tfckpt.format.natural import natural_key
 from tfckpt.io import commit as commit_files
 from tfckpt.io import directories as dirs
 from tfckpt.io import paths
@@ -106,10 +107,6 @@ def _own_data(store: Storage, index: str, data: list[str]) -> tuple[list[str], l
     return own, [n for n in data if n not in own]
 
 
-def _natural(name: str) -> tuple:
-    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name))
-
-
 def scan(store: Storage, directory: str) -> Scan:
     """Every checkpoint, leftover and state-file entry of ``directory`` on ``store``."""
     try:
@@ -178,7 +175,7 @@ def scan(store: Storage, directory: str) -> Scan:
             if not f.endswith(".meta"):
                 c.nbytes += size
         checkpoints.append(c)
-    checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, _natural(c.name)))
+    checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, natural_key(c.name)))
     result = Scan(store, directory, checkpoints, sorted(orphans))
     _read_state(result)
     return result

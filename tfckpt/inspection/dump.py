@@ -12,6 +12,7 @@ from operator import itemgetter
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import UnsupportedCheckpointError
 from tfckpt.format.bundle import TensorTable
+from tfckpt.format.natural import in_natural_order
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.inspection.reading import match_names
 
@@ -50,8 +51,9 @@ def dump_json_parts(ckpt: Checkpoint, *, filter: str | None = None) -> list[str]
 
 def _dump(ckpt: Checkpoint, filter: str | None) -> tuple[dict, TensorTable]:
     """``dump``'s data without its ``tensors``, and the table they come from."""
-    names = ckpt.keys()
-    table = ckpt.table(None if filter is None else match_names(names, filter))
+    # In natural order (_variables/2 before _variables/10), as people read them.
+    names = in_natural_order(match_names(ckpt.keys(), filter))
+    table = ckpt.table(names)
     # A tensor's scope is its name up to the first "/" (model of model/dense/kernel).
     # Sorted names keep a scope's tensors together, nearly always: one sum per run.
     row_scopes = list(map(itemgetter(0), map(str.partition, table.names, repeat("/"))))

@@ -15,14 +15,15 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 def checkpoints(directory, *, storage_options: StorageOptions | None = None) -> dict:
     """Every checkpoint in a directory: ``{"directory", "state_file", "latest",
     "checkpoints": [{"prefix", "name", "step", "format", "tensors", "bytes",
-    "in_state_file", "state_file", "latest", "error"}]}``.
+    "tensor_bytes", "in_state_file", "state_file", "latest", "error"}]}``.
 
     Those the ``checkpoint`` state file lists come first, in its order (oldest
     first; their paths found beside the state file when they are from elsewhere,
     with a :class:`~tfckpt.CheckpointPathWarning`), then every other ``.index``
     in the directory, steps in numeric order. ``step`` is the number ending the
     name (``model.ckpt-1000``), ``bytes`` the size of the index and data files
-    (of every file, for a V1 checkpoint). Each checkpoint's index is read; one
+    (of every file, for a V1 checkpoint), ``tensor_bytes`` the bytes of its tensors'
+    data in the data files (what ``dump`` totals). Each checkpoint's index is read; one
     that cannot be opened keeps its row, with ``error`` saying why.
 
     An archive (``model.tar.gz``, or a file that is one by its content) lists every
@@ -66,6 +67,7 @@ def _directory(store: Storage, directory: str, name=None) -> dict:
             "format": None,
             "tensors": None,
             "bytes": None,
+            "tensor_bytes": None,
             "in_state_file": prefix in in_state,
             "state_file": listed is not None,
             "latest": prefix == latest,
@@ -79,7 +81,10 @@ def _directory(store: Storage, directory: str, name=None) -> dict:
                     else list(getattr(ckpt, "files", []))
                 )
                 row.update(
-                    format=ckpt.format, tensors=len(ckpt), bytes=_file_bytes(ckpt.storage, files)
+                    format=ckpt.format,
+                    tensors=len(ckpt),
+                    bytes=_file_bytes(ckpt.storage, files),
+                    tensor_bytes=sum(ckpt.table(None).nbytes),
                 )
         except (CheckpointError, OSError) as e:
             if isinstance(e, CheckpointError):

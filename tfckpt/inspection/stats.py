@@ -7,6 +7,7 @@ import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.natural import in_natural_order
 from tfckpt.inspection.histograms import Log2Histogram
 from tfckpt.inspection.reading import match_names, stored_chunks
 from tfckpt.rewrite.cast import Caster
@@ -36,7 +37,7 @@ def stats(
     (:class:`~tfckpt.inspection.histograms.Log2Histogram`), counted in the same pass.
     """
     out = []
-    for name in match_names(ckpt.keys(), filter):
+    for name in in_natural_order(match_names(ckpt.keys(), filter)):
         info = ckpt.info(name)
         dt = _dt.lookup(info.dtype)
         rec = {"name": name, "dtype": info.dtype, "shape": list(info.shape), "elements": info.size}

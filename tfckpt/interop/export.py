@@ -20,6 +20,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import (
     CheckpointError,
+    option,
 )
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
@@ -147,7 +148,10 @@ def plan_export(
     out = normalize(out)
     fmt = _format_of(out, format)
     if fmt == tfiles.NPZ and options.max_shard_bytes is not None:
-        raise CheckpointError("npz output is one file; max_shard_bytes is for safetensors")
+        raise CheckpointError(
+            f"npz output is one file; {option('max_shard_bytes', '--max-shard-bytes')} is for "
+            "safetensors"
+        )
     if permute:
         options = Options.of(options, permute=[*permute, *options.permute])
     options = _export_names(sources, options, keep_keys, with_optimizer, storage_options)
@@ -181,8 +185,8 @@ def plan_export(
     if skipped and not skip_unsupported:
         listed = ", ".join(f"{n} ({r.split(' ')[0]})" for n, r in skipped)
         raise CheckpointError(
-            f"{len(skipped)} tensor(s) cannot be stored in {fmt} (use skip_unsupported "
-            f"to leave them out): {listed}",
+            f"{len(skipped)} tensor(s) cannot be stored in {fmt} (use "
+            f"{option('skip_unsupported=True', '--skip-unsupported')} to leave them out): {listed}",
             path=p.sources[0].label,
         )
     files, index = file_names(store, out, _groups(outs, options.max_shard_bytes))
@@ -201,7 +205,10 @@ def plan_export(
         # them, so either there counts as the output.
         for path in [f for f, _ in files] + [out, out + ".index.json"]:
             if store.exists(path):
-                raise CheckpointError("the output already exists (use overwrite)", path=path)
+                raise CheckpointError(
+                    f"the output already exists (use {option('overwrite=True', '--overwrite')})",
+                    path=path,
+                )
     unmapped = [(n, f"{why}: left out") for _, n, why in p.dropped if why == UNMAPPED]
     skipped += left_out + unmapped
     return replace(p, output=ExportFiles(fmt, out, files, index, skipped, protected))

@@ -73,6 +73,10 @@ class ExportFiles:
     protected: frozenset[str] = frozenset()  # the sources' files (real paths)
     # Small files committed with the tensors (a model's config.json): (path, bytes).
     extra: tuple[tuple[str, bytes], ...] = ()
+    # The framework whose layouts the tensors are in, for safetensors' "format" metadata:
+    # "pt" when a preset laid them out as a PyTorch model holds them; else none is
+    # claimed (a plain export keeps TensorFlow's layouts).
+    framework: str | None = None
 
     def summary(self, p: Plan) -> Summary:
         """What the export of ``p`` writes, before it is written (seconds and counts zero)."""
@@ -360,8 +364,9 @@ def _write_files(
     """Write and commit the files of the export ``p`` on ``store``, then remove the files
     they replace; on a failure, this run's files. What the casts did, per tensor."""
     label = p.sources[0].ckpt.prefix
+    framework = ep.framework if ep.format == tfiles.SAFETENSORS else "np"
     metadata = {
-        "format": "pt" if ep.format == tfiles.SAFETENSORS else "np",
+        **({"format": framework} if framework is not None else {}),
         "source": store.basename(label),
         "source_format": "tensorflow checkpoint (tensor bundle v2)",
         "producer": f"tfckpt {__version__}",

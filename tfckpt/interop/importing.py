@@ -20,6 +20,7 @@ from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
+    option,
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
@@ -174,7 +175,8 @@ def import_(
     index_filename = paths.index_filename
     if store.isfile(index_filename(prefix)) and not options.overwrite:
         raise CheckpointError(
-            "the destination already exists (use overwrite)", path=index_filename(prefix)
+            f"the destination already exists (use {option('overwrite=True', '--overwrite')})",
+            path=index_filename(prefix),
         )
     summary = Summary(
         prefix,

@@ -36,7 +36,7 @@ else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
 from tfckpt.checkpoint.opening import open_checkpoint
-from tfckpt.errors import CheckpointError, CheckpointNotFoundError
+from tfckpt.errors import CheckpointError, CheckpointNotFoundError, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
 from tfckpt.interop.export import tf2_names
@@ -183,7 +183,10 @@ class Match:
         path = normalize(path)
         store = storage_for(path, storage_options)
         if store.exists(path) and not overwrite:
-            raise CheckpointError("the rules file already exists (use overwrite)", path=path)
+            raise CheckpointError(
+                f"the rules file already exists (use {option('overwrite=True', '--overwrite')})",
+                path=path,
+            )
         data = self.rules(min_confidence).encode("utf-8")
         commit = Commit(store, path, overwrite=overwrite, what="a rules file")
         try:

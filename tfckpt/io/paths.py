@@ -16,6 +16,7 @@ from tfckpt.errors import (
     CheckpointPathWarning,
     CorruptCheckpointError,
 )
+from tfckpt.format.natural import natural_key
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import TMP_MARK
 
@@ -173,10 +174,6 @@ def checkpoint_step(prefix: str) -> int | None:
     return int(m[1]) if m else None
 
 
-def _natural(name: str) -> tuple:
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
-
-
 def _index_names(store: Storage, directory: str) -> list[str]:
     """The ``.index`` files in ``directory``, but those of a run's temporaries: a run
     killed as it commits leaves one, which no reader may take for a checkpoint."""
@@ -188,7 +185,7 @@ def bundle_prefixes(store: Storage, directory: str) -> list[str]:
     """Every prefix with an ``.index`` file in ``directory`` (on ``store``), steps in
     numeric order."""
     names = [n[: -len(".index")] for n in _index_names(store, directory)]
-    return [store.join(directory, n) for n in sorted(names, key=_natural)]
+    return [store.join(directory, n) for n in sorted(names, key=natural_key)]
 
 
 def _did_you_mean(store: Storage, p: str) -> str:
@@ -199,23 +196,37 @@ def _did_you_mean(store: Storage, p: str) -> str:
     if base.endswith(".index"):
         base = base[: -len(".index")]
     try:
-        if not base or not store.isdir(directory or "."):
+        if not base:
             return ""
+        if not store.isdir(directory or "."):
+            return _missing_directory(store, directory)
         names = sorted(
             (n[: -len(".index")] for n in _index_names(store, directory or ".")),
-            key=_natural,
+            key=natural_key,
         )
     except (OSError, CheckpointError):
         return ""  # only a hint: a directory that cannot be listed gives none
     found = [n for n in names if n.startswith(base) and n != base]
     if not found:
-        found = sorted(difflib.get_close_matches(base, names, n=SUGGESTIONS), key=_natural)
+        found = sorted(difflib.get_close_matches(base, names, n=SUGGESTIONS), key=natural_key)
     if not found:
         return ""
     # The newest steps are the likeliest wanted.
     more = f" (the last {SUGGESTIONS} of {len(found)})" if len(found) > SUGGESTIONS else ""
     shown = [store.join(directory, n) if directory else n for n in found[-SUGGESTIONS:]]
     return f"; did you mean {', '.join(shown)}{more}?"
+
+
+def _missing_directory(store: Storage, directory: str) -> str:
+    """The tail of an error message for a path whose directory is not there: the
+    nearest existing directory's entry that resembles the missing one ('' when none)."""
+    missing, parent = store.basename(directory), store.dirname(directory)
+    if not missing or parent == directory or not store.isdir(parent or "."):
+        return ""
+    found = difflib.get_close_matches(missing, store.listdir(parent or "."), n=1)
+    if not found:
+        return f"; there is no directory {directory}"
+    return f"; there is no directory {directory}, did you mean {store.join(parent, found[0])}?"
 
 
 def resolve_prefix(path, *, storage_options: StorageOptions | None = None) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, did_you_mean, flag, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, attribute_tensors
@@ -190,14 +190,16 @@ def _plan(
     label = s.ckpt.prefix
     if in_place:
         if dst is not None:
-            raise CheckpointError("--in-place takes no destination", path=label)
+            raise CheckpointError(f"{flag('in-place')} takes no destination", path=label)
         store = s.ckpt.storage
         if not store.isfile(paths.index_filename(label)):
-            raise CheckpointError("--in-place rewrites a V2 checkpoint (prefix.index)", path=label)
+            raise CheckpointError(
+                f"{flag('in-place')} rewrites a V2 checkpoint (prefix.index)", path=label
+            )
         dst = label
         options = Options.of(options, overwrite=True)
     elif dst is None:
-        raise CheckpointError("edit needs a destination, or --in-place", path=label)
+        raise CheckpointError(f"edit needs a destination, or {flag('in-place')}", path=label)
     else:
         store = destination_storage(dst, srcs, storage_options)
         dst = resolve_destination(store, dst, srcs, options.overwrite)
@@ -242,7 +244,8 @@ class _Editor:
         found = name if name in self.s.ckpt and name != OBJECT_GRAPH_KEY else None
         found = found or self.by_flat.get(name)
         if found is None or found not in self.names:
-            raise self.err(f"{what}: no tensor {name!r}")
+            near = did_you_mean(name, [*self.names, *self.by_flat])
+            raise self.err(f"{what}: no tensor {name!r}{near}")
         return found
 
     def matching(self, rx: re.Pattern, names: Iterable[str]) -> list[str]:
@@ -258,12 +261,12 @@ class _Editor:
         if not patterns:
             return []
         gone: dict[str, str] = {}
-        for rx in _regexes(patterns, "--delete"):
+        for rx in _regexes(patterns, flag("delete")):
             hits = self.matching(rx, self.names)
             if not hits:
-                raise self.err(f"--delete {rx.pattern!r}: no tensor matches")
+                raise self.err(f"{flag('delete')} {rx.pattern!r}: no tensor matches")
             for n in hits:
-                gone.setdefault(n, f"deleted (--delete {rx.pattern!r})")
+                gone.setdefault(n, f"deleted ({flag('delete')} {rx.pattern!r})")
         g = self.s.graph
         if g is None:  # a TF1 variable's slots are tensors of their own: they go with it
             for n in list(gone):
@@ -320,15 +323,16 @@ class _Editor:
     def values(self, planned: list[PlannedTensor], edits: Edits) -> None:
         """``set``, ``fill`` and ``scale`` on the planned tensors they name."""
         by_name = {pt.name: pt for pt in planned}
-        for flag, given in (("--set", edits.set), ("--fill", edits.fill), ("--scale", edits.scale)):
+        for kind, given in (("set", edits.set), ("fill", edits.fill), ("scale", edits.scale)):
+            label = flag(kind)
             for name, value in given.items():
-                pt = by_name[self.resolve(name, flag)]
-                what = f"{flag} {name}"
-                self.claim(pt.name, flag)
+                pt = by_name[self.resolve(name, label)]
+                what = f"{label} {name}"
+                self.claim(pt.name, label)
                 self.whole(pt, what)
-                if flag == "--set":
+                if kind == "set":
                     pt.edit = self.set_value(pt, value, what)
-                elif flag == "--fill":
+                elif kind == "fill":
                     pt.edit = self.fill_value(pt, value, what)
                 else:
                     pt.edit = self.scale_value(pt, value, what)
@@ -387,18 +391,20 @@ class _Editor:
         jobs: list[tuple[str, re.Pattern, Callable[[int], np.ndarray], str]] = []
         for pattern, spec in edits.resize.items():
             rows_text, _, init = str(spec).partition(":")
-            what = f"--resize {pattern}"
+            what = f"{flag('resize')} {pattern}"
             if not rows_text.isdigit():
                 raise self.err(f"{what}: takes REGEX=ROWS[:init], not ROWS {rows_text!r}")
-            rx = _regexes([pattern], "--resize")[0]
+            rx = _regexes([pattern], flag("resize"))[0]
             jobs.append((what, rx, _resizer(int(rows_text)), init or edits.init))
         if edits.remap_rows:
             if edits.old_vocab is None or edits.new_vocab is None:
-                raise self.err("--remap-rows needs --old-vocab and --new-vocab")
+                raise self.err(
+                    f"{flag('remap-rows')} needs {flag('old-vocab')} and {flag('new-vocab')}"
+                )
             old_vocab = read_vocab(edits.old_vocab)
             mapping = vocab_remapping(old_vocab, read_vocab(edits.new_vocab))
-            for rx in _regexes(edits.remap_rows, "--remap-rows"):
-                what = f"--remap-rows {rx.pattern}"
+            for rx in _regexes(edits.remap_rows, flag("remap-rows")):
+                what = f"{flag('remap-rows')} {rx.pattern}"
                 jobs.append(
                     (
                         what,
@@ -511,16 +517,16 @@ class _Editor:
         """New tensors: ``add``'s, from ``.npy`` files or arrays."""
         out = []
         for name, value in add.items():
-            what = f"--add {name}"
+            what = f"{flag('add')} {name}"
             if self.s.graph is not None:
                 raise self.err(
                     f"{what}: a new variable of a TF2 checkpoint needs an object-graph node; "
-                    "write a TF1 checkpoint with --as-tf1 (as_tf1=True)"
+                    f"write a TF1 checkpoint with {option('as_tf1=True', '--as-tf1')}"
                 )
             if not isinstance(name, str) or not name or name == OBJECT_GRAPH_KEY:
-                raise self.err(f"--add: {name!r} is not a tensor name")
+                raise self.err(f"{flag('add')}: {name!r} is not a tensor name")
             if name in self.names:
-                raise self.err(f"{what}: the tensor exists (use --set)", name)
+                raise self.err(f"{what}: the tensor exists (use {flag('set')})", name)
             if isinstance(value, str):
                 path = value[1:] if value.startswith("@") else value
                 arr = open_npy(path, what)

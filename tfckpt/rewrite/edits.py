@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, flag
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.pipeline import BufferRing
 
@@ -225,14 +225,14 @@ def edit_chunks(ckpt, item, read_bytes: int) -> Iterator[np.ndarray]:
             with np.errstate(over="ignore"):
                 yield (chunk.astype(np.float64) * edit.factor).astype(dtype)
     elif isinstance(edit, NpyFile):
-        arr = open_npy(edit.path, "--set")
+        arr = open_npy(edit.path, flag("set"))
         if tuple(arr.shape) != tuple(shape):
             raise CheckpointError(
                 f"{edit.path} holds shape {list(arr.shape)}, the tensor has {list(shape)}", **where
             )
         for sel in c_order_blocks(tuple(arr.shape), arr.dtype.itemsize, read_bytes):
             piece = np.ascontiguousarray(arr[sel]).reshape(-1)
-            yield exact_cast(piece, dtype, f"--set from {edit.path}", **where)
+            yield exact_cast(piece, dtype, f"{flag('set')} from {edit.path}", **where)
     elif isinstance(edit, Rows):
         yield from _row_chunks(ckpt, item, edit, dtype, step, read_bytes)
     else:  # pragma: no cover - every kind is above

@@ -29,7 +29,7 @@ import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import PREFER_ARGS, CheckpointError, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import (
@@ -291,7 +291,8 @@ def _place_optimizer_state(
         raise CheckpointError(
             f"no source has the template's optimizer slot {'; '.join(missing[:5])}{more} "
             "(rename the TF1 variable to the template's, cut the optimizer with "
-            "drop_objects, or keep the template's slots with allow_missing)",
+            f"{option('drop_objects', '--drop-object')}, or keep the template's slots with "
+            f"{option('allow_missing=True', '--allow-missing')})",
             path=srcs[0].label,
         )
     steps: dict[str, int] = {}
@@ -398,7 +399,8 @@ def _grafted_tensors(
         more = f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         raise CheckpointError(
             f"no source has the template's {', '.join(repr(t) for t in unmatched[:5])}{more} "
-            "(match names with rename rules, or keep the template's values with allow_missing)",
+            "(match names with rename rules, or keep the template's values with "
+            f"{option('allow_missing=True', '--allow-missing')})",
             path=tpl.label,
         )
     return planned
@@ -432,8 +434,8 @@ def _one_hit(
         if prefer is None:
             raise CheckpointError(
                 f"{name!r} comes from both {srcs[where[0][0]].label} and "
-                f"{srcs[where[1][0]].label}; choose with --prefer first|last "
-                "(prefer='first' or 'last')"
+                f"{srcs[where[1][0]].label}; choose with "
+                f"{option(PREFER_ARGS, '--prefer first|last')}"
             )
         keep = where[0] if prefer == "first" else where[-1]
         dropped += [

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import PREFER_ARGS, CheckpointError, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
@@ -103,7 +103,8 @@ def resolve_destination(store: Storage, dst, sources: list[Source], overwrite: b
             raise CheckpointError("the destination would overwrite a source's data files", path=dst)
     if store.isfile(paths.index_filename(dst)) and not overwrite:
         raise CheckpointError(
-            "the destination already exists (use overwrite)", path=paths.index_filename(dst)
+            f"the destination already exists (use {option('overwrite=True', '--overwrite')})",
+            path=paths.index_filename(dst),
         )
     return dst
 
@@ -333,8 +334,8 @@ def _choose_by_name(
                 if prefer is None:
                     raise CheckpointError(
                         f"{new!r} comes from both {srcs[j].label} ({other!r}) and "
-                        f"{srcs[i].label} ({old!r}); choose with --prefer first|last "
-                        "(prefer='first' or 'last')"
+                        f"{srcs[i].label} ({old!r}); choose with "
+                        f"{option(PREFER_ARGS, '--prefer first|last')}"
                     )
                 if prefer == "first":
                     dropped.append((srcs[i].label, old, f"{new!r} taken from {srcs[j].label}"))
@@ -368,13 +369,13 @@ def _merged_graph(
 
 
 def follow_source_layouts(srcs: list[Source], options: Options) -> None:
-    """Without ``max_shard_bytes`` the output keeps the sources' shards: each source's
-    start after the previous source's (see :attr:`Source.shard_base`)."""
+    """Without ``max_shard_bytes`` the output keeps the sources' shards, laid over one
+    another: output shard ``i`` holds shard ``i`` of every source (see
+    :attr:`Source.shard_base`), so a merge of small single-shard checkpoints writes one
+    data file, not one per source, and one source keeps its layout exactly."""
     if options.max_shard_bytes is None:
-        base = 0
         for s in srcs:
-            s.shard_base = base
-            base += s.ckpt.header.num_shards
+            s.shard_base = 0
 
 
 def _planned_tensors(

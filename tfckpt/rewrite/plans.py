@@ -28,6 +28,7 @@ class Source:
     ckpt: Checkpoint
     graph: ObjectGraph | None
     shard_base: int = 0  # where its shards start in the output, when following its layout
+    # (0: laid over the other sources', see planner.follow_source_layouts)
 
 
 @dataclass

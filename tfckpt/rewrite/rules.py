@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, UnknownDTypeError, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CAST_TARGETS, should_cast
 from tfckpt.rewrite.options import Options, Permutes, RenameRules, Reshapes
@@ -50,10 +50,10 @@ class DtypePolicy:
         """The policy of ``options``; a bad pattern or dtype is a CheckpointError naming it."""
         target = None
         if options.cast is not None:
-            target = _cast_target(options.cast, "cast")
+            target = _cast_target(options.cast, option("cast", "--dtype"))
         from_set = None
         if options.cast_from is not None:
-            from_set = frozenset(_dt.lookup(d).name for d in options.cast_from)
+            from_set = frozenset(_from_dtype(d) for d in options.cast_from)
         keep_specs = options.keep_dtype
         keep = tuple(
             (_compile(p, f"keep_dtype pattern {p!r}"), f"keep {p}")
@@ -79,7 +79,10 @@ class DtypePolicy:
                 (_compile(pattern, what), _cast_target(dtype, what), f"rule {pattern}={dtype}")
             )
         if keep and target is None and not rules:
-            raise CheckpointError("keep_dtype keeps nothing: no cast and no dtype_rules given")
+            raise CheckpointError(
+                f"{option('keep_dtype', '--keep-dtype')} keeps nothing: no "
+                f"{option('cast', '--dtype')} and no {option('dtype_rules', '--dtype-rule')} given"
+            )
         return cls(keep, tuple(rules), target, from_set)
 
     @property
@@ -124,6 +127,13 @@ def matches(rx: re.Pattern, name: str, flat: str | None = None) -> bool:
     return rx.search(name) is not None or (flat is not None and rx.search(flat) is not None)
 
 
+def _from_dtype(spec) -> str:
+    try:
+        return _dt.lookup(spec).name
+    except (ValueError, TypeError) as e:
+        raise UnknownDTypeError(f"{option('cast_from', '--from')}: {e}") from None
+
+
 def _compile(pattern: str, what: str) -> re.Pattern:
     try:
         return re.compile(pattern)
@@ -138,8 +148,9 @@ def _cast_target(spec: str, what: str) -> _dt.DType:
     except (ValueError, TypeError):
         target = None
     if target is None or target.name not in CAST_TARGETS:
-        raise CheckpointError(
-            f"{what}: cannot cast to {spec!r}; targets: {', '.join(CAST_TARGETS)}"
+        hint = _dt.did_you_mean(spec) if target is None else ""
+        raise UnknownDTypeError(
+            f"{what}: cannot cast to {spec!r}{hint or ';'} targets: {', '.join(CAST_TARGETS)}"
         )
     return target
 
@@ -261,7 +272,7 @@ def check_mapped(dropped: Iterable[tuple[str, str, str]], options: Options) -> N
         listed = ", ".join(n for _, n in unmapped)
         raise CheckpointError(
             f"{len(unmapped)} tensor(s) no name_map rule names (map them, exclude them, or "
-            f"allow_unmapped to leave them out): {listed}",
+            f"{option('allow_unmapped=True', '--allow-unmapped')} to leave them out): {listed}",
             path=unmapped[0][0],
         )
 

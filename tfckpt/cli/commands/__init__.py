@@ -7,6 +7,7 @@ and prints what it returns, through :mod:`tfckpt.cli.display` (or as JSON).
 - :mod:`~tfckpt.cli.commands.matching`: match
 - :mod:`~tfckpt.cli.commands.checking`: check, and dump of a ``.meta`` graph
 - :mod:`~tfckpt.cli.commands.directories`: ls, prune, cp, mv
+- :mod:`~tfckpt.cli.commands.completion`: completion
 
 Each command's parser (:mod:`tfckpt.cli.parsers`) names its function as
 ``args.func = "MODULE.FUNCTION"``.
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
         from tfckpt.cli.commands import checking as commands  # type: ignore[no-redef]
     elif module == "directories":
         from tfckpt.cli.commands import directories as commands  # type: ignore[no-redef]
+    elif module == "completion":
+        from tfckpt.cli.commands import completion as commands  # type: ignore[no-redef]
     else:
         raise AssertionError(args.func)
     return getattr(commands, function)(args)

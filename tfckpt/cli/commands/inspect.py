@@ -26,7 +26,7 @@ from tfckpt.cli.display import (
     table,
     width,
 )
-from tfckpt.errors import CheckpointError, CheckpointNotFoundError
+from tfckpt.errors import CheckpointError, CheckpointNotFoundError, did_you_mean
 from tfckpt.format import dtypes as _dt
 from tfckpt.inspection.meta import is_meta_graph
 
@@ -43,7 +43,10 @@ def _print_dump(data: dict) -> None:
             f"min consumer {v['min_consumer']}, {data['endianness']}-endian"
         )
     emit(f"tensors     {data['tensor_count']}")
-    emit(f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes)")
+    emit(
+        f"total       {human_bytes(data['total_bytes'])} ({data['total_bytes']} bytes of "
+        "tensor data on disk)"
+    )
     if not data["tensors"]:
         return
     emit()
@@ -84,7 +87,8 @@ def _value_names(ckpt: Checkpoint, patterns: list[str]) -> list[tuple[str, str |
             continue
         matched = [n for n in ckpt.keys() if re.search(p, n)]
         if not matched:
-            raise CheckpointError(f"no tensor matches {p!r}", path=ckpt.prefix)
+            near = did_you_mean(p, ckpt.keys())
+            raise CheckpointError(f"no tensor matches {p!r}{near}", path=ckpt.prefix)
         names.extend((n, None) for n in matched)
     return list(dict.fromkeys(names))
 
@@ -245,7 +249,7 @@ def _print_checkpoints(data: dict) -> None:
                 c["name"],
                 "-" if c["step"] is None else str(c["step"]),
                 "-" if c["tensors"] is None else str(c["tensors"]),
-                "-" if c["bytes"] is None else human_bytes(c["bytes"]),
+                "-" if c["tensor_bytes"] is None else human_bytes(c["tensor_bytes"]),
                 note,
             ]
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tfckpt.cli.parsers.completion import add_completion
 from tfckpt.cli.parsers.directories import (
     add_cp,
     add_ls,
@@ -66,4 +67,5 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_prune,
     add_cp,
     add_mv,
+    add_completion,
 )

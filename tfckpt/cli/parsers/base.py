@@ -1,12 +1,16 @@
-"""What every command's parser shares: its examples, and :func:`command`, which makes it
-with them and the option every command takes."""
+"""What every command's parser shares: its examples, :class:`Parser` (errors in one line,
+with "did you mean"), :func:`command`, which makes a command's parser with its examples and
+the options every command takes, and :func:`finish`, which puts the shared options last."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import difflib
+import sys
+from typing import TYPE_CHECKING, NoReturn
 
 from tfckpt.cli import options as opt
+from tfckpt.cli.display import emit
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -112,14 +116,41 @@ then review the file, and: tfckpt export SRC OUT.safetensors --rules FILE.toml -
   tfckpt mv train/ckpt-7 best/
 
 the copy is verified (every checksum read back) before the source is deleted""",
+    "completion": """examples:
+  tfckpt completion bash > "$XDG_DATA_HOME/bash-completion/completions/tfckpt"
+  tfckpt completion zsh > "${fpath[1]}/_tfckpt"
+  tfckpt completion fish > ~/.config/fish/completions/tfckpt.fish""",
     "import": """examples:
   tfckpt import model.safetensors ckpt/model
   tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad command line is one line on stderr (exit status 2), as
+    every other error of the command line is, and a value not among the choices gets the
+    nearest one suggested: never a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        """One line: the error, and where the help is."""
+        # Through emit: the message may quote what was typed, control characters too.
+        emit(f"tfckpt: error: {message} (see {self.prog} --help)", err=True)
+        sys.exit(2)
+
+    def _check_value(self, action: argparse.Action, value) -> None:
+        # Overrides argparse's check (a private method, stable since Python 3.2) for its
+        # message alone: the nearest choice rather than all of them.
+        if action.choices is None or value in action.choices:
+            return
+        choices = [str(c) for c in action.choices]
+        near = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f" (choose from {', '.join(choices)})"
+        what = "unknown command" if action.dest == "command" else "invalid choice"
+        raise argparse.ArgumentError(action, f"{what} {value!r}{hint}")
+
+
 def command(sub: Subparsers, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    """A command's parser, with its examples and the option every command takes."""
+    """A command's parser, with its examples and the options every command takes."""
     p = sub.add_parser(
         name,
         help=help,
@@ -127,5 +158,24 @@ def command(sub: Subparsers, name: str, help: str, description: str) -> argparse
         epilog=EXAMPLES[name],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    opt.add_storage_option(p)
+    g = opt.shared_group(p)
+    opt.add_storage_option(g)
+    # Here too, not only before the command: `tfckpt dump x --debug` works. Unset when
+    # not given, so that `tfckpt --debug dump x` keeps the top-level value.
+    g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return p
+
+
+DEBUG_HELP = "show tracebacks on errors"
+
+
+def finish(sub: Subparsers) -> None:
+    """Each command's parser as its help shows it: a short usage line, its positionals
+    and its own options first, then the options every command (or every transform)
+    shares under their own heading."""
+    for p in sub.choices.values():
+        groups = p._action_groups  # argparse keeps the groups' order only here
+        groups.sort(key=lambda g: g.title == opt.SHARED)
+        positionals = [a for a in p._actions if not a.option_strings]
+        usage = [argparse.HelpFormatter(p.prog)._format_args(a, a.dest) for a in positionals]
+        p.usage = " ".join(["%(prog)s [options]", *usage])

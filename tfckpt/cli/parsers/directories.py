@@ -22,7 +22,7 @@ def add_ls(sub: Subparsers) -> None:
         "of interrupted saves (data without an index, temporaries, part directories) and "
         "state-file entries naming checkpoints that are not there.",
     )
-    p.add_argument("directory", metavar="DIR")
+    p.add_argument("directory", metavar="DIR", help="a run's directory (local or a URL)")
     opt.add_json(p)
     p.set_defaults(func="directories.cmd_ls")
 
@@ -41,7 +41,7 @@ def add_prune(sub: Subparsers) -> None:
         "in no step are kept. A leftover written less than --min-age seconds ago may "
         "be a save in progress: it stays, and so does the checkpoint it is part of.",
     )
-    p.add_argument("directory", metavar="DIR")
+    p.add_argument("directory", metavar="DIR", help="a run's directory (local or a URL)")
     p.add_argument("--keep-last", type=int, required=True, metavar="N", help="N >= 1")
     p.add_argument(
         "--keep-every-steps", type=int, metavar="K", help="also keep steps that are multiples of K"

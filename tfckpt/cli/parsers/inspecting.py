@@ -10,6 +10,8 @@ from tfckpt.cli.parsers.base import command
 if TYPE_CHECKING:
     from tfckpt.cli.parsers.base import Subparsers
 
+PATH_HELP = "the checkpoint: a prefix, its .index, or a directory (its latest checkpoint)"
+
 
 def add_dump(sub: Subparsers) -> None:
     """``tfckpt dump PATH``."""
@@ -17,10 +19,14 @@ def add_dump(sub: Subparsers) -> None:
         sub,
         "dump",
         "list the tensors of a checkpoint",
-        "Show what a checkpoint holds; reads only the index unless values are asked for.",
+        "Show what a checkpoint holds; reads only the index unless values are asked for. "
+        "Names are listed in natural order (layer_2 before layer_10); SIZE is the bytes of "
+        "a tensor's data on disk.",
     )
     p.add_argument(
-        "path", help="checkpoint prefix, .index file, directory, SavedModel or .meta graph"
+        "path",
+        metavar="PATH",
+        help="checkpoint prefix, .index file, directory, SavedModel or .meta graph",
     )
     opt.add_json(p)
     opt.add_filter(p)
@@ -41,7 +47,8 @@ def add_dump(sub: Subparsers) -> None:
         "--all",
         action="store_true",
         help="list every checkpoint in the directory PATH: the state file's in its "
-        "order, then the others; step, tensors, size",
+        "order, then the others; step, tensors, size (as dump's total: the bytes of the "
+        "tensor data on disk; tfckpt ls shows the files' sizes)",
     )
     p.set_defaults(func="inspect.cmd_dump")
 
@@ -91,8 +98,8 @@ def add_diff(sub: Subparsers) -> None:
         "Names only in A or B, dtype and shape changes, and value differences of common "
         "tensors (compared in the wider dtype).",
     )
-    p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("a", metavar="A", help="a checkpoint (the reference)")
+    p.add_argument("b", metavar="B", help="the checkpoint compared with A")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0)")
     p.add_argument("--names-only", action="store_true", help="compare names, dtypes, shapes")
@@ -112,7 +119,7 @@ def add_stats(sub: Subparsers) -> None:
         "subnormal in float16 and bfloat16. Streams in bounded memory. With --html, also "
         "a page of pictures of it (needs the report extra: matplotlib).",
     )
-    p.add_argument("path")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP)
     opt.add_filter(p)
     opt.add_json(p)
     g = p.add_argument_group("report")
@@ -142,7 +149,7 @@ def add_verify(sub: Subparsers) -> None:
         "Every block checksum, tensor CRC32C, shard extent, shard file, slice cover, "
         "string framing and object-graph key.",
     )
-    p.add_argument("path")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP)
     p.add_argument(
         "--tf",
         action="store_true",

@@ -12,6 +12,9 @@ from tfckpt.cli.parsers.base import command
 if TYPE_CHECKING:
     from tfckpt.cli.parsers.base import Subparsers
 
+SRC_HELP = "the checkpoint: a prefix, its .index, or a directory (its latest checkpoint)"
+DST_HELP = "the output prefix, or a directory (the source's name is kept)"
+
 
 def add_convert(sub: Subparsers) -> None:
     """``tfckpt convert SRC DST``."""
@@ -23,8 +26,8 @@ def add_convert(sub: Subparsers) -> None:
         "Without --dtype, a plain copy: the way to turn a V1 checkpoint into a V2 one. "
         "Accepts every transform option.",
     )
-    p.add_argument("src")
-    p.add_argument("dst", help="output prefix, or a directory (the source's name is kept)")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument("dst", metavar="DST", help=DST_HELP)
     opt.add_transform_options(p)
     g = p.add_argument_group("report")
     g.add_argument(
@@ -47,8 +50,8 @@ def add_rename(sub: Subparsers) -> None:
         "Write a copy of SRC with tensors renamed; TF2 object graphs are re-keyed so "
         "restore still finds every value.",
     )
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument("dst", metavar="DST", help=DST_HELP)
     opt.add_transform_options(p)
     p.set_defaults(func="transform.cmd_transform")
 
@@ -61,8 +64,8 @@ def add_select(sub: Subparsers) -> None:
         "keep only some tensors or TF2 objects",
         "Write a copy of SRC with only the selected tensors.",
     )
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument("dst", metavar="DST", help=DST_HELP)
     opt.add_transform_options(p)
     p.set_defaults(func="transform.cmd_transform")
 
@@ -76,8 +79,8 @@ def add_merge(sub: Subparsers) -> None:
         "Write one checkpoint holding the tensors of all SOURCES; TF2 object graphs are "
         "joined at the root.",
     )
-    p.add_argument("sources", nargs="+", metavar="SRC")
-    p.add_argument("-o", "--output", required=True, metavar="DST")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="the checkpoints to join")
+    p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
     opt.add_transform_options(p)
     p.set_defaults(func="transform.cmd_transform")
 
@@ -102,9 +105,9 @@ def add_graft(sub: Subparsers) -> None:
         "variable, its step count from "
         "global_step or Adam's beta1_power and beta2_power.",
     )
-    p.add_argument("template")
-    p.add_argument("sources", nargs="+", metavar="SRC")
-    p.add_argument("-o", "--output", required=True, metavar="DST")
+    p.add_argument("template", metavar="TEMPLATE", help="a TF2 checkpoint of the target model")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="the checkpoints to join")
+    p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
     opt.add_transform_options(p)
     p.add_argument(
         "--allow-missing",
@@ -141,8 +144,8 @@ def add_flatten(sub: Subparsers) -> None:
         "variables VARIABLE_PATH/SLOT_NAME, as a TF1 Saver names them. --map applies to "
         "these names. Accepts every transform option.",
     )
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument("dst", metavar="DST", help=DST_HELP)
     opt.add_transform_options(p)
     p.add_argument(
         "--tf1-slots",
@@ -175,7 +178,7 @@ def add_average(sub: Subparsers) -> None:
         "last given. Names, dtypes and shapes must agree.",
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="oldest first (with --last: DIR)")
-    p.add_argument("-o", "--output", required=True, metavar="DST")
+    p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
     p.add_argument(
         "--last",
         type=int,
@@ -222,8 +225,10 @@ def add_export(sub: Subparsers) -> None:
         "and the optimizer's state is left out unless asked for. Accepts every "
         "transform option; --map and --map-file apply to the readable names.",
     )
-    p.add_argument("src")
-    p.add_argument("out", help="OUT.safetensors or OUT.npz; with --preset, a directory")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument(
+        "out", metavar="OUT", help="OUT.safetensors or OUT.npz; with --preset, a directory"
+    )
     opt.add_transform_options(p)
     g = p.add_argument_group("export")
     g.add_argument(
@@ -277,8 +282,10 @@ def add_import(sub: Subparsers) -> None:
         "Stream the tensors of IN (a .safetensors file, the .index.json of sharded "
         "ones, or an .npz) into a V2 checkpoint at OUT_PREFIX.",
     )
-    p.add_argument("src", metavar="IN")
-    p.add_argument("out", metavar="OUT_PREFIX")
+    p.add_argument(
+        "src", metavar="IN", help="a .safetensors file, a .safetensors.index.json, or an .npz"
+    )
+    p.add_argument("out", metavar="OUT_PREFIX", help="the new checkpoint's prefix")
     opt.add_transform_options(p)
     p.set_defaults(func="transform.cmd_export")
 
@@ -307,9 +314,10 @@ def add_match(sub: Subparsers) -> None:
         "only. Prints each pair with its confidence and what is left over; with -o writes "
         "the rules file to review, then to pass to export, convert or rename --rules.",
     )
-    p.add_argument("src", help="the checkpoint whose tensors are to be renamed")
+    p.add_argument("src", metavar="SRC", help="the checkpoint whose tensors are to be renamed")
     p.add_argument(
         "target",
+        metavar="TARGET",
         help="the names wanted: a .safetensors file, a model.safetensors.index.json or the "
         "directory holding either, an .npz, a checkpoint, or a weight list (.json: "
         "[[name, shape], ...] or {name: shape})",
@@ -339,8 +347,10 @@ def add_edit(sub: Subparsers) -> None:
         "are checkpoint keys or TF2 flat names; REGEX patterns are searched in them. "
         "Resized and remapped variables take their optimizer slots along (new rows zero).",
     )
-    p.add_argument("src")
-    p.add_argument("dst", nargs="?", help="output prefix or directory (or --in-place)")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument(
+        "dst", metavar="DST", nargs="?", help="output prefix or directory (or --in-place)"
+    )
     p.add_argument("--in-place", action="store_true", help="replace SRC atomically")
     g = p.add_argument_group("values")
     pair = "NAME=VALUE"

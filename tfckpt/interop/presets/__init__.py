@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfckpt.checkpoint.opening import open_checkpoint
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, did_you_mean, option
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
 from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, t5
@@ -62,7 +62,8 @@ def find(name: str, names: list[str]) -> Preset:
             )
         return found[0]
     if name not in PRESETS:
-        raise CheckpointError(f"no preset {name!r} (presets: {', '.join(PRESETS)}, auto)")
+        near = did_you_mean(name, [*PRESETS, "auto"])
+        raise CheckpointError(f"no preset {name!r}{near} (presets: {', '.join(PRESETS)}, auto)")
     return PRESETS[name]
 
 
@@ -139,7 +140,7 @@ def plan_preset(
         opts = with_rules(opts, made)
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
-    p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    p = _plan_pt(src, out, opts, storage_options)
     if made is not None:
         return p, chosen, arch
     arch = chosen.architecture(_shapes(p))
@@ -147,8 +148,16 @@ def plan_preset(
     if unused:  # planned again without them
         close_opened(p, src)
         opts = with_rules(opts, {"exclude": list(unused)})
-        p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+        p = _plan_pt(src, out, opts, storage_options)
     return p, chosen, arch
+
+
+def _plan_pt(src, out: str, opts: Options, storage_options: StorageOptions | None) -> Plan:
+    """The export plan into ``out``, its tensors in a PyTorch model's layouts (the
+    preset's rules): its safetensors metadata says so, as PyTorch's writers do."""
+    p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    p.output.framework = "pt"
+    return p
 
 
 def _source_config(
@@ -229,7 +238,10 @@ def export_preset(
         out_dir = p.storage.dirname(p.output.out)
         target = p.storage.join(out_dir, "config.json")
         if not p.options.overwrite and p.storage.exists(target):
-            raise CheckpointError("the output already exists (use overwrite)", path=target)
+            raise CheckpointError(
+                f"the output already exists (use {option('overwrite=True', '--overwrite')})",
+                path=target,
+            )
         p.output.extra = ((target, (json.dumps(translated, indent=2) + "\n").encode()),)
         notes = [f"preset {preset}: {chosen.name} ({arch})"]
         if dry_run:

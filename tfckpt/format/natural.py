@@ -1,0 +1,33 @@
+"""The order people read names in: ``layer_2`` before ``layer_10``."""
+
+from __future__ import annotations
+
+import re
+
+_DIGITS = re.compile(r"\d+")
+_LONGEST = 74  # digits whose count one character after "0" can say (up to "z")
+
+
+def _sized(m: re.Match) -> str:
+    # A run of digits preceded by its length: shorter numbers first, equal lengths in
+    # the order of their value (which is the order of their text).
+    return chr(0x30 + min(len(m[0]), _LONGEST)) + m[0]
+
+
+def natural_key(name: str) -> str:
+    """A sort key ordering the runs of digits in names by their value:
+    ``_variables/2`` before ``_variables/10`` (a plain sort puts ``10`` first). A string
+    (compared in C), so that sorting a hundred thousand names stays quick.
+
+    >>> sorted(["v/10", "v/2", "v/1"], key=natural_key)
+    ['v/1', 'v/2', 'v/10']
+    """
+    return _DIGITS.sub(_sized, name)
+
+
+def in_natural_order(names: list[str]) -> list[str]:
+    """``names`` in natural order when they come sorted (a bundle's, a V1 table's); as
+    they are when they come in an order of their own (a Keras HDF5 file's layers)."""
+    if any(a > b for a, b in zip(names, names[1:])):
+        return list(names)
+    return sorted(names, key=natural_key)
