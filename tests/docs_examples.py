@@ -176,16 +176,35 @@ def _run_tfckpt(argv: list[str]) -> tuple[int, str]:
     return status, out.getvalue()
 
 
+def _shell_env() -> dict[str, str]:
+    """The environment of a command bash runs: ``tfckpt`` and ``python`` on its PATH are
+    this interpreter's (the suite runs without the virtual environment's bin/ on PATH)."""
+    shims = Path(os.environ.get("TMPDIR", "/tmp")) / f"tfckpt-docs-shims-{os.getpid()}"
+    if not shims.is_dir():
+        shims.mkdir(parents=True)
+        for name, body in (("tfckpt", "-m tfckpt "), ("python", "")):
+            shim = shims / name
+            shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" {body}"$@"\n')
+            shim.chmod(0o755)
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": path}
+
+
 def _run_console(block: dict) -> str | None:
     for cmd, expected in commands(block["text"]):
         m = _EXIT.search(cmd)
         want_status = int(m[1]) if m else 0
         # A comment starts at a `#` after whitespace, as in bash (`a.tar#member` is a path).
-        argv = shlex.split(re.sub(r"(^|\s)#.*$", "", cmd))
-        if argv[:1] == ["tfckpt"] or argv[:3] == ["python", "-m", "tfckpt"]:
+        line = re.sub(r"(^|\s)#.*$", "", cmd)
+        argv = shlex.split(line)
+        piped = re.search(r"[|<>;&`$]", line)  # the shell's work: redirections, pipes...
+        if not piped and (argv[:1] == ["tfckpt"] or argv[:3] == ["python", "-m", "tfckpt"]):
             status, output = _run_tfckpt(argv[1:] if argv[0] == "tfckpt" else argv[3:])
         else:
-            done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+            done = subprocess.run(
+                ["bash", "-c", cmd], capture_output=True, text=True, env=_shell_env()
+            )
             status, output = done.returncode, done.stdout + done.stderr
         if status != want_status:
             return f"`$ {cmd}` exited {status}, not {want_status}:\n{output[-3000:]}"
