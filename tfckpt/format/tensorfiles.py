@@ -15,6 +15,7 @@ reader that must parse exactly what it writes (and refuse what it must not).
 
 from __future__ import annotations
 
+import functools
 import json
 import lzma
 import math
@@ -492,12 +493,18 @@ def plain_file_name(name) -> bool:
 
 
 def _npy_header(e: Entry) -> bytes:
+    return _npy_header_of(e.dtype, tuple(e.shape))
+
+
+# Many small tensors share a dtype and a shape: their headers are made once.
+@functools.lru_cache(maxsize=256)
+def _npy_header_of(dtype: str, shape: tuple[int, ...]) -> bytes:
     import io
 
     d = {
-        "descr": np.lib.format.dtype_to_descr(little_dtype(e.dtype)),
+        "descr": np.lib.format.dtype_to_descr(little_dtype(dtype)),
         "fortran_order": False,
-        "shape": tuple(e.shape),
+        "shape": shape,
     }
     buf = io.BytesIO()
     try:
