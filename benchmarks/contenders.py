@@ -115,6 +115,45 @@ def tfckpt_export(src: str, dst: str, *flags: str) -> None:
     _report(seconds, os.path.getsize(dst))
 
 
+def tfckpt_import(src: str, dst: str, *flags: str) -> None:
+    """Stream a safetensors or npz file into a V2 checkpoint, in bounded memory."""
+    from tfckpt import cli
+
+    t = time.perf_counter()
+    rc = cli.main(["import", src, dst, "--overwrite", *flags])
+    seconds = time.perf_counter() - t
+    _check(rc)
+    _report(seconds, 0)
+
+
+def tfckpt_export_modules(src: str, dst: str, *flags: str) -> None:
+    """An export that reports the modules it imported (``modules``: those of ``WATCHED``)."""
+    from tfckpt import cli
+
+    t = time.perf_counter()
+    rc = cli.main(["export", src, dst, "--overwrite", *flags])
+    seconds = time.perf_counter() - t
+    _check(rc)
+    _report(seconds, os.path.getsize(dst), modules=[m for m in WATCHED if m in sys.modules])
+
+
+# Modules whose import an export must not pay for.
+WATCHED = ("ml_dtypes", "tensorflow", "torch", "safetensors")
+
+
+def tf_list_export(src: str, dst: str) -> None:
+    """TensorFlow's reader to npz: load_checkpoint, every tensor in memory, numpy.savez."""
+    tf = _tf()
+    import numpy as np
+
+    t = time.perf_counter()
+    reader = tf.train.load_checkpoint(src)
+    names = sorted(reader.get_variable_to_dtype_map())
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    np.savez(dst, **{name: np.asarray(reader.get_tensor(name)) for name in names})
+    _report(time.perf_counter() - t, os.path.getsize(dst))
+
+
 def tf_export(src: str, dst: str) -> None:
     """The TensorFlow way: load_checkpoint, every tensor in memory, safetensors' save_file."""
     tf = _tf()

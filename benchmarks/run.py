@@ -70,6 +70,8 @@ def measure(command: list[str]) -> dict:
     got = {"wall": res["wall"], "rss": res["rss"], "inner": inner["seconds"]}
     if "throughput" in inner:  # bytes the in-process time moved (GB/s in the table)
         got["throughput"] = inner["throughput"]
+    if "modules" in inner:  # what the contender imported (of those it watches)
+        got["modules"] = inner["modules"]
     return got
 
 

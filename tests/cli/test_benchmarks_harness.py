@@ -52,6 +52,8 @@ def test_succeeding_command_is_measured(harness):
         ["tfckpt_dump", "{missing}"],
         ["cp_data", "{missing}", "{out}/model"],
         ["tfckpt_export", "{missing}", "{out}/model.safetensors"],
+        ["tfckpt_export_modules", "{missing}", "{out}/model.safetensors"],
+        ["tfckpt_import", "{missing}.safetensors", "{out}/model"],
     ],
 )
 def test_contender_whose_work_fails_is_not_timed(harness, tmp_path, contender):
@@ -300,3 +302,35 @@ def test_s3_table_takes_ratios_within_rounds():
     assert "| tfckpt convert | 10.00 s | 0.107 | 100 MiB |" in out
     assert "get + put's (ratio in each round, median): 1.20×" in out
     assert "GET 2.000 GB/s, PUT 0.100 GB/s" in out
+
+
+def test_paths_script_runs_at_a_small_size(tmp_path):
+    """The export/import benchmark's import case at 2 MiB: TensorFlow writes the input,
+    tfckpt exports it once as the import's source, and the table judges every row."""
+    pytest.importorskip("tensorflow")
+    import json
+    import subprocess
+
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    args = ["--repeat", "1", "--big-mib", "1", "--medium", "1", "--medium-mib", "1"]
+    args += ["--only", "import", "--prefault-mib", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "paths.py"), *args],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    report = json.loads((tmp_path / "paths.json").read_text())
+    (case,) = report["results"]
+    rows = report["results"][case]
+    assert set(rows) == {
+        "convert float16",
+        "import float16",
+        "import float32 (no cast)",
+        "cp + fsync",
+    }
+    assert all(r["wall"] > 0 and r["rss"] > 0 for r in rows.values())
+    assert "× convert float16" in proc.stdout

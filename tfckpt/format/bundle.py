@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -52,7 +52,7 @@ class Header:
     version: Version
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per tensor: 200 000 in a big index
 class TensorInfo:
     """What the index says about one tensor (or one slice of a partitioned tensor).
 
@@ -106,21 +106,25 @@ class TensorInfo:
         """The info of a whole (unpartitioned) tensor, built for an index's every entry.
 
         A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``;
-        filling the instance's dict directly takes a third of the time.
+        setting the slots directly takes a third of the time.
         """
         info = object.__new__(cls)
-        d = info.__dict__
-        d["name"] = name
-        d["dtype"] = dtype
-        d["shape"] = shape
-        d["nbytes"] = nbytes
-        d["shard"] = shard
-        d["offset"] = offset
-        d["crc32c"] = crc32c
-        d["slices"] = ()
-        d["extents"] = None
-        d["stored_elements"] = math.prod(shape)
+        s = _SLOT_SETTERS
+        s[0](info, name)
+        s[1](info, dtype)
+        s[2](info, shape)
+        s[3](info, nbytes)
+        s[4](info, shard)
+        s[5](info, offset)
+        s[6](info, crc32c)
+        s[7](info, ())
+        s[8](info, None)
+        s[9](info, math.prod(shape))
         return info
+
+
+# The slots of TensorInfo's fields, in order: set directly, past the frozen check.
+_SLOT_SETTERS = [getattr(TensorInfo, f.name).__set__ for f in fields(TensorInfo)]
 
 
 @dataclass

@@ -10,6 +10,8 @@ how the files are cut); :func:`~tfckpt.execute` then writes the plan's
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 import time
@@ -22,7 +24,7 @@ from tfckpt.io.commit import Commit
 from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
 from tfckpt.rewrite.cast import CastCounts, check_overflow
-from tfckpt.rewrite.engine import Summary
+from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.plans import Plan, PlannedTensor
 from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
@@ -79,9 +81,28 @@ class ExportFiles:
     framework: str | None = None
 
     def summary(self, p: Plan) -> Summary:
-        """What the export of ``p`` writes, before it is written (seconds and counts zero)."""
+        """What the export of ``p`` writes, before it is written (seconds and counts zero).
+
+        Its ``tensors`` records are made when asked for (:class:`~tfckpt.rewrite.engine.Records`).
+        """
         ruled = p.dtype_rule_counts() is not None
         outs = [o for _, outs in self.files for o in outs]
+        ends = list(itertools.accumulate(len(outs) for _, outs in self.files))
+        names = [p.storage.basename(path) for path, _ in self.files]
+
+        def record(i: int) -> dict:
+            o = outs[i]
+            return {
+                "name": o.pt.name,
+                "new_name": o.pt.new_name,
+                "dtype": o.pt.info.dtype,
+                "new_dtype": o.pt.new_dtype,
+                "shape": list(o.shape),
+                "permute": list(o.perm) if o.perm else None,
+                "file": names[bisect.bisect_right(ends, i)],
+                **({"dtype_by": o.pt.dtype_by} if ruled else {}),
+            }
+
         return Summary(
             self.out,
             kept=len(outs),
@@ -94,20 +115,7 @@ class ExportFiles:
             files=[f for f, _ in self.files]
             + [f for f, _ in self.extra]
             + ([self.index] if self.index else []),
-            tensors=[
-                {
-                    "name": o.pt.name,
-                    "new_name": o.pt.new_name,
-                    "dtype": o.pt.info.dtype,
-                    "new_dtype": o.pt.new_dtype,
-                    "shape": list(o.shape),
-                    "permute": list(o.perm) if o.perm else None,
-                    "file": p.storage.basename(path),
-                    **({"dtype_by": o.pt.dtype_by} if ruled else {}),
-                }
-                for path, outs in self.files
-                for o in outs
-            ],
+            tensors=Records(len(outs), record),
             skipped=self.skipped,
         )
 

@@ -29,7 +29,7 @@ from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import CastCounts, check_overflow
-from tfckpt.rewrite.engine import Summary
+from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options, Permutes
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
@@ -188,25 +188,28 @@ def import_(
         bytes_out=sum(_nbytes(i.entry.shape, nd) for i, _, nd, *_ in chosen),
         seconds=0.0,
         files=[index_filename(prefix)],
-        tensors=[
-            {
-                "name": i.entry.name,
-                "new_name": new,
-                "dtype": i.entry.dtype,
-                "new_dtype": nd,
-                "shape": list(i.entry.shape if shape is None else shape),
-                "permute": list(perm) if perm else None,
-                "file": src_store.basename(i.file),
-                **({"dtype_by": by} if ruled else {}),
-            }
-            for i, new, nd, (perm, shape), by in chosen
-        ],
+        tensors=Records(len(chosen), lambda k: _record(chosen[k], src_store, ruled)),
     )
     if dry_run:
         return summary
     summary.cast_counts = _write_import(store, prefix, src_store, chosen, options, progress)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _record(row: tuple, src_store: Storage, ruled: bool) -> dict:
+    """The summary's record of one chosen tensor (made when asked for)."""
+    i, new, nd, (perm, shape), by = row
+    return {
+        "name": i.entry.name,
+        "new_name": new,
+        "dtype": i.entry.dtype,
+        "new_dtype": nd,
+        "shape": list(i.entry.shape if shape is None else shape),
+        "permute": list(perm) if perm else None,
+        "file": src_store.basename(i.file),
+        **({"dtype_by": by} if ruled else {}),
+    }
 
 
 def _nbytes(shape, dtype: str) -> int:

@@ -121,16 +121,11 @@ class Caster:
         return self.target.array_dtype
 
     @cached_property
-    def _max(self) -> Any:
-        return self._target_np.type(_finfo(self.target).max)
-
-    @cached_property
-    def _tiny(self) -> Any:
-        return self._target_np.type(_finfo(self.target).smallest_normal)
-
-    @cached_property
-    def _nan(self) -> np.ndarray:
-        return np.array(np.nan, dtype=self._target_np)
+    def _nan_bits(self) -> Any:
+        """The target's quiet NaN (sign clear) as bits."""
+        if self.target.name == "bfloat16":  # float32's quiet NaN, upper half
+            return self._bits.type(0x7FC0)
+        return self._bits.type(_bit_pattern(np.nan, self.target))
 
     @property
     def rounding(self) -> str:
@@ -223,25 +218,33 @@ class Caster:
             counts.to_zero += zeros - int(np.count_nonzero(chunk == 0))
 
     def _special(self, chunk: np.ndarray, out: np.ndarray, c: CastCounts) -> None:
-        """The general path, for chunks with NaN, inf or values near the overflow point."""
-        out = out.view(self._target_np)
+        """The general path, for chunks with NaN, inf or values near the overflow point.
+
+        It works on the result's bits, like :meth:`_count_small`: the target's numpy
+        type (ml-dtypes for bfloat16) is never needed, and a finite result is one whose
+        magnitude's bits are at most the largest finite value's (every target: an inf or
+        a NaN is above it)."""
+        bits = out.view(self._bits)
+        sign = self._bits.type(1 << (8 * self._bits.itemsize - 1))
         nan = np.isnan(chunk)
         if nan.any():
-            out[nan] = np.where(np.signbit(chunk[nan]), -self._nan, self._nan)
+            bits[nan] = np.where(np.signbit(chunk[nan]), self._nan_bits | sign, self._nan_bits)
         if self._exact:
             return
+        mag = np.bitwise_and(bits, self._abs_mask)
         over = np.isfinite(chunk)
-        over &= ~np.isfinite(out)
+        over &= mag > self._max_bits
         n_over = int(np.count_nonzero(over))
         if n_over:
             c.overflow += n_over
             if self.overflow == "clip":
-                out[over] = np.where(np.signbit(chunk[over]), -self._max, self._max)
-        mask = out == 0
+                bits[over] = np.where(
+                    np.signbit(chunk[over]), self._max_bits | sign, self._max_bits
+                )
+        mask = mag == 0
         mask &= chunk != 0
         c.to_zero += int(np.count_nonzero(mask))
-        mag = np.abs(out)
-        np.less(mag, self._tiny, out=mask)
+        np.less(mag, self._tiny_bits, out=mask)
         mask &= mag > 0
         c.subnormal += int(np.count_nonzero(mask))
 

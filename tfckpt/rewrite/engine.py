@@ -10,7 +10,7 @@ tensors through in bounded chunks and commits the output atomically.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tfckpt.errors import (
@@ -31,6 +31,39 @@ from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import plan
 from tfckpt.rewrite.plans import Plan, Source
 from tfckpt.rewrite.tasks import RunStorage, ShardTask, restore_warnings, run_tasks, shard_tasks
+
+
+class Records(Sequence[dict]):
+    """``count`` records made on demand: record ``i`` is ``make(i)``, a new dict each time.
+
+    An export's or an import's summary lists one record per tensor; built up front,
+    those dicts would cost 200 000 tensors more memory than streaming them does.
+
+    >>> Records(2, lambda i: {"i": i})[1]
+    {'i': 1}
+    """
+
+    def __init__(self, count: int, make: Callable[[int], dict]):
+        self._count, self._make = count, make
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._make(k) for k in range(*i.indices(self._count))]
+        if not -self._count <= i < self._count:
+            raise IndexError(i)
+        return self._make(i % self._count)
+
+    def __iter__(self) -> Iterator[dict]:
+        return map(self._make, range(self._count))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 @dataclass
@@ -62,7 +95,7 @@ class Summary:
     dtype_rules: dict[str, int] | None = None
     # An export's or an import's: the files, one record per tensor, what was left out.
     files: list[str] | None = None
-    tensors: list[dict] | None = None
+    tensors: Sequence[dict] | None = None  # a list, or Records made on demand
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -70,7 +103,7 @@ class Summary:
             return {
                 "out": self.dst,
                 "files": self.files,
-                "tensors": self.tensors,
+                "tensors": list(self.tensors or ()),
                 "skipped": [{"name": n, "reason": r} for n, r in self.skipped],
                 "dropped": self.dropped,
                 "bytes_out": self.bytes_out,

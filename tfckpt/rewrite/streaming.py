@@ -31,7 +31,7 @@ from tfckpt.rewrite.pipeline import (
 )
 
 
-@dataclass
+@dataclass(slots=True)  # one per tensor: 200 000 of them in a big plan
 class TaskItem:
     """One tensor, or one slice of one, that a shard task writes."""
 
