@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +168,95 @@ def run_role(script: str, role: str, out, **env: str) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+# The parent of :class:`Forker`'s children: it imports what they share once, then forks one
+# child per job, single-threaded at each fork (it does nothing else), and tells the exit
+# status of each as subprocess does (-N: killed by signal N).
+_FORK_SERVER = """
+import importlib, json, os, sys, traceback
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.environ.clear()
+            os.environ.update(job["env"])
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            sys.argv = ["-c", *job["argv"]]
+            try:
+                exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+                code = 0
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    status = os.waitpid(pid, 0)[1]
+    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+"""
+
+
+class Forker:
+    """``python -c CODE ARGS`` as a process of its own, forked from one process that
+    imported ``preload`` (and Python itself) once: what a fresh interpreter would do,
+    without its start-up, for tests that run many short commands (SIGKILLed at each step,
+    say). The server starts in :func:`user_env` (stdio encoding, locale); each job's
+    environment is its own. Use as a context manager (or call :meth:`close`)."""
+
+    def __init__(self, *preload: str, tmp_dir: str | os.PathLike):
+        self._tmp = Path(tmp_dir)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._jobs = 0
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _FORK_SERVER, *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=user_env(),
+            text=True,
+        )
+
+    def run(
+        self, code: str, *args, env: dict | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        """``python -c CODE ARGS`` in ``env`` (:func:`user_env` unless given): its exit
+        status (negative: the signal that killed it), stdout and stderr text. A job still
+        running after ``timeout`` seconds is an assertion error (the server killed)."""
+        self._jobs += 1
+        out, err = (self._tmp / f"job{self._jobs}.{s}" for s in ("out", "err"))
+        argv = [str(a) for a in args]
+        job = dict(code=code, argv=argv, env=env or user_env(), stdout=str(out), stderr=str(err))
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(job) + "\n")
+        self._proc.stdin.flush()
+        if not select.select([self._proc.stdout], [], [], timeout)[0]:
+            self._proc.kill()
+            raise AssertionError(f"python -c ... {argv} ran past {timeout} s")
+        line = self._proc.stdout.readline()
+        assert line, "the fork server died"
+        return subprocess.CompletedProcess(
+            ["-c", code, *argv], json.loads(line), out.read_text("utf-8"), err.read_text("utf-8")
+        )
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+
+    def __enter__(self) -> Forker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
