@@ -8,9 +8,14 @@ Commands run with a strict UTF-8 stdout and stderr: in this process (fast) with
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
+import json
+import locale
 import os
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +171,136 @@ def run_role(script: str, role: str, out, **env: str) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+# The parent of :class:`Forker`'s children: it imports what they share once, then forks one
+# child per job, single-threaded at each fork (it does nothing else); it tells the child's
+# pid, then its exit status as subprocess does (-N: killed by signal N). The child runs the
+# job's code at the top level, so that it ends as ``python -c CODE`` does: an uncaught
+# exception printed by the interpreter, exit status 1; atexit handlers run, threads joined.
+_FORK_SERVER = """
+import base64, importlib, json, os, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.environ.clear()
+        os.environ.update(job["env"])
+        if job["cwd"] is not None:
+            os.chdir(job["cwd"])
+        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.argv = [os.fsdecode(base64.b64decode(a)) for a in job["argv"]]
+        sys.path[0] = job["path0"]
+        exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+        sys.exit(0)
+    print(pid, flush=True)
+    status = os.waitpid(pid, 0)[1]
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+# What an interpreter reads from its environment when it starts (or numpy when imported):
+# a job whose values differ from a server's goes to another server.
+_STARTUP_ENV = ("PYTHON", "LC_", "LANG", "OPENBLAS", "OMP_", "MKL_", "NUMPY")
+
+
+def startup_env(env: dict) -> tuple:
+    """The part of ``env`` a fresh interpreter would read before running anything."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_STARTUP_ENV)))
+
+
+class Forker:
+    """``python -c CODE ARGS`` as a process of its own, forked from one process that
+    started in ``env`` (:func:`user_env` unless given) and imported ``preload`` once:
+    what a fresh interpreter would do, without its start-up, for tests that run many
+    short commands. Each job's environment and working directory are its own; it must
+    agree with the server's on :func:`startup_env`. Use as a context manager (or call
+    :meth:`close`)."""
+
+    def __init__(self, *preload: str, tmp_dir: str | os.PathLike, env: dict | None = None):
+        self._tmp = Path(tmp_dir)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._jobs = 0
+        self.env = env or user_env()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _FORK_SERVER, *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(self._tmp / "server.err", "wb"),  # noqa: SIM115  (the server's)
+            env=self.env,
+            text=True,
+        )
+        ready = self._line(120)
+        assert ready == "ready", (self._tmp / "server.err").read_text()
+
+    def _line(self, timeout: float) -> str | None:
+        assert self._proc.stdout is not None
+        if not select.select([self._proc.stdout], [], [], timeout)[0]:
+            return None
+        return self._proc.stdout.readline().strip()
+
+    def run(
+        self,
+        code: str,
+        *args,
+        env: dict | None = None,
+        cwd=None,
+        text: bool = True,
+        timeout: float = 120,
+        path0: str = "",
+    ) -> subprocess.CompletedProcess:
+        """``python -c CODE ARGS`` in ``env`` (:func:`user_env` unless given) and ``cwd``:
+        its exit status (negative: the signal that killed it), stdout and stderr (text
+        as subprocess decodes it, or bytes). Past ``timeout`` seconds it is killed and
+        :class:`subprocess.TimeoutExpired` raised, as by ``subprocess.run``.
+        ``path0``: ``sys.path[0]`` ('' as for ``-c``)."""
+        env = env or user_env()
+        assert startup_env(env) == startup_env(self.env), "another interpreter start-up"
+        self._jobs += 1
+        out, err = (self._tmp / f"job{self._jobs}.{s}" for s in ("out", "err"))
+        argv = ["-c", *args]
+        job = {
+            "code": code,
+            "argv": [base64.b64encode(os.fsencode(a)).decode() for a in argv],
+            "env": env,
+            "cwd": None if cwd is None else str(cwd),
+            "stdout": str(out),
+            "stderr": str(err),
+            "path0": path0,
+        }
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(job) + "\n")
+        self._proc.stdin.flush()
+        pid = self._line(60)
+        assert pid, ("the fork server died", (self._tmp / "server.err").read_text())
+        status = self._line(timeout)
+        if status is None:
+            os.kill(int(pid), signal.SIGKILL)
+            self._line(60)
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_bytes(), err.read_bytes())
+        stdout, stderr = out.read_bytes(), err.read_bytes()
+        out.unlink()
+        err.unlink()
+        if text:  # as subprocess.run(text=True) decodes: the locale's encoding, \r\n -> \n
+            encoding = locale.getpreferredencoding(False)
+            stdout, stderr = (
+                b.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
+                for b in (stdout, stderr)
+            )
+        return subprocess.CompletedProcess(argv, int(status), stdout, stderr)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+
+    def __enter__(self) -> Forker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +161,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_sigkill_during_in_place_edit_on_s3_leaves_old_or_new(s3, pristine, tmp_path):
+@pytest.fixture(scope="module")
+def forker(tmp_path_factory):
+    """The killed commands' processes, forked from one that imported tfckpt and the S3
+    client's libraries once (not fsspec: it reads the endpoint from the environment when
+    imported, which each command does itself)."""
+    preload = ("tfckpt.cli", "tfckpt.io.storage", "botocore.session", "aiobotocore.session")
+    with ch.Forker(*preload, tmp_dir=tmp_path_factory.mktemp("forked")) as forker:
+        yield forker
+
+
+def test_sigkill_during_in_place_edit_on_s3_leaves_old_or_new(s3, forker, pristine, tmp_path):
     """Killed before each change to the store: TensorFlow reads the old checkpoint (its
     objects byte for byte) until the new index is stored, the new one after; a new data
     object a kill leaves behind has a shard count of its own, which ``tfckpt ls`` shows
@@ -175,13 +183,7 @@ def test_sigkill_during_in_place_edit_on_s3_leaves_old_or_new(s3, pristine, tmp_
         url = s3.put(str(pristine / PREFIX), f"run{kill_at}")
         before = s3.files(f"run{kill_at}")
         args = ["edit", url, "--in-place", *EDIT, "--max-shard-bytes", "300"]
-        proc = subprocess.run(
-            [sys.executable, "-c", KILL_AT_OPERATION, *args],
-            env=ch.user_env(KILL_AT=str(kill_at)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = forker.run(KILL_AT_OPERATION, *args, env=ch.user_env(KILL_AT=str(kill_at)))
         assert "Traceback" not in proc.stderr, proc.stderr
         back = tmp_path / f"back{kill_at}"
         now = _from_s3(s3, f"run{kill_at}", back)

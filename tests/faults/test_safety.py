@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from cli_helpers import assert_cli_error, run_process
+from cli_helpers import Forker, assert_cli_error, run_process
 
 import tfckpt
 from tfckpt import inspection as tfinspect
@@ -92,7 +92,7 @@ def _convert_cmd(src, dst, *extra):
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["fresh", "overwrite"])
-def test_sigkill_at_timed_points(source, tmp_path, existing):
+def test_sigkill_at_timed_points(forker, source, tmp_path, existing):
     dst = str(tmp_path / "out" / "model")
     seen = []
     # Before the run writes (start-up, planning), then at moments after its first
@@ -122,8 +122,9 @@ def test_sigkill_at_timed_points(source, tmp_path, existing):
         seen.append((delay, state, inside))
         allowed = {"old", "new"} if existing else {"absent", "new"}
         assert state in allowed, f"killed after {delay} s: {state}"
-        # The next run cleans up and completes.
-        subprocess.run(_convert_cmd(source, dst), check=True, capture_output=True)
+        # The next run (a process of its own, forked) cleans up and completes.
+        done = forker.run(CLI, *_convert_cmd(source, dst)[3:], env=dict(os.environ))
+        assert done.returncode == 0, done.stderr
         assert _state(dst) == "new"
         assert _leftovers(os.path.dirname(dst)) == []
         if not existing:
@@ -132,6 +133,12 @@ def test_sigkill_at_timed_points(source, tmp_path, existing):
     # The timing reached inside the write at least once (not only before or after it).
     assert any(inside for _, _, inside in seen), seen
 
+
+CLI = """
+import sys
+from tfckpt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 KILL_AT_RENAME = """
 import os, signal, sys
@@ -148,8 +155,18 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.fixture(scope="module")
+def forker(tmp_path_factory):
+    """Runs of the command line, each a process of its own, forked from one that started
+    Python and imported numpy once (not tfckpt: KILL_AT_RENAME patches os.replace before
+    it imports tfckpt, as in a fresh interpreter)."""
+    tmp = tmp_path_factory.mktemp("forked")
+    with Forker("numpy", tmp_dir=tmp, env=dict(os.environ)) as forker:
+        yield forker
+
+
 @pytest.mark.parametrize("existing", [False, True], ids=["fresh", "overwrite"])
-def test_sigkill_at_every_step_of_the_commit(tmp_path, existing):
+def test_sigkill_at_every_step_of_the_commit(forker, tmp_path, existing):
     """Kill before each rename of the commit: the old checkpoint or nothing, never a mix."""
     src = str(tmp_path / "src" / "model")
     with tfckpt.BundleWriter(src) as w:
@@ -164,23 +181,8 @@ def test_sigkill_at_every_step_of_the_commit(tmp_path, existing):
             tfckpt.transform(src, dst, overwrite=True, max_shard_bytes=8 << 10)  # 2+ shards
             before = _hash_files(dst)
         env = dict(os.environ, KILL_AT=str(kill_at))
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                KILL_AT_RENAME,
-                "convert",
-                src,
-                dst,
-                "--dtype",
-                "float16",
-                "--overwrite",
-                "--max-shard-bytes",
-                "8K",
-            ],
-            env=env,
-            capture_output=True,
-        )
+        args = ["convert", src, dst, "--dtype", "float16", "--overwrite", "--max-shard-bytes"]
+        proc = forker.run(KILL_AT_RENAME, *args, "8K", env=env)
         if proc.returncode == 0:
             break  # past the last rename: the run completed
         assert proc.returncode == -signal.SIGKILL

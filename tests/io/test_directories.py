@@ -335,14 +335,16 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _killed_at(n: int, *args) -> int:
-    proc = subprocess.run(
-        [sys.executable, "-c", KILL_AT_OPERATION, *map(str, args)],
-        env=ch.user_env(KILL_AT=str(n)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.fixture(scope="module")
+def forker(tmp_path_factory):
+    """The killed commands' processes, forked from one that imported tfckpt once."""
+    preload = ("tfckpt.cli", "tfckpt.inspection.directories", "tfckpt.io.storage")
+    with ch.Forker(*preload, tmp_dir=tmp_path_factory.mktemp("forked")) as forker:
+        yield forker
+
+
+def _killed_at(forker, n: int, *args) -> int:
+    proc = forker.run(KILL_AT_OPERATION, *args, env=ch.user_env(KILL_AT=str(n)), timeout=60)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode
 
@@ -355,7 +357,7 @@ def _state_names_exist(run) -> None:
     assert tf.train.latest_checkpoint(str(run)) == str(run / latest)
 
 
-def test_sigkill_during_prune_loses_nothing_kept(tf2_run, tmp_path):
+def test_sigkill_during_prune_loses_nothing_kept(forker, tf2_run, tmp_path):
     kept = (3, 5, 6)
     outcomes = []
     for n in range(1, 12):
@@ -368,7 +370,7 @@ def test_sigkill_during_prune_loses_nothing_kept(tf2_run, tmp_path):
         _aged(*run.iterdir(), run / "ckpt-8_temp" / "part-00000-of-00001.index")
         before = _files(run)
         args = ("prune", run, "--keep-last", "2", "--keep", "3")
-        rc = _killed_at(n, *args)
+        rc = _killed_at(forker, n, *args)
         outcomes.append(rc)
         for s in kept:  # every file of every checkpoint kept, byte for byte
             for f in (f"ckpt-{s}.index", f"ckpt-{s}.data-00000-of-00001"):
@@ -487,14 +489,14 @@ def _complete_somewhere(step: int, *places) -> None:
     raise AssertionError(f"ckpt-{step} is lost: {places}")
 
 
-def test_sigkill_during_mv_loses_nothing(tf2_run, tmp_path):
+def test_sigkill_during_mv_loses_nothing(forker, tf2_run, tmp_path):
     outcomes = []
     n = 0
     while True:
         n += 1
         src = _copy(tf2_run, tmp_path, f"src{n}")
         dst = tmp_path / f"dst{n}"
-        rc = _killed_at(n, "mv", src, dst)
+        rc = _killed_at(forker, n, "mv", src, dst)
         outcomes.append(rc)
         for step in range(1, TF2_STEPS + 1):
             _complete_somewhere(step, src, dst)
@@ -523,7 +525,7 @@ def _tf2_restored(prefix: str) -> np.ndarray:
     return v.numpy()
 
 
-def test_overwrite_replaces_each_checkpoint_in_one_step(tf2_run, tf2_other, tmp_path):
+def test_overwrite_replaces_each_checkpoint_in_one_step(forker, tf2_run, tf2_other, tmp_path):
     """SIGKILL at the file operations of `cp --overwrite`: each checkpoint restores, whole,
     with its old values or its new ones; the state file names what is there."""
     dst = _copy(tf2_other, tmp_path, "dst")
@@ -532,7 +534,7 @@ def test_overwrite_replaces_each_checkpoint_in_one_step(tf2_run, tf2_other, tmp_
     outcomes = []
     for n in [*range(1, 14), *range(18, 42, 6), 0]:  # 0: not killed
         run = _copy(tf2_other, tmp_path, f"dst{n}")
-        rc = _killed_at(n, "cp", tf2_run, run, "--overwrite")
+        rc = _killed_at(forker, n, "cp", tf2_run, run, "--overwrite")
         outcomes.append(rc)
         for s in range(1, TF2_STEPS + 1):
             assert not tfckpt.inspection.verify(str(run / f"ckpt-{s}"))["problems"], (n, s)

@@ -1,16 +1,14 @@
 """graft carries TF1 optimizer state onto a TF2 optimizer, proven by training: a TF1
 graph trains a few steps with ``tf.compat.v1.train.AdamOptimizer`` (Momentum, Adagrad)
-and saves (in a subprocess, graph mode), then takes one more step; the Keras model and
-optimizer restored from the grafted checkpoint take the same step (tf.keras 2's slot
-variables, its own optimizer's lists, Keras 3's lists). flatten --tf1-slots the other
-way: a Keras run's next step is the one the TF1 graph restored from it takes."""
+and saves (graph mode, in a ``tf.Graph`` of its own), then takes one more step; the
+Keras model and optimizer restored from the grafted checkpoint take the same step
+(tf.keras 2's slot variables, its own optimizer's lists, Keras 3's lists). flatten
+--tf1-slots the other way: a Keras run's next step is the one the TF1 graph restored
+from it takes."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -27,76 +25,64 @@ RHO_ADADELTA = 0.95
 STEPS = 3  # before the save
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
-# A TF1 training run: dense/kernel and dense/bias, STEPS Adam (or Momentum) steps on the batches
-# 0..STEPS-1, saved; then one step on batch STEPS, whose weights it saves as next.npz.
-TF1_RUN = textwrap.dedent(
-    """
-    import sys
-    import numpy as np
-    import tensorflow as tf
-
-    out, with_step, lr, b1, b2, eps, steps, restore, which, mom = sys.argv[1:]
-    tf.compat.v1.disable_eager_execution()
-
-    def batch(i):
-        rng = np.random.default_rng(i)
-        return rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal(
-            (5, 2)
-        ).astype(np.float32)
-
-    x = tf.compat.v1.placeholder(tf.float32, [None, 3])
-    y = tf.compat.v1.placeholder(tf.float32, [None, 2])
-    init = np.random.default_rng(100).standard_normal((3, 2)).astype(np.float32)
-    with tf.compat.v1.variable_scope("dense"):
-        k = tf.compat.v1.get_variable("kernel", initializer=init)
-        b = tf.compat.v1.get_variable("bias", initializer=np.full(2, 0.5, np.float32))
-    loss = tf.reduce_mean(tf.square(tf.matmul(x, k) + b - y))
-    if which == "adam":
-        opt = tf.compat.v1.train.AdamOptimizer(float(lr), float(b1), float(b2), float(eps))
-    elif which == "adam_named":  # its slots named after it: dense/kernel/MyAdam, MyAdam_1
-        opt = tf.compat.v1.train.AdamOptimizer(
-            float(lr), float(b1), float(b2), float(eps), name="MyAdam"
-        )
-    elif which == "adadelta":
-        opt = tf.compat.v1.train.AdadeltaOptimizer(float(lr), 0.95, float(eps))
-    elif which == "rmsprop_centered":
-        opt = tf.compat.v1.train.RMSPropOptimizer(
-            float(lr), 0.9, float(mom), float(eps), centered=True
-        )
-    elif which == "adagrad":
-        opt = tf.compat.v1.train.AdagradOptimizer(float(lr))
-    elif which == "ftrl":
-        opt = tf.compat.v1.train.FtrlOptimizer(float(lr))
-    elif which == "rmsprop":
-        opt = tf.compat.v1.train.RMSPropOptimizer(float(lr), 0.9, float(mom), float(eps))
-    else:
-        opt = tf.compat.v1.train.MomentumOptimizer(float(lr), float(mom))
-    if with_step == "1":
-        train = opt.minimize(loss, tf.compat.v1.train.get_or_create_global_step())
-    else:
-        train = opt.minimize(loss)
-    with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        if restore:  # everything the Saver saves: weights, slots, powers, global_step
-            tf.compat.v1.train.Saver().restore(sess, restore)
-        else:
-            for i in range(int(steps)):
-                xs, ys = batch(i)
-                sess.run(train, {x: xs, y: ys})
-            tf.compat.v1.train.Saver().save(sess, out + "/model.ckpt", write_meta_graph=False)
-        adam = which in ("adam", "adam_named")
-        powers = sess.run(opt._get_beta_accumulators()) if adam else [0, 0]
-        xs, ys = batch(int(steps))
-        sess.run(train, {x: xs, y: ys})
-        np.savez(out + "/next.npz", kernel=sess.run(k), bias=sess.run(b), powers=powers)
-    """
-)
-
 
 def batch(i: int):
     rng = np.random.default_rng(i)
     xs = rng.standard_normal((5, 3)).astype(np.float32)
     return xs, rng.standard_normal((5, 2)).astype(np.float32)
+
+
+def tf1_optimizer(which: str):
+    """TF1's optimizer ``which`` (``tf.compat.v1.train``), built in the current graph."""
+    v1 = tf.compat.v1.train
+    if which == "adam":
+        return v1.AdamOptimizer(LR, BETA1, BETA2, EPS)
+    if which == "adam_named":  # its slots named after it: dense/kernel/MyAdam, MyAdam_1
+        return v1.AdamOptimizer(LR, BETA1, BETA2, EPS, name="MyAdam")
+    if which == "adadelta":
+        return v1.AdadeltaOptimizer(LR, RHO_ADADELTA, EPS)
+    if which in ("rmsprop", "rmsprop_centered"):
+        return v1.RMSPropOptimizer(LR, 0.9, MOMENTUM, EPS, centered=which == "rmsprop_centered")
+    if which == "adagrad":
+        return v1.AdagradOptimizer(LR)
+    if which == "ftrl":
+        return v1.FtrlOptimizer(LR)
+    return v1.MomentumOptimizer(LR, MOMENTUM)
+
+
+def run_tf1(out, with_step: bool, restore: str = "", which="adam") -> dict[str, np.ndarray]:
+    """A TF1 training run in a graph of its own (graph mode: placeholders, a Session, a
+    Saver; its bytes and steps are those of a process with eager execution off):
+    dense/kernel and dense/bias, STEPS steps of ``which`` on the batches 0..STEPS-1,
+    saved at ``out/model.ckpt`` (or everything the Saver saves restored from
+    ``restore``); then one step on batch STEPS, whose weights (and Adam's powers before
+    it) it returns."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None, 3])
+        y = v1.placeholder(tf.float32, [None, 2])
+        init = np.random.default_rng(100).standard_normal((3, 2)).astype(np.float32)
+        with v1.variable_scope("dense"):
+            k = v1.get_variable("kernel", initializer=init)
+            b = v1.get_variable("bias", initializer=np.full(2, 0.5, np.float32))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, k) + b - y))
+        opt = tf1_optimizer(which)
+        step = [v1.train.get_or_create_global_step()] if with_step else []
+        train = opt.minimize(loss, *step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            if restore:  # everything the Saver saves: weights, slots, powers, global_step
+                v1.train.Saver().restore(sess, restore)
+            else:
+                for i in range(STEPS):
+                    xs, ys = batch(i)
+                    sess.run(train, {x: xs, y: ys})
+                v1.train.Saver().save(sess, f"{out}/model.ckpt", write_meta_graph=False)
+            adam = which in ("adam", "adam_named")
+            powers = sess.run(opt._get_beta_accumulators()) if adam else [0, 0]
+            xs, ys = batch(STEPS)
+            sess.run(train, {x: xs, y: ys})
+            return {"kernel": sess.run(k), "bias": sess.run(b), "powers": np.asarray(powers)}
 
 
 @pytest.fixture(scope="module", params=["global_step", "powers"])
@@ -118,18 +104,6 @@ def tf1_adam(tmp_path_factory):
     d = tmp_path_factory.mktemp("tf1adam_refused")
     run_tf1(d, True)
     return str(d / "model.ckpt")
-
-
-def run_tf1(out, with_step: bool, restore: str = "", which="adam") -> dict[str, np.ndarray]:
-    """Run TF1_RUN in its own process: TF1 graph mode and Keras do not share one."""
-    flag = "1" if with_step else "0"
-    args = [str(out), flag, str(LR), str(BETA1), str(BETA2), str(EPS), str(STEPS), restore]
-    args += [which, str(MOMENTUM)]
-    run = subprocess.run(
-        [sys.executable, "-c", TF1_RUN, *args], capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return dict(np.load(f"{out}/next.npz"))
 
 
 def keras_optimizer(optimizers, which: str):
