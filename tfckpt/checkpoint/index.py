@@ -278,10 +278,15 @@ class BundleIndex:
             )
         return entry
 
-    def full_entries(self, names: Sequence[str]) -> list[Entry]:
-        """``full_entry`` of each name; those not parsed yet are decoded together."""
+    def full_entries(self, names: Sequence[str], *, keep: bool = True) -> list[Entry]:
+        """``full_entry`` of each name; those not parsed yet are decoded together.
+
+        ``keep=False``: the entries decoded here are not kept for later lookups (a
+        stream of batches, each read once, would otherwise hold an entry per tensor).
+        """
         keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
         parsed, slice_keys = self._parsed, self.slice_keys
+        fresh: dict[bytes, Entry] = parsed if keep else {}
         todo = [i for i, k in enumerate(keys) if k not in parsed]
         if len(todo) > 1:
             bulk = self._bulk([keys[i] for i in todo])
@@ -298,11 +303,12 @@ class BundleIndex:
             ):
                 stored = Location.at(shard, offset, size, crc)
                 key = keys[i]
-                parsed[key] = Entry(key, names[i], stored, dtypes[enum], bulk.shapes[j], ())
-        return [
-            self.full_entry(n) if k in slice_keys or k not in parsed else parsed[k]
-            for n, k in zip(names, keys)
-        ]
+                fresh[key] = Entry(key, names[i], stored, dtypes[enum], bulk.shapes[j], ())
+        out = []
+        for n, k in zip(names, keys):
+            entry = None if k in slice_keys else parsed.get(k) or fresh.get(k)
+            out.append(entry if entry is not None else self.full_entry(n))
+        return out
 
     def _bulk(self, keys: list[bytes]) -> BulkEntries:
         """The entries of ``keys`` decoded together, and which pass, as whole tensors'

@@ -91,7 +91,7 @@ class StreamingReads(ShardReads):
 
         >>> a, b = ckpt.read_together(["layer_0/bias", "layer_1/bias"])
         """
-        entries = self._index.full_entries(names)
+        entries = self._index.full_entries(names, keep=False)
         for e in entries:
             if e.slices or e.dtype is _dt.STRING or e.dtype.numpy is None:
                 raise ValueError(f"{e.name!r} cannot be read together with others")

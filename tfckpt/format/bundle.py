@@ -150,6 +150,20 @@ class TensorTable:
         return len(self.names)
 
     def info(self, i: int) -> TensorInfo:
+        """Row ``i`` as a :class:`TensorInfo`."""
+        shard, offset, crc = self.shards[i], self.offsets[i], self.crc32c[i]
+        if not self.slices[i] and shard is not None and offset is not None and crc is not None:
+            stored = self.stored_elements[i]
+            if stored is not None and stored == self.elements[i]:
+                return TensorInfo.whole(
+                    self.names[i],
+                    self.dtypes[i],
+                    self.shapes[i],
+                    self.nbytes[i],
+                    shard,
+                    offset,
+                    crc,
+                )
         return TensorInfo(
             self.names[i],
             self.dtypes[i],
@@ -191,6 +205,23 @@ class TensorTable:
         self.nbytes[i], self.shards[i], self.offsets[i] = info.nbytes, info.shard, info.offset
         self.crc32c[i], self.slices[i], self.elements[i] = info.crc32c, info.slices, info.size
         self.stored_elements[i] = info.stored_elements
+
+    def append(self, info: TensorInfo) -> None:
+        """Add ``info`` as the last row."""
+        for column in fields(self):
+            getattr(self, column.name).append(None)
+        self.set(len(self.names) - 1, info)
+
+    def take(self, rows: Sequence[int]) -> TensorTable:
+        """A table of these ``rows``, in this order."""
+        return TensorTable(
+            *([column[i] for i in rows] for column in (getattr(self, f.name) for f in fields(self)))
+        )
+
+    @classmethod
+    def empty(cls) -> TensorTable:
+        """A table of no rows, to :meth:`append` to."""
+        return cls(*([] for _ in fields(cls)))
 
     @classmethod
     def of(cls, infos: Sequence[TensorInfo]) -> TensorTable:

@@ -24,6 +24,7 @@ from tfckpt.format import dtypes as _dt
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
 from tfckpt.interop.importing import TensorFileSource, stored_tensors
 from tfckpt.io.storage import Storage
+from tfckpt.rewrite.cast import CastCountTable
 from tfckpt.rewrite.plans import Plan
 from tfckpt.rewrite.rules import UNMAPPED
 from tfckpt.rewrite.streaming import TaskItem, stream_items
@@ -165,7 +166,7 @@ def compare(p: Plan, output, against: str, *, chunk_bytes: int | None = None) ->
         overflow=p.options.overflow,
         chunk_bytes=chunk,
         endianness="little",
-        counts={},
+        counts=CastCountTable(),
     )
     return proof
 

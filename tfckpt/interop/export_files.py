@@ -23,7 +23,7 @@ from tfckpt.format import tensorfiles as tfiles
 from tfckpt.io.commit import Commit
 from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
-from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.plans import Plan, PlannedTensor
@@ -262,7 +262,7 @@ class ExportWriting:
     def __init__(self, store, ep: ExportFiles, options: Options, ckpts, metadata, progress):
         self.store, self.ep, self.options = store, ep, options
         self.ckpts, self.metadata, self.progress = ckpts, metadata, progress
-        self.counts: dict[str, CastCounts] = {}  # what the casts did, per tensor
+        self.counts = CastCountTable()  # what the casts did, per tensor
         self.commit = Commit(
             store,
             ep.index or ep.out,
@@ -315,7 +315,7 @@ class ExportWriting:
                 w = tfiles.NpzWriter(f, [o.entry for o in outs])
             # Through the engine's pipeline: read ahead, cast, write behind, small
             # tensors in batches, permuted ones in tiles.
-            counts: dict[str, tuple[int, int, int, int]] = {}
+            counts = CastCountTable()
             stream_items(
                 [o.item for o in outs],
                 self.ckpts,
@@ -325,7 +325,7 @@ class ExportWriting:
                 endianness="little",  # unused: raw (no numpy) tensors are never exported
                 counts=counts,
             )
-            self.counts.update({n: CastCounts(*c) for n, c in counts.items()})
+            self.counts = self.counts.merged([counts])
             if where == self.commit.last:  # an object store's single file: closing commits
                 check_overflow(self.counts, options.overflow, self.ep.out)
             w.close()
@@ -368,7 +368,7 @@ def replaced_files(store, ep: ExportFiles) -> list[str]:
 
 def _write_files(
     p: Plan, ep: ExportFiles, store: Storage, options: Options, progress
-) -> dict[str, CastCounts]:
+) -> CastCountTable:
     """Write and commit the files of the export ``p`` on ``store``, then remove the files
     they replace; on a failure, this run's files. What the casts did, per tensor."""
     label = p.sources[0].ckpt.prefix

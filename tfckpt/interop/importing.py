@@ -28,7 +28,7 @@ from tfckpt.io import paths
 from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
 from tfckpt.io.temporaries import remove_stale_temporaries
-from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options, Permutes
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules
@@ -275,7 +275,7 @@ def _write_import(
     try:
         w = ShardWriter.create(store, shard_paths[0], durable=options.durable)
         try:
-            counts: dict[str, tuple[int, int, int, int]] = {}
+            counts = CastCountTable()
             stream_items(
                 [_item(i, new, nd, *shaping) for i, new, nd, shaping, _ in chosen],
                 {0: source},
@@ -285,7 +285,7 @@ def _write_import(
                 endianness=w.endianness,
                 counts=counts,
             )
-            cast_counts = {n: CastCounts(*c) for n, c in counts.items()}
+            cast_counts = counts
             check_overflow(cast_counts, options.overflow, prefix)
             entries = w.finish()
             for extra in shard_paths[1:]:

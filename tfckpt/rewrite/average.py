@@ -43,7 +43,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
-from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
+from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 from tfckpt.rewrite.rules import DtypePolicy
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
@@ -313,7 +313,9 @@ def _plan(
         )
     )
     dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
-    return Plan(srcs, dst, tensors, dropped, graph_bytes, options, store, weights=w)
+    return Plan(
+        srcs, dst, PlannedTensors.of(tensors), dropped, graph_bytes, options, store, weights=w
+    )
 
 
 class _Gone:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -64,6 +65,95 @@ class CastCounts:
         self.to_zero += other.to_zero
         self.subnormal += other.subnormal
         self.elements += other.elements
+
+
+class CastCountTable(Mapping[str, CastCounts]):
+    """Each cast tensor's :class:`CastCounts`, by its (output) name, kept as columns.
+
+    A run of 200 000 small tensors casts each once; a dict of objects would cost that
+    many objects, these columns 40 bytes a tensor. Filled by the pipeline with
+    :meth:`add` (a tensor's pieces one after another: consecutive adds of one name
+    accumulate) and :meth:`extend`; read as a mapping (its index made on first
+    lookup) or, without an object per tensor, with :meth:`nonzero`.
+
+    >>> t = CastCountTable(); t.add("a", (0, 1, 2, 4)); t.add("a", (0, 0, 1, 4))
+    >>> t["a"]
+    CastCounts(overflow=0, to_zero=1, subnormal=3, elements=8)
+    """
+
+    def __init__(self):
+        self.names: list[str] = []
+        self._values = array("q")  # overflow, to_zero, subnormal, elements per row
+        self._rows: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"names": self.names, "_values": self._values, "_rows": None}
+
+    def add(self, name: str, counts: Sequence[int]) -> None:
+        """Count ``counts`` for ``name``: on its row if it is the last one added, else
+        on a new row."""
+        v = self._values
+        if self.names and self.names[-1] == name:
+            for k in range(4):
+                v[-4 + k] += counts[k]
+            return
+        self.names.append(name)
+        v.extend(counts)
+        self._rows = None
+
+    def extend(self, names: list[str], counts: np.ndarray) -> None:
+        """New rows: ``names`` with their ``counts`` (an int array of ``len(names)`` x 4)."""
+        self.names += names
+        self._values.frombytes(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+        self._rows = None
+
+    def merged(self, others: list[CastCountTable]) -> CastCountTable:
+        """These rows then those of ``others``; a name in several adds up (a tensor
+        written in slices to several shards)."""
+        out = CastCountTable()
+        for t in [self, *others]:
+            out.names += t.names
+            out._values += t._values
+        if len(others) and len(set(out.names)) != len(out.names):
+            arr, rows = out.array(), dict[str, list[int]]()
+            for i, name in enumerate(out.names):
+                rows.setdefault(name, []).append(i)
+            summed = np.array([arr[r].sum(axis=0) for r in rows.values()], dtype=np.int64)
+            out.names, out._values = [], array("q")
+            out.extend(list(rows), summed.reshape(-1, 4))
+        return out
+
+    def array(self) -> np.ndarray:
+        """The counts as an int64 array of ``len(self)`` x 4 (a view: do not keep it
+        while adding)."""
+        return np.frombuffer(self._values, dtype=np.int64).reshape(-1, 4)
+
+    def nonzero(self, what: str) -> dict[str, int]:
+        """The tensors ``what`` (overflow, to_zero, subnormal) happened to, and how often."""
+        col = self.array()[:, ("overflow", "to_zero", "subnormal").index(what)]
+        rows = np.flatnonzero(col)
+        return dict(zip([self.names[i] for i in rows.tolist()], col[rows].tolist()))
+
+    def _index(self) -> dict[str, int]:
+        if self._rows is None:
+            self._rows = {name: i for i, name in enumerate(self.names)}
+        return self._rows
+
+    def __getitem__(self, name: str) -> CastCounts:
+        i = self._index()[name]
+        return CastCounts(*self._values[4 * i : 4 * i + 4])
+
+    def __contains__(self, name) -> bool:
+        return name in self._index()
+
+    def __iter__(self):
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    def __repr__(self) -> str:
+        return f"<CastCountTable: {len(self.names)} tensors>"
 
 
 @dataclass
@@ -394,10 +484,13 @@ def check_overflow(
     Traceback (most recent call last):
     tfckpt.errors.CastOverflowError: fp16/model: values beyond the target dtype's range ...
     """
-    hit = {}
-    for name, c in overflowed.items():
-        n = c.overflow if isinstance(c, CastCounts) else c
-        if n:
-            hit[name] = n
+    if isinstance(overflowed, CastCountTable):
+        hit = overflowed.nonzero("overflow")
+    else:
+        hit = {}
+        for name, c in overflowed.items():
+            n = c.overflow if isinstance(c, CastCounts) else c
+            if n:
+                hit[name] = n
     if policy == "error" and hit:
         raise CastOverflowError(hit, path)

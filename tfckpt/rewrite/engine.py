@@ -10,9 +10,10 @@ tensors through in bounded chunks and commits the output atomically.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import (
     CheckpointError,
 )
@@ -26,7 +27,7 @@ from tfckpt.io.commit import (
 from tfckpt.io.storage import Storage, StorageOptions
 from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite import collector
-from tfckpt.rewrite.cast import CastCounts, check_overflow
+from tfckpt.rewrite.cast import CastCounts, CastCountTable, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import plan
 from tfckpt.rewrite.plans import Plan, Source
@@ -87,7 +88,8 @@ class Summary:
     bytes_in: int
     bytes_out: int
     seconds: float
-    cast_counts: dict[str, CastCounts] = field(default_factory=dict)
+    # Per cast tensor (a CastCountTable, from a run; any mapping given by hand).
+    cast_counts: Mapping[str, CastCounts] = field(default_factory=dict)
     # What the user must know although the output is committed (e.g. what TensorFlow
     # cannot restore, a state file not written).
     warnings: list[str] = field(default_factory=list)
@@ -108,7 +110,7 @@ class Summary:
                 "dropped": self.dropped,
                 "bytes_out": self.bytes_out,
                 "seconds": self.seconds,
-                "overflow": self._counted("overflow"),
+                "overflow": self.counted("overflow"),
             }
         d = {
             k: getattr(self, k)
@@ -125,13 +127,15 @@ class Summary:
             )
         }
         for what in ("overflow", "to_zero", "subnormal"):
-            d[what] = self._counted(what)
+            d[what] = self.counted(what)
         if self.dtype_rules is not None:
             d["dtype_rules"] = self.dtype_rules
         return d
 
-    def _counted(self, what: str) -> dict[str, int]:
+    def counted(self, what: str) -> dict[str, int]:
         """Per tensor, the values ``what`` happened to (overflow, to_zero, subnormal)."""
+        if isinstance(self.cast_counts, CastCountTable):
+            return self.cast_counts.nonzero(what)
         return {n: getattr(c, what) for n, c in self.cast_counts.items() if getattr(c, what)}
 
 
@@ -178,14 +182,20 @@ def execute(
         return p.output.write(p, stores.out, options, progress)
     start = time.perf_counter()
     tasks = shard_tasks(p, options, stores=stores)
-    counts = run_and_commit(stores.out, p.dst, tasks, options, bool(p.options.overwrite), progress)
+    # Run here with the plan's storage, the tasks read the sources the plan has open.
+    opened = None
+    if options.executor is None and storage_options is None:
+        opened = {i: s.ckpt for i, s in enumerate(p.sources) if readable_as_opened(s.ckpt)}
+    counts = run_and_commit(
+        stores.out, p.dst, tasks, options, bool(p.options.overwrite), progress, opened
+    )
     warnings = state_file_warnings(stores.out, p.dst, p.sources)
     return Summary(
         p.dst,
         kept=len(p.tensors),
         dropped=len(p.dropped),
-        renamed=sum(t.renamed for t in p.tensors),
-        cast=sum(t.cast for t in p.tensors),
+        renamed=sum(map(str.__ne__, p.tensors.name, p.tensors.new_name)),
+        cast=sum(map(str.__ne__, p.tensors.infos.dtypes, p.tensors.new_dtype)),
         bytes_in=p.bytes_in,
         bytes_out=p.bytes_out,
         seconds=time.perf_counter() - start,
@@ -202,11 +212,13 @@ def run_and_commit(
     options: Options,
     overwrite: bool,
     progress: Callable[[int], None] | None = None,
-) -> dict[str, CastCounts]:
-    """Run the shard tasks of one output (``options.executor`` runs them, else here)
-    and commit them as the checkpoint ``dst`` on ``store``, the index last; each
-    tensor's cast counts. A failure (an overflow with ``overflow='error'`` too) commits
-    nothing and removes the tasks' files and the directories this run made."""
+    opened: Mapping[int, Checkpoint] | None = None,
+) -> CastCountTable:
+    """Run the shard tasks of one output (``options.executor`` runs them, else here,
+    reading the sources ``opened`` has open) and commit them as the checkpoint ``dst``
+    on ``store``, the index last; each tensor's cast counts. A failure (an overflow
+    with ``overflow='error'`` too) commits nothing and removes the tasks' files and the
+    directories this run made."""
     remove_stale_temporaries(store, dst)
     remove_stale_temporaries(store, store.join(store.dirname(dst), paths.STATE_FILENAME))
     shard_paths = [t.path for t in tasks]
@@ -214,8 +226,12 @@ def run_and_commit(
         store, dst, shard_paths, overwrite=overwrite, durable=options.durable
     )  # the tasks' files and the directories made are its own from now on
     try:
-        results = run_tasks(tasks, options.executor, progress)
-        counts = {name: CastCounts(*c) for r in results for name, c in r.counts.items()}
+        results = run_tasks(tasks, options.executor, progress, opened)
+        counts = (
+            results[0].counts.merged([r.counts for r in results[1:]])
+            if results
+            else CastCountTable()
+        )
         check_overflow(counts, options.overflow, dst)
         entries = merge_entries([r.entries for r in results])
         commit_shards(store, dst, shard_paths, entries, commit=commit)
@@ -223,6 +239,12 @@ def run_and_commit(
         commit.discard()  # unless committed: the tasks' files, the directories made
         raise
     return counts
+
+
+def readable_as_opened(ckpt) -> bool:
+    """Whether a task may read the source ``ckpt`` as it is open: as a task would open it
+    (checksums verified, read into memory of its own rather than mapped)."""
+    return getattr(ckpt, "verify", False) is True and getattr(ckpt, "mmap", True) is False
 
 
 def state_file_warnings(store: Storage, dst: str, sources: Sequence[Source]) -> list[str]:

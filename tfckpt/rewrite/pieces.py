@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
@@ -140,8 +140,11 @@ def _is_int(text: str) -> bool:
 
 
 def assemble(
-    srcs: list[Source], planned: list[PlannedTensor], options: Options, has_graph: bool
-) -> list[PlannedTensor]:
+    srcs: list[Source],
+    planned: Sequence[PlannedTensor],
+    options: Options,
+    has_graph: bool,
+) -> Sequence[PlannedTensor]:
     """``planned`` with the tensors ``options``' split rules cut replaced by their pieces
     and those its concat rules join replaced by one; unchanged without rules. A plan
     with an object graph (``has_graph``: a TF2 output) cannot take them: no variable
@@ -213,7 +216,7 @@ def _assembled(
         pt.name, pt.info.dtype, shape, size * stored, pt.info.shard, pt.info.offset, None
     )
     out = size * _dt.lookup(pt.new_dtype).fixed_itemsize
-    return replace(pt, new_name=new_name, info=info, bytes_out=out, parts=members, sliced=None)
+    return pt.replaced(new_name=new_name, info=info, bytes_out=out, parts=members, sliced=None)
 
 
 def _split(label: str, pt: PlannedTensor, rule: SplitRule, m: re.Match) -> list[PlannedTensor]:

@@ -8,13 +8,17 @@ then writes the plan.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import fields
+
+import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import PREFER_ARGS, CheckpointError, option
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.bundle import TensorInfo, TensorTable
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 from tfckpt.format.tf2names import VARIABLE_VALUE, flat_names
 from tfckpt.io import paths
@@ -22,7 +26,7 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite import collector
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.pieces import assemble
-from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
+from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, check_mapped
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
@@ -384,41 +388,62 @@ def _planned_tensors(
     policy: DtypePolicy,
     flats: list[dict[str, str]],
     fixed: list[set[str]],
-) -> list[PlannedTensor]:
+) -> PlannedTensors:
     """The chosen tensors with their infos, and the dtype ``policy`` writes each in
-    (``fixed``: per source, the tensors ``cast`` passes by)."""
-    planned: list[PlannedTensor] = []
-    dtypes: dict[str, _dt.DType] = {}  # a handful of names for any number of tensors
+    (``fixed``: per source, the tensors ``cast`` passes by), as columns."""
+    out = PlannedTensors()
     wanted: list[list[str]] = [[] for _ in srcs]  # per source, its tensors' old names
     for i, old in chosen.values():
         wanted[i].append(old)
-    infos = [srcs[i].ckpt.table(olds).infos() for i, olds in enumerate(wanted)]
+    tables = [srcs[i].ckpt.table(olds) for i, olds in enumerate(wanted)]
+    out.source = [i for i, _ in chosen.values()]
+    out.name = [old for _, old in chosen.values()]
+    out.new_name = list(chosen)
+    if len(srcs) == 1:
+        out.infos = tables[0]
+    else:  # the sources' rows, interleaved as chosen
+        at = [0] * len(srcs)
+        rows = []
+        for i in out.source:
+            rows.append((i, at[i]))
+            at[i] += 1
+        out.infos = TensorTable.empty()
+        for column in fields(TensorTable):
+            values = [getattr(t, column.name) for t in tables]
+            setattr(out.infos, column.name, [values[i][r] for i, r in rows])
+    infos = out.infos
     # Without patterns, a dtype decides alone: once per dtype, not once per tensor.
-    by_dtype: dict[str, tuple[_dt.DType, str | None]] | None = (
-        None if policy.keep or policy.rules else {}
-    )
-    for new, (i, old) in chosen.items():
-        info = infos[i][old]
-        dtype = dtypes.get(info.dtype)
-        if dtype is None:
-            dtype = dtypes[info.dtype] = _dt.lookup(info.dtype)
-        if by_dtype is None or old in fixed[i]:
-            new_dtype, dtype_by = policy.decide(
-                old, dtype, flats[i].get(old), variable=old not in fixed[i]
+    patterned = bool(policy.keep or policy.rules)
+    by_dtype: dict[str, tuple[_dt.DType, str | None] | None] = {
+        dtype: None if patterned else policy.decide("", _dt.lookup(dtype))
+        for dtype in set(infos.dtypes)
+    }
+    new_dtypes, dtype_by = [], []
+    for i, old, dtype in zip(out.source, out.name, infos.dtypes):
+        decided = by_dtype[dtype]
+        if decided is None or old in fixed[i]:
+            decided = policy.decide(
+                old, _dt.lookup(dtype), flats[i].get(old), variable=old not in fixed[i]
             )
-        else:
-            decided = by_dtype.get(info.dtype)
-            if decided is None:
-                decided = by_dtype[info.dtype] = policy.decide(old, dtype)
-            new_dtype, dtype_by = decided
-        out_bytes = info.nbytes if new_dtype is dtype else cast_bytes(info, new_dtype)
-        planned.append(
-            PlannedTensor(i, old, new, info, new_dtype.name, out_bytes, dtype_by=dtype_by)
-        )
-    return planned
+        new_dtypes.append(decided[0])
+        dtype_by.append(decided[1])
+    out.new_dtype = [d.name for d in new_dtypes]
+    out.dtype_by = dtype_by
+    out.bytes_out = array(
+        "q",
+        [
+            nbytes if new.name == dtype else (n if stored is None else stored) * new.fixed_itemsize
+            for new, dtype, nbytes, n, stored in zip(
+                new_dtypes, infos.dtypes, infos.nbytes, infos.elements, infos.stored_elements
+            )
+        ],
+    )
+    return out
 
 
-def shape_transforms(srcs: list[Source], planned: list[PlannedTensor], rules: ShapeRules) -> None:
+def shape_transforms(
+    srcs: list[Source], planned: Sequence[PlannedTensor], rules: ShapeRules
+) -> None:
     """Decide each planned tensor's value transforms (its ``perm`` and ``shape``) by
     ``rules``, on its new name; an error for a tensor they cannot apply to."""
     if not rules:
@@ -443,7 +468,7 @@ def cast_bytes(info: TensorInfo, new_dtype: _dt.DType) -> int:
 def finished_plan(
     srcs: list[Source],
     dst: str,
-    planned: list[PlannedTensor],
+    planned: Sequence[PlannedTensor],
     dropped: list,
     graph_bytes: bytes | None,
     options: Options,
@@ -452,30 +477,55 @@ def finished_plan(
     """The plan of ``planned`` tensors (written to ``dst`` on ``store``), once every shard
     file they need is known to exist, with its value transforms (``options``: split and
     concat, then permute, reshape, squeeze) decided and its tensors in reading order."""
-    planned = assemble(srcs, planned, options, graph_bytes is not None)
-    shape_transforms(srcs, planned, ShapeRules.of(options))
+    tensors = PlannedTensors.of(assemble(srcs, planned, options, graph_bytes is not None))
+    shape_transforms(srcs, tensors, ShapeRules.of(options))
     # Every shard the output needs must be there before anything is written.
-    needed: dict[int, set[int]] = {}
-    for pt in planned:
-        ids = needed.get(pt.source)
-        if ids is None:
-            ids = needed[pt.source] = set()
+    needed: dict[int, set[int]] = {i: set() for i in set(tensors.source)}
+    infos = tensors.infos
+    whole_rows = [
+        (source, shard)
+        for i, (source, shard, slices) in enumerate(zip(tensors.source, infos.shards, infos.slices))
+        if not slices and i not in tensors.extras
+    ]
+    for source, shard in set(whole_rows):
+        needed[source].add(shard or 0)
+    for i, pt in enumerate(tensors):
+        if not infos.slices[i] and i not in tensors.extras:
+            continue
         ckpt = srcs[pt.source].ckpt
         for name in [pt.name] if pt.parts is None else {m.name for m in pt.parts}:
             info = pt.info if pt.parts is None else ckpt.info(name)
             if info.slices:
-                ids.update(x.shard or 0 for x in ckpt.slice_info(name))
+                needed[pt.source].update(x.shard or 0 for x in ckpt.slice_info(name))
             else:
-                ids.add(info.shard or 0)
+                needed[pt.source].add(info.shard or 0)
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.
-    planned.sort(
-        key=lambda pt: (
-            pt.source,
-            pt.info.shard if pt.info.shard is not None else -1,
-            pt.info.offset or 0,
-            pt.new_name,
+    order = _file_order(tensors)
+    if order is not None:
+        tensors = tensors.take(order)
+    return Plan(srcs, dst, tensors, dropped, graph_bytes, options, store)
+
+
+def _file_order(tensors: PlannedTensors) -> list[int] | None:
+    """The rows in reading order: by source, shard, offset, then new name; None when
+    they are in that order already."""
+    infos = tensors.infos
+    keys = np.array(
+        [
+            tensors.source,
+            [-1 if x is None else x for x in infos.shards],
+            [x or 0 for x in infos.offsets],
+        ],
+        dtype=np.int64,
+    ).reshape(3, -1)
+    order = np.lexsort(keys[::-1])
+    ordered = keys[:, order]
+    if (np.diff(ordered, axis=1) == 0).all(axis=0).any():  # ties: the names decide
+        return sorted(
+            range(len(tensors)), key=lambda i: (*keys[:, i].tolist(), tensors.new_name[i])
         )
-    )
-    return Plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    if (order == np.arange(len(order))).all():
+        return None
+    return order.tolist()

@@ -5,14 +5,16 @@ writes. Making one is :mod:`tfckpt.rewrite.planner`'s.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.bundle import TensorInfo, TensorTable
 from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.options import Options
@@ -31,39 +33,271 @@ class Source:
     # (0: laid over the other sources', see planner.follow_source_layouts)
 
 
-@dataclass(slots=True)  # one per tensor: 200 000 of them in a big plan
-class PlannedTensor:
-    """One output tensor: where it comes from and what it becomes."""
-
-    source: int
-    name: str
-    new_name: str
-    info: TensorInfo
-    new_dtype: str
-    bytes_out: int
+# What a planned tensor has besides its source, names, dtype, size and dtype rule:
+# rarely set, so kept per row only where set (a plan of 200 000 tensors has none).
+_EXTRAS: dict[str, Any] = {
     # Read back whole, as TF2 restores, even from a source without an object graph.
-    restored_whole: bool = False
-    dtype_by: str | None = None  # the DtypePolicy label that decided new_dtype
+    "restored_whole": False,
     # An average's: the weighted mean of every source's value (else read from ``source``).
-    averaged: bool = False
+    "averaged": False,
     # Written slice by slice as the sources store it: an average decides when it plans;
     # None leaves it to the engine (:func:`~tfckpt.rewrite.tasks.written_sliced`).
-    sliced: bool | None = None
+    "sliced": None,
     # Value transforms (see ShapeRules): the axes reordered, and the shape written when
     # it is not the source's.
-    perm: tuple[int, ...] | None = None
-    shape: tuple[int, ...] | None = None
+    "perm": None,
+    "shape": None,
     # Made by split or concat (see tfckpt.rewrite.pieces): the boxes of source tensors
     # it is made of; ``name`` is the first one's and ``info`` describes what they make.
-    parts: tuple[Member, ...] | None = None
+    "parts": None,
     # Made by ``tfckpt edit`` (see tfckpt.rewrite.edits): the value written instead of
     # the source's, read in bounded pieces; ``info`` describes what it makes.
-    edit: Any = None
+    "edit": None,
+}
+
+
+class PlannedTensors(Sequence["PlannedTensor"]):
+    """A plan's output tensors as columns, a row each; row ``i`` reads and writes
+    through :class:`PlannedTensor` ``self[i]``.
+
+    A plan of 200 000 small tensors would otherwise hold two objects per tensor (the
+    planned tensor and its :class:`~tfckpt.format.bundle.TensorInfo`); here it holds a
+    few list slots and array items per tensor, and the engine reads columns whole.
+    """
+
+    def __init__(self):
+        self.source: list[int] = []
+        self.name: list[str] = []
+        self.new_name: list[str] = []
+        self.new_dtype: list[str] = []
+        self.bytes_out = array("q")
+        self.dtype_by: list[str | None] = []
+        self.infos = TensorTable.empty()  # each row's source tensor, as the index says
+        self.extras: dict[int, dict[str, Any]] = {}  # row -> the _EXTRAS set on it
+
+    @classmethod
+    def of(cls, rows: Iterable[PlannedTensor]) -> PlannedTensors:
+        """The rows given (planned tensors of any tables), in order, as one table."""
+        if isinstance(rows, PlannedTensors):
+            return rows
+        out = cls()
+        for pt in rows:
+            out.append(pt)
+        return out
+
+    def add(
+        self,
+        source: int,
+        name: str,
+        new_name: str,
+        info: TensorInfo,
+        new_dtype: str,
+        bytes_out: int,
+        **extras,
+    ) -> PlannedTensor:
+        """A new last row; the planned tensor it is."""
+        i = len(self.name)
+        self.source.append(source)
+        self.name.append(name)
+        self.new_name.append(new_name)
+        self.new_dtype.append(new_dtype)
+        self.bytes_out.append(bytes_out)
+        self.dtype_by.append(extras.pop("dtype_by", None))
+        self.infos.append(info)
+        unknown = set(extras) - set(_EXTRAS)
+        if unknown:
+            raise TypeError(f"unknown planned tensor fields: {', '.join(sorted(unknown))}")
+        set_ = {k: v for k, v in extras.items() if v is not _EXTRAS[k]}
+        if set_:
+            self.extras[i] = set_
+        return PlannedTensor.at(self, i)
+
+    def append(self, pt: PlannedTensor) -> None:
+        """Add a copy of the planned tensor ``pt`` (of any table) as the last row."""
+        self.add(
+            pt.source,
+            pt.name,
+            pt.new_name,
+            pt.info,
+            pt.new_dtype,
+            pt.bytes_out,
+            dtype_by=pt.dtype_by,
+            **pt.extras(),
+        )
+
+    def take(self, rows: Sequence[int]) -> PlannedTensors:
+        """A table of these ``rows``, in this order."""
+        out = PlannedTensors()
+        out.source = [self.source[i] for i in rows]
+        out.name = [self.name[i] for i in rows]
+        out.new_name = [self.new_name[i] for i in rows]
+        out.new_dtype = [self.new_dtype[i] for i in rows]
+        out.bytes_out = array("q", [self.bytes_out[i] for i in rows])
+        out.dtype_by = [self.dtype_by[i] for i in rows]
+        out.infos = self.infos.take(rows)
+        if self.extras:
+            at = {old: new for new, old in enumerate(rows)}
+            out.extras = {at[i]: dict(e) for i, e in self.extras.items() if i in at}
+        return out
+
+    def has_extras(self) -> bool:
+        """Whether any row sets one of the rarely set fields (see :data:`_EXTRAS`)."""
+        return any(self.extras.values())
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    @overload
+    def __getitem__(self, i: int) -> PlannedTensor: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PlannedTensor]: ...
+
+    def __getitem__(self, i):
+        n = len(self.name)
+        if isinstance(i, slice):
+            return [PlannedTensor.at(self, k) for k in range(*i.indices(n))]
+        if not -n <= i < n:
+            raise IndexError(i)
+        return PlannedTensor.at(self, i % n)
+
+    def __iter__(self) -> Iterator[PlannedTensor]:
+        at = PlannedTensor.at
+        return (at(self, i) for i in range(len(self.name)))
+
+    def __repr__(self) -> str:
+        return f"<PlannedTensors: {len(self)} rows>"
+
+
+def _column(name: str):
+    def get(self):
+        return getattr(self._t, name)[self._i]
+
+    def set_(self, value):
+        getattr(self._t, name)[self._i] = value
+
+    return property(get, set_)
+
+
+def _extra(name: str):
+    default = _EXTRAS[name]
+
+    def get(self):
+        return self._t.extras.get(self._i, {}).get(name, default)
+
+    def set_(self, value):
+        self._t.extras.setdefault(self._i, {})[name] = value
+
+    return property(get, set_)
+
+
+class PlannedTensor:
+    """One output tensor: where it comes from and what it becomes.
+
+    A row of a :class:`PlannedTensors` (its fields read and written there); made on its
+    own, a row of a table of one. Fields: ``source`` (the source's number), ``name``
+    (in the source), ``new_name``, ``info`` (the source tensor's
+    :class:`~tfckpt.format.bundle.TensorInfo`, or what split/concat/edit make),
+    ``new_dtype``, ``bytes_out``, ``dtype_by`` (the DtypePolicy label that decided
+    ``new_dtype``), and those of :data:`_EXTRAS`.
+    """
+
+    __slots__ = ("_t", "_i")
+
+    def __init__(
+        self,
+        source: int,
+        name: str,
+        new_name: str,
+        info: TensorInfo,
+        new_dtype: str,
+        bytes_out: int,
+        **fields,
+    ):
+        own = PlannedTensors()
+        own.add(source, name, new_name, info, new_dtype, bytes_out, **fields)
+        self._t, self._i = own, 0
+
+    @classmethod
+    def at(cls, table: PlannedTensors, i: int) -> PlannedTensor:
+        """Row ``i`` of ``table``."""
+        pt = object.__new__(cls)
+        pt._t, pt._i = table, i
+        return pt
+
+    source = _column("source")
+    name = _column("name")
+    new_name = _column("new_name")
+    new_dtype = _column("new_dtype")
+    bytes_out = _column("bytes_out")
+    dtype_by = _column("dtype_by")
+    restored_whole = _extra("restored_whole")
+    averaged = _extra("averaged")
+    sliced = _extra("sliced")
+    perm = _extra("perm")
+    shape = _extra("shape")
+    parts = _extra("parts")
+    edit = _extra("edit")
+
+    @property
+    def info(self) -> TensorInfo:
+        return self._t.infos.info(self._i)
+
+    @info.setter
+    def info(self, value: TensorInfo) -> None:
+        self._t.infos.set(self._i, value)
+
+    def extras(self) -> dict[str, Any]:
+        """The rarely set fields this row sets."""
+        return dict(self._t.extras.get(self._i, {}))
+
+    def replaced(self, **changes) -> PlannedTensor:
+        """A planned tensor of its own: this one with ``changes``."""
+        fields = {
+            "source": self.source,
+            "name": self.name,
+            "new_name": self.new_name,
+            "info": self.info,
+            "new_dtype": self.new_dtype,
+            "bytes_out": self.bytes_out,
+            "dtype_by": self.dtype_by,
+            **self.extras(),
+            **changes,
+        }
+        return PlannedTensor(**fields)
+
+    def __repr__(self) -> str:
+        return (
+            f"PlannedTensor({self.source}, {self.name!r} -> {self.new_name!r}, "
+            f"{self.info.dtype} -> {self.new_dtype}, {self.bytes_out} bytes"
+            + "".join(f", {k}={v!r}" for k, v in self.extras().items())
+            + ")"
+        )
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, PlannedTensor):
+            return NotImplemented
+        return (self._t is other._t and self._i == other._i) or self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def _fields(self) -> tuple:
+        return (
+            self.source,
+            self.name,
+            self.new_name,
+            self.info,
+            self.new_dtype,
+            self.bytes_out,
+            self.dtype_by,
+            sorted(self.extras().items(), key=lambda kv: kv[0]),
+        )
 
     @property
     def out_shape(self) -> tuple[int, ...]:
         """The shape written: the source's, or as the value transforms make it."""
-        return self.info.shape if self.shape is None else self.shape
+        shape = self.shape
+        return self.info.shape if shape is None else shape
 
     @property
     def renamed(self) -> bool:
@@ -77,16 +311,18 @@ class PlannedTensor:
         """What ``--dry-run --json`` shows of an edited tensor ({} for others): the kind
         of edit, and the factor of a scale or the elements of a small literal (a graft's
         step count, flatten's Adam powers, a value given to ``edit --set``)."""
-        if self.edit is None:
+        edit = self.edit
+        if edit is None:
             return {}
-        out: dict = {"edit": type(self.edit).__name__.lower()}
-        factor = getattr(self.edit, "factor", None)
-        data = getattr(self.edit, "data", None)
+        out: dict = {"edit": type(edit).__name__.lower()}
+        factor = getattr(edit, "factor", None)
+        data = getattr(edit, "data", None)
         if factor is not None:
             out["scale"] = factor
         elif isinstance(data, bytes) and len(data) <= 64:
-            dtype = _dt.lookup(self.info.dtype).numpy
-            out["value"] = np.frombuffer(data, dtype=dtype).reshape(self.info.shape).tolist()
+            info = self.info
+            dtype = _dt.lookup(info.dtype).numpy
+            out["value"] = np.frombuffer(data, dtype=dtype).reshape(info.shape).tolist()
         return out
 
 
@@ -105,7 +341,7 @@ class Plan:
 
     sources: list[Source]
     dst: str
-    tensors: list[PlannedTensor]
+    tensors: PlannedTensors  # (a list of PlannedTensor given is made one)
     dropped: list[tuple[str, str, str]]  # (source label, name, reason)
     object_graph: bytes | None
     options: Options  # those it was planned with; execute() writes with them
@@ -114,6 +350,9 @@ class Plan:
     # An export's files (see tfckpt.interop.export); None: a V2 checkpoint at ``dst``.
     output: Any = field(default=None, repr=False)
 
+    def __post_init__(self):
+        self.tensors = PlannedTensors.of(self.tensors)
+
     def close(self) -> None:
         """Close the sources (the plan cannot be written after)."""
         for s in self.sources:
@@ -121,12 +360,13 @@ class Plan:
 
     @property
     def bytes_in(self) -> int:
-        n = len(self.sources)
-        return sum(t.info.nbytes * (n if t.averaged else 1) for t in self.tensors)
+        n, tensors = len(self.sources), self.tensors
+        averaged = [i for i, e in tensors.extras.items() if e.get("averaged")]
+        return sum(tensors.infos.nbytes) + (n - 1) * sum(tensors.infos.nbytes[i] for i in averaged)
 
     @property
     def bytes_out(self) -> int:
-        return sum(t.bytes_out for t in self.tensors)
+        return sum(self.tensors.bytes_out)
 
     @property
     def object_graph_copied(self) -> bool:
@@ -139,7 +379,7 @@ class Plan:
     def dtype_rule_counts(self) -> dict[str, int] | None:
         """Tensors per keep pattern and dtype rule (zero included), in the order given;
         None when the plan has neither."""
-        return DtypePolicy.of(self.options).counts(t.dtype_by for t in self.tensors)
+        return DtypePolicy.of(self.options).counts(self.tensors.dtype_by)
 
     def to_dict(self) -> dict:
         if self.weights is not None:

@@ -18,7 +18,7 @@ from tfckpt.errors import (
     UnsupportedCheckpointError,
 )
 from tfckpt.format import dtypes as _dt
-from tfckpt.rewrite.cast import CastCounts, Caster, OverflowPolicy
+from tfckpt.rewrite.cast import CastCounts, CastCountTable, Caster, OverflowPolicy
 from tfckpt.rewrite.edits import edit_chunks
 from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks
 from tfckpt.rewrite.permute import Member, assembled_chunks, permuted_chunks
@@ -84,7 +84,7 @@ def stream_items(
     overflow: OverflowPolicy,
     chunk_bytes: int,
     endianness: str,
-    counts: dict[str, tuple[int, int, int, int]],
+    counts: CastCountTable,
     tick: Callable[[int], None] | None = None,
     tf_convert=None,
 ) -> None:
@@ -133,13 +133,14 @@ def stream_items(
                 out.reserve(payload.size * caster.target.fixed_itemsize)
                 before = _snapshot(caster.counts)
                 payload = caster(payload)
-                _add_counts(counts, item.new_name, _snapshot(caster.counts), before)
+                after = _snapshot(caster.counts)
+                counts.add(item.new_name, tuple(a - b for a, b in zip(after, before)))
             writer.write(("write", item, payload))
         elif kind == "batch":
             writer.write(("batch", item, _cast_batch(item, payload, caster_for, out, counts)))
         else:
             if kind == "open" and caster_for(item) is not None:
-                counts.setdefault(item.new_name, (0, 0, 0, 0))
+                counts.add(item.new_name, (0, 0, 0, 0))
             writer.write(event)
         if nbytes is not None and tick is not None:
             tick(nbytes)
@@ -153,11 +154,6 @@ def stream_items(
 
 def _snapshot(c: CastCounts) -> tuple[int, int, int, int]:
     return c.overflow, c.to_zero, c.subnormal, c.elements
-
-
-def _add_counts(counts: dict, name: str, after: tuple, before: tuple) -> None:
-    old = counts.get(name, (0, 0, 0, 0))
-    counts[name] = tuple(o + a - b for o, a, b in zip(old, after, before))
 
 
 class _CastOutput:
@@ -207,13 +203,11 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
         before = _snapshot(caster.counts)
         cast = caster(src)
         sizes = [a.size for a in group]
-        if _snapshot(caster.counts)[:3] == before[:3]:
-            for item, size in zip(items[i:j], sizes):
-                counts[item.new_name] = (0, 0, 0, size)
-        else:
-            rows = caster.count_segments(src, cast, sizes).tolist()
-            for item, (over, to_zero, subnormal), size in zip(items[i:j], rows, sizes):
-                counts[item.new_name] = (over, to_zero, subnormal, size)
+        table = np.zeros((len(sizes), 4), dtype=np.int64)
+        table[:, 3] = sizes
+        if _snapshot(caster.counts)[:3] != before[:3]:
+            table[:, :3] = caster.count_segments(src, cast, sizes)
+        counts.extend([item.new_name for item in items[i:j]], table)
         pos = 0
         for size in sizes:
             result.append(cast[pos : pos + size])

@@ -5,7 +5,7 @@ partitioned."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -26,7 +26,7 @@ from tfckpt.io.commit import (
     new_shard_paths,
 )
 from tfckpt.io.storage import Storage, StorageOptions, storage_for
-from tfckpt.rewrite.cast import OverflowPolicy
+from tfckpt.rewrite.cast import CastCountTable, OverflowPolicy
 from tfckpt.rewrite.options import BACKENDS, EXECUTION, Options
 from tfckpt.rewrite.pipeline import (
     cancel,
@@ -157,7 +157,7 @@ class ShardTask:
 class ShardResult:
     shard_id: int
     entries: dict[bytes, BundleEntryProto]  # pickled as their bytes between processes
-    counts: dict[str, tuple[int, int, int, int]]
+    counts: CastCountTable
     bytes_in: int
 
 
@@ -182,30 +182,31 @@ def shard_tasks(
     follow = p.options.max_shard_bytes is None
     packer = ShardPacker(p.options.max_shard_bytes)
     tf_threshold = options.tf_threshold
-    for t in p.tensors:
-        src = p.sources[t.source]
-        info = t.info
-        cast = info.dtype != t.new_dtype
-        tf_cast = cast and info.nbytes >= tf_threshold
-
-        def item(extents, bytes_in: int, bytes_out: int, t=t, tf_cast=tf_cast) -> TaskItem:
-            return task_item(t, extents, bytes_in, bytes_out, tf_cast)
-
-        if not info.slices:  # the common case, a whole tensor (or one split or concat makes)
-            at = src.shard_base + (info.shard or 0)
-            packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
+    tensors, infos = p.tensors, p.tensors.infos
+    bases = [s.shard_base for s in p.sources]
+    special = {i for i, sl in enumerate(infos.slices) if sl} | set(tensors.extras)
+    for i, (source, name, new_name, dtype, new_dtype, shape, nbytes, shard, bytes_out) in enumerate(
+        zip(
+            tensors.source,
+            tensors.name,
+            tensors.new_name,
+            infos.dtypes,
+            tensors.new_dtype,
+            infos.shapes,
+            infos.nbytes,
+            infos.shards,
+            tensors.bytes_out,
+        )
+    ):
+        if i in special:
+            _pack_planned(p, tensors[i], packer, follow, tf_threshold)
             continue
-        parts = src.ckpt.slice_info(t.name)
-        if written_sliced(p, t):
-            target = _dt.lookup(t.new_dtype)
-            for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
-                out = sl.nbytes if not cast else sl.size * target.fixed_itemsize
-                at = src.shard_base + (sl.shard or 0)
-                packer.add(item(sl.extents, sl.nbytes, out), at if follow else None)
-            continue
-        # A partitioned tensor written whole goes where its first slice was.
-        at = src.shard_base + min(x.shard or 0 for x in parts)
-        packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
+        # The common case, a whole tensor as it is, made an item from the columns.
+        tf_cast = dtype != new_dtype and nbytes >= tf_threshold
+        item = TaskItem(
+            source, name, new_name, dtype, new_dtype, shape, False, None, nbytes, bytes_out, tf_cast
+        )
+        packer.add(item, bases[source] + (shard or 0) if follow else None)
     graph_shard = None
     if p.object_graph is not None:
         graph_at = None
@@ -221,6 +222,36 @@ def shard_tasks(
         graph_shard,
         options,
     )
+
+
+def _pack_planned(
+    p: Plan, t: PlannedTensor, packer: ShardPacker, follow: bool, tf_threshold: int
+) -> None:
+    """Pack the items of planned tensor ``t``: a partitioned one (whole, or slice by
+    slice), or one made or transformed (see :func:`task_item`)."""
+    src = p.sources[t.source]
+    info = t.info
+    cast = info.dtype != t.new_dtype
+    tf_cast = cast and info.nbytes >= tf_threshold
+
+    def item(extents, bytes_in: int, bytes_out: int) -> TaskItem:
+        return task_item(t, extents, bytes_in, bytes_out, tf_cast)
+
+    if not info.slices:  # a whole tensor (or one split or concat makes)
+        at = src.shard_base + (info.shard or 0)
+        packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
+        return
+    parts = src.ckpt.slice_info(t.name)
+    if written_sliced(p, t):
+        target = _dt.lookup(t.new_dtype)
+        for sl in sorted(parts, key=lambda x: (x.shard, x.offset)):
+            out = sl.nbytes if not cast else sl.size * target.fixed_itemsize
+            at = src.shard_base + (sl.shard or 0)
+            packer.add(item(sl.extents, sl.nbytes, out), at if follow else None)
+        return
+    # A partitioned tensor written whole goes where its first slice was.
+    at = src.shard_base + min(x.shard or 0 for x in parts)
+    packer.add(item(None, info.nbytes, t.bytes_out), at if follow else None)
 
 
 def task_item(
@@ -295,9 +326,13 @@ def graph_bytes(object_graph: bytes) -> int:
     return len(object_graph) + len(encode_varint(len(object_graph))) + 4
 
 
-def run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
+def run_tasks(
+    tasks: list[ShardTask], executor, progress, opened: Mapping[int, Checkpoint] | None = None
+) -> list[ShardResult]:
+    """Run the tasks on ``executor`` (None: here, one after another, reading the sources
+    ``opened`` has open already: see :func:`run_shard_task`); their results, in order."""
     if executor is None:
-        return [run_shard_task(t, progress) for t in tasks]
+        return [run_shard_task(t, progress, opened=opened) for t in tasks]
     futures = [executor.submit(run_shard_task, t) for t in tasks]
     results = []
     try:
@@ -328,15 +363,23 @@ def run_tasks(tasks: list[ShardTask], executor, progress) -> list[ShardResult]:
     return results
 
 
-def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardResult:
+def run_shard_task(
+    task: ShardTask,
+    progress: Callable[[int], None] | None = None,
+    *,
+    opened: Mapping[int, Checkpoint] | None = None,
+) -> ShardResult:
     """Write one shard: its tensors, read from the sources and cast, in plan order.
 
-    What an executor runs; ``progress`` is called with source bytes done.
+    What an executor runs; ``progress`` is called with source bytes done. ``opened``:
+    sources open already, by number (the plan's, when the tasks run where it was
+    made), read instead of opened anew and left open: a second copy of a big index
+    would cost as much memory as the first.
 
     >>> results = [run_shard_task(t) for t in shard_tasks(p)]
     """
     ckpts: dict[int, Checkpoint] = {}
-    counts: dict[str, tuple[int, int, int, int]] = {}
+    counts = CastCountTable()
 
     def tick(nbytes: int) -> None:
         if cancelled(task.path):
@@ -349,11 +392,13 @@ def run_shard_task(task: ShardTask, progress: Callable[[int], None] | None = Non
         needed = {item.source for item in task.items}
         needed.update(k for item in task.items for k in range(len(item.weights)))
         for source in sorted(needed):
+            if opened is not None and source in opened:
+                continue
             ckpts[source] = open_in(task.source_stores[source], task.sources[source], mmap=False)
         tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
         stream_items(
             task.items,
-            ckpts,
+            {**(opened or {}), **ckpts},
             BundleSink(w),
             overflow=task.overflow,
             chunk_bytes=task.chunk_bytes,
@@ -406,13 +451,11 @@ def restore_warnings(p: Plan) -> list[str]:
     variables are), but cannot read the tensor whole or repartition it. A whole
     tensor would be worse: no slice of it could be restored.
     """
+    partitioned = (p.tensors[i] for i, sl in enumerate(p.tensors.infos.slices) if sl)
     sliced = [
         t
-        for t in p.tensors
-        if t.info.slices
-        and t.cast
-        and t.new_dtype not in TF_SLICE_COPYABLE
-        and written_sliced(p, t)
+        for t in partitioned
+        if t.cast and t.new_dtype not in TF_SLICE_COPYABLE and written_sliced(p, t)
     ]
     if not sliced:
         return []

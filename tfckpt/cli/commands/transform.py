@@ -178,7 +178,7 @@ def _print_summary(sm: Summary) -> None:
         ("became zero", "to_zero"),
         ("became subnormal", "subnormal"),
     ):
-        hit = {n: getattr(c, attr) for n, c in sm.cast_counts.items() if getattr(c, attr)}
+        hit = sm.counted(attr)
         if hit:
             total = sum(hit.values())
             emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
