@@ -34,7 +34,7 @@ from tfckpt.rewrite.pipeline import (
     uncancel,
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
-from tfckpt.rewrite.streaming import BundleSink, TaskItem, stream_items
+from tfckpt.rewrite.streaming import BundleSink, TaskItem, TaskItems, stream_items
 
 
 def _tf_converter(backend: str):
@@ -57,7 +57,7 @@ class ShardPacker:
 
     def __init__(self, limit: int | None):
         self.limit = limit
-        self.shards: dict[int, list[TaskItem]] = {}
+        self.shards: dict[int, TaskItems] = {}
         self._sizes: dict[int, int] = {}
 
     def place(self, nbytes: int, shard: int | None) -> int:
@@ -68,7 +68,8 @@ class ShardPacker:
             size = self._sizes.get(shard, 0)
             if self.shards and size and size + nbytes > self.limit:
                 shard += 1
-        self.shards.setdefault(shard, [])
+        if shard not in self.shards:
+            self.shards[shard] = TaskItems()
         self._sizes[shard] = self._sizes.get(shard, 0) + nbytes
         return shard
 
@@ -95,7 +96,7 @@ class ShardPacker:
         graph_at = None if graph_shard is None else order.index(graph_shard)
         items_of = [self.shards[k] for k in order]
         out_paths = new_shard_paths(stores.out, dst, len(items_of))
-        items_of += [[] for _ in range(len(out_paths) - len(items_of))]  # extra shards: empty
+        items_of += [TaskItems() for _ in range(len(out_paths) - len(items_of))]  # empty extras
         return [
             ShardTask(
                 k,
@@ -139,7 +140,7 @@ class ShardTask:
     shard_id: int
     path: str  # a temporary file locally; the final object remotely
     sources: list[str]
-    items: list[TaskItem]
+    items: TaskItems
     object_graph: bytes | None
     overflow: OverflowPolicy
     chunk_bytes: int
@@ -150,7 +151,7 @@ class ShardTask:
 
     @property
     def bytes_in(self) -> int:
-        return sum(i.bytes_in for i in self.items)
+        return sum(self.items.bytes_in)
 
 
 @dataclass
@@ -389,13 +390,11 @@ def run_shard_task(
 
     w = ShardWriter.create(task.store, task.path, durable=task.durable)
     try:
-        needed = {item.source for item in task.items}
-        needed.update(k for item in task.items for k in range(len(item.weights)))
-        for source in sorted(needed):
+        for source in sorted(task.items.sources()):
             if opened is not None and source in opened:
                 continue
             ckpts[source] = open_in(task.source_stores[source], task.sources[source], mmap=False)
-        tf_convert = _tf_converter(task.backend) if any(i.tf_cast for i in task.items) else None
+        tf_convert = _tf_converter(task.backend) if any(task.items.tf_cast) else None
         stream_items(
             task.items,
             {**(opened or {}), **ckpts},
