@@ -34,6 +34,7 @@ from tfckpt.format.bundle import (
     BULK_MAX_RANK,
     HEADER_KEY,
     EntryColumns,
+    Ints,
     TensorInfo,
     TensorTable,
     check_entry_location,
@@ -438,19 +439,18 @@ class BundleIndex:
             names = list(names)
             keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
         bulk = self._bulk(keys)
-        elements = bulk.elements.tolist()
         cols = bulk.cols
         out = TensorTable(
             list(names),
             np.array(_dt.bulk_names(), dtype=object)[bulk.enum].tolist(),
             bulk.shapes,
-            cols.size.tolist(),
-            cols.shard_id.tolist(),
-            cols.offset.tolist(),
-            unmask_crcs(cols.crc32c).tolist(),
+            Ints.of_array(cols.size),
+            Ints.of_array(cols.shard_id),
+            Ints.of_array(cols.offset),
+            Ints.of_array(unmask_crcs(cols.crc32c)),
             [()] * len(names),
-            elements,
-            list(elements),
+            Ints.of_array(bulk.elements),
+            Ints.of_array(bulk.elements),
         )
         for i in np.flatnonzero(~bulk.fast).tolist():
             out.set(i, self.info(self.full_entry(names[i])))

@@ -11,7 +11,8 @@ become keys in :mod:`tfckpt.format.orderedcode`. Nothing here touches a file.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -124,7 +125,62 @@ class TensorInfo:
 
 
 # The slots of TensorInfo's fields, in order: set directly, past the frozen check.
+_INT_COLUMNS = ("nbytes", "shards", "offsets", "crc32c", "elements", "stored_elements")
 _SLOT_SETTERS = [getattr(TensorInfo, f.name).__set__ for f in fields(TensorInfo)]
+
+
+_NONE = -(1 << 63)  # how Ints stores None: no size, offset or checksum is this
+
+
+class Ints(array):
+    """A column of ints or None, 8 bytes a row (a list would hold an int object of 28
+    bytes a row besides): what :class:`TensorTable` keeps sizes, offsets and checksums
+    in. Reads like a list; None is stored as the least int64, which no field takes.
+
+    >>> Ints([3, None]), list(Ints([3, None]))
+    (Ints([3, None]), [3, None])
+    """
+
+    def __new__(cls, values: Iterable[int | None] = ()):
+        return super().__new__(cls, "q", [_NONE if v is None else v for v in values])
+
+    @classmethod
+    def of_array(cls, values: np.ndarray) -> Ints:
+        """The column of an integer array (no None in it)."""
+        out = cls()
+        out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+        return out
+
+    def __reduce__(self):
+        return (Ints, (list(self),))
+
+    def __repr__(self) -> str:
+        return f"Ints({list(self)})"
+
+    def __getitem__(self, i):
+        v = super().__getitem__(i)
+        if isinstance(i, slice):
+            return [None if x == _NONE else x for x in v]
+        return None if v == _NONE else v
+
+    def __setitem__(self, i, v) -> None:
+        super().__setitem__(i, _NONE if v is None else v)
+
+    def append(self, v: int | None) -> None:
+        super().append(_NONE if v is None else v)
+
+    def __contains__(self, v) -> bool:
+        return super().__contains__(_NONE if v is None else v)
+
+    def __iter__(self):
+        if not super().__contains__(_NONE):
+            return super().__iter__()
+        return (None if x == _NONE else x for x in super().__iter__())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, Ints)) else NotImplemented
+
+    __hash__ = None
 
 
 @dataclass
@@ -138,13 +194,19 @@ class TensorTable:
     names: list[str]
     dtypes: list[str]
     shapes: list[tuple[int, ...]]
-    nbytes: list[int]
-    shards: list[int | None]
-    offsets: list[int | None]
-    crc32c: list[int | None]
+    nbytes: Ints  # the int columns are Ints (any list given is made one)
+    shards: Ints
+    offsets: Ints
+    crc32c: Ints
     slices: list[tuple[Slice, ...]]
-    elements: list[int]
-    stored_elements: list[int | None]
+    elements: Ints
+    stored_elements: Ints
+
+    def __post_init__(self):
+        for name in _INT_COLUMNS:
+            column = getattr(self, name)
+            if not isinstance(column, Ints):
+                setattr(self, name, Ints(column))
 
     def __len__(self) -> int:
         return len(self.names)
@@ -214,14 +276,20 @@ class TensorTable:
 
     def take(self, rows: Sequence[int]) -> TensorTable:
         """A table of these ``rows``, in this order."""
-        return TensorTable(
-            *([column[i] for i in rows] for column in (getattr(self, f.name) for f in fields(self)))
-        )
+        out = TensorTable.empty()
+        for f in fields(self):
+            column = getattr(self, f.name)
+            if isinstance(column, Ints):  # taken as stored: None stays what it is
+                at = np.asarray(rows, dtype=np.intp)
+                setattr(out, f.name, Ints.of_array(np.frombuffer(column, np.int64)[at]))
+            else:
+                setattr(out, f.name, [column[i] for i in rows])
+        return out
 
     @classmethod
     def empty(cls) -> TensorTable:
         """A table of no rows, to :meth:`append` to."""
-        return cls(*([] for _ in fields(cls)))
+        return cls([], [], [], Ints(), Ints(), Ints(), Ints(), [], Ints(), Ints())
 
     @classmethod
     def of(cls, infos: Sequence[TensorInfo]) -> TensorTable:
@@ -229,13 +297,13 @@ class TensorTable:
             [i.name for i in infos],
             [i.dtype for i in infos],
             [i.shape for i in infos],
-            [i.nbytes for i in infos],
-            [i.shard for i in infos],
-            [i.offset for i in infos],
-            [i.crc32c for i in infos],
+            Ints(i.nbytes for i in infos),
+            Ints(i.shard for i in infos),
+            Ints(i.offset for i in infos),
+            Ints(i.crc32c for i in infos),
             [i.slices for i in infos],
-            [i.size for i in infos],
-            [i.stored_elements for i in infos],
+            Ints(i.size for i in infos),
+            Ints(i.stored_elements for i in infos),
         )
 
 

@@ -109,12 +109,14 @@ class CastCountTable(Mapping[str, CastCounts]):
 
     def merged(self, others: list[CastCountTable]) -> CastCountTable:
         """These rows then those of ``others``; a name in several adds up (a tensor
-        written in slices to several shards)."""
+        written in slices to several shards). Without others, this table itself."""
+        if not others:
+            return self
         out = CastCountTable()
         for t in [self, *others]:
             out.names += t.names
             out._values += t._values
-        if len(others) and len(set(out.names)) != len(out.names):
+        if len(set(out.names)) != len(out.names):
             arr, rows = out.array(), dict[str, list[int]]()
             for i, name in enumerate(out.names):
                 rows.setdefault(name, []).append(i)

@@ -7,8 +7,7 @@ import call it."""
 from __future__ import annotations
 
 import contextlib
-from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,89 +69,6 @@ class TaskItem:
         if self.reshape is not None:
             return self.reshape
         return self.shape if self.perm is None else tuple(self.shape[p] for p in self.perm)
-
-
-class TaskItems(Sequence[TaskItem]):
-    """A shard task's items as columns (picklable, for an executor elsewhere): item
-    ``i`` is made when it is read.
-
-    Most items are whole tensors as they are, described by their names, dtypes, shape
-    and sizes; an item that sets anything else (a slice, a transform, a mean, an edit)
-    is kept whole.
-    """
-
-    def __init__(self):
-        self.source: list[int] = []
-        self.name: list[str] = []
-        self.new_name: list[str] = []
-        self.dtype: list[str] = []
-        self.new_dtype: list[str] = []
-        self.shape: list[tuple] = []
-        self.bytes_in = array("q")
-        self.bytes_out = array("q")
-        self.tf_cast = bytearray()
-        self.other: dict[int, TaskItem] = {}  # row -> the item, where it is not plain
-
-    def append(self, item: TaskItem) -> None:
-        """Add ``item`` as the last row."""
-        if (
-            item.partitioned
-            or item.extents is not None
-            or item.perm is not None
-            or item.weights
-            or item.reshape is not None
-            or item.parts is not None
-            or item.edit is not None
-        ):
-            self.other[len(self.name)] = item
-        self.source.append(item.source)
-        self.name.append(item.name)
-        self.new_name.append(item.new_name)
-        self.dtype.append(item.dtype)
-        self.new_dtype.append(item.new_dtype)
-        self.shape.append(item.shape)
-        self.bytes_in.append(item.bytes_in)
-        self.bytes_out.append(item.bytes_out)
-        self.tf_cast.append(item.tf_cast)
-
-    def sources(self) -> set[int]:
-        """The sources the items read (a mean's: every one it weighs)."""
-        out = set(self.source)
-        for item in self.other.values():
-            out.update(range(len(item.weights)))
-        return out
-
-    def __len__(self) -> int:
-        return len(self.name)
-
-    def _item(self, i: int) -> TaskItem:
-        other = self.other.get(i)
-        if other is not None:
-            return other
-        return TaskItem(
-            self.source[i],
-            self.name[i],
-            self.new_name[i],
-            self.dtype[i],
-            self.new_dtype[i],
-            self.shape[i],
-            False,
-            None,
-            self.bytes_in[i],
-            self.bytes_out[i],
-            bool(self.tf_cast[i]),
-        )
-
-    def __getitem__(self, i):
-        n = len(self.name)
-        if isinstance(i, slice):
-            return [self._item(k) for k in range(*i.indices(n))]
-        if not -n <= i < n:
-            raise IndexError(i)
-        return self._item(i % n)
-
-    def __iter__(self) -> Iterator[TaskItem]:
-        return map(self._item, range(len(self.name)))
 
 
 def _read_bytes(chunk_bytes: int) -> int:

@@ -5,7 +5,8 @@ partitioned."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -33,8 +34,8 @@ from tfckpt.rewrite.pipeline import (
     cancelled,
     uncancel,
 )
-from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
-from tfckpt.rewrite.streaming import BundleSink, TaskItem, TaskItems, stream_items
+from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
+from tfckpt.rewrite.streaming import BundleSink, TaskItem, stream_items
 
 
 def _tf_converter(backend: str):
@@ -50,13 +51,103 @@ def _tf_converter(backend: str):
     return tf_cast.converter()
 
 
+class TaskItems(Sequence[TaskItem]):
+    """A shard task's items, made one at a time as they are read: most are rows of the
+    plan's columns (a whole tensor as it is), the others items kept whole (a slice, a
+    transform, a mean, an edit).
+
+    A task run where the plan was made reads the plan's columns; pickled (for an
+    executor elsewhere) it carries its own rows of them.
+    """
+
+    def __init__(self, tensors: PlannedTensors, tf_threshold: int):
+        self.tensors = tensors
+        self.tf_threshold = tf_threshold
+        self.rows = array("q")  # >= 0: a row of ``tensors``; < 0: ~k, ``others[k]``
+        self.others: list[TaskItem] = []
+
+    def __getstate__(self) -> dict:
+        plain = sorted({r for r in self.rows if r >= 0})
+        at = {r: k for k, r in enumerate(plain)}
+        state = dict(self.__dict__)
+        state["tensors"] = self.tensors.take(plain)
+        state["rows"] = array("q", [r if r < 0 else at[r] for r in self.rows])
+        return state
+
+    def append(self, item: TaskItem) -> None:
+        """Add ``item`` as the last one."""
+        self.rows.append(~len(self.others))
+        self.others.append(item)
+
+    def append_row(self, row: int) -> None:
+        """Add row ``row`` of the plan's tensors, written whole as it is."""
+        self.rows.append(row)
+
+    def sources(self) -> set[int]:
+        """The sources the items read (a mean's: every one it weighs)."""
+        out = {self.tensors.source[r] for r in self.rows if r >= 0}
+        for item in self.others:
+            out.add(item.source)
+            out.update(range(len(item.weights)))
+        return out
+
+    @property
+    def bytes_in(self) -> int:
+        nbytes = self.tensors.infos.nbytes
+        return sum(nbytes[r] for r in self.rows if r >= 0) + sum(i.bytes_in for i in self.others)
+
+    def tf_cast(self) -> bool:
+        """Whether any item is cast with ``tf.cast``."""
+        t, infos, threshold = self.tensors, self.tensors.infos, self.tf_threshold
+        return any(item.tf_cast for item in self.others) or any(
+            infos.nbytes[r] >= threshold and infos.dtypes[r] != t.new_dtype[r]
+            for r in self.rows
+            if r >= 0
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _item(self, k: int) -> TaskItem:
+        r = self.rows[k]
+        if r < 0:
+            return self.others[~r]
+        t, infos = self.tensors, self.tensors.infos
+        dtype, new_dtype, nbytes = infos.dtypes[r], t.new_dtype[r], infos.nbytes[r]
+        return TaskItem(
+            t.source[r],
+            t.name[r],
+            t.new_name[r],
+            dtype,
+            new_dtype,
+            infos.shapes[r],
+            False,
+            None,
+            nbytes,
+            t.bytes_out[r],
+            dtype != new_dtype and nbytes >= self.tf_threshold,
+        )
+
+    def __getitem__(self, k):
+        n = len(self.rows)
+        if isinstance(k, slice):
+            return [self._item(j) for j in range(*k.indices(n))]
+        if not -n <= k < n:
+            raise IndexError(k)
+        return self._item(k % n)
+
+    def __iter__(self) -> Iterator[TaskItem]:
+        return map(self._item, range(len(self.rows)))
+
+
 class ShardPacker:
     """Which output shard each item goes to: the one given (following a source's
     layout), or, given none, the last one while it stays under ``limit`` bytes (a
     bigger item gets one of its own)."""
 
-    def __init__(self, limit: int | None):
+    def __init__(self, limit: int | None, tensors: PlannedTensors, tf_threshold: int):
         self.limit = limit
+        self.tensors, self.tf_threshold = tensors, tf_threshold  # what TaskItems read
         self.shards: dict[int, TaskItems] = {}
         self._sizes: dict[int, int] = {}
 
@@ -69,7 +160,7 @@ class ShardPacker:
             if self.shards and size and size + nbytes > self.limit:
                 shard += 1
         if shard not in self.shards:
-            self.shards[shard] = TaskItems()
+            self.shards[shard] = TaskItems(self.tensors, self.tf_threshold)
         self._sizes[shard] = self._sizes.get(shard, 0) + nbytes
         return shard
 
@@ -96,7 +187,10 @@ class ShardPacker:
         graph_at = None if graph_shard is None else order.index(graph_shard)
         items_of = [self.shards[k] for k in order]
         out_paths = new_shard_paths(stores.out, dst, len(items_of))
-        items_of += [TaskItems() for _ in range(len(out_paths) - len(items_of))]  # empty extras
+        items_of += [  # extra shards: empty
+            TaskItems(self.tensors, self.tf_threshold)
+            for _ in range(len(out_paths) - len(items_of))
+        ]
         return [
             ShardTask(
                 k,
@@ -151,7 +245,7 @@ class ShardTask:
 
     @property
     def bytes_in(self) -> int:
-        return sum(self.items.bytes_in)
+        return self.items.bytes_in
 
 
 @dataclass
@@ -181,33 +275,19 @@ def shard_tasks(
     if p.weights is not None:
         return _mean_tasks(p, options, stores)
     follow = p.options.max_shard_bytes is None
-    packer = ShardPacker(p.options.max_shard_bytes)
     tf_threshold = options.tf_threshold
     tensors, infos = p.tensors, p.tensors.infos
+    packer = ShardPacker(p.options.max_shard_bytes, tensors, tf_threshold)
     bases = [s.shard_base for s in p.sources]
     special = {i for i, sl in enumerate(infos.slices) if sl} | set(tensors.extras)
-    for i, (source, name, new_name, dtype, new_dtype, shape, nbytes, shard, bytes_out) in enumerate(
-        zip(
-            tensors.source,
-            tensors.name,
-            tensors.new_name,
-            infos.dtypes,
-            tensors.new_dtype,
-            infos.shapes,
-            infos.nbytes,
-            infos.shards,
-            tensors.bytes_out,
-        )
-    ):
+    rows = zip(tensors.source, infos.shards, tensors.bytes_out)
+    for i, (source, shard, bytes_out) in enumerate(rows):
         if i in special:
             _pack_planned(p, tensors[i], packer, follow, tf_threshold)
             continue
-        # The common case, a whole tensor as it is, made an item from the columns.
-        tf_cast = dtype != new_dtype and nbytes >= tf_threshold
-        item = TaskItem(
-            source, name, new_name, dtype, new_dtype, shape, False, None, nbytes, bytes_out, tf_cast
-        )
-        packer.add(item, bases[source] + (shard or 0) if follow else None)
+        # The common case, a whole tensor as it is: a row of the plan.
+        at = packer.place(bytes_out, bases[source] + (shard or 0) if follow else None)
+        packer.shards[at].append_row(i)
     graph_shard = None
     if p.object_graph is not None:
         graph_at = None
@@ -294,7 +374,7 @@ def _mean_tasks(p: Plan, options: Options, stores: RunStorage) -> list[ShardTask
     newest = p.sources[-1].ckpt
     n = len(p.sources)
     assert p.weights is not None
-    packer = ShardPacker(p.options.max_shard_bytes)
+    packer = ShardPacker(p.options.max_shard_bytes, p.tensors, options.tf_threshold)
     for t in p.tensors:
         out = _dt.lookup(t.new_dtype)
         pieces = sorted(newest.slice_info(t.name), key=_file_order) if t.sliced else [t.info]
@@ -394,7 +474,7 @@ def run_shard_task(
             if opened is not None and source in opened:
                 continue
             ckpts[source] = open_in(task.source_stores[source], task.sources[source], mmap=False)
-        tf_convert = _tf_converter(task.backend) if any(task.items.tf_cast) else None
+        tf_convert = _tf_converter(task.backend) if task.items.tf_cast() else None
         stream_items(
             task.items,
             {**(opened or {}), **ckpts},
