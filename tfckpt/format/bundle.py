@@ -154,6 +154,15 @@ class Ints(array):
     def __reduce__(self):
         return (Ints, (list(self),))
 
+    def values(self) -> np.ndarray:
+        """The column as an int64 array (a view: None is the least int64)."""
+        return np.frombuffer(self, dtype=np.int64)
+
+    def total(self) -> int:
+        """The sum of the ints (None counts as 0)."""
+        v = self.values()
+        return int(v[v != _NONE].sum())
+
     def __repr__(self) -> str:
         return f"Ints({list(self)})"
 
@@ -285,6 +294,11 @@ class TensorTable:
             else:
                 setattr(out, f.name, [column[i] for i in rows])
         return out
+
+    @classmethod
+    def of_columns(cls, columns: Iterable[list]) -> TensorTable:
+        """A table of these columns, in the order of its fields (lists of ints made Ints)."""
+        return cls(*columns)  # type: ignore[arg-type]  # __post_init__ makes them Ints
 
     @classmethod
     def empty(cls) -> TensorTable:

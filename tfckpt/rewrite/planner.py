@@ -407,10 +407,8 @@ def _planned_tensors(
         for i in out.source:
             rows.append((i, at[i]))
             at[i] += 1
-        out.infos = TensorTable.empty()
-        for column in fields(TensorTable):
-            values = [getattr(t, column.name) for t in tables]
-            setattr(out.infos, column.name, [values[i][r] for i, r in rows])
+        columns = ([getattr(t, f.name) for t in tables] for f in fields(TensorTable))
+        out.infos = TensorTable.of_columns([values[i][r] for i, r in rows] for values in columns)
     infos = out.infos
     # Without patterns, a dtype decides alone: once per dtype, not once per tensor.
     patterned = bool(policy.keep or policy.rules)

@@ -362,11 +362,12 @@ class Plan:
     def bytes_in(self) -> int:
         n, tensors = len(self.sources), self.tensors
         averaged = [i for i, e in tensors.extras.items() if e.get("averaged")]
-        return sum(tensors.infos.nbytes) + (n - 1) * sum(tensors.infos.nbytes[i] for i in averaged)
+        nbytes = tensors.infos.nbytes
+        return nbytes.total() + (n - 1) * sum(nbytes[i] or 0 for i in averaged)
 
     @property
     def bytes_out(self) -> int:
-        return sum(self.tensors.bytes_out)
+        return int(np.frombuffer(self.tensors.bytes_out, dtype=np.int64).sum())
 
     @property
     def object_graph_copied(self) -> bool:

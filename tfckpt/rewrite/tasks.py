@@ -93,8 +93,9 @@ class TaskItems(Sequence[TaskItem]):
 
     @property
     def bytes_in(self) -> int:
-        nbytes = self.tensors.infos.nbytes
-        return sum(nbytes[r] for r in self.rows if r >= 0) + sum(i.bytes_in for i in self.others)
+        rows = np.frombuffer(self.rows, dtype=np.int64)
+        plain = self.tensors.infos.nbytes.values()[rows[rows >= 0]]
+        return int(plain.sum()) + sum(i.bytes_in for i in self.others)
 
     def tf_cast(self) -> bool:
         """Whether any item is cast with ``tf.cast``."""
