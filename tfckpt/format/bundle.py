@@ -222,19 +222,24 @@ class TensorTable:
 
     def info(self, i: int) -> TensorInfo:
         """Row ``i`` as a :class:`TensorInfo`."""
-        shard, offset, crc = self.shards[i], self.offsets[i], self.crc32c[i]
-        if not self.slices[i] and shard is not None and offset is not None and crc is not None:
-            stored = self.stored_elements[i]
-            if stored is not None and stored == self.elements[i]:
-                return TensorInfo.whole(
-                    self.names[i],
-                    self.dtypes[i],
-                    self.shapes[i],
-                    self.nbytes[i],
-                    shard,
-                    offset,
-                    crc,
-                )
+        get = array.__getitem__  # the stored ints, None as _NONE (Ints' own reading is slower)
+        shard, offset, crc = get(self.shards, i), get(self.offsets, i), get(self.crc32c, i)
+        if (
+            shard != _NONE
+            and offset != _NONE
+            and crc != _NONE
+            and not self.slices[i]
+            and get(self.stored_elements, i) == get(self.elements, i) != _NONE
+        ):
+            return TensorInfo.whole(
+                self.names[i],
+                self.dtypes[i],
+                self.shapes[i],
+                get(self.nbytes, i),
+                shard,
+                offset,
+                crc,
+            )
         return TensorInfo(
             self.names[i],
             self.dtypes[i],

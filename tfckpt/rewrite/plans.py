@@ -8,6 +8,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, overload
 
 import numpy as np
@@ -170,20 +171,25 @@ class PlannedTensors(Sequence["PlannedTensor"]):
 
 
 def _column(name: str):
+    column = attrgetter(name)
+
     def get(self):
-        return getattr(self._t, name)[self._i]
+        return column(self._t)[self._i]
 
     def set_(self, value):
-        getattr(self._t, name)[self._i] = value
+        column(self._t)[self._i] = value
 
     return property(get, set_)
+
+
+_NO_EXTRAS: dict[str, Any] = {}
 
 
 def _extra(name: str):
     default = _EXTRAS[name]
 
     def get(self):
-        return self._t.extras.get(self._i, {}).get(name, default)
+        return self._t.extras.get(self._i, _NO_EXTRAS).get(name, default)
 
     def set_(self, value):
         self._t.extras.setdefault(self._i, {})[name] = value
@@ -202,7 +208,10 @@ class PlannedTensor:
     ``new_dtype``), and those of :data:`_EXTRAS`.
     """
 
-    __slots__ = ("_t", "_i")
+    __slots__ = ("_t", "_i", "_info")
+    _t: PlannedTensors
+    _i: int
+    _info: TensorInfo | None
 
     def __init__(
         self,
@@ -216,13 +225,13 @@ class PlannedTensor:
     ):
         own = PlannedTensors()
         own.add(source, name, new_name, info, new_dtype, bytes_out, **fields)
-        self._t, self._i = own, 0
+        self._t, self._i, self._info = own, 0, None
 
     @classmethod
     def at(cls, table: PlannedTensors, i: int) -> PlannedTensor:
         """Row ``i`` of ``table``."""
         pt = object.__new__(cls)
-        pt._t, pt._i = table, i
+        pt._t, pt._i, pt._info = table, i, None
         return pt
 
     source = _column("source")
@@ -241,15 +250,21 @@ class PlannedTensor:
 
     @property
     def info(self) -> TensorInfo:
-        return self._t.infos.info(self._i)
+        # Made once per row object: callers read it field by field, often.
+        info = self._info
+        if info is None:
+            info = self._info = self._t.infos.info(self._i)
+        return info
 
     @info.setter
     def info(self, value: TensorInfo) -> None:
         self._t.infos.set(self._i, value)
+        self._info = value
 
     def extras(self) -> dict[str, Any]:
-        """The rarely set fields this row sets."""
-        return dict(self._t.extras.get(self._i, {}))
+        """The rarely set fields this row sets (a copy)."""
+        extras = self._t.extras.get(self._i)
+        return {} if extras is None else dict(extras)
 
     def replaced(self, **changes) -> PlannedTensor:
         """A planned tensor of its own: this one with ``changes``."""

@@ -217,19 +217,24 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
 
 
 def _batchable(item: TaskItem, read_bytes: int) -> bool:
-    dtype = _dt.lookup(item.dtype)
     return (
-        item.extents is None
+        item.bytes_in <= read_bytes // 2
+        and item.extents is None
         and not item.partitioned
         and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
         and item.perm is None
         and item.parts is None
         and item.edit is None
         and not item.weights
-        and dtype is not _dt.STRING
-        and dtype.numpy is not None
-        and item.bytes_in <= read_bytes // 2
+        and item.dtype in _BATCHED_DTYPES
     )
+
+
+# The dtypes read together: fixed-size ones with a numpy form (a spec: its numpy form
+# is not made here, which for some would import ml-dtypes).
+_BATCHED_DTYPES = frozenset(
+    d.name for d in _dt.all_dtypes() if d is not _dt.STRING and d.spec is not None
+)
 
 
 def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int, endianness: str):

@@ -114,7 +114,12 @@ class TaskItems(Sequence[TaskItem]):
         if r < 0:
             return self.others[~r]
         t, infos = self.tensors, self.tensors.infos
-        dtype, new_dtype, nbytes = infos.dtypes[r], t.new_dtype[r], infos.nbytes[r]
+        # nbytes is never None: read as stored, past Ints' slower reading.
+        dtype, new_dtype, nbytes = (
+            infos.dtypes[r],
+            t.new_dtype[r],
+            array.__getitem__(infos.nbytes, r),
+        )
         return TaskItem(
             t.source[r],
             t.name[r],
@@ -347,23 +352,25 @@ def task_item(
     """What the pipeline streams for the planned tensor ``t`` (the slice ``extents`` of
     it, or None: all of it, with its value transforms); ``weights``: the mean of every
     source's value."""
+    info, extras = t.info, t.extras()  # each read once: a plan's row reads its columns
+    whole = extents is None
     return TaskItem(
         t.source,
         t.name,
         t.new_name,
-        t.info.dtype,
+        info.dtype,
         t.new_dtype,
-        t.info.shape,
-        bool(t.info.slices),
+        info.shape,
+        bool(info.slices),
         extents,
         bytes_in,
         bytes_out,
         tf_cast,
-        perm=t.perm if extents is None else None,
+        perm=extras.get("perm") if whole else None,
         weights=weights,
-        reshape=t.shape if extents is None else None,
-        parts=t.parts if extents is None else None,
-        edit=t.edit,
+        reshape=extras.get("shape") if whole else None,
+        parts=extras.get("parts") if whole else None,
+        edit=extras.get("edit"),
     )
 
 
