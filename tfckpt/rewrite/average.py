@@ -43,7 +43,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
-from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
+from tfckpt.rewrite.plans import Plan, PlannedTensors, Source
 from tfckpt.rewrite.rules import DtypePolicy
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
@@ -279,43 +279,33 @@ def _plan(
     if use_ema:
         read_from.update(_ema_pairs(newest, names, gone))
     graph_bytes = _output_graph(newest, names, options.drop_objects, gone)
-    tensors = []
-    for new in names:
-        if new in gone.why:
-            continue
+    tensors = PlannedTensors()
+    kept = [new for new in names if new not in gone.why]
+    infos = newest.ckpt.table([read_from[new] for new in kept])  # decoded in bulk
+    for k, new in enumerate(kept):
         name = read_from[new]
-        info = newest.ckpt.info(name)
+        info = infos.info(k)
         dtype = _dt.lookup(info.dtype)
         averaged = dtype.kind in ("float", "complex") and new not in fixed
         # By the variable's name: with use_ema its value is read from its shadow's.
         new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
         sliced = _written_sliced(srcs, name, info, averaged, new_dtype)
         out_bytes = info.nbytes if new_dtype.name == info.dtype else cast_bytes(info, new_dtype)
-        tensors.append(
-            PlannedTensor(
-                len(srcs) - 1,  # copies come from the newest source
-                name,
-                new,
-                info,
-                new_dtype.name,
-                out_bytes,
-                dtype_by=dtype_by,
-                averaged=averaged,
-                sliced=sliced,
-            )
+        tensors.add(
+            len(srcs) - 1,  # copies come from the newest source
+            name,
+            new,
+            info,
+            new_dtype.name,
+            out_bytes,
+            dtype_by=dtype_by,
+            averaged=averaged,
+            # Decided for a partitioned tensor; a whole one is never written sliced.
+            sliced=sliced if sliced or info.slices else None,
         )
-    # Read each source in file order.
-    tensors.sort(
-        key=lambda t: (
-            t.info.shard if t.info.shard is not None else -1,
-            t.info.offset or 0,
-            t.new_name,
-        )
-    )
     dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
-    return Plan(
-        srcs, dst, PlannedTensors.of(tensors), dropped, graph_bytes, options, store, weights=w
-    )
+    # Read each source in file order.
+    return Plan(srcs, dst, tensors.in_file_order(), dropped, graph_bytes, options, store, weights=w)
 
 
 class _Gone:

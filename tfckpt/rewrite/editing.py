@@ -46,7 +46,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
-from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
+from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 
 # Options edit does not take: it writes each tensor in its own dtype, shape and name.
 _NOT_TAKEN = (
@@ -210,7 +210,8 @@ def _plan(
     planned = ed.planned()
     ed.values(planned, edits)
     ed.rows(planned, edits)
-    planned += ed.added(edits.add)
+    for pt in ed.added(edits.add):
+        planned.append(pt)
     graph = s.graph.serialize() if s.graph is not None else None
     return finished_plan(srcs, dst, planned, dropped, graph, options, store)
 
@@ -305,11 +306,13 @@ class _Editor:
                     n,
                 )
 
-    def planned(self) -> list[PlannedTensor]:
-        infos = self.s.ckpt.table(self.names).infos()
-        return [
-            PlannedTensor(0, n, n, infos[n], infos[n].dtype, infos[n].nbytes) for n in self.names
-        ]
+    def planned(self) -> PlannedTensors:
+        infos = self.s.ckpt.table(self.names)
+        out = PlannedTensors()
+        for k, n in enumerate(self.names):
+            info = infos.info(k)
+            out.add(0, n, n, info, info.dtype, info.nbytes)
+        return out
 
     def whole(self, pt: PlannedTensor, what: str) -> np.dtype:
         """The numpy dtype of ``pt``, which an edit takes whole."""
@@ -320,7 +323,7 @@ class _Editor:
             raise self.err(f"{what}: takes numeric and bool tensors, not {d.name}", pt.name)
         return np.dtype(d.numpy)
 
-    def values(self, planned: list[PlannedTensor], edits: Edits) -> None:
+    def values(self, planned: PlannedTensors, edits: Edits) -> None:
         """``set``, ``fill`` and ``scale`` on the planned tensors they name."""
         by_name = {pt.name: pt for pt in planned}
         for kind, given in (("set", edits.set), ("fill", edits.fill), ("scale", edits.scale)):
@@ -385,7 +388,7 @@ class _Editor:
             raise self.err(f"{what}: the factor must be finite", pt.name)
         return Scale(factor)
 
-    def rows(self, planned: list[PlannedTensor], edits: Edits) -> None:
+    def rows(self, planned: PlannedTensors, edits: Edits) -> None:
         """``resize`` and ``remap_rows``: each variable matched, and its slots."""
         by_name = {pt.name: pt for pt in planned}
         jobs: list[tuple[str, re.Pattern, Callable[[int], np.ndarray], str]] = []

@@ -53,7 +53,7 @@ from tfckpt.rewrite.planner import (
     resolve_destination,
     source_flat_names,
 )
-from tfckpt.rewrite.plans import Plan, PlannedTensor, Source
+from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 from tfckpt.rewrite.rules import NameRules, compile_patterns, compile_rules, new_name
 from tfckpt.rewrite.tf1slots import (
     ADAM_BETAS,
@@ -355,30 +355,42 @@ def _grafted_tensors(
     kept: set[str],
     steps: dict[str, int],
     dropped: list[tuple[str, str, str]],
-) -> list[PlannedTensor]:
+) -> PlannedTensors:
     """Each template tensor, from the source tensor that fills it, or as ``steps``
     counts (an optimizer's step); the template's own value for those of ``kept`` none
     fills."""
     tpl = srcs[0]
-    planned: list[PlannedTensor] = []
+    planned = PlannedTensors()
     unmatched: list[str] = []
+    wants = tpl.ckpt.table(names)  # decoded in bulk, not kept per tensor
+    chosen = {}  # template name -> (source, name) of the tensor that fills it
     for t in names:
-        want = tpl.ckpt.info(t)
         hits = found.get(t)
+        if hits and t not in steps:
+            chosen[t] = _one_hit(srcs, t, hits, prefer, dropped)
+    # Each source's tensors that fill the template, decoded in bulk too.
+    wanted: list[list[str]] = [[] for _ in srcs]
+    for i, n in chosen.values():
+        wanted[i].append(n)
+    tables = [srcs[i].ckpt.table(ns) if ns else None for i, ns in enumerate(wanted)]
+    at = [0] * len(srcs)
+    for k, t in enumerate(names):
+        want = wants.info(k)
         if t in steps:
             value = np.array(steps[t], dtype=_dt.lookup(want.dtype).numpy).reshape(want.shape)
-            planned.append(
-                PlannedTensor(0, t, t, want, want.dtype, want.nbytes, edit=Literal(value.tobytes()))
-            )
+            planned.add(0, t, t, want, want.dtype, want.nbytes, edit=Literal(value.tobytes()))
             continue
-        if not hits:
+        if t not in chosen:
             if t in kept:
-                planned.append(PlannedTensor(0, t, t, want, want.dtype, want.nbytes))
+                planned.add(0, t, t, want, want.dtype, want.nbytes)
             else:
                 unmatched.append(t)
             continue
-        i, n = _one_hit(srcs, t, hits, prefer, dropped)
-        info = srcs[i].ckpt.info(n)
+        i, n = chosen[t]
+        table = tables[i]
+        assert table is not None
+        info = table.info(at[i])
+        at[i] += 1
         if tuple(info.shape) != tuple(want.shape):
             raise CheckpointError(
                 f"shape mismatch: the template's {t!r} is {list(want.shape)}, "
@@ -392,9 +404,7 @@ def _grafted_tensors(
             )
         stored = info.size if info.stored_elements is None else info.stored_elements
         out_bytes = info.nbytes if src_dt is dt else stored * dt.fixed_itemsize
-        planned.append(
-            PlannedTensor(i, n, t, info, dt.name, out_bytes, restored_whole=tpl.graph is not None)
-        )
+        planned.add(i, n, t, info, dt.name, out_bytes, restored_whole=tpl.graph is not None)
     if unmatched:
         more = f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         raise CheckpointError(

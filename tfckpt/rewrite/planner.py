@@ -12,8 +12,6 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 
-import numpy as np
-
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import PREFER_ARGS, CheckpointError, option
@@ -399,6 +397,7 @@ def _planned_tensors(
     out.source = [i for i, _ in chosen.values()]
     out.name = [old for _, old in chosen.values()]
     out.new_name = list(chosen)
+    out.averaged = bytearray(len(chosen))
     if len(srcs) == 1:
         out.infos = tables[0]
     else:  # the sources' rows, interleaved as chosen
@@ -500,30 +499,5 @@ def finished_plan(
     for i, shard_ids in needed.items():
         srcs[i].ckpt.check_shard_files(shard_ids)
     # Read each source in file order: by source, shard, offset.
-    order = _file_order(tensors)
-    if order is not None:
-        tensors = tensors.take(order)
+    tensors = tensors.in_file_order()
     return Plan(srcs, dst, tensors, dropped, graph_bytes, options, store)
-
-
-def _file_order(tensors: PlannedTensors) -> list[int] | None:
-    """The rows in reading order: by source, shard, offset, then new name; None when
-    they are in that order already."""
-    infos = tensors.infos
-    keys = np.array(
-        [
-            tensors.source,
-            [-1 if x is None else x for x in infos.shards],
-            [x or 0 for x in infos.offsets],
-        ],
-        dtype=np.int64,
-    ).reshape(3, -1)
-    order = np.lexsort(keys[::-1])
-    ordered = keys[:, order]
-    if (np.diff(ordered, axis=1) == 0).all(axis=0).any():  # ties: the names decide
-        return sorted(
-            range(len(tensors)), key=lambda i: (*keys[:, i].tolist(), tensors.new_name[i])
-        )
-    if (order == np.arange(len(order))).all():
-        return None
-    return order.tolist()

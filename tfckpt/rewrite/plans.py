@@ -39,8 +39,6 @@ class Source:
 _EXTRAS: dict[str, Any] = {
     # Read back whole, as TF2 restores, even from a source without an object graph.
     "restored_whole": False,
-    # An average's: the weighted mean of every source's value (else read from ``source``).
-    "averaged": False,
     # Written slice by slice as the sources store it: an average decides when it plans;
     # None leaves it to the engine (:func:`~tfckpt.rewrite.tasks.written_sliced`).
     "sliced": None,
@@ -73,6 +71,8 @@ class PlannedTensors(Sequence["PlannedTensor"]):
         self.new_dtype: list[str] = []
         self.bytes_out = array("q")
         self.dtype_by: list[str | None] = []
+        # An average's: the weighted mean of every source's value (else read from ``source``).
+        self.averaged = bytearray()
         self.infos = TensorTable.empty()  # each row's source tensor, as the index says
         self.extras: dict[int, dict[str, Any]] = {}  # row -> the _EXTRAS set on it
 
@@ -104,6 +104,7 @@ class PlannedTensors(Sequence["PlannedTensor"]):
         self.new_dtype.append(new_dtype)
         self.bytes_out.append(bytes_out)
         self.dtype_by.append(extras.pop("dtype_by", None))
+        self.averaged.append(bool(extras.pop("averaged", False)))
         self.infos.append(info)
         unknown = set(extras) - set(_EXTRAS)
         if unknown:
@@ -123,6 +124,7 @@ class PlannedTensors(Sequence["PlannedTensor"]):
             pt.new_dtype,
             pt.bytes_out,
             dtype_by=pt.dtype_by,
+            averaged=pt.averaged,
             **pt.extras(),
         )
 
@@ -135,11 +137,32 @@ class PlannedTensors(Sequence["PlannedTensor"]):
         out.new_dtype = [self.new_dtype[i] for i in rows]
         out.bytes_out = array("q", [self.bytes_out[i] for i in rows])
         out.dtype_by = [self.dtype_by[i] for i in rows]
+        out.averaged = bytearray(self.averaged[i] for i in rows)
         out.infos = self.infos.take(rows)
         if self.extras:
             at = {old: new for new, old in enumerate(rows)}
             out.extras = {at[i]: dict(e) for i, e in self.extras.items() if i in at}
         return out
+
+    def in_file_order(self) -> PlannedTensors:
+        """These rows in reading order: by source, shard, offset, then new name."""
+        infos = self.infos
+        keys = np.array(
+            [
+                self.source,
+                [-1 if x is None else x for x in infos.shards],
+                [x or 0 for x in infos.offsets],
+            ],
+            dtype=np.int64,
+        ).reshape(3, -1)
+        order = np.lexsort(keys[::-1])
+        ordered = keys[:, order]
+        if (np.diff(ordered, axis=1) == 0).all(axis=0).any():  # ties: the names decide
+            rows = sorted(range(len(self)), key=lambda i: (*keys[:, i].tolist(), self.new_name[i]))
+            return self.take(rows)
+        if (order == np.arange(len(order))).all():
+            return self
+        return self.take(order.tolist())
 
     def has_extras(self) -> bool:
         """Whether any row sets one of the rarely set fields (see :data:`_EXTRAS`)."""
@@ -241,12 +264,21 @@ class PlannedTensor:
     bytes_out = _column("bytes_out")
     dtype_by = _column("dtype_by")
     restored_whole = _extra("restored_whole")
-    averaged = _extra("averaged")
     sliced = _extra("sliced")
     perm = _extra("perm")
     shape = _extra("shape")
     parts = _extra("parts")
     edit = _extra("edit")
+
+    @property
+    def averaged(self) -> bool:
+        """An average's: the weighted mean of every source's value (else read from
+        ``source``)."""
+        return bool(self._t.averaged[self._i])
+
+    @averaged.setter
+    def averaged(self, value: bool) -> None:
+        self._t.averaged[self._i] = bool(value)
 
     @property
     def info(self) -> TensorInfo:
@@ -276,6 +308,7 @@ class PlannedTensor:
             "new_dtype": self.new_dtype,
             "bytes_out": self.bytes_out,
             "dtype_by": self.dtype_by,
+            "averaged": self.averaged,
             **self.extras(),
             **changes,
         }
@@ -305,6 +338,7 @@ class PlannedTensor:
             self.new_dtype,
             self.bytes_out,
             self.dtype_by,
+            self.averaged,
             sorted(self.extras().items(), key=lambda kv: kv[0]),
         )
 
@@ -376,7 +410,7 @@ class Plan:
     @property
     def bytes_in(self) -> int:
         n, tensors = len(self.sources), self.tensors
-        averaged = [i for i, e in tensors.extras.items() if e.get("averaged")]
+        averaged = [i for i, a in enumerate(tensors.averaged) if a] if any(tensors.averaged) else []
         nbytes = tensors.infos.nbytes
         return nbytes.total() + (n - 1) * sum(nbytes[i] or 0 for i in averaged)
 
