@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -185,19 +187,20 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
 
     Batched tensors are whole ones, so each name comes once: its counts are set.
     """
-    casters = [caster_for(item) for item in items]
-    out.reserve(sum(item.bytes_out for item, c in zip(items, casters) if c is not None))
-    result: list = []
+    # Runs of one (source dtype, target dtype): batched items are never means, so those
+    # decide their caster (one lookup a run, not a tensor).
+    runs = []
     i = 0
-    while i < len(items):
-        caster = casters[i]
-        j = i + 1
-        while j < len(items) and casters[j] is caster:
-            j += 1
+    for (dtype, new_dtype), same in groupby(items, key=_dtypes):
+        n = sum(1 for _ in same)
+        runs.append((i, i + n, caster_for(items[i]) if dtype != new_dtype else None))
+        i += n
+    out.reserve(sum(sum(t.bytes_out for t in items[a:b]) for a, b, c in runs if c is not None))
+    result: list = []
+    for i, j, caster in runs:
         group = arrays[i:j]
         if caster is None:
             result += group
-            i = j
             continue
         src = group[0] if len(group) == 1 else np.concatenate(group)
         before = _snapshot(caster.counts)
@@ -208,12 +211,12 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
         if _snapshot(caster.counts)[:3] != before[:3]:
             table[:, :3] = caster.count_segments(src, cast, sizes)
         counts.extend([item.new_name for item in items[i:j]], table)
-        pos = 0
-        for size in sizes:
-            result.append(cast[pos : pos + size])
-            pos += size
-        i = j
+        ends = np.cumsum(sizes).tolist()
+        result += map(cast.__getitem__, map(slice, [0] + ends[:-1], ends))
     return result
+
+
+_dtypes = attrgetter("dtype", "new_dtype")
 
 
 def _batchable(item: TaskItem, read_bytes: int) -> bool:
