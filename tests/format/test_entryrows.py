@@ -214,7 +214,10 @@ def test_rows_pickle_small_and_whole():
         key = next(iter(entries))
         assert key in back and b"zz" not in back
         back.add(b"\x00first", 1, (), 0, 0, 0, 0)  # still takes rows, in order or not
-        assert b"\x00first" in back and back[key].SerializeToString() == protos[key].SerializeToString()
+        assert (
+            b"\x00first" in back
+            and back[key].SerializeToString() == protos[key].SerializeToString()
+        )
 
 
 def test_rows_take_little_memory():

@@ -44,19 +44,29 @@ def varint_lengths(values: np.ndarray) -> np.ndarray:
     return n
 
 
-def put_varints(out: np.ndarray, at: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Write the varint of each value at ``out[at[i]:]``; their lengths."""
+def put_varints(
+    out: np.ndarray, at: np.ndarray, values: np.ndarray, lengths: np.ndarray | None = None
+) -> np.ndarray:
+    """Write the varint of each value at ``out[at[i]:]``; their lengths (``lengths``:
+    known already)."""
     v = values.astype(np.uint64, copy=False)
-    lengths = varint_lengths(v)
-    seven, low = np.uint64(7), np.uint64(0x7F)
-    # The first byte of all, then the next of those that have one, and so on.
-    left = lengths
-    while len(v):
-        more = left > 1
-        out[at] = (v & low) | (more.astype(np.uint64) << seven)
-        live = np.flatnonzero(more)
-        v, at, left = v[live] >> seven, at[live] + 1, left[live] - 1
-    return lengths
+    if lengths is None:
+        lengths = varint_lengths(v)
+    if not len(v):
+        return lengths
+    if lengths.max() == 1:  # one byte each: the values themselves
+        out[at] = v
+        return lengths
+    all_lengths = lengths
+    low = np.uint64(0x7F)
+    # Byte k of every varint longer than k; the arrays shrink to those only when some end.
+    for k in range(int(lengths.max())):
+        if k and not (live := lengths > k).all():
+            keep = np.flatnonzero(live)
+            v, at, lengths = v[keep], at[keep], lengths[keep]
+        more = (lengths > k + 1).astype(np.uint64) << np.uint64(7)
+        out[at + k] = ((v >> np.uint64(7 * k)) & low) | more
+    return all_lengths
 
 
 def put_u32(out: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:

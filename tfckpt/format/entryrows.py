@@ -244,55 +244,62 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
             return next(k for k in _Keys(self) if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         return next((k for k in self.protos if k in self._keyset), None)
 
-    def _shape_fields(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each distinct shape's field, joined, and their lengths."""
-        fields = [shape_field(s) for s in self.shapes]
-        flen = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))
-        return np.frombuffer(b"".join(fields), np.uint8), flen
-
-    def _values(self, out: np.ndarray, at: np.ndarray, rows: np.ndarray, fbuf, flen) -> None:
-        """Write the serialized entry of each of ``rows`` at ``out[at[i]:]``."""
-        dtype = np.frombuffer(self.dtype, np.uint16)[rows].astype(np.uint64)
-        has = dtype != 0
-        out[at[has]] = _TAG_DTYPE
-        pos = at + np.where(has, 1 + put_varints(out, at + 1, dtype), 0)
-        sid = np.frombuffer(self.shape_id, np.uint32)[rows]
-        if len(flen) <= _FEW_SHAPES:  # each shape's bytes put byte by byte where it goes
-            for shape, (start, length) in enumerate(zip(np.cumsum(flen) - flen, flen)):
-                at_shape = pos[sid == shape]
-                for j in range(length):
-                    out[at_shape + j] = fbuf[start + j]
-        else:
-            copy_ranges(out, pos, fbuf, (np.cumsum(flen) - flen)[sid], flen[sid])
-        pos = pos + flen[sid]
+    def _fields(self, rows: np.ndarray | None) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The varint fields after the shape of ``rows`` (all rows in order: None): tag,
+        values and each field's length (0 when left out, as a zero is)."""
+        out = []
         for tag, column, kind in (
             (_TAG_SHARD, self.shard, np.uint32),
             (_TAG_OFFSET, self.offset, np.uint64),
             (_TAG_SIZE, self.size, np.uint64),
         ):
-            v = np.frombuffer(column, kind)[rows]
-            has = v != 0
-            out[pos[has]] = tag
-            pos[has] += 1 + put_varints(out, pos[has] + 1, v[has])
-        crc = _mask_crcs(np.frombuffer(self.crc, np.uint32)[rows])
-        has = crc != 0
-        out[pos[has]] = _TAG_CRC
-        put_u32(out, pos[has] + 1, crc[has])
+            v = np.frombuffer(column, kind)
+            v = (v if rows is None else v[rows]).astype(np.uint64)
+            out.append((tag, v, np.where(v != 0, 1 + varint_lengths(v), 0)))
+        return out
 
-    def _lengths(self, rows: np.ndarray, flen: np.ndarray) -> np.ndarray:
-        """The bytes of each of ``rows``' serialized entries."""
-        dtype = np.frombuffer(self.dtype, np.uint16)[rows]
-        n = np.where(dtype != 0, 1 + varint_lengths(dtype), 0)
-        n += flen[np.frombuffer(self.shape_id, np.uint32)[rows]]
-        for column, kind in (
-            (self.shard, np.uint32),
-            (self.offset, np.uint64),
-            (self.size, np.uint64),
-        ):
-            v = np.frombuffer(column, kind)[rows]
-            n += np.where(v != 0, 1 + varint_lengths(v), 0)
-        n += np.where(_mask_crcs(np.frombuffer(self.crc, np.uint32)[rows]) != 0, 5, 0)
-        return n
+    def _encoder(self, rows: np.ndarray | None):
+        """The length of each of ``rows``' serialized entries (all rows in order: None),
+        and what writes them: ``write(out, at)`` puts row i's at ``out[at[i]:]``."""
+
+        def column(a: array, kind) -> np.ndarray:
+            c = np.frombuffer(a, kind)
+            return c if rows is None else c[rows]
+
+        dtype = column(self.dtype, np.uint16).astype(np.uint64)
+        dtype_len = np.where(dtype != 0, 1 + varint_lengths(dtype), 0)
+        fields = [shape_field(s) for s in self.shapes]
+        flen = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))
+        fstart = np.cumsum(flen) - flen
+        sid = column(self.shape_id, np.uint32)
+        shape_len = flen[sid]
+        varints = self._fields(rows)
+        crc = _mask_crcs(column(self.crc, np.uint32))
+        crc_len = np.where(crc != 0, 5, 0)
+        lengths = dtype_len + shape_len + crc_len
+        for _, _, n in varints:
+            lengths += n
+
+        def write(out: np.ndarray, at: np.ndarray) -> None:
+            _put_field(out, at, _TAG_DTYPE, dtype, dtype_len)
+            pos = at + dtype_len
+            if len(flen) <= _FEW_SHAPES:  # each shape's bytes put byte by byte where it goes
+                for shape, field in enumerate(fields):
+                    at_shape = pos if len(fields) == 1 else pos[sid == shape]
+                    for j, byte in enumerate(field):
+                        out[at_shape + j] = byte
+            else:
+                fbuf = np.frombuffer(b"".join(fields), np.uint8)
+                copy_ranges(out, pos, fbuf, fstart[sid], shape_len)
+            pos += shape_len
+            for tag, v, n in varints:
+                _put_field(out, pos, tag, v, n)
+                pos += n
+            has = crc_len != 0
+            out[pos[has]] = _TAG_CRC
+            put_u32(out, pos[has] + 1, crc[has])
+
+        return lengths, write
 
     def table(self, extra: Mapping[bytes, bytes], *, block_size: int = BLOCK_SIZE) -> bytes:
         """The index table of every entry, with ``extra`` entries given as bytes (the
@@ -307,13 +314,14 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
         klen = np.concatenate([klen, np.fromiter(map(len, extra_keys), np.int64, len(raw))])
         koff = np.concatenate([[0], np.cumsum(klen[order])])
         is_row = order < n
-        fbuf, flen = self._shape_fields()
+        # Rows in order (they nearly always are) are read from the columns as they are.
+        row_lengths, write_rows = self._encoder(None if self._keyset is None else order[is_row])
         vlen = np.empty(len(order), np.int64)
-        vlen[is_row] = self._lengths(order[is_row], flen)
+        vlen[is_row] = row_lengths
         vlen[~is_row] = [len(raw_values[i]) for i in (order[~is_row] - n).tolist()]
 
         def write_values(out: np.ndarray, at: np.ndarray) -> None:
-            self._values(out, at[is_row], order[is_row], fbuf, flen)
+            write_rows(out, at[is_row])
             for a, i in zip(at[~is_row].tolist(), (order[~is_row] - n).tolist()):
                 out[a : a + len(raw_values[i])] = np.frombuffer(raw_values[i], np.uint8)
 
@@ -342,6 +350,18 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
         del view, pieces  # the buffer may grow again once no view of it is left
         merged = np.insert(np.arange(n), places, np.arange(n, n + len(extra_keys)))
         return merged, np.frombuffer(joined, np.uint8)
+
+
+def _put_field(out: np.ndarray, at: np.ndarray, tag: int, values: np.ndarray, lengths) -> None:
+    """Write a varint field (its tag, its value) at ``out[at[i]:]`` where ``lengths[i]``
+    (the field's, tag included) is not 0."""
+    has = lengths != 0
+    if has.all():
+        out[at] = tag
+        put_varints(out, at + 1, values, lengths - 1)
+    elif has.any():
+        out[at[has]] = tag
+        put_varints(out, at[has] + 1, values[has], lengths[has] - 1)
 
 
 def merge_rows(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> EntryRows:
