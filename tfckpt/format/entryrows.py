@@ -103,6 +103,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
         # ones by comparing it with the last. The set is made once one comes out of order.
         self._last = b""
         self._keyset: set[bytes] | None = None
+        self._lookup: dict[bytes, int] | None = None  # row by key, of rows out of order
 
     # -- adding
 
@@ -173,7 +174,9 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
             if i < len(keys) and keys[i] == key:
                 return i
         elif key in self._keyset:
-            return next(i for i, k in enumerate(keys) if k == key)
+            if self._lookup is None or len(self._lookup) != len(keys):  # made when asked
+                self._lookup = {k: i for i, k in enumerate(keys)}
+            return self._lookup[key]
         raise KeyError(key)
 
     def __getitem__(self, key: bytes) -> BundleEntryProto:
@@ -193,6 +196,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         del state["_shape_ids"]  # the index of shapes, and the set of keys, are made again
+        state["_lookup"] = None
         state["_keyset"] = self._keyset is not None
         return state
 
@@ -368,7 +372,13 @@ def merge_rows(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> EntryRows:
     """The index entries of shards written separately: shard ids set, slices joined.
 
     ``shards[k]`` are shard ``k``'s entries (:class:`EntryRows`, or messages by key).
+    One shard's rows, already of shard 0 and with no message among them, are returned
+    as they are (not copied).
     """
+    if len(shards) == 1 and isinstance(shards[0], EntryRows) and not shards[0].protos:
+        only = shards[0]
+        if not np.frombuffer(only.shard, np.uint32).any():
+            return only
     merged = EntryRows()
     for shard_id, entries in enumerate(shards):
         rows = EntryRows.of(entries)
