@@ -120,8 +120,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
         """Enter a whole tensor's entry (``crc`` unmasked); the caller checked ``key`` is new."""
         sid = self._shape_ids.get(shape)
         if sid is None:
-            sid = self._shape_ids[shape] = len(self.shapes)
-            self.shapes.append(shape)
+            sid = self._shape_id(shape)
         if self._keyset is not None:
             self._keyset.add(key)
         elif self._ends and key <= self._last:
@@ -236,7 +235,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
         sid = self._shape_ids.get(shape)
         if sid is None:
             sid = self._shape_ids[shape] = len(self.shapes)
-            self.shapes.append(shape)
+            self.shapes.append(tuple(map(int, shape)))  # numpy's ints too, as Python's
         return sid
 
     def duplicate(self) -> bytes | None:
