@@ -129,17 +129,20 @@ def test_overwrite_whose_index_upload_fails_keeps_the_old_checkpoint(s3, sharded
     assert {n: v.tobytes() for n, v in got.items()} == float16_of(sharded.prefix)
 
 
+# The index is encoded and laid into its table in bulk (tfckpt.format.entryrows,
+# tfckpt.format.bulktable), every varint of it written by put_varints: Ctrl-C at the
+# second call, while the index is being built.
 INTERRUPT_IN_INDEX = """
 import os, signal, sys
-import tfckpt.format.table
-add = tfckpt.format.table.TableBuilder.add
+import tfckpt.format.bulktable
+put = tfckpt.format.bulktable.put_varints
 count = [0]
-def interrupted_add(self, key, value):
+def interrupted_put(*args, **kwargs):
     count[0] += 1
     if count[0] == int(os.environ["INTERRUPT_AT"]):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the index is being written
-    return add(self, key, value)
-tfckpt.format.table.TableBuilder.add = interrupted_add
+    return put(*args, **kwargs)
+tfckpt.format.bulktable.put_varints = interrupted_put
 from tfckpt.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -164,7 +167,7 @@ def test_interrupt_while_writing_the_index_publishes_nothing(s3, many, existing)
             "float16",
             "--overwrite",
         ],
-        env=dict(os.environ, INTERRUPT_AT="250"),
+        env=dict(os.environ, INTERRUPT_AT="2"),
         capture_output=True,
         text=True,
         timeout=120,

@@ -524,3 +524,24 @@ def test_no_overwrite_without_asking(tmp_path):
     assert_tf_reads(prefix, old)
     tfckpt.save(new, prefix, overwrite=True)
     assert_tf_reads(prefix, new)
+
+
+def test_index_of_several_blocks_added_out_of_order(tmp_path):
+    """An index of several table blocks, its entries added out of key order over three
+    shards, a partitioned tensor among them (entries kept as columns, encoded in bulk):
+    TensorFlow lists and reads every tensor."""
+    from tfckpt.format.table import TableReader
+
+    rng = np.random.default_rng(3)
+    names = [f"model/block_{i % 97:02d}/layer_{i:05d}/" + "w" * (i % 40) for i in range(12_000)]
+    expected = {name: rng.standard_normal(2).astype(np.float16) for name in names}
+    part = rng.standard_normal((4, 2)).astype(np.float32)
+    prefix = str(tmp_path / "many")
+    with tfckpt.BundleWriter(prefix) as w:
+        for k, i in enumerate(rng.permutation(len(names))):
+            w.add(names[i], expected[names[i]], shard=int(k % 3))
+        w.add_slice("model/part", (4, 2), [(2, 2), (0, None)], part[2:], shard=2)
+        w.add_slice("model/part", (4, 2), [(0, 2), (0, None)], part[:2], shard=0)
+    table = TableReader(Path(prefix + ".index").read_bytes(), prefix, lazy=True)
+    assert len(list(table.iter_blocks())) >= 2
+    assert_tf_reads(prefix, {**expected, "model/part": part})

@@ -8,9 +8,9 @@ say through it that one is open. Reading an index is :mod:`~tfckpt.checkpoint.in
 
 from __future__ import annotations
 
-from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import add_slice, entry_proto
+from tfckpt.format.entryrows import EntryRows
 from tfckpt.format.orderedcode import encode_name, encode_slice_key
 from tfckpt.format.slices import Slice, extents_fit, format_slice, shape_tuple, slice_shape
 
@@ -18,12 +18,13 @@ from tfckpt.format.slices import Slice, extents_fit, format_slice, shape_tuple, 
 class IndexEntries:
     """The index entries being built, shared by the shards of one checkpoint.
 
-    Whole tensors and slices by key, partitioned tensors' own entries with the
-    slices they list, and whether a stream is open (one at a time).
+    Whole tensors and slices by key (as rows: see :class:`~tfckpt.format.entryrows.EntryRows`),
+    partitioned tensors' own entries with the slices they list, and whether a stream is
+    open (one at a time).
     """
 
     def __init__(self):
-        self.entries: dict[bytes, BundleEntryProto] = {}
+        self.entries = EntryRows()
         self.slices_of: dict[bytes, tuple[_dt.DType, tuple[int, ...]]] = {}
         self.streaming = False
         self.done = False
@@ -66,8 +67,8 @@ class IndexEntries:
         """Record a written slice on its full tensor's entry."""
         full_shape = shape_tuple(full_shape)
         full_key = encode_name(name)
-        full = self.entries.get(full_key)
+        full = self.entries.protos.get(full_key)
         if full is None:
-            full = self.entries[full_key] = entry_proto(dt, full_shape)
+            full = self.entries.protos[full_key] = entry_proto(dt, full_shape)
             self.slices_of[full_key] = (dt, full_shape)
         add_slice(full, extents)

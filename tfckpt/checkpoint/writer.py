@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.checkpoint.entries import IndexEntries
 from tfckpt.checkpoint.streams import StringStream, TensorStream, data_bytes, holds
 from tfckpt.errors import CheckpointError, CheckpointWriteError, option
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import VARIANT, entry_proto
+from tfckpt.format.bundle import VARIANT
 from tfckpt.format.dtypes import Endianness
+from tfckpt.format.entryrows import EntryRows
 from tfckpt.format.framing import (
     StringFraming,
     VariantFraming,
@@ -333,7 +333,7 @@ class ShardWriter(_Adder):
             pass
         discard(self.storage, [self.path])
 
-    def finish(self) -> dict[bytes, BundleEntryProto]:
+    def finish(self) -> EntryRows:
         """Close the data file; the index entries of what it holds."""
         if self.index.streaming:
             self.abort()
@@ -365,7 +365,7 @@ class ShardWriter(_Adder):
         self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], offset: int, size: int, crc: int
     ) -> None:
         """Enter a tensor whose ``size`` bytes lie at ``offset`` (as a stream does when closed)."""
-        self.index.entries[key] = entry_proto(dtype, shape, self.shard_id, offset, size, crc)
+        self.index.entries.add(key, dtype.enum, shape, self.shard_id, offset, size, crc)
 
     def _add_bytes(
         self, key: bytes, dtype: _dt.DType, shape: tuple[int, ...], data, crc: int

@@ -518,7 +518,8 @@ def shortest_separator(start: bytes, limit: bytes) -> bytes:
     return start
 
 
-def _short_successor(key: bytes) -> bytes:
+def short_successor(key: bytes) -> bytes:
+    """A short key k >= ``key`` (TensorFlow's choice for a table's last index key)."""
     for i, b in enumerate(key):
         if b != 0xFF:
             return key[:i] + bytes([b + 1])
@@ -586,7 +587,7 @@ class TableBuilder:
         metaindex = self._write_block(BlockBuilder(RESTART_INTERVAL))
         if self._pending is not None:
             assert self._last_key is not None
-            self._index.add(_short_successor(self._last_key), self._pending.encode())
+            self._index.add(short_successor(self._last_key), self._pending.encode())
             self._pending = None
         index = self._write_block(self._index)
         self._file.write(Footer(metaindex, index).encode())

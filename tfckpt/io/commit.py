@@ -18,7 +18,6 @@ operations go through :mod:`tfckpt.io.storage`.
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -30,8 +29,8 @@ from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import orderedcode
 from tfckpt.format.bundle import HEADER_KEY, encode_header, entry_shape, slice_from_proto
 from tfckpt.format.dtypes import Endianness
+from tfckpt.format.entryrows import EntryRows, merge_rows
 from tfckpt.format.slices import check_slice_cover
-from tfckpt.format.table import TableBuilder
 from tfckpt.io import paths
 from tfckpt.io.storage import Storage
 from tfckpt.io.temporaries import TMP_MARK, temporary_base
@@ -259,16 +258,11 @@ def discard(store: Storage, files: Sequence[str]) -> None:
 def index_bytes(
     entries: Mapping[bytes, BundleEntryProto], num_shards: int, endianness: Endianness
 ) -> bytes:
-    """The index table: the header, then every entry in key order."""
-    # Built whole in memory (an index is small): then an interrupted run has nothing to
-    # store, and an object store gets it in one request or not at all.
-    buf = io.BytesIO()
-    table = TableBuilder(buf)
-    table.add(HEADER_KEY, encode_header(num_shards, endianness))
-    for key in sorted(entries):
-        table.add(key, entries[key].SerializeToString())
-    table.finish()
-    return buf.getvalue()
+    """The index table: the header, then every entry in key order (``entries``: an
+    :class:`~tfckpt.format.entryrows.EntryRows` or messages by key)."""
+    # Built whole in memory (an index is small), in bulk: then an interrupted run has
+    # nothing to store, and an object store gets it in one request or not at all.
+    return EntryRows.of(entries).table({HEADER_KEY: encode_header(num_shards, endianness)})
 
 
 def write_index(
@@ -283,37 +277,20 @@ def write_index(
     store.write_new(path, index_bytes(entries, num_shards, endianness), durable=durable)
 
 
-def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> dict:
+def merge_entries(shards: Sequence[Mapping[bytes, BundleEntryProto]]) -> EntryRows:
     """The index entries of shards written separately: shard ids set, slices joined.
 
     ``shards[k]`` are the entries :meth:`~tfckpt.checkpoint.writer.ShardWriter.finish` returned
-    for shard ``k``; a partitioned tensor's slices may be spread over several. A whole
-    tensor's entry is taken, not copied: its shard id is set in place.
+    for shard ``k`` (or messages by key); a partitioned tensor's slices may be spread over
+    several. A whole tensor's entry given as a message is taken, not copied: its shard id is
+    set in place.
     """
-    merged: dict[bytes, BundleEntryProto] = {}
-    for shard_id, entries in enumerate(shards):
-        for key, entry in entries.items():
-            if entry.slices:  # a partitioned tensor's own entry: holds no bytes
-                known = merged.get(key)
-                if known is None:
-                    known = merged[key] = BundleEntryProto()
-                    known.CopyFrom(entry)
-                    del known.slices[:]
-                    # Holds no bytes, yet records the shard it was first written to, as
-                    # TensorFlow's merge of bundles shifts every entry's shard id.
-                    known.shard_id = shard_id
-                known.slices.extend(entry.slices)
-                continue
-            if key in merged:
-                raise ValueError(f"tensor {orderedcode.decode_name(key)!r} written to two shards")
-            entry.shard_id = shard_id
-            merged[key] = entry
-    return merged
+    return merge_rows(shards)
 
 
 def check_partitions(entries: Mapping[bytes, BundleEntryProto]) -> None:
     """``ValueError`` when a partitioned tensor's slices overlap."""
-    for key, entry in entries.items():
+    for key, entry in EntryRows.of(entries).protos.items():
         if entry.slices:
             check_slice_cover(
                 tuple(slice_from_proto(x) for x in entry.slices),
@@ -509,7 +486,7 @@ def commit_shards(
     store: Storage,
     prefix: str,
     shard_paths: Sequence[str],
-    entries: dict,
+    entries: Mapping[bytes, BundleEntryProto],
     *,
     endianness: Endianness = "little",
     durable: bool = True,

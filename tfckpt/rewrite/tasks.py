@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
 from tfckpt.checkpoint.opening import open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.writer import ShardWriter
@@ -20,6 +19,7 @@ from tfckpt.errors import (
     CheckpointError,
 )
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.entryrows import EntryRows
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY
 from tfckpt.format.slices import TF_SLICE_COPYABLE
 from tfckpt.format.table import encode_varint
@@ -257,7 +257,7 @@ class ShardTask:
 @dataclass
 class ShardResult:
     shard_id: int
-    entries: dict[bytes, BundleEntryProto]  # pickled as their bytes between processes
+    entries: EntryRows  # pickled as its columns between processes
     counts: CastCountTable
     bytes_in: int
 
