@@ -311,10 +311,17 @@ class BundleIndex:
             out.append(entry if entry is not None else self.full_entry(n))
         return out
 
-    def _bulk(self, keys: list[bytes]) -> BulkEntries:
+    def _bulk(self, keys: list[bytes], rows: list[int] | None = None) -> BulkEntries:
         """The entries of ``keys`` decoded together, and which pass, as whole tensors'
-        entries, every check ``_entry`` makes (rows that fail any are for ``_entry``)."""
-        raws = self._values if keys is self._keys else [self.raw.get(k, b"") for k in keys]
+        entries, every check ``_entry`` makes (rows that fail any are for ``_entry``).
+        ``rows``: where ``keys`` are among the listed tensors' (then they are theirs)."""
+        listed = keys is self._keys or rows is not None
+        if keys is self._keys:
+            raws = self._values
+        elif rows is not None:
+            raws = [self._values[i] for i in rows]
+        else:
+            raws = [self.raw.get(k, b"") for k in keys]
         cols = decode_entries(raws)
         itemsize, known = _dt.bulk_itemsizes()
         enum = np.where(cols.dtype < len(known), cols.dtype, 0)
@@ -327,7 +334,7 @@ class BundleIndex:
         elements = np.prod(dims, axis=1, dtype=np.int64)
         fixed = itemsize[enum]
         fast &= (fixed == 0) | (cols.size == elements * fixed)
-        if keys is not self._keys:  # names given: only those of whole tensors listed
+        if not listed:  # names given: only those of whole tensors listed
             slice_keys, raw = self.slice_keys, self.raw
             fast &= np.fromiter(
                 (bool(k) and k not in slice_keys and k in raw for k in keys), bool, len(keys)
@@ -335,10 +342,10 @@ class BundleIndex:
         shapes = np.empty(len(keys), dtype=object)
         shapes.fill(())
         for r in range(1, BULK_MAX_RANK + 1):
-            rows = np.flatnonzero(fast & (cols.rank == r))
-            if len(rows):
+            ranked = np.flatnonzero(fast & (cols.rank == r))
+            if len(ranked):
                 # One tuple per distinct shape, shared by the rows that have it.
-                dims = np.ascontiguousarray(cols.dims[rows, :r])
+                dims = np.ascontiguousarray(cols.dims[ranked, :r])
                 distinct, which = np.unique(
                     dims.view(np.dtype((np.void, 8 * r))).ravel(), return_inverse=True
                 )
@@ -347,8 +354,21 @@ class BundleIndex:
                     dtype=object,
                     count=len(distinct),
                 )
-                shapes[rows] = tuples[which]
+                shapes[ranked] = tuples[which]
         return BulkEntries(cols, fast, enum, elements, shapes.tolist())
+
+    def _listed_rows(self, names: list[str]) -> list[int] | None:
+        """Where ``names`` are in :attr:`names`, when they are some of them in the same
+        order (each once); else None."""
+        listed, rows, i, n = self.names, [], 0, len(self.names)
+        for name in names:
+            while i < n and listed[i] != name:
+                i += 1
+            if i == n:
+                return None
+            rows.append(i)
+            i += 1
+        return rows
 
     # -- partitioned tensors' slices
 
@@ -433,12 +453,21 @@ class BundleIndex:
 
     def table(self, names: Sequence[str] | None = None) -> TensorTable:
         """See :meth:`tfckpt.checkpoint.reader.Checkpoint.table`."""
+        rows = None
         if names is None:
             names, keys = self.names, self._keys
         else:
             names = list(names)
-            keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
-        bulk = self._bulk(keys)
+            # Tensors in the index's order (a plan of a whole checkpoint): read where
+            # they are listed, without the index's dict of keys.
+            rows = self._listed_rows(names)
+            if rows is not None and len(rows) == len(self._keys):
+                names, keys, rows = self.names, self._keys, None
+            elif rows is not None:
+                keys = [self._keys[i] for i in rows]
+            else:
+                keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
+        bulk = self._bulk(keys, rows)
         cols = bulk.cols
         out = TensorTable(
             list(names),
