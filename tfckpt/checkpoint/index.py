@@ -290,7 +290,8 @@ class BundleIndex:
         fresh: dict[bytes, Entry] = parsed if keep else {}
         todo = [i for i, k in enumerate(keys) if k not in parsed]
         if len(todo) > 1:
-            bulk = self._bulk([keys[i] for i in todo])
+            rows = self._listed_rows([names[i] for i in todo])
+            bulk = self._bulk([keys[i] for i in todo], rows)
             dtypes = _dt.bulk_dtypes()
             cols = bulk.cols
             for j, i, enum, shard, offset, size, crc in zip(
@@ -357,18 +358,14 @@ class BundleIndex:
                 shapes[ranked] = tuples[which]
         return BulkEntries(cols, fast, enum, elements, shapes.tolist())
 
-    def _listed_rows(self, names: list[str]) -> list[int] | None:
-        """Where ``names`` are in :attr:`names`, when they are some of them in the same
-        order (each once); else None."""
-        listed, rows, i, n = self.names, [], 0, len(self.names)
-        for name in names:
-            while i < n and listed[i] != name:
-                i += 1
-            if i == n:
-                return None
-            rows.append(i)
-            i += 1
-        return rows
+    def _listed_rows(self, names: Sequence[str]) -> list[int] | None:
+        """Where ``names`` are in :attr:`names` (listed in key order, which for names is
+        the order of their code points), when every one is there; else None."""
+        listed, n = self.names, len(self.names)
+        rows = [bisect_left(listed, name) if isinstance(name, str) else n for name in names]
+        if all(r < n and listed[r] == name for r, name in zip(rows, names)):
+            return rows
+        return None
 
     # -- partitioned tensors' slices
 
@@ -458,10 +455,10 @@ class BundleIndex:
             names, keys = self.names, self._keys
         else:
             names = list(names)
-            # Tensors in the index's order (a plan of a whole checkpoint): read where
-            # they are listed, without the index's dict of keys.
+            # Listed tensors (a plan of a whole checkpoint): read where they are
+            # listed, without the index's dict of keys.
             rows = self._listed_rows(names)
-            if rows is not None and len(rows) == len(self._keys):
+            if rows is not None and rows == list(range(len(self._keys))):
                 names, keys, rows = self.names, self._keys, None
             elif rows is not None:
                 keys = [self._keys[i] for i in rows]
