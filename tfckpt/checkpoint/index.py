@@ -13,7 +13,6 @@ decoded in bulk. No data shard is opened here: that is
 from __future__ import annotations
 
 import dataclasses
-import functools
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -141,15 +140,17 @@ class BundleIndex:
         if self.slice_keys:
             listed = self.slice_keys
             self._keys = [k for k in keys[first:] if k not in listed]
-            self._values = [self.raw[k] for k in self._keys]
+            self._values = [v for k, v in zip(keys[first:], values[first:]) if k not in listed]
         else:
             self._keys, self._values = keys[first:], values[first:]
         self.names = orderedcode.decode_names(self._keys)
 
-    @functools.cached_property
-    def raw(self) -> dict[bytes, bytes]:
-        """Every entry of the index by key (built on first use: a listing needs none)."""
-        return dict(zip(*self._table_columns))
+    def raw(self, key: bytes) -> bytes | None:
+        """The entry of ``key`` as stored, or None: found by bisection in the table's
+        sorted keys (a dict of them would cost 50 bytes a tensor more)."""
+        keys, values = self._table_columns
+        i = bisect_left(keys, key)
+        return values[i] if i < len(keys) and keys[i] == key else None
 
     def _listed_slice_keys(self, candidates: list[bytes]) -> set[bytes]:
         """The keys of the slices that their tensors' entries list.
@@ -170,7 +171,7 @@ class BundleIndex:
             extents = listed.get(full)
             if extents is None:
                 try:
-                    proto = parse_entry(self.raw.get(full, b""))
+                    proto = parse_entry(self.raw(full) or b"")
                 except DecodeError:  # reported when that entry is read
                     proto = BundleEntryProto()
                 extents = listed[full] = {slice_from_proto(x) for x in proto.slices}
@@ -183,7 +184,7 @@ class BundleIndex:
         if not isinstance(name, str):
             return False
         key = _encode_name(name)
-        return bool(key) and key not in self.slice_keys and key in self.raw
+        return bool(key) and key not in self.slice_keys and self.raw(key) is not None
 
     # -- entries
 
@@ -195,7 +196,7 @@ class BundleIndex:
         if cached is not None:
             return cached
         name = name if name is not None else _decode_name(key)
-        raw = self.raw.get(key)
+        raw = self.raw(key)
         if raw is None or key == HEADER_KEY:
             raise TensorNotFoundError(
                 "no such tensor in the checkpoint" + did_you_mean(name, self.names),
@@ -247,7 +248,7 @@ class BundleIndex:
     def slice_entry(self, full: Entry, extents: Slice) -> Entry:
         """The entry of one slice that partitioned tensor ``full`` lists, checked against it."""
         key = orderedcode.encode_slice_key(full.name, extents)
-        if key not in self.raw:
+        if self.raw(key) is None:
             raise self._corrupt(
                 f"slice {format_slice(extents)} is listed but has no entry of its own", full.name
             )
@@ -322,7 +323,7 @@ class BundleIndex:
         elif rows is not None:
             raws = [self._values[i] for i in rows]
         else:
-            raws = [self.raw.get(k, b"") for k in keys]
+            raws = [self.raw(k) or b"" for k in keys]
         cols = decode_entries(raws)
         itemsize, known = _dt.bulk_itemsizes()
         enum = np.where(cols.dtype < len(known), cols.dtype, 0)
@@ -338,7 +339,9 @@ class BundleIndex:
         if not listed:  # names given: only those of whole tensors listed
             slice_keys, raw = self.slice_keys, self.raw
             fast &= np.fromiter(
-                (bool(k) and k not in slice_keys and k in raw for k in keys), bool, len(keys)
+                (bool(k) and k not in slice_keys and raw(k) is not None for k in keys),
+                bool,
+                len(keys),
             )
         shapes = np.empty(len(keys), dtype=object)
         shapes.fill(())
@@ -395,7 +398,7 @@ class BundleIndex:
     def orphan_slice_keys(self) -> list[bytes]:
         """See :meth:`tfckpt.checkpoint.reader.Checkpoint.orphan_slice_keys`."""
         out = []
-        for key in self.raw:
+        for key in self._table_columns[0]:
             if key[:1] != b"\0" or key in self.slice_keys:
                 continue
             decoded = parse_slice_key(key)
@@ -407,7 +410,7 @@ class BundleIndex:
 
     def _partitioned_entry(self, key: bytes) -> bool:
         try:
-            return key != HEADER_KEY and bool(parse_entry(self.raw.get(key, b"")).slices)
+            return key != HEADER_KEY and bool(parse_entry(self.raw(key) or b"").slices)
         except DecodeError:
             return False
 
