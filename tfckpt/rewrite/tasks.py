@@ -109,6 +109,13 @@ class TaskItems(Sequence[TaskItem]):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, TaskItems):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # compared by its items
+
     def _item(self, k: int) -> TaskItem:
         r = self.rows[k]
         if r < 0:
