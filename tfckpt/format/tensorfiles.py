@@ -180,10 +180,10 @@ class SafetensorsWriter:
 
     def __init__(self, file, entries: Sequence[Entry], metadata: Mapping[str, str]):
         self._file = file
-        self._entries = list(entries)
+        self._entries = entries
         self._next = 0
         self._left = 0
-        file.write(safetensors_header(self._entries, metadata))
+        file.write(safetensors_header(entries, metadata))
 
     def begin(self, name: str) -> None:
         if self._left:
@@ -242,6 +242,8 @@ def _no_constant(name: str):
 def _json_int(text: str):
     # serde_json reads ``-0`` and integers beyond 64 bits as floats, and refuses a
     # number beyond a float's range.
+    if len(text) < 19 and text != "-0":  # within 64 bits either way: the common case
+        return int(text)
     if text == "-0" or len(text) > 20 or not -(1 << 63) <= int(text) < _U64:
         return _json_float(text)
     return int(text)
@@ -260,24 +262,39 @@ class _Spec(tuple):
 
 
 _SPEC_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+_SPEC_ORDER = ("dtype", "shape", "data_offsets")
 _DTYPE_CODES = {code: code for code in _SAFETENSORS_BITS}
 
 
 def _json_object(pairs: list):
-    """An object as :class:`_Pairs`, or a well-formed tensor entry as a :class:`_Spec`."""
-    if len(pairs) == 3 and {k for k, _ in pairs} == _SPEC_KEYS:
+    """An object as :class:`_Pairs`, or a well-formed tensor entry as a :class:`_Spec`
+    (its shape one tuple for every entry of that shape)."""
+    if len(pairs) != 3:
+        return _Pairs(pairs)
+    (k0, dtype), (k1, shape), (k2, offsets) = pairs
+    if (k0, k1, k2) != _SPEC_ORDER:  # the order writers use; any other is checked too
+        if {k0, k1, k2} != _SPEC_KEYS:
+            return _Pairs(pairs)
         fields = dict(pairs)
-        shape, offsets = fields["shape"], fields["data_offsets"]
-        if (
-            fields["dtype"] in _DTYPE_CODES
-            and type(shape) is list
-            and all(_u64(d) for d in shape)
-            and type(offsets) is list
-            and len(offsets) == 2
-            and all(_u64(x) for x in offsets)
-        ):
-            return _Spec((_DTYPE_CODES[fields["dtype"]], tuple(shape), offsets[0], offsets[1]))
+        dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
+    if (
+        type(dtype) is str
+        and dtype in _DTYPE_CODES
+        and type(shape) is list
+        and type(offsets) is list
+        and len(offsets) == 2
+        and _u64(offsets[0])
+        and _u64(offsets[1])
+        and all(_u64(d) for d in shape)
+    ):
+        dims = tuple(shape)
+        dims = _SHAPES.setdefault(dims, dims) if len(_SHAPES) < 4096 else dims
+        return _Spec((_DTYPE_CODES[dtype], dims, offsets[0], offsets[1]))
     return _Pairs(pairs)
+
+
+# Shapes met in headers: 200 000 small tensors share a few (a tuple each is 56 bytes).
+_SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 _DECODER = json.JSONDecoder(

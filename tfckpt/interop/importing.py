@@ -6,12 +6,13 @@ commit. Every name from a file's contents is checked before it is used (see
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,14 +213,17 @@ def _record(row: tuple, src_store: Storage, ruled: bool) -> dict:
     }
 
 
-def _nbytes(shape, dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * _dt.lookup(dtype).fixed_itemsize
+@functools.lru_cache(maxsize=4096)
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    # Cached: 200 000 small tensors have a few shapes and dtypes.
+    return math.prod(shape) * _dt.lookup(dtype).fixed_itemsize
 
 
 # Per imported tensor: it, its new name, new dtype, (permutation, shape written), the
 # DtypePolicy label.
 _Shaping = tuple[tuple[int, ...] | None, tuple[int, ...] | None]
 _Chosen = list[tuple[_In, str, str, _Shaping, str | None]]
+_UNSHAPED: _Shaping = (None, None)
 
 
 def _chosen(
@@ -230,12 +234,18 @@ def _chosen(
     chosen: _Chosen = []
     seen: dict[str, str] = {}
     dropped = 0
+    # Without patterns a name is kept as it is and a dtype decides alone: 200 000 small
+    # tensors then cost a dict look-up each, not every rule tried on every name.
+    plain = not (naming.includes or naming.excludes or naming.renames or naming.exact)
+    plain = plain and not naming.maps
+    by_dtype = not (policy.keep or policy.rules)
+    decided: dict[str, tuple[_dt.DType, str | None]] = {}
     for i in ins:
         name = i.entry.name
-        if naming.drop_reason(name) is not None:
+        if not plain and naming.drop_reason(name) is not None:
             dropped += 1
             continue
-        new = naming.new_name(name)
+        new = name if plain else naming.new_name(name)
         if new in seen:
             raise CheckpointError(
                 f"{seen[new]!r} and {name!r} would both be named {new!r}",
@@ -243,9 +253,15 @@ def _chosen(
                 tensor=name,
             )
         seen[new] = name
-        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
-        shaping = shapes.decide(new, i.entry.shape, path=i.file)
-        if shaping != (None, None) and _dt.lookup(i.entry.dtype).numpy is None:
+        dtype = i.entry.dtype
+        if not by_dtype:
+            to, by = policy.decide(name, _dt.lookup(dtype))
+        elif dtype in decided:
+            to, by = decided[dtype]
+        else:
+            to, by = decided[dtype] = policy.decide(name, _dt.lookup(dtype))
+        shaping = shapes.decide(new, i.entry.shape, path=i.file) if shapes else _UNSHAPED
+        if shaping != _UNSHAPED and _dt.lookup(i.entry.dtype).numpy is None:
             raise CheckpointError(
                 f"value transforms take numeric and bool tensors, not {i.entry.dtype}",
                 path=i.file,
@@ -277,7 +293,7 @@ def _write_import(
         try:
             counts: dict[str, tuple[int, int, int, int]] = {}
             stream_items(
-                [_item(i, new, nd, *shaping) for i, new, nd, shaping, _ in chosen],
+                _Items(chosen),
                 {0: source},
                 ProgressSink(BundleSink(w), progress),
                 overflow=options.overflow,
@@ -302,11 +318,34 @@ def _write_import(
     return cast_counts
 
 
+class _Items(Sequence):
+    """The pipeline's items of the chosen tensors, made as it reads them: not 200 000
+    held at once."""
+
+    def __init__(self, chosen: _Chosen):
+        self._chosen = chosen
+
+    def __len__(self) -> int:
+        return len(self._chosen)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._make(row) for row in self._chosen[k]]
+        return self._make(self._chosen[k])
+
+    def __iter__(self) -> Iterator[TaskItem]:
+        return map(self._make, self._chosen)
+
+    @staticmethod
+    def _make(row) -> TaskItem:
+        i, new, nd, shaping, _ = row
+        return _item(i, new, nd, *shaping)
+
+
 def _item(
     i: _In, new: str, new_dtype: str, perm: tuple[int, ...] | None, shape: tuple[int, ...] | None
 ) -> TaskItem:
     e = i.entry
-    out = math.prod(e.shape) * _dt.lookup(new_dtype).fixed_itemsize
     return TaskItem(
         0,
         e.name,
@@ -316,8 +355,8 @@ def _item(
         e.shape,
         False,
         None,
-        e.nbytes,
-        out,
+        _nbytes(e.shape, e.dtype),
+        _nbytes(e.shape, new_dtype),
         perm=perm,
         reshape=shape,
     )
