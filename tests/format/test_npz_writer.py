@@ -21,8 +21,10 @@ class _Unseekable:
 
     def __init__(self):
         self.buf = io.BytesIO()
+        self.writes: list[bytes] = []
 
     def write(self, data) -> int:
+        self.writes.append(bytes(data))
         return self.buf.write(data)
 
     def flush(self) -> None:
@@ -36,7 +38,7 @@ def _members(n: int = 6):
         "a/bias": np.arange(4, dtype=np.float16),
         "émbeddings": rng.integers(-5, 5, (7,), dtype=np.int64),  # a UTF-8 name
         "flag": np.array(True),
-        "big": rng.standard_normal(300_000).astype(np.float32),  # streamed: over 1 MiB
+        "big": rng.standard_normal(800_000).astype(np.float32),  # streamed: over 1 MiB
         "empty": np.zeros((0, 3), np.float64),
     }
     for i in range(n - len(values)):
@@ -67,7 +69,7 @@ def _with_writer(f, values, pieces=1):
     w.close()
 
 
-@pytest.mark.parametrize("pieces", [1, 3])
+@pytest.mark.parametrize("pieces", [1, 3, 400])
 def test_same_bytes_as_zipfile(tmp_path, pieces):
     values = _members()
     with open(tmp_path / "z.npz", "wb") as f:
@@ -127,3 +129,23 @@ def test_same_bytes_with_offsets_past_2_gib(tmp_path):
         z.seek(start)
         w.seek(start)
         assert w.read() == z.read()
+
+
+class _Recording(io.BytesIO):
+    """A seekable file that remembers its largest write."""
+
+    largest = 0
+
+    def write(self, data) -> int:
+        self.largest = max(self.largest, memoryview(data).nbytes)
+        return super().write(data)
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_a_big_member_in_small_pieces_is_not_held_whole(seekable):
+    """Small pieces of a 3 MiB member are handed on about every MiB, not gathered whole."""
+    values = _members()
+    f = _Recording() if seekable else _Unseekable()
+    _with_writer(f, values, pieces=400)  # pieces of 8 KB
+    largest = f.largest if seekable else max(len(w) for w in f.writes)
+    assert values["big"].nbytes > 3_000_000 and largest < 2 << 20

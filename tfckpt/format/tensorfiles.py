@@ -612,12 +612,16 @@ class NpzWriter:
             raise ValueError("more bytes than the tensor holds")
         self._left -= len(data)
         self._crc = zlib.crc32(data, self._crc)
-        if self._gathered is not None or len(data) < 65536:
+        if self._gathered is not None:
             self._out += data
-        else:
+        elif len(data) >= 65536:  # a big member's piece: handed on as it is
             self._flush()
             self._file.write(data)
             self._pos += len(data)
+        else:  # small pieces of a big member, or of any on a file that cannot seek
+            self._out += data
+            if len(self._out) >= _GATHERED:
+                self._flush()
 
     def end(self) -> None:
         if self._left:
