@@ -120,7 +120,13 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _dt.lookup(self.dtype).fixed_itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    # Cached: asked once per tensor of a file's 200 000, of a handful of dtypes.
+    return _dt.lookup(dtype).fixed_itemsize
 
 
 def little_dtype(dtype: str) -> np.dtype:
