@@ -171,6 +171,62 @@ def tf_export(src: str, dst: str) -> None:
     _report(seconds, os.path.getsize(dst))
 
 
+def tf_import(src: str, dst: str, dtype: str) -> None:
+    """The usual way back: safetensors.numpy's load_file (every tensor in memory), then
+    tf.cast and SaveV2 of those tensors."""
+    tf = _tf()
+    from safetensors.numpy import load_file
+
+    t = time.perf_counter()
+    arrays = load_file(src)
+    names = sorted(arrays)
+    target = tf.as_dtype(dtype)
+    tensors = []
+    for name in names:
+        value = tf.constant(arrays[name])
+        tensors.append(tf.cast(value, target) if value.dtype.is_floating else value)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tf.raw_ops.SaveV2(
+        prefix=dst, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
+    _report(time.perf_counter() - t, 0)
+
+
+def tfckpt_average(first: str, second: str, dst: str) -> None:
+    """The mean of two checkpoints, streamed (float64 sums, chunk by chunk)."""
+    from tfckpt import cli
+
+    t = time.perf_counter()
+    rc = cli.main(["average", first, second, "-o", dst, "--overwrite"])
+    seconds = time.perf_counter() - t
+    _check(rc)
+    _report(seconds, 0)
+
+
+def tf_average(first: str, second: str, dst: str) -> None:
+    """The TensorFlow way: load_checkpoint both, every tensor in memory, the mean of the
+    floating-point ones (others from the second, the newest), SaveV2."""
+    tf = _tf()
+    import numpy as np
+
+    t = time.perf_counter()
+    a, b = tf.train.load_checkpoint(first), tf.train.load_checkpoint(second)
+    dtypes = b.get_variable_to_dtype_map()
+    names = sorted(dtypes)
+    tensors = []
+    for name in names:
+        value = np.asarray(b.get_tensor(name))
+        if dtypes[name].is_floating:
+            mean = (value.astype(np.float64) + np.asarray(a.get_tensor(name))) / 2
+            value = mean.astype(value.dtype)
+        tensors.append(tf.constant(value))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tf.raw_ops.SaveV2(
+        prefix=dst, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
+    _report(time.perf_counter() - t, 0)
+
+
 def cp_data(src: str, dst: str) -> None:
     """The physical floor: copy the same files."""
     t = time.perf_counter()

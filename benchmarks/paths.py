@@ -6,10 +6,12 @@
 
 The inputs are run.py's (written by TensorFlow on first use, reused while their sizes
 stay the same): the 1 GiB checkpoint (one 512 MiB float32 tensor, 64 of 8 MiB, a step)
-and the checkpoint of ``--many`` small float32 tensors; the 1 GiB safetensors file an
-import reads is that checkpoint exported by tfckpt (float32, made once). Each contender
-runs as its own process, in turn, ``--repeat`` times (see run.py's ``measure``: peak
-RSS from the OS, outputs synced and memory prefaulted before each); the table gives
+and the checkpoint of ``--many`` small float32 tensors; the safetensors files an import
+reads are those checkpoints exported by tfckpt (float32, made once), and the second
+checkpoint of an average is the many-tensor one rewritten by ``tfckpt convert`` (once).
+Each contender runs as its own process, in turn, ``--repeat`` times (see run.py's
+``measure``: peak RSS from the OS, outputs synced and memory prefaulted before each);
+the table gives
 medians and, per row, the ratio of its whole-process time to the row it is judged
 against (``vs``). Every tfckpt contender is durable (fsync), as ``convert`` is by
 default. A quick smoke run: ``--repeat 1 --big-mib 16 --medium 4 --medium-mib 4
@@ -37,21 +39,33 @@ import tfckpt  # noqa: E402
 SIZES = {k: run.SIZES[k] for k in ("big_mib", "medium", "medium_mib", "many", "small_floats")}
 
 
-def safetensors_input(inputs: run.Inputs, root: str) -> str:
-    """The 1 GiB checkpoint exported as float32 safetensors (once per input)."""
-    src = inputs.path("big")
-    out = os.path.join(root, "big-safetensors", "model.safetensors")
-    stamp = out + ".json"
-    if os.path.exists(stamp) and json.load(open(stamp)) == {"from": src}:
-        return out
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "tfckpt", "export", src, out, "--overwrite", "--with-bookkeeping"],
-        check=True,
-    )
+def _made_once(root: str, name: str, made_from: str, command: list[str], out: str) -> str:
+    """``out``, made by the tfckpt ``command`` from ``made_from`` unless made from it
+    already (a stamp beside it says so)."""
+    path = os.path.join(root, name, out)
+    stamp = path + ".json"
+    if os.path.exists(stamp) and json.load(open(stamp)) == {"from": made_from}:
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    subprocess.run([sys.executable, "-m", "tfckpt", *command, path], check=True)
     with open(stamp, "w") as f:
-        json.dump({"from": src}, f)
-    return out
+        json.dump({"from": made_from}, f)
+    return path
+
+
+def safetensors_input(inputs: run.Inputs, root: str, kind: str = "big") -> str:
+    """A TensorFlow-written input exported as float32 safetensors (once per input)."""
+    src = inputs.path(kind)
+    name = "big-safetensors" if kind == "big" else f"{kind}-safetensors"
+    command = ["export", src, "--overwrite", "--with-bookkeeping"]
+    return _made_once(root, name, src, command, "model.safetensors")
+
+
+def second_checkpoint(inputs: run.Inputs, root: str, kind: str) -> str:
+    """A second checkpoint of the same tensors for an average: the TensorFlow-written
+    input rewritten by ``tfckpt convert`` (equal values: averaging them is the same work)."""
+    src = inputs.path(kind)
+    return _made_once(root, f"{kind}-second", src, ["convert", src, "--overwrite"], "model")
 
 
 def cases(inputs: run.Inputs, root: str, work: str, sizes: dict) -> dict:
@@ -117,6 +131,31 @@ def cases(inputs: run.Inputs, root: str, work: str, sizes: dict) -> dict:
                     "float16",
                 ],
                 "tensorflow + save_file": ["tf_export", lots(), f"{work}/mtfst/model.safetensors"],
+                "import safetensors": [
+                    "tfckpt_import",
+                    safetensors_input(inputs, root, "many"),
+                    f"{work}/mi16/model",
+                    "--dtype",
+                    "float16",
+                ],
+                "load_file + tensorflow SaveV2": [
+                    "tf_import",
+                    safetensors_input(inputs, root, "many"),
+                    f"{work}/mtfi/model",
+                    "float16",
+                ],
+                "average of two": [
+                    "tfckpt_average",
+                    lots(),
+                    second_checkpoint(inputs, root, "many"),
+                    f"{work}/mavg/model",
+                ],
+                "tensorflow average": [
+                    "tf_average",
+                    lots(),
+                    second_checkpoint(inputs, root, "many"),
+                    f"{work}/mtfavg/model",
+                ],
                 "dump --json": ["tfckpt_list", lots()],
                 "tf.train.list_variables": ["tf_list", lots()],
             },
@@ -125,6 +164,9 @@ def cases(inputs: run.Inputs, root: str, work: str, sizes: dict) -> dict:
                 "export safetensors": "convert float16",
                 "export npz": "convert float16",
                 "tensorflow + save_file": "convert float16",
+                "import safetensors": "convert float16",
+                "load_file + tensorflow SaveV2": "import safetensors",
+                "average of two": "tensorflow average",
                 "dump --json": "tf.train.list_variables",
             },
         ),

@@ -15,6 +15,7 @@ reader that must parse exactly what it writes (and refuse what it must not).
 
 from __future__ import annotations
 
+import array
 import functools
 import json
 import lzma
@@ -24,12 +25,12 @@ import zipfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Literal
 
 import numpy as np
 
 from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
+from tfckpt.format import ziprecords as zips
 
 SAFETENSORS, NPZ = "safetensors", "npz"
 FORMATS = (SAFETENSORS, NPZ)
@@ -74,9 +75,6 @@ NPZ_DTYPES = frozenset(
     }
 )
 
-# ZipFile.open's mode for a member being added: the zip itself lives in a file
-# that storage opened.
-_NEW_MEMBER: Literal["w"] = "w"
 # Above this a zip member needs ZIP64 sizes (zipfile refuses to grow past it otherwise).
 _ZIP64_LIMIT = (1 << 31) - 1
 
@@ -122,7 +120,13 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _dt.lookup(self.dtype).fixed_itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    # Cached: asked once per tensor of a file's 200 000, of a handful of dtypes.
+    return _dt.lookup(dtype).fixed_itemsize
 
 
 def little_dtype(dtype: str) -> np.dtype:
@@ -182,10 +186,10 @@ class SafetensorsWriter:
 
     def __init__(self, file, entries: Sequence[Entry], metadata: Mapping[str, str]):
         self._file = file
-        self._entries = list(entries)
+        self._entries = entries
         self._next = 0
         self._left = 0
-        file.write(safetensors_header(self._entries, metadata))
+        file.write(safetensors_header(entries, metadata))
 
     def begin(self, name: str) -> None:
         if self._left:
@@ -244,6 +248,8 @@ def _no_constant(name: str):
 def _json_int(text: str):
     # serde_json reads ``-0`` and integers beyond 64 bits as floats, and refuses a
     # number beyond a float's range.
+    if len(text) < 19 and text != "-0":  # within 64 bits either way: the common case
+        return int(text)
     if text == "-0" or len(text) > 20 or not -(1 << 63) <= int(text) < _U64:
         return _json_float(text)
     return int(text)
@@ -262,24 +268,39 @@ class _Spec(tuple):
 
 
 _SPEC_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+_SPEC_ORDER = ("dtype", "shape", "data_offsets")
 _DTYPE_CODES = {code: code for code in _SAFETENSORS_BITS}
 
 
 def _json_object(pairs: list):
-    """An object as :class:`_Pairs`, or a well-formed tensor entry as a :class:`_Spec`."""
-    if len(pairs) == 3 and {k for k, _ in pairs} == _SPEC_KEYS:
+    """An object as :class:`_Pairs`, or a well-formed tensor entry as a :class:`_Spec`
+    (its shape one tuple for every entry of that shape)."""
+    if len(pairs) != 3:
+        return _Pairs(pairs)
+    (k0, dtype), (k1, shape), (k2, offsets) = pairs
+    if (k0, k1, k2) != _SPEC_ORDER:  # the order writers use; any other is checked too
+        if {k0, k1, k2} != _SPEC_KEYS:
+            return _Pairs(pairs)
         fields = dict(pairs)
-        shape, offsets = fields["shape"], fields["data_offsets"]
-        if (
-            fields["dtype"] in _DTYPE_CODES
-            and type(shape) is list
-            and all(_u64(d) for d in shape)
-            and type(offsets) is list
-            and len(offsets) == 2
-            and all(_u64(x) for x in offsets)
-        ):
-            return _Spec((_DTYPE_CODES[fields["dtype"]], tuple(shape), offsets[0], offsets[1]))
+        dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
+    if (
+        type(dtype) is str
+        and dtype in _DTYPE_CODES
+        and type(shape) is list
+        and type(offsets) is list
+        and len(offsets) == 2
+        and _u64(offsets[0])
+        and _u64(offsets[1])
+        and all(_u64(d) for d in shape)
+    ):
+        dims = tuple(shape)
+        dims = _SHAPES.setdefault(dims, dims) if len(_SHAPES) < 4096 else dims
+        return _Spec((_DTYPE_CODES[dtype], dims, offsets[0], offsets[1]))
     return _Pairs(pairs)
+
+
+# Shapes met in headers: 200 000 small tensors share a few (a tuple each is 56 bytes).
+_SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 _DECODER = json.JSONDecoder(
@@ -504,12 +525,8 @@ def plain_file_name(name) -> bool:
 # -- npz
 
 
-def _npy_header(e: Entry) -> bytes:
-    return _npy_header_of(e.dtype, tuple(e.shape))
-
-
 # Many small tensors share a dtype and a shape: their headers are made once.
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def _npy_header_of(dtype: str, shape: tuple[int, ...]) -> bytes:
     import io
 
@@ -527,46 +544,141 @@ def _npy_header_of(dtype: str, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
+@functools.lru_cache(maxsize=1024)
+def _npy_member(dtype: str, shape: tuple[int, ...]) -> tuple[bytes, int, int]:
+    """A member's .npy header, the header's CRC-32 and the bytes of its elements."""
+    header = _npy_header_of(dtype, shape)
+    return header, zlib.crc32(header), math.prod(shape) * _dt.lookup(dtype).fixed_itemsize
+
+
+# Members up to this size are gathered whole before they are handed on, so that their
+# local header goes out with its CRC-32; bigger ones stream, their CRC-32 written back
+# after them (or, on a file that cannot seek, given in a data descriptor).
+_GATHERED = 1 << 20
+
+
 class NpzWriter:
     """Writes one .npz (an uncompressed zip of .npy members, as ``numpy.savez``) to
-    ``file``, streaming each member; ZIP64 for members too big for plain zip."""
+    ``file``, streaming, the tensors in the order of ``entries``; ZIP64 records for
+    members too big for plain zip, and where offsets or the member count need them.
+
+    The bytes are those :mod:`zipfile` writes for the same members, made in bulk
+    (:mod:`tfckpt.format.ziprecords`); per member only its offset, size and CRC-32 are
+    kept until the central directory is written.
+    """
 
     def __init__(self, file, entries: Sequence[Entry]):
-        self._zip = zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True)
-        self._entries = {e.name: e for e in entries}
-        self._member: IO[bytes] | None = None
+        self._file = file
+        self._entries = entries
+        self._next = 0
+        # As zipfile decides: a file that cannot tell or seek gets data descriptors.
+        try:
+            self._pos = file.tell()
+        except (AttributeError, OSError):
+            self._pos, self._seekable = 0, False
+        else:
+            try:
+                file.seek(self._pos)
+                self._seekable = True
+            except (AttributeError, OSError):
+                self._seekable = False
+        self._out = bytearray()  # bytes not yet handed to the file
+        self._offsets = array.array("Q")
+        self._sizes = array.array("Q")
+        self._crcs = array.array("I")
+        self._zip64 = bytearray()  # 1 where a member's local header is in ZIP64 form
+        self._left = 0  # bytes of the open member still to come
+        self._crc = 0
+        self._gathered: int | None = None  # where the open member's header is in _out
 
     def begin(self, name: str) -> None:
-        e = self._entries[name]
-        header = _npy_header(e)
-        # A fixed timestamp: the same tensors give the same bytes, on any machine.
-        info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-        self._member = self._zip.open(
-            info, _NEW_MEMBER, force_zip64=len(header) + e.nbytes > _ZIP64_LIMIT
-        )
-        self._member.write(header)
+        if self._left:
+            raise ValueError("the previous tensor is incomplete")
+        e = self._entries[self._next]
+        if e.name != name:
+            raise ValueError(f"expected {e.name!r}, got {name!r}")
+        self._next += 1
+        header, self._crc, nbytes = _npy_member(e.dtype, tuple(e.shape))
+        size = len(header) + nbytes
+        zip64 = size > _ZIP64_LIMIT
+        if len(self._out) >= _GATHERED:
+            self._flush()
+        self._offsets.append(self._pos + len(self._out))
+        self._sizes.append(size)
+        self._zip64.append(zip64)
+        self._left = nbytes
+        gathered = self._seekable and size <= _GATHERED
+        self._gathered = len(self._out) if gathered else None
+        self._out += zips.local_header(name + ".npy", size, 0, zip64, not self._seekable)
+        self._out += header
 
     def write(self, chunk: np.ndarray) -> None:
-        assert self._member is not None
-        self._member.write(_little(chunk).data)
+        data = _little(chunk).data  # a memoryview: bytearray's += must not meet numpy's +
+        if len(data) > self._left:
+            raise ValueError("more bytes than the tensor holds")
+        self._left -= len(data)
+        self._crc = zlib.crc32(data, self._crc)
+        if self._gathered is not None:
+            self._out += data
+        elif len(data) >= 65536:  # a big member's piece: handed on as it is
+            self._flush()
+            self._file.write(data)
+            self._pos += len(data)
+        else:  # small pieces of a big member, or of any on a file that cannot seek
+            self._out += data
+            if len(self._out) >= _GATHERED:
+                self._flush()
 
     def end(self) -> None:
-        assert self._member is not None
-        self._member.close()
-        self._member = None
+        if self._left:
+            raise ValueError("the tensor is incomplete")
+        crc = self._crc
+        self._crcs.append(crc)
+        if self._gathered is not None:
+            struct.pack_into("<L", self._out, self._gathered + zips.CRC_AT, crc)
+        elif self._seekable:  # a big member: its CRC-32 written back
+            self._flush()
+            self._file.seek(self._offsets[-1] + zips.CRC_AT)
+            self._file.write(struct.pack("<L", crc))
+            self._file.seek(self._pos)
+        else:
+            self._out += zips.data_descriptor(self._sizes[-1], crc, bool(self._zip64[-1]))
+        self._gathered = None
 
     def close(self) -> None:
-        self._zip.close()
+        """Write the central directory and the end records (every tensor written)."""
+        if self._left or self._next != len(self._entries):
+            raise ValueError("not every tensor was written")
+        self._flush()
+        start = self._pos
+        descriptor = not self._seekable
+        record = zips.central_record
+        for i, e in enumerate(self._entries):
+            self._out += record(
+                e.name + ".npy",
+                self._sizes[i],
+                self._offsets[i],
+                self._crcs[i],
+                bool(self._zip64[i]),
+                descriptor,
+            )
+            if len(self._out) >= _GATHERED:
+                self._flush()
+        self._flush()
+        self._out += zips.end_records(len(self._entries), start, self._pos - start)
+        self._flush()
 
     def abandon(self) -> None:
-        """Give up after a failure: let go of the file without raising, leaving nothing
-        for the zip's finalizer to write (its bytes are the caller's to remove)."""
-        member, self._member = self._member, None
-        for done in ((member.close,) if member is not None else ()) + (self._zip.close,):
-            try:
-                done()
-            except (OSError, ValueError, RuntimeError):
-                pass
+        """Give up after a failure: nothing more is written (the file's bytes are the
+        caller's to remove)."""
+        self._out = bytearray()
+        self._left = 0
+
+    def _flush(self) -> None:
+        if self._out:
+            self._file.write(self._out)
+            self._pos += len(self._out)
+            self._out = bytearray()
 
 
 def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:

@@ -95,6 +95,7 @@ def _export_names(
     naming = replace(naming, maps=compile_rules(options.name_map, "name_map"))
     composed: dict[str, str] = {}
     drop = list(options.drop_objects)
+    plain = not (options.rename or options.rename_exact or options.name_map)
     for src in srcs:
         given = isinstance(src, Checkpoint)
         ckpt: Checkpoint = (
@@ -103,6 +104,9 @@ def _export_names(
             else open_checkpoint(src, mmap=False, storage_options=storage_options)
         )
         try:
+            if len(srcs) == 1 and plain and OBJECT_GRAPH_KEY not in ckpt:
+                # Every name is its own: no map of 200 000 names to themselves.
+                return options
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
                 readable, optimizer = tf2_names(ckpt, keep_keys)

@@ -15,8 +15,9 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import tensorfiles as tfiles
@@ -32,7 +33,7 @@ from tfckpt.rewrite.tasks import task_item
 from tfckpt.version import __version__
 
 
-@dataclass
+@dataclass(slots=True)  # one per tensor: 200 000 of them in a big export
 class ExportTensor:
     """One planned output tensor of an export (its value transforms the plan's)."""
 
@@ -55,6 +56,25 @@ class ExportTensor:
         """What the engine's pipeline streams for this tensor."""
         pt = self.pt
         return task_item(pt, None, pt.info.nbytes, pt.bytes_out)
+
+
+class _Made(Sequence):
+    """What ``make`` makes of each of ``outs``, made when asked for: a file's entries and
+    the pipeline's items are not held for every tensor at once."""
+
+    def __init__(self, outs: list[ExportTensor], make: Callable[[ExportTensor], Any]):
+        self._outs, self._make = outs, make
+
+    def __len__(self) -> int:
+        return len(self._outs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._make(o) for o in self._outs[i]]
+        return self._make(self._outs[i])
+
+    def __iter__(self) -> Iterator:
+        return map(self._make, self._outs)
 
 
 @dataclass
@@ -309,15 +329,16 @@ class ExportWriting:
         f = store.open_writer(where)
         w: tfiles.SafetensorsWriter | tfiles.NpzWriter | None = None
         try:
+            entries = _Made(outs, _entry)
             if self.ep.format == tfiles.SAFETENSORS:
-                w = tfiles.SafetensorsWriter(f, [o.entry for o in outs], self.metadata)
+                w = tfiles.SafetensorsWriter(f, entries, self.metadata)
             else:
-                w = tfiles.NpzWriter(f, [o.entry for o in outs])
+                w = tfiles.NpzWriter(f, entries)
             # Through the engine's pipeline: read ahead, cast, write behind, small
             # tensors in batches, permuted ones in tiles.
             counts = CastCountTable()
             stream_items(
-                [o.item for o in outs],
+                _Made(outs, _item),
                 self.ckpts,
                 ProgressSink(TensorFileSink(w), self.progress),
                 overflow=options.overflow,
@@ -344,6 +365,14 @@ class ExportWriting:
                     pass
             raise
         f.close()
+
+
+def _entry(o: ExportTensor) -> tfiles.Entry:
+    return o.entry
+
+
+def _item(o: ExportTensor) -> TaskItem:
+    return o.item
 
 
 def replaced_files(store, ep: ExportFiles) -> list[str]:

@@ -6,12 +6,13 @@ commit. Every name from a file's contents is checked before it is used (see
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,14 +36,28 @@ from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
-@dataclass(slots=True)
+@dataclass(slots=True)  # one per tensor: its entry's fields held here, not in an Entry
 class _In:
-    entry: tfiles.Entry
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
     file: str
     offset: int  # where the elements start (unless member)
     member: str | None = None  # a compressed npz member, read from its start
     # A stored npz member's CRC-32 of its .npy header, and that of all its bytes.
     crc: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, e: tfiles.Entry, file: str, offset: int, member=None, crc=None) -> _In:
+        return cls(e.name, e.dtype, e.shape, file, offset, member, crc)
+
+    @property
+    def entry(self) -> tfiles.Entry:
+        return tfiles.Entry(self.name, self.dtype, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.shape, self.dtype)
 
 
 def stored_tensors(store: Storage, src: str) -> list[_In]:
@@ -76,9 +91,9 @@ def stored_tensors(store: Storage, src: str) -> list[_In]:
             npz.close()
         # Members stored uncompressed are read by offset like safetensors' tensors.
         return [
-            _In(m.entry, src, m.start, None, (m.header_crc, m.crc))
+            _In.of(m.entry, src, m.start, None, (m.header_crc, m.crc))
             if m.start is not None
-            else _In(m.entry, src, 0, m.member)
+            else _In.of(m.entry, src, 0, m.member)
             for m in members
         ]
     return _safetensors_entries(store, src)
@@ -108,7 +123,7 @@ def _safetensors_entries(store: Storage, src: str) -> list[_In]:
         _, entries, _ = tfiles.parse_safetensors_header(text, n, reader.size, src)
     finally:
         reader.close()
-    return [_In(e, src, off) for e, off in entries]
+    return [_In.of(e, src, off) for e, off in entries]
 
 
 def read_exactly(reader, buf: memoryview, offset: int, path: str, tensor: str | None = None):
@@ -182,10 +197,10 @@ def import_(
         prefix,
         kept=len(chosen),
         dropped=dropped,
-        renamed=sum(i.entry.name != new for i, new, *_ in chosen),
-        cast=sum(i.entry.dtype != nd for i, _, nd, *_ in chosen),
-        bytes_in=sum(_nbytes(i.entry.shape, i.entry.dtype) for i, *_ in chosen),
-        bytes_out=sum(_nbytes(i.entry.shape, nd) for i, _, nd, *_ in chosen),
+        renamed=sum(i.name != new for i, new, *_ in chosen),
+        cast=sum(i.dtype != nd for i, _, nd, *_ in chosen),
+        bytes_in=sum(_nbytes(i.shape, i.dtype) for i, *_ in chosen),
+        bytes_out=sum(_nbytes(i.shape, nd) for i, _, nd, *_ in chosen),
         seconds=0.0,
         files=[index_filename(prefix)],
         tensors=Records(len(chosen), lambda k: _record(chosen[k], src_store, ruled)),
@@ -201,25 +216,54 @@ def _record(row: tuple, src_store: Storage, ruled: bool) -> dict:
     """The summary's record of one chosen tensor (made when asked for)."""
     i, new, nd, (perm, shape), by = row
     return {
-        "name": i.entry.name,
+        "name": i.name,
         "new_name": new,
-        "dtype": i.entry.dtype,
+        "dtype": i.dtype,
         "new_dtype": nd,
-        "shape": list(i.entry.shape if shape is None else shape),
+        "shape": list(i.shape if shape is None else shape),
         "permute": list(perm) if perm else None,
         "file": src_store.basename(i.file),
         **({"dtype_by": by} if ruled else {}),
     }
 
 
-def _nbytes(shape, dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * _dt.lookup(dtype).fixed_itemsize
+@functools.lru_cache(maxsize=4096)
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    # Cached: 200 000 small tensors have a few shapes and dtypes.
+    return math.prod(shape) * _dt.lookup(dtype).fixed_itemsize
 
 
 # Per imported tensor: it, its new name, new dtype, (permutation, shape written), the
 # DtypePolicy label.
 _Shaping = tuple[tuple[int, ...] | None, tuple[int, ...] | None]
-_Chosen = list[tuple[_In, str, str, _Shaping, str | None]]
+_Row = tuple[_In, str, str, _Shaping, str | None]
+
+
+class _Chosen:
+    """The chosen tensors' rows (:data:`_Row`) kept as five columns: a list slot per
+    field and tensor rather than a tuple per tensor (200 000 of them)."""
+
+    __slots__ = ("_columns",)
+
+    def __init__(self) -> None:
+        self._columns: tuple[list, ...] = ([], [], [], [], [])
+
+    def append(self, row: _Row) -> None:
+        for column, value in zip(self._columns, row):
+            column.append(value)
+
+    def __len__(self) -> int:
+        return len(self._columns[0])
+
+    def __getitem__(self, k: int) -> _Row:
+        i, new, nd, shaping, by = (column[k] for column in self._columns)
+        return i, new, nd, shaping, by
+
+    def __iter__(self) -> Iterator[_Row]:
+        return zip(*self._columns)
+
+
+_UNSHAPED: _Shaping = (None, None)
 
 
 def _chosen(
@@ -227,15 +271,21 @@ def _chosen(
 ) -> tuple[_Chosen, int]:
     """The tensors the patterns keep, each with its new name, dtype and value transforms; and
     how many they leave out. Two tensors given one name are an error."""
-    chosen: _Chosen = []
+    chosen = _Chosen()
     seen: dict[str, str] = {}
     dropped = 0
+    # Without patterns a name is kept as it is and a dtype decides alone: 200 000 small
+    # tensors then cost a dict look-up each, not every rule tried on every name.
+    plain = not (naming.includes or naming.excludes or naming.renames or naming.exact)
+    plain = plain and not naming.maps
+    by_dtype = not (policy.keep or policy.rules)
+    decided: dict[str, tuple[_dt.DType, str | None]] = {}
     for i in ins:
-        name = i.entry.name
-        if naming.drop_reason(name) is not None:
+        name = i.name
+        if not plain and naming.drop_reason(name) is not None:
             dropped += 1
             continue
-        new = naming.new_name(name)
+        new = name if plain else naming.new_name(name)
         if new in seen:
             raise CheckpointError(
                 f"{seen[new]!r} and {name!r} would both be named {new!r}",
@@ -243,11 +293,17 @@ def _chosen(
                 tensor=name,
             )
         seen[new] = name
-        to, by = policy.decide(name, _dt.lookup(i.entry.dtype))
-        shaping = shapes.decide(new, i.entry.shape, path=i.file)
-        if shaping != (None, None) and _dt.lookup(i.entry.dtype).numpy is None:
+        dtype = i.dtype
+        if not by_dtype:
+            to, by = policy.decide(name, _dt.lookup(dtype))
+        elif dtype in decided:
+            to, by = decided[dtype]
+        else:
+            to, by = decided[dtype] = policy.decide(name, _dt.lookup(dtype))
+        shaping = shapes.decide(new, i.shape, path=i.file) if shapes else _UNSHAPED
+        if shaping != _UNSHAPED and _dt.lookup(i.dtype).numpy is None:
             raise CheckpointError(
-                f"value transforms take numeric and bool tensors, not {i.entry.dtype}",
+                f"value transforms take numeric and bool tensors, not {i.dtype}",
                 path=i.file,
                 tensor=name,
             )
@@ -277,7 +333,7 @@ def _write_import(
         try:
             counts = CastCountTable()
             stream_items(
-                [_item(i, new, nd, *shaping) for i, new, nd, shaping, _ in chosen],
+                _Items(chosen),
                 {0: source},
                 ProgressSink(BundleSink(w), progress),
                 overflow=options.overflow,
@@ -302,22 +358,44 @@ def _write_import(
     return cast_counts
 
 
+class _Items(Sequence):
+    """The pipeline's items of the chosen tensors, made as it reads them: not 200 000
+    held at once."""
+
+    def __init__(self, chosen: _Chosen):
+        self._chosen = chosen
+
+    def __len__(self) -> int:
+        return len(self._chosen)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._make(self._chosen[j]) for j in range(*k.indices(len(self)))]
+        return self._make(self._chosen[k])
+
+    def __iter__(self) -> Iterator[TaskItem]:
+        return map(self._make, self._chosen)
+
+    @staticmethod
+    def _make(row) -> TaskItem:
+        i, new, nd, shaping, _ = row
+        return _item(i, new, nd, *shaping)
+
+
 def _item(
     i: _In, new: str, new_dtype: str, perm: tuple[int, ...] | None, shape: tuple[int, ...] | None
 ) -> TaskItem:
-    e = i.entry
-    out = math.prod(e.shape) * _dt.lookup(new_dtype).fixed_itemsize
     return TaskItem(
         0,
-        e.name,
+        i.name,
         new,
-        e.dtype,
+        i.dtype,
         new_dtype,
-        e.shape,
+        i.shape,
         False,
         None,
-        e.nbytes,
-        out,
+        _nbytes(i.shape, i.dtype),
+        _nbytes(i.shape, new_dtype),
         perm=perm,
         reshape=shape,
     )
@@ -342,7 +420,7 @@ class TensorFileSource:
     must hold bytes 0 and 1 only."""
 
     def __init__(self, store: Storage, ins: list[_In]):
-        self._ins = {i.entry.name: i for i in ins}
+        self._ins = {i.name: i for i in ins}
         self._store = store
         self._readers: dict[str, tuple] = {}  # path -> (read, raw reader)
         self._zips: dict[str, zipfile.ZipFile] = {}
@@ -362,22 +440,23 @@ class TensorFileSource:
         self.close()
 
     def info(self, name: str) -> _Info:
-        e = self._ins[name].entry
-        return _Info(e.dtype, e.shape, e.nbytes)
+        i = self._ins[name]
+        return _Info(i.dtype, i.shape, i.nbytes)
 
     def iter_chunks(
         self, name: str, read_bytes: int, extents=None, buffers=None
     ) -> Iterator[np.ndarray]:
         """The tensor's elements in pieces of about ``read_bytes``, into ``buffers``."""
         i = self._ins[name]
-        e, dt = i.entry, tfiles.little_dtype(i.entry.dtype)
+        dt = tfiles.little_dtype(i.dtype)
         piece = max(1, read_bytes // dt.itemsize)
         if i.member is not None:
             zf = self._zip(i.file)
-            for chunk in tfiles.npz_chunks(zf, i.member, e, piece * dt.itemsize, path=i.file):
+            chunks = tfiles.npz_chunks(zf, i.member, i.entry, piece * dt.itemsize, path=i.file)
+            for chunk in chunks:
                 yield self._checked(i, chunk)
             return
-        total = e.nbytes // dt.itemsize
+        total = i.nbytes // dt.itemsize
         crc = None if i.crc is None else i.crc[0]
         for s in range(0, total, piece):
             chunk = self._elements(i, s, min(piece, total - s), buffers)
@@ -392,22 +471,22 @@ class TensorFileSource:
         """Whole small tensors, in one buffer of ``buffers``: tensors that follow each
         other in one file in one read."""
         ins = [self._ins[n] for n in names]
-        total = sum(i.entry.nbytes for i in ins)
+        total = sum(i.nbytes for i in ins)
         buf = buffers(total) if buffers is not None else np.empty(total, dtype=np.uint8)
         pos = 0
         k = 0
         while k < len(ins):
             i = ins[k]
             if i.member is not None or i.crc is not None:  # zip members: one by one
-                part = buf[pos : pos + i.entry.nbytes]
+                part = buf[pos : pos + i.nbytes]
                 done = 0
-                for chunk in self.iter_chunks(i.entry.name, max(i.entry.nbytes, 1)):
+                for chunk in self.iter_chunks(i.name, max(i.nbytes, 1)):
                     part[done : done + chunk.nbytes] = chunk.view(np.uint8)
                     done += chunk.nbytes
-                pos += i.entry.nbytes
+                pos += i.nbytes
                 k += 1
                 continue
-            end, j = i.offset + i.entry.nbytes, k + 1
+            end, j = i.offset + i.nbytes, k + 1
             while (
                 j < len(ins)
                 and ins[j].file == i.file
@@ -415,7 +494,7 @@ class TensorFileSource:
                 and ins[j].crc is None
                 and ins[j].offset == end
             ):
-                end += ins[j].entry.nbytes
+                end += ins[j].nbytes
                 j += 1
             run = end - i.offset
             read_exactly(self._reader(i.file)[1], buf[pos : pos + run].data, i.offset, i.file)
@@ -423,15 +502,14 @@ class TensorFileSource:
             k = j
         out, pos = [], 0
         for i in ins:
-            part = buf[pos : pos + i.entry.nbytes].view(tfiles.little_dtype(i.entry.dtype))
+            part = buf[pos : pos + i.nbytes].view(tfiles.little_dtype(i.dtype))
             out.append(self._checked(i, part))
-            pos += i.entry.nbytes
+            pos += i.nbytes
         return out
 
     def __getitem__(self, name: str) -> np.ndarray:
-        e = self._ins[name].entry
         (whole,) = self.read_together([name])
-        return whole.reshape(e.shape)
+        return whole.reshape(self._ins[name].shape)
 
     def read_elements(self, name: str, start: int, count: int) -> np.ndarray:
         """``count`` elements from element ``start`` of a stored tensor (permutes)."""
@@ -446,17 +524,15 @@ class TensorFileSource:
         return self._elements(i, start, count, None)
 
     def _elements(self, i: _In, start: int, count: int, buffers) -> np.ndarray:
-        dt = tfiles.little_dtype(i.entry.dtype)
+        dt = tfiles.little_dtype(i.dtype)
         read = self._reader(i.file)[0]
-        return read(
-            i.offset + start * dt.itemsize, count * dt.itemsize, i.entry.name, buffers
-        ).view(dt)
+        return read(i.offset + start * dt.itemsize, count * dt.itemsize, i.name, buffers).view(dt)
 
     @staticmethod
     def _checked(i: _In, chunk: np.ndarray) -> np.ndarray:
         if chunk.dtype == np.bool_ and chunk.size and chunk.view(np.uint8).max() > 1:
             raise CorruptCheckpointError(
-                "bool tensor holds bytes other than 0 and 1", path=i.file, tensor=i.entry.name
+                "bool tensor holds bytes other than 0 and 1", path=i.file, tensor=i.name
             )
         return chunk
 
