@@ -164,7 +164,7 @@ def safetensors_header(entries: Sequence[Entry], metadata: Mapping[str, str]) ->
             shape = shapes[e.shape] = _compact(list(e.shape))
         end = offset + e.nbytes
         parts.append(
-            f'{_compact(e.name)}:{{"dtype":"{SAFETENSORS_DTYPES[e.dtype]}",'
+            f'{encode_basestring(e.name)}:{{"dtype":"{SAFETENSORS_DTYPES[e.dtype]}",'
             f'"shape":{shape},"data_offsets":[{offset},{end}]}}'
         )
         offset = end
@@ -175,6 +175,10 @@ def safetensors_header(entries: Sequence[Entry], metadata: Mapping[str, str]) ->
 
 def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# A name as json.dumps writes it with ensure_ascii=False (its C encoder, called directly).
+encode_basestring = json.encoder.encode_basestring
 
 
 class SafetensorsWriter:

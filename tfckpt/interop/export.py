@@ -169,23 +169,26 @@ def plan_export(
     )
     store = p.storage
     outs, skipped, left_out = [], [], []
-    for pt in p.tensors:
-        if pt.name in BOOKKEEPING and not (with_bookkeeping or with_optimizer):
+    keep_bookkeeping = with_bookkeeping or with_optimizer
+    supported = {d: tfiles.supports(fmt, d) for d in set(p.tensors.new_dtype)}
+    rows = zip(p.tensors.name, p.tensors.new_name, p.tensors.new_dtype)  # read as columns
+    for row, (name, new_name, new_dtype) in enumerate(rows):
+        if name in BOOKKEEPING and not keep_bookkeeping:
             left_out.append(
-                (pt.new_name, "training bookkeeping, not a weight (with_bookkeeping keeps it)")
+                (new_name, "training bookkeeping, not a weight (with_bookkeeping keeps it)")
             )
             continue
-        why = tfiles.unstorable_name(fmt, pt.new_name)
+        why = tfiles.unstorable_name(fmt, new_name)
         if why is not None:
             raise CheckpointError(
                 f"{fmt} cannot hold this tensor's name: it {why}; rename it",
                 path=out,
-                tensor=pt.new_name,
+                tensor=new_name,
             )
-        if not tfiles.supports(fmt, pt.new_dtype):
-            skipped.append((pt.new_name, f"{pt.new_dtype} tensors cannot be stored in {fmt}"))
+        if not supported[new_dtype]:
+            skipped.append((new_name, f"{new_dtype} tensors cannot be stored in {fmt}"))
             continue
-        outs.append(ExportTensor(pt))
+        outs.append(ExportTensor(p.tensors, row))
     if skipped and not skip_unsupported:
         listed = ", ".join(f"{n} ({r.split(' ')[0]})" for n, r in skipped)
         raise CheckpointError(
@@ -223,11 +226,11 @@ def _groups(outs: list[ExportTensor], limit: int | None) -> list[list[ExportTens
     groups: list[list[ExportTensor]] = [[]]
     size = 0
     for o in outs:
-        if limit is not None and groups[-1] and size + o.pt.bytes_out > limit:
+        if limit is not None and groups[-1] and size + o.bytes_out > limit:
             groups.append([])
             size = 0
         groups[-1].append(o)
-        size += o.pt.bytes_out
+        size += o.bytes_out
     return groups
 
 

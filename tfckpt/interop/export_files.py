@@ -27,7 +27,7 @@ from tfckpt.io.temporaries import TMP_MARK, stale_temporaries
 from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.plans import Plan, PlannedTensor
+from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors
 from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.tasks import task_item
 from tfckpt.version import __version__
@@ -35,9 +35,16 @@ from tfckpt.version import __version__
 
 @dataclass(slots=True)  # one per tensor: 200 000 of them in a big export
 class ExportTensor:
-    """One planned output tensor of an export (its value transforms the plan's)."""
+    """One planned output tensor of an export (its value transforms the plan's): row
+    ``row`` of the plan's ``tensors``, read anew each time (a row object kept per
+    tensor would keep what it has read)."""
 
-    pt: PlannedTensor
+    tensors: PlannedTensors
+    row: int
+
+    @property
+    def pt(self) -> PlannedTensor:
+        return self.tensors[self.row]
 
     @property
     def perm(self) -> tuple[int, ...] | None:
@@ -48,8 +55,21 @@ class ExportTensor:
         return self.pt.out_shape
 
     @property
+    def new_name(self) -> str:
+        return self.tensors.new_name[self.row]
+
+    @property
+    def bytes_out(self) -> int:
+        return self.tensors.bytes_out[self.row]
+
+    @property
     def entry(self) -> tfiles.Entry:
-        return tfiles.Entry(self.pt.new_name, self.pt.new_dtype, self.shape)
+        t, r = self.tensors, self.row
+        extras = t.extras.get(r)
+        shape = extras.get("shape") if extras else None
+        return tfiles.Entry(
+            t.new_name[r], t.new_dtype[r], t.infos.shapes[r] if shape is None else shape
+        )
 
     @property
     def item(self) -> TaskItem:
@@ -111,26 +131,29 @@ class ExportFiles:
         names = [p.storage.basename(path) for path, _ in self.files]
 
         def record(i: int) -> dict:
-            o = outs[i]
+            pt = outs[i].pt
             return {
-                "name": o.pt.name,
-                "new_name": o.pt.new_name,
-                "dtype": o.pt.info.dtype,
-                "new_dtype": o.pt.new_dtype,
-                "shape": list(o.shape),
-                "permute": list(o.perm) if o.perm else None,
+                "name": pt.name,
+                "new_name": pt.new_name,
+                "dtype": pt.info.dtype,
+                "new_dtype": pt.new_dtype,
+                "shape": list(pt.out_shape),
+                "permute": list(pt.perm) if pt.perm else None,
                 "file": names[bisect.bisect_right(ends, i)],
-                **({"dtype_by": o.pt.dtype_by} if ruled else {}),
+                **({"dtype_by": pt.dtype_by} if ruled else {}),
             }
+
+        t = p.tensors
+        rows = [o.row for o in outs]
 
         return Summary(
             self.out,
             kept=len(outs),
             dropped=len(p.dropped),
-            renamed=sum(o.pt.renamed for o in outs),
-            cast=sum(o.pt.cast for o in outs),
-            bytes_in=sum(o.pt.info.nbytes for o in outs),
-            bytes_out=sum(o.pt.bytes_out for o in outs),
+            renamed=sum(t.name[r] != t.new_name[r] for r in rows),
+            cast=sum(t.infos.dtypes[r] != t.new_dtype[r] for r in rows),
+            bytes_in=sum(t.infos.nbytes[r] or 0 for r in rows),
+            bytes_out=sum(t.bytes_out[r] for r in rows),
             seconds=0.0,
             files=[f for f, _ in self.files]
             + [f for f, _ in self.extra]
@@ -315,11 +338,11 @@ class ExportWriting:
         ep, store = self.ep, self.store
         index = {
             "metadata": {
-                "total_size": sum(o.pt.bytes_out for _, outs in ep.files for o in outs),
+                "total_size": sum(o.bytes_out for _, outs in ep.files for o in outs),
                 **self.metadata,
             },
             "weight_map": {
-                o.pt.new_name: store.basename(path) for path, outs in ep.files for o in outs
+                o.new_name: store.basename(path) for path, outs in ep.files for o in outs
             },
         }
         return json.dumps(index, indent=2).encode()

@@ -346,7 +346,7 @@ class PlannedTensor:
     def out_shape(self) -> tuple[int, ...]:
         """The shape written: the source's, or as the value transforms make it."""
         shape = self.shape
-        return self.info.shape if shape is None else shape
+        return self._t.infos.shapes[self._i] if shape is None else shape
 
     @property
     def renamed(self) -> bool:

@@ -274,4 +274,4 @@ def _verified(p: Plan, out_dir: str) -> str:
 
 def _shapes(p) -> dict[str, tuple[int, ...]]:
     """The shape each tensor of an export's plan is written in, by its new name."""
-    return {o.pt.new_name: o.shape for _, outs in p.output.files for o in outs}
+    return {o.new_name: o.shape for _, outs in p.output.files for o in outs}
