@@ -30,4 +30,19 @@ def in_natural_order(names: list[str]) -> list[str]:
     they are when they come in an order of their own (a Keras HDF5 file's layers)."""
     if any(a > b for a, b in zip(names, names[1:])):
         return list(names)
+    if _plain_is_natural(names):
+        return list(names)
     return sorted(names, key=natural_key)
+
+
+def _plain_is_natural(names: list[str]) -> bool:
+    """Whether the plain order of ``names`` is their natural order: when every run of
+    digits in them has one length of at most 9 (``scope_0001/var_07``...).
+
+    Then a natural key inserts the same character, itself a digit, before every run:
+    two names compare as their texts do (at the first difference, runs begun earlier
+    have one length, and a run begun there compares with a non-digit as that digit
+    does).
+    """
+    lengths = set(map(len, _DIGITS.findall("\n".join(names))))
+    return len(lengths) <= 1 and all(n <= 9 for n in lengths)
