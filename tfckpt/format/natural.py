@@ -36,13 +36,33 @@ def in_natural_order(names: list[str]) -> list[str]:
 
 
 def _plain_is_natural(names: list[str]) -> bool:
-    """Whether the plain order of ``names`` is their natural order: when every run of
-    digits in them has one length of at most 9 (``scope_0001/var_07``...).
+    """Whether the plain order of ``names`` is their natural order: when the k-th run of
+    digits has one length of at most 9 in every name that has one
+    (``scope_0001/var_07``, ``scope_0002/var_12``...).
 
-    Then a natural key inserts the same character, itself a digit, before every run:
-    two names compare as their texts do (at the first difference, runs begun earlier
-    have one length, and a run begun there compares with a non-digit as that digit
-    does).
+    Then a natural key inserts before the k-th run one character, itself a digit, in
+    every name: at the first difference between two names, a run begun before it has
+    one length in both (so both runs go on, or both end), and a run begun there
+    compares with a non-digit as that digit does, so the names compare as their
+    texts do.
     """
-    lengths = set(map(len, _DIGITS.findall("\n".join(names))))
-    return len(lengths) <= 1 and all(n <= 9 for n in lengths)
+    # Each name's runs of digits as runs of "0" between spaces: names of one pattern
+    # (nearly all, in a checkpoint) give one such line, checked once.
+    joined = "\n".join(names)
+    if not joined.isascii():  # digits of other scripts count too: the key decides
+        return False
+    masked = _OTHER_RUNS.sub(" ", joined.translate(_DIGITS_TO_ZERO))
+    length_at: list[int] = []  # the length of the k-th run
+    for line in set(masked.split("\n")):
+        for k, run in enumerate(line.split()):
+            if k == len(length_at):
+                if len(run) > 9:
+                    return False
+                length_at.append(len(run))
+            elif length_at[k] != len(run):
+                return False
+    return True
+
+
+_DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
+_OTHER_RUNS = re.compile(r"[^0\n]+")
