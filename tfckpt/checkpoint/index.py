@@ -460,8 +460,8 @@ class BundleIndex:
             names = list(names)
             # Listed tensors (a plan of a whole checkpoint): read where they are
             # listed, without the index's dict of keys.
-            rows = self._listed_rows(names)
-            if rows is not None and rows == list(range(len(self._keys))):
+            rows = None if names == self.names else self._listed_rows(names)
+            if names == self.names or rows == list(range(len(self._keys))):
                 names, keys, rows = self.names, self._keys, None
             elif rows is not None:
                 keys = [self._keys[i] for i in rows]
