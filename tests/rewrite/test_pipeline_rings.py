@@ -75,11 +75,32 @@ def slow_writer(monkeypatch):
 def test_a_ring_refuses_a_buffer_still_in_use():
     ring = pipeline.BufferRing(2)
     first = ring(16)[:8].view(np.float32)  # a view keeps its buffer in use
-    ring(16)
+    second = ring(16)
     with pytest.raises(RuntimeError, match="still in use"):
         ring(16)
     del first
     assert len(ring(32)) == 32  # free again (and grown)
+    del second
+
+
+def test_a_ring_makes_buffers_only_as_stages_hold_them():
+    """A buffer no view holds is handed out again: stages that keep fewer chunks alive
+    than the ring's count leave the rest of it unmade (its memory never taken)."""
+    ring = pipeline.BufferRing(5)
+    for _ in range(10):
+        chunk = ring(1 << 10)
+        chunk[:] = 1
+        del chunk
+    assert len(ring._buffers) == 1
+    held = [ring(1 << 10) for _ in range(3)]
+    assert len(ring._buffers) == 3
+    assert len({h.__array_interface__["data"][0] for h in held}) == 3  # never shared
+    del held[0]
+    again = ring(10)  # the buffer let go of, not a new one
+    assert len(ring._buffers) == 3 and len(again) == 10
+    del held, again
+    ring(1 << 20)  # a free one grows; none is added
+    assert sorted(map(len, ring._buffers)) == [1 << 10, 1 << 10, 1 << 20]
 
 
 def test_ring_sizes_come_from_the_queue_depths():

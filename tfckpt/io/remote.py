@@ -18,6 +18,10 @@ loop, bounded so that memory stays within the reads' and writes' own sizes:
 - :class:`MultipartUpload` (s3fs) copies what is written into parts of
   :data:`PART_BYTES` and uploads each as it fills, :data:`PARTS_IN_FLIGHT` at most at
   once, while the writer goes on: a writer waits only when that many are under way.
+  Each part is a file object to the client, which streams it to the socket in small
+  pieces: handed over as bytes, a part would be copied whole on its way out (aiohttp
+  slices it, joins it to the request's headers, and the transport keeps what the socket
+  has not taken), three copies of every part in flight, more than the parts themselves.
   The object appears when the upload is completed at :meth:`~MultipartUpload.close`,
   or never: a failed or discarded upload is aborted, so nothing of it is stored, as
   with the single-stream writer before (the commit of :mod:`tfckpt.io.commit` is
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 from collections import deque
 from typing import Any
 
@@ -178,8 +183,9 @@ class MultipartUpload:
     Writes are copied into a part (:func:`part_bytes`); a full part goes to the file
     system's event loop as an ``upload_part`` request while the next fills, with
     :data:`PARTS_IN_FLIGHT` at most under way (the writer waits for the oldest beyond
-    that). Part buffers are reused once their request is done, so memory stays at
-    ``(PARTS_IN_FLIGHT + 1) * PART_BYTES`` (for objects up to 5 GiB). Errors are
+    that). Part buffers (``io.BytesIO``, which the client reads as a stream) are reused
+    once their request is done, so memory stays at ``(PARTS_IN_FLIGHT + 1) *
+    PART_BYTES`` (for objects up to 5 GiB), with no copy of a part. Errors are
     :class:`CheckpointWriteError`; :meth:`discard` (and any failure) aborts the upload,
     so the object never appears.
     """
@@ -190,10 +196,11 @@ class MultipartUpload:
         self._fs = store.fs
         self._bucket, self._key, _ = self._fs.split_path(store._strip(path))
         self._in_flight_max = max(1, min(PARTS_IN_FLIGHT, concurrency(self._fs)))
-        self._buf = bytearray(PART_BYTES)
+        self._size = PART_BYTES  # of the part being filled
+        self._buf = io.BytesIO()
         self._fill = 0
-        self._free: list[bytearray] = []
-        self._in_flight: deque[tuple[int, bytearray, concurrent.futures.Future]] = deque()
+        self._free: list[tuple[int, io.BytesIO]] = []
+        self._in_flight: deque[tuple[int, int, io.BytesIO, concurrent.futures.Future]] = deque()
         self._parts: list[dict[str, Any]] = []
         self._upload_id: str | None = None
         self._done = False
@@ -217,11 +224,15 @@ class MultipartUpload:
             **kwargs,
         )
 
-    def _submit(self, body: bytearray, nbytes: int) -> None:
+    def _submit(self) -> None:
+        """Send the part being filled (its first ``_fill`` bytes)."""
         if self._upload_id is None:
             self._upload_id = self._call("starting the upload", "create_multipart_upload")[
                 "UploadId"
             ]
+        body = self._buf
+        body.truncate(self._fill)  # a reused buffer may hold more (only the last part)
+        body.seek(0)
         number = len(self._parts) + len(self._in_flight) + 1
         coro = self._fs._call_s3(
             "upload_part",
@@ -229,18 +240,19 @@ class MultipartUpload:
             Key=self._key,
             PartNumber=number,
             UploadId=self._upload_id,
-            Body=bytes(memoryview(body)[:nbytes]) if nbytes < len(body) else body,
+            Body=body,
         )
         future = asyncio.run_coroutine_threadsafe(coro, self._fs.loop)
-        self._in_flight.append((number, body, future))
+        self._in_flight.append((number, self._size, body, future))
 
     def _wait_oldest(self) -> None:
-        number, body, future = self._in_flight.popleft()
+        number, size, body, future = self._in_flight.popleft()
         out = self._store.call(
             f"writing part {number}", self.path, future.result, error=CheckpointWriteError
         )
         self._parts.append({"PartNumber": number, "ETag": out["ETag"]})
-        self._free.append(body)
+        body.seek(0)
+        self._free.append((size, body))
 
     # -- the file interface of a writer
 
@@ -249,11 +261,11 @@ class MultipartUpload:
         total = len(view)
         try:
             while len(view):
-                k = min(len(view), len(self._buf) - self._fill)
-                self._buf[self._fill : self._fill + k] = view[:k]
+                k = min(len(view), self._size - self._fill)
+                self._buf.write(view[:k])
                 self._fill += k
                 view = view[k:]
-                if self._fill == len(self._buf):
+                if self._fill == self._size:
                     self._ship()
         except BaseException:
             self.discard()
@@ -264,11 +276,12 @@ class MultipartUpload:
         """Send the full part; take a free buffer, waiting for the oldest part if none."""
         while len(self._in_flight) >= self._in_flight_max:
             self._wait_oldest()
-        self._submit(self._buf, len(self._buf))
+        self._submit()
         size = part_bytes(len(self._parts) + len(self._in_flight))
-        free = [b for b in self._free if len(b) == size]
-        self._free = free[1:]  # smaller ones, outgrown, are dropped
-        self._buf = free[0] if free else bytearray(size)
+        free = [b for n, b in self._free if n == size]
+        self._free = [(size, b) for b in free[1:]]  # smaller ones, outgrown, are dropped
+        self._buf = free[0] if free else io.BytesIO()
+        self._size = size
         self._fill = 0
 
     def flush(self) -> None:
@@ -281,10 +294,12 @@ class MultipartUpload:
             return
         try:
             if self._upload_id is None:
-                self._call("writing", "put_object", Body=bytes(memoryview(self._buf)[: self._fill]))
+                self._buf.truncate(self._fill)
+                self._buf.seek(0)
+                self._call("writing", "put_object", Body=self._buf)
             else:
                 if self._fill:
-                    self._submit(self._buf, self._fill)
+                    self._submit()
                 while self._in_flight:
                     self._wait_oldest()
                 self._call(
@@ -305,7 +320,7 @@ class MultipartUpload:
         if self._done:
             return
         self._done = True
-        for _, _, future in self._in_flight:
+        for _, _, _, future in self._in_flight:
             future.cancel()
         if self._upload_id is not None:
             try:
@@ -319,4 +334,4 @@ class MultipartUpload:
     def _release(self) -> None:
         self._in_flight.clear()
         self._free.clear()
-        self._buf = bytearray()
+        self._buf = io.BytesIO()

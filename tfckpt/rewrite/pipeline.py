@@ -57,13 +57,14 @@ def cast_ring() -> BufferRing:
 
 
 class BufferRing:
-    """``count`` byte buffers handed out in turn; a buffer grows to the largest request.
+    """At most ``count`` byte buffers, each handed out again once no stage holds it.
 
-    Calling the ring returns ``nbytes`` of a buffer (a uint8 array), valid until
-    ``count - 1`` more have been taken. A stage that keeps a buffer longer than
-    that would see its bytes overwritten; the ring refuses instead: a buffer of
-    which any view is still alive is not handed out again (RuntimeError). So a
-    ring too small for the stages it feeds fails the run, never corrupts output.
+    Calling the ring returns ``nbytes`` of a buffer (a uint8 array) of which no view is
+    alive: a free one that is large enough, else a free one grown, else a new one while
+    fewer than ``count`` exist. So buffers are made as the stages fill, never more than
+    ``count`` (a cast frees its read buffer at the consumer, and its rings stay
+    smaller than a copy's). A ring too small for the stages it feeds refuses when all
+    its buffers are in use (RuntimeError): it fails the run, never corrupts output.
 
     >>> ring = BufferRing(READ_RING)
     >>> buf = ring(1 << 20)
@@ -74,24 +75,24 @@ class BufferRing:
             raise ValueError("a ring needs at least one buffer")
         self.count = count
         self._buffers: list[np.ndarray] = []
-        self._next = 0
 
     def __call__(self, nbytes: int) -> np.ndarray:
-        i = self._next % self.count
-        if i == len(self._buffers):
-            self._buffers.append(np.empty(nbytes, dtype=np.uint8))
+        bufs = self._buffers
+        # Views keep their buffer referenced: the list and the call's argument are the
+        # only references of a buffer that no stage holds.
+        free = [i for i in range(len(bufs)) if sys.getrefcount(bufs[i]) <= 2]
+        fits = [i for i in free if len(bufs[i]) >= nbytes]
+        if fits:
+            i = fits[0]
+        elif free or len(bufs) < self.count:
+            i = free[0] if free else len(bufs)
+            bufs[i : i + 1] = [np.empty(nbytes, dtype=np.uint8)]
         else:
-            # Views keep their buffer referenced: the list and the call's argument
-            # are the only references of a buffer that no stage holds.
-            if sys.getrefcount(self._buffers[i]) > 2:
-                raise RuntimeError(
-                    f"a buffer of a ring of {self.count} is still in use when handed out "
-                    "again: the ring is smaller than the pipeline's stages need"
-                )
-            if len(self._buffers[i]) < nbytes:
-                self._buffers[i] = np.empty(nbytes, dtype=np.uint8)
-        self._next += 1
-        return self._buffers[i][:nbytes]
+            raise RuntimeError(
+                f"a buffer of a ring of {self.count} is still in use when handed out "
+                "again: the ring is smaller than the pipeline's stages need"
+            )
+        return bufs[i][:nbytes]
 
 
 # How often a pipeline thread looks again at a hand-over (whether the other side is
