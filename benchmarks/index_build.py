@@ -14,7 +14,9 @@ then costs, two ways, in one process:
 
 Reported: the memory of the kept entries (the resident set's growth while they are added
 in a child process, and what tracemalloc sees of it: not protobuf's arenas), the time to
-add them, and the time of merge + encode + table (medians of ``--repeat`` runs),
+add them, the time of merge + encode + table (medians of ``--repeat`` runs), and the
+peak memory tracemalloc sees during merge + encode + table beyond the table's own bytes
+(the columns' are encoded a piece at a time: it should not grow with ``--tensors``),
 with the ratios; the two index tables are compared byte for byte.
 """
 
@@ -120,7 +122,13 @@ def _measure(keep, index, tensors, shards, header, repeat):
         out = index(kept, header)
         builds.append(time.perf_counter() - t)
         del kept
-    return memory, statistics.median(adds), statistics.median(builds), out
+    kept = keep(tensors, shards)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    out = index(kept, header)
+    peak = tracemalloc.get_traced_memory()[1] - before - len(out)
+    tracemalloc.stop()
+    return memory, statistics.median(adds), statistics.median(builds), out, peak
 
 
 def main() -> None:
@@ -144,18 +152,18 @@ def main() -> None:
     )
     print(
         "| entries kept as | RSS growth | per tensor | traced (tracemalloc) | add all "
-        "| merge + encode + table |"
+        "| merge + encode + table | its traced peak beyond the table |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, ((traced, grown), add, build, _) in rows.items():
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, ((traced, grown), add, build, _, peak) in rows.items():
         print(
             f"| {name} | {grown / 2**20:.1f} MiB | {grown / args.tensors:.0f} B | "
-            f"{traced / 2**20:.1f} MiB | {add:.3f} s | {build:.3f} s |"
+            f"{traced / 2**20:.1f} MiB | {add:.3f} s | {build:.3f} s | {peak / 2**20:.1f} MiB |"
         )
     m, c = rows["messages"], rows["columns"]
     print(
         f"ratios messages/columns: RSS growth {m[0][1] / c[0][1]:.1f}×, add {m[1] / c[1]:.1f}×, "
-        f"merge + encode + table {m[2] / c[2]:.1f}×"
+        f"merge + encode + table {m[2] / c[2]:.1f}×, its peak {m[4] / c[4]:.1f}×"
     )
     if not same:
         raise SystemExit("the index tables differ")

@@ -5,7 +5,9 @@ The oracle is what writers did before: a ``BundleEntryProto`` per tensor,
 :meth:`EntryRows.table` must give the same index bytes for random entry sets (every
 dtype, ranks 0 to 8, zero values, offsets up to 2**63-1, rows in and out of order,
 partitioned tensors' entries, block sizes small enough for many blocks and entries
-bigger than two blocks), :func:`table_bytes` the same table for any sorted keys and
+bigger than two blocks), laid out in one piece or in many (pieces of a few entries, so
+that a piece ends inside a restart interval, inside a block, or holds no whole block),
+:func:`table_bytes` and :func:`table_in_pieces` the same table for any sorted keys and
 values, :func:`merge_rows` the old merge. TensorFlow reading what writers make with them
 is tests/parity/test_tf_write.py and the tests of this module's last section.
 """
@@ -23,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, DataType
-from tfckpt.format.bulktable import copy_ranges, table_bytes
+from tfckpt.format.bulktable import copy_ranges, table_bytes, table_in_pieces
 from tfckpt.format.entryrows import EntryRows, merge_rows, shape_field
 from tfckpt.format.table import TableBuilder, TableReader, mask_crc, unmask_crc
 
@@ -36,6 +38,9 @@ SETTINGS = settings(
 DTYPES = [0, *DataType.values()]  # every DataType number, and 0 (left out when encoded)
 U63 = (1 << 63) - 1
 BLOCK_SIZES = [1, 16, 64, 300, 4096, 256 * 1024]
+# Entries a piece: every entry its own piece; fewer than a restart interval; not a
+# multiple of it; the default.
+PIECES = [1, 5, 37, 16384]
 
 
 def _proto(dtype, shape, shard, offset, size, crc) -> BundleEntryProto:
@@ -91,10 +96,13 @@ def _rows_and_protos(entries, in_order: bool):
     st.booleans(),
     st.sampled_from(BLOCK_SIZES),
     st.binary(max_size=40),
+    st.sampled_from(PIECES),
 )
-def test_rows_give_the_index_protobuf_and_table_builder_give(entries, in_order, block_size, header):
+def test_rows_give_the_index_protobuf_and_table_builder_give(
+    entries, in_order, block_size, header, piece
+):
     rows, protos = _rows_and_protos(entries, in_order)
-    assert rows.table({b"": header}, block_size=block_size) == _old_index(
+    assert rows.table({b"": header}, block_size=block_size, piece_entries=piece) == _old_index(
         protos, header, block_size
     )
     for key, proto in protos.items():
@@ -121,10 +129,10 @@ def test_every_field_at_its_edges():
         )
     for in_order in (True, False):
         rows, protos = _rows_and_protos(entries, in_order)
-        for block_size in (64, 4096, 256 * 1024):
-            assert rows.table({b"": b"h"}, block_size=block_size) == _old_index(
-                protos, b"h", block_size
-            )
+        for block_size, piece in ((64, 16384), (4096, 100), (256 * 1024, 333), (64, 3)):
+            assert rows.table(
+                {b"": b"h"}, block_size=block_size, piece_entries=piece
+            ) == _old_index(protos, b"h", block_size)
 
 
 @SETTINGS
@@ -164,8 +172,8 @@ def test_rows_with_partitioned_entries_and_many_shapes(in_order):
         del entries[k]
     rows, protos = _rows_and_protos(entries, in_order)
     rows.protos.update(messages)
-    for block_size in (300, 4096):
-        assert rows.table({b"": b"hdr"}, block_size=block_size) == _old_index(
+    for block_size, piece in ((300, 16384), (300, 7), (4096, 16384), (4096, 50)):
+        assert rows.table({b"": b"hdr"}, block_size=block_size, piece_entries=piece) == _old_index(
             {**protos, **messages}, b"hdr", block_size
         )
     assert rows[next(iter(messages))] is messages[next(iter(messages))]
@@ -175,22 +183,57 @@ def test_rows_with_partitioned_entries_and_many_shapes(in_order):
 @given(
     st.dictionaries(st.binary(max_size=30), st.binary(max_size=700), max_size=80),
     st.sampled_from(BLOCK_SIZES),
+    st.sampled_from(PIECES),
 )
-def test_table_bytes_is_table_builder(values, block_size):
-    """Any sorted keys (the empty one too) and values; values of twice a block and more."""
+def test_table_bytes_is_table_builder(values, block_size, piece):
+    """Any sorted keys (the empty one too) and values; values of twice a block and more;
+    all at once, and a piece at a time."""
     keys = sorted(values)
     kbuf = np.frombuffer(b"".join(keys), np.uint8)
     koff = np.concatenate([[0], np.cumsum([len(k) for k in keys], dtype=np.int64)])
     vals = [values[k] for k in keys]
     vbuf = np.frombuffer(b"".join(vals), np.uint8)
     vlen = np.array([len(v) for v in vals], dtype=np.int64)
+    vstart = np.cumsum(vlen) - vlen
 
     def write(out, at):
-        copy_ranges(out, at, vbuf, np.cumsum(vlen) - vlen, vlen)
+        copy_ranges(out, at, vbuf, vstart, vlen[: len(at)])
 
     got = table_bytes(kbuf, koff, vlen, write, block_size=block_size)
     assert got == _old_table(values, block_size)
     assert TableReader(got).entries == [(k, values[k]) for k in keys]
+
+    def piece_of(lo, hi):
+        def write_piece(out, at):
+            copy_ranges(out, at, vbuf, vstart[lo:], vlen[lo : lo + len(at)])
+
+        return kbuf, koff[lo : hi + 1], vlen[lo:hi], write_piece
+
+    laid = table_in_pieces(len(keys), piece_of, block_size=block_size, piece_entries=piece)
+    assert laid == got
+
+
+def test_pieces_end_in_every_place_of_a_block():
+    """Blocks of many restart intervals; pieces of every length from 1 to past two
+    blocks, so that one ends at each place of a restart interval and of a block, or
+    holds no whole block and is made longer."""
+    rng = random.Random(11)
+    entries = {
+        b"v/%05d/%s" % (i, b"k" * rng.randint(0, 6)): (19, (rng.randint(1, 9),), 0, i * 8, 8, i)
+        for i in range(400)
+    }
+    rows, protos = _rows_and_protos(entries, True)
+    want = _old_index(protos, b"h", 1024)
+    per_block = [len(b) for b in _block_entries(want)]
+    assert len(per_block) > 10 and max(per_block) > 2 * 16  # blocks of several intervals
+    for piece in range(1, 2 * max(per_block) + 3):
+        assert rows.table({b"": b"h"}, block_size=1024, piece_entries=piece) == want
+
+
+def _block_entries(table: bytes) -> list[list[bytes]]:
+    """The keys of each data block of ``table``."""
+    reader = TableReader(table)
+    return [[k for k, _ in block] for _, block in reader.iter_blocks()]
 
 
 def test_table_bytes_refuses_keys_out_of_order():
@@ -199,6 +242,35 @@ def test_table_bytes_refuses_keys_out_of_order():
         koff = np.cumsum([0, *map(len, keys)])
         with pytest.raises(ValueError, match="out of order"):
             table_bytes(kbuf, koff, np.zeros(2, np.int64), lambda out, at: None)
+        # the pair in two pieces (each entry a block of its own)
+        with pytest.raises(ValueError, match="out of order"):
+            table_in_pieces(
+                2,
+                lambda lo, hi: (kbuf, koff[lo : hi + 1], np.zeros(hi - lo, np.int64), _none),
+                block_size=1,
+                piece_entries=1,
+            )
+
+
+def _none(out, at):
+    pass
+
+
+def test_index_is_built_in_bounded_memory():
+    """Beside the table's own bytes, building the index of 150 000 rows takes a piece's
+    arrays (about 4 MB), not arrays of every row (some 30 MB before)."""
+    rows = EntryRows()
+    for i in range(150_000):
+        rows.add(b"scope_%04d/var_%02d" % divmod(i, 100), 19, (256,), 0, i * 512, 512, i)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        table = rows.table({b"": b"header"})
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert len(table) > 4_000_000
+    assert peak - len(table) < 8_000_000
 
 
 def test_rows_pickle_small_and_whole():

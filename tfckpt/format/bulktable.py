@@ -1,15 +1,19 @@
-"""A whole table built at once from sorted keys and their values, array by array.
+"""A whole table built from sorted keys and their values, array by array, in pieces.
 
 :class:`~tfckpt.format.table.TableBuilder` adds entries one by one, a few microseconds
 each: at 200 000 tensors that is most of the time a checkpoint's index takes. Here the
 same table (byte for byte: the same blocks, restart points, index block and footer) is
 laid out from arrays: every entry's shared key prefix, the blocks' boundaries (a short
 loop over blocks, not entries), then every entry's bytes written in a few numpy passes.
+The arrays take some 200 bytes an entry, so entries are laid out some thousands at a
+time (:func:`table_in_pieces`), each piece giving whole data blocks: a block's
+boundaries depend only on the entries from its start on.
 The varint and range-copy helpers are shared with :mod:`tfckpt.format.entryrows`.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 
 import numpy as np
@@ -136,7 +140,7 @@ def _check_order(kbuf, starts, lengths, shared) -> None:
         i = int(np.argmin(ok))
         prev = kbuf[starts[i] : starts[i] + lengths[i]].tobytes()
         key = kbuf[starts[i + 1] : starts[i + 1] + lengths[i + 1]].tobytes()
-        raise ValueError(f"table keys out of order: {key!r} after {prev!r}")
+        raise _out_of_order(prev, key)
 
 
 def _block_starts(part, full, big, block_size: int) -> list[int]:
@@ -186,6 +190,19 @@ def _framed(contents: bytes) -> bytes:
     return contents + b"\0" + mask_crc(crc32c(b"\0", crc32c(contents))).to_bytes(4, "little")
 
 
+# A table is laid out this many entries at a time (and as many more as its first data block
+# needs): each piece's arrays, some 200 bytes an entry, are freed before the next is made.
+# A piece of an index of 256 KiB blocks (some 9 000 entries each) holds one or two; a piece
+# that holds no whole block is doubled, and pieces stay that long.
+PIECE_ENTRIES = 16384
+
+# What a piece of the entries gives, from the i-th entry wanted to the j-th: their keys
+# joined (uint8), where each key starts in them and where the last ends (j - i + 1
+# offsets), each value's length, and ``write_values(out, at)``, which writes the first
+# ``len(at)`` of those values at ``out[at[k]:]``.
+Piece = tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], None]]
+
+
 def table_bytes(
     keys: np.ndarray,
     key_offsets: np.ndarray,
@@ -197,27 +214,106 @@ def table_bytes(
     """The table :class:`~tfckpt.format.table.TableBuilder` writes for the keys
     ``keys[key_offsets[i]:key_offsets[i + 1]]`` (uint8; strictly increasing) and values
     of ``value_lengths`` bytes, which ``write_values(out, at)`` writes at ``out[at[i]:]``
-    (uint8 and int64 arrays): each value is written where it goes in the table.
+    (uint8 and int64 arrays, ``at`` perhaps shorter than the values: the first ones).
+    All entries are laid out at once; see :func:`table_in_pieces` for a piece at a time.
 
     >>> k, v = np.frombuffer(b"ab", np.uint8), np.frombuffer(b"12", np.uint8)
-    >>> def put(out, at): out[at] = v  # b"a" -> b"1", b"b" -> b"2"
+    >>> def put(out, at): out[at] = v[: len(at)]  # b"a" -> b"1", b"b" -> b"2"
     >>> table_bytes(k, np.arange(3), np.ones(2, np.int64), put)
     """
     n = len(key_offsets) - 1
+
+    def whole(lo: int, hi: int) -> Piece:
+        return keys, key_offsets, value_lengths, write_values
+
+    return table_in_pieces(n, whole, block_size=block_size, piece_entries=max(n, 1))
+
+
+def table_in_pieces(
+    count: int,
+    piece: Callable[[int, int], Piece],
+    *,
+    block_size: int = BLOCK_SIZE,
+    piece_entries: int = PIECE_ENTRIES,
+) -> bytes:
+    """The table :class:`~tfckpt.format.table.TableBuilder` writes for ``count`` entries
+    (their keys strictly increasing), laid out a piece at a time: ``piece(i, j)`` gives
+    entries i to j (see :data:`Piece`), about ``piece_entries`` of them.
+
+    Each piece's whole data blocks are laid out and kept as bytes; the entries of its
+    last block, which may go on past the piece, start the next piece. So the memory
+    beyond the table's own bytes is a piece's, whatever ``count``.
+    """
+    # The data blocks, piece by piece, go into one buffer that grows in place (mostly)
+    # and whose bytes become the table's without a copy (see ``BytesIO.getvalue``).
+    table = io.BytesIO()
+    index = BlockBuilder(1)
+    offset = 0
+    waiting: tuple[bytes, bytes] | None = None  # a block's last key and handle, until
+    # the first key of the next block gives the separator its index entry needs
+    lo, size = 0, piece_entries
+    while lo < count:
+        hi = min(count, lo + size)
+        laid = _lay_out(*piece(lo, hi), block_size, last=hi == count)
+        if laid is None:  # not one whole block yet: a longer piece
+            size *= 2
+            continue
+        out, done, firsts, lasts, block_ends = laid
+        del laid
+        if waiting is not None:
+            if not firsts[0] > waiting[0]:
+                raise _out_of_order(waiting[0], firsts[0])
+            index.add(shortest_separator(waiting[0], firsts[0]), waiting[1])
+        mv = memoryview(out)
+        for b, end in enumerate(block_ends):
+            start = block_ends[b - 1] + BLOCK_TRAILER_SIZE if b else 0
+            crc = mask_crc(crc32c(mv[start : end + 1]))  # with the type byte, 0
+            mv[end + 1 : end + 5] = crc.to_bytes(4, "little")
+            handle = BlockHandle(offset + start, end - start).encode()
+            if b + 1 < len(block_ends):
+                index.add(shortest_separator(lasts[b], firsts[b + 1]), handle)
+            else:
+                waiting = lasts[b], handle
+        del mv
+        table.write(out)
+        offset += len(out)
+        del out  # before the next piece's are made
+        lo += done
+    if waiting is not None:
+        index.add(short_successor(waiting[0]), waiting[1])
+    metaindex = BlockHandle(offset, 8)
+    meta = _framed(BlockBuilder(RESTART_INTERVAL).finish())
+    index_contents = index.finish()
+    index_handle = BlockHandle(offset + len(meta), len(index_contents))
+    tail = meta + _framed(index_contents) + Footer(metaindex, index_handle).encode()
+    table.write(tail)
+    return table.getvalue()
+
+
+def _lay_out(keys, key_offsets, value_lengths, write_values, block_size: int, last: bool):
+    """A piece's whole data blocks, framed but for their checksums, as bytes; how many
+    entries they hold; each block's first and last key; where each block's contents end.
+    None when the piece, not the table's last, does not hold a whole block."""
     klen = np.diff(key_offsets).astype(np.int64)
     kstart = np.asarray(key_offsets[:-1], dtype=np.int64)
     kbuf = np.concatenate([keys, np.zeros(8, np.uint8)])
     vlen = np.asarray(value_lengths, dtype=np.int64)
     shared = _common_prefixes(kbuf, kstart, klen)
-    if n > 1:
+    if len(klen) > 1:
         _check_order(kbuf, kstart, klen, shared)
     vl_len = varint_lengths(vlen)
     full = 1 + varint_lengths(klen) + vl_len + klen + vlen
     part = varint_lengths(shared) + varint_lengths(klen - shared) + vl_len + klen - shared + vlen
-    big = klen + vlen >= 2 * block_size
-    if n:
-        big[0] = False  # TableBuilder only looks at entries after the first
-    starts = np.array(_block_starts(part, full, big, block_size), dtype=np.int64)
+    block_starts = _block_starts(part, full, klen + vlen >= 2 * block_size, block_size)
+    n = len(klen)
+    if not last:  # the last block may go on past the piece: it starts the next one
+        if len(block_starts) < 2:
+            return None
+        n = block_starts.pop()
+        klen, kstart, vlen, shared, full, part = (
+            a[:n] for a in (klen, kstart, vlen, shared, full, part)
+        )
+    starts = np.array(block_starts, dtype=np.int64)
     counts = np.diff(np.append(starts, n))
     block = np.repeat(np.arange(len(starts)), counts)
     k = np.arange(n) - starts[block]  # place in its block
@@ -242,31 +338,14 @@ def table_bytes(
     rb = block[restart]
     put_u32(out, ends[rb] + 4 * (k[restart] // RESTART_INTERVAL), at[restart] - block_at[rb])
     put_u32(out, ends + 4 * n_restarts, n_restarts)
-    return _finish(out, kbuf, kstart, klen, starts, counts, block_at, contents)
-
-
-def _finish(out, kbuf, kstart, klen, starts, counts, block_at, contents) -> bytes:
-    """The data blocks' checksums, then the metaindex and index blocks and the footer."""
 
     def key(i: int) -> bytes:
         return kbuf[kstart[i] : kstart[i] + klen[i]].tobytes()
 
-    index = BlockBuilder(1)
-    mv = memoryview(out)
-    firsts, lasts = starts.tolist(), (starts + counts - 1).tolist()
-    for b, (offset, size) in enumerate(zip(block_at.tolist(), contents.tolist())):
-        crc = mask_crc(crc32c(mv[offset : offset + size + 1]))  # with the type byte, 0
-        mv[offset + size + 1 : offset + size + 5] = crc.to_bytes(4, "little")
-        last = key(lasts[b])
-        if b + 1 < len(firsts):
-            index.add(
-                shortest_separator(last, key(firsts[b + 1])), BlockHandle(offset, size).encode()
-            )
-        else:
-            index.add(short_successor(last), BlockHandle(offset, size).encode())
-    metaindex = BlockHandle(len(out), 8)
-    meta = _framed(BlockBuilder(RESTART_INTERVAL).finish())
-    index_contents = index.finish()
-    index_handle = BlockHandle(len(out) + len(meta), len(index_contents))
-    tail = meta + _framed(index_contents) + Footer(metaindex, index_handle).encode()
-    return b"".join([mv, tail])
+    firsts = [key(i) for i in block_starts]
+    lasts = [key(i) for i in (starts + counts - 1).tolist()]
+    return out, n, firsts, lasts, (block_at + contents).tolist()
+
+
+def _out_of_order(prev: bytes, key: bytes) -> ValueError:
+    return ValueError(f"table keys out of order: {key!r} after {prev!r}")

@@ -5,9 +5,9 @@ A writer enters one entry per tensor, and keeps them all until the index is writ
 a whole tensor's entry as one row of arrays instead (dtype, an id into the distinct
 shapes, shard, offset, size, checksum: 30 bytes) beside its key (in one byte buffer),
 and only partitioned tensors' own entries, which list their slices and are few, as
-messages. :meth:`EntryRows.table` encodes every row at once into the bytes
-``SerializeToString`` gives (fields in number order, zero values left out) and lays them
-into the index table with :func:`~tfckpt.format.bulktable.table_bytes`.
+messages. :meth:`EntryRows.table` encodes rows in bulk, some thousands at a time, into
+the bytes ``SerializeToString`` gives (fields in number order, zero values left out) and
+lays them into the index table with :func:`~tfckpt.format.bulktable.table_in_pieces`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto
-from tfckpt.format.bulktable import copy_ranges, put_u32, put_varints, table_bytes, varint_lengths
+from tfckpt.format.bulktable import (
+    PIECE_ENTRIES,
+    Piece,
+    copy_ranges,
+    put_u32,
+    put_varints,
+    table_in_pieces,
+    varint_lengths,
+)
 from tfckpt.format.orderedcode import decode_name
 from tfckpt.format.table import BLOCK_SIZE, mask_crc
 
@@ -247,112 +255,170 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
             return next(k for k in _Keys(self) if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         return next((k for k in self.protos if k in self._keyset), None)
 
-    def _fields(self, rows: np.ndarray | None) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """The varint fields after the shape of ``rows`` (all rows in order: None): tag,
-        values and each field's length (0 when left out, as a zero is)."""
+    def _fields(self, rows: slice | np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The varint fields after the shape of ``rows``: tag, values and each field's
+        length (0 when left out, as a zero is)."""
         out = []
         for tag, column, kind in (
             (_TAG_SHARD, self.shard, np.uint32),
             (_TAG_OFFSET, self.offset, np.uint64),
             (_TAG_SIZE, self.size, np.uint64),
         ):
-            v = np.frombuffer(column, kind)
-            v = (v if rows is None else v[rows]).astype(np.uint64)
+            v = np.frombuffer(column, kind)[rows].astype(np.uint64)
             out.append((tag, v, np.where(v != 0, 1 + varint_lengths(v), 0)))
         return out
 
-    def _encoder(self, rows: np.ndarray | None):
-        """The length of each of ``rows``' serialized entries (all rows in order: None),
-        and what writes them: ``write(out, at)`` puts row i's at ``out[at[i]:]``."""
-
-        def column(a: array, kind) -> np.ndarray:
-            c = np.frombuffer(a, kind)
-            return c if rows is None else c[rows]
-
-        dtype = column(self.dtype, np.uint16).astype(np.uint64)
+    def _encoder(self, rows: slice | np.ndarray, shapes: _ShapeFields):
+        """The length of each of ``rows``' serialized entries, and what writes the first
+        of them: ``write(out, at)`` puts the i-th's at ``out[at[i]:]``."""
+        dtype = np.frombuffer(self.dtype, np.uint16)[rows].astype(np.uint64)
         dtype_len = np.where(dtype != 0, 1 + varint_lengths(dtype), 0)
-        fields = [shape_field(s) for s in self.shapes]
-        flen = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))
-        fstart = np.cumsum(flen) - flen
-        sid = column(self.shape_id, np.uint32)
-        shape_len = flen[sid]
+        sid = np.frombuffer(self.shape_id, np.uint32)[rows]
+        shape_len = shapes.lengths[sid]
         varints = self._fields(rows)
-        crc = _mask_crcs(column(self.crc, np.uint32))
+        crc = _mask_crcs(np.frombuffer(self.crc, np.uint32)[rows])
         crc_len = np.where(crc != 0, 5, 0)
         lengths = dtype_len + shape_len + crc_len
         for _, _, n in varints:
             lengths += n
 
         def write(out: np.ndarray, at: np.ndarray) -> None:
-            _put_field(out, at, _TAG_DTYPE, dtype, dtype_len)
-            pos = at + dtype_len
-            if len(flen) <= _FEW_SHAPES:  # each shape's bytes put byte by byte where it goes
-                for shape, field in enumerate(fields):
-                    at_shape = pos if len(fields) == 1 else pos[sid == shape]
-                    for j, byte in enumerate(field):
-                        out[at_shape + j] = byte
-            else:
-                fbuf = np.frombuffer(b"".join(fields), np.uint8)
-                copy_ranges(out, pos, fbuf, fstart[sid], shape_len)
-            pos += shape_len
+            m = len(at)
+            _put_field(out, at, _TAG_DTYPE, dtype[:m], dtype_len[:m])
+            pos = at + dtype_len[:m]
+            shapes.put(out, pos, sid[:m], shape_len[:m])
+            pos += shape_len[:m]
             for tag, v, n in varints:
-                _put_field(out, pos, tag, v, n)
-                pos += n
-            has = crc_len != 0
+                _put_field(out, pos, tag, v[:m], n[:m])
+                pos += n[:m]
+            has = crc_len[:m] != 0
             out[pos[has]] = _TAG_CRC
-            put_u32(out, pos[has] + 1, crc[has])
+            put_u32(out, pos[has] + 1, crc[:m][has])
 
         return lengths, write
 
-    def table(self, extra: Mapping[bytes, bytes], *, block_size: int = BLOCK_SIZE) -> bytes:
+    def table(
+        self,
+        extra: Mapping[bytes, bytes],
+        *,
+        block_size: int = BLOCK_SIZE,
+        piece_entries: int = PIECE_ENTRIES,
+    ) -> bytes:
         """The index table of every entry, with ``extra`` entries given as bytes (the
-        header): the bytes :class:`~tfckpt.format.table.TableBuilder` writes for them."""
+        header): the bytes :class:`~tfckpt.format.table.TableBuilder` writes for them.
+
+        Encoded a piece of entries at a time (see
+        :func:`~tfckpt.format.bulktable.table_in_pieces`): the memory it takes beside
+        the table's bytes does not grow with the entry count (but for the order of rows
+        not added in key order, 8 bytes a row, and the sort that finds it).
+        """
         raw = {k: p.SerializeToString() for k, p in self.protos.items()}
         raw.update(extra)
         extra_keys = sorted(raw)
-        raw_values = [raw[k] for k in extra_keys]
-        n = len(self._ends)
-        order, keys = self._order(extra_keys)  # index >= n: an extra entry
-        klen = np.diff(np.frombuffer(self._ends, np.uint64).astype(np.int64), prepend=0)
-        klen = np.concatenate([klen, np.fromiter(map(len, extra_keys), np.int64, len(raw))])
-        koff = np.concatenate([[0], np.cumsum(klen[order])])
-        is_row = order < n
-        # Rows in order (they nearly always are) are read from the columns as they are.
-        row_lengths, write_rows = self._encoder(None if self._keyset is None else order[is_row])
+        pieces = _Pieces(self, extra_keys, [raw[k] for k in extra_keys])
+        return table_in_pieces(
+            len(pieces), pieces.piece, block_size=block_size, piece_entries=piece_entries
+        )
+
+    def _sorted(self, extra_keys: list[bytes]) -> np.ndarray:
+        """The rows and ``extra_keys`` (sorted; numbered from the row count on) in key
+        order, when the rows were not added in key order."""
+        keys = [*_Keys(self), *extra_keys]
+        return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+
+
+class _ShapeFields:
+    """Each distinct shape's ``shape`` field, and what puts them where rows' go."""
+
+    def __init__(self, shapes: list[tuple[int, ...]]):
+        self.fields = [shape_field(s) for s in shapes]
+        self.lengths = np.fromiter(map(len, self.fields), dtype=np.int64, count=len(shapes))
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.joined = np.frombuffer(b"".join(self.fields), np.uint8)
+
+    def put(self, out: np.ndarray, at: np.ndarray, sid: np.ndarray, lengths: np.ndarray) -> None:
+        """Write shape ``sid[i]``'s field at ``out[at[i]:]`` (``lengths``: theirs)."""
+        if len(self.fields) <= _FEW_SHAPES:  # each shape's bytes put byte by byte where it goes
+            for shape, field in enumerate(self.fields):
+                at_shape = at if len(self.fields) == 1 else at[sid == shape]
+                for j, byte in enumerate(field):
+                    out[at_shape + j] = byte
+        else:
+            copy_ranges(out, at, self.joined, self.starts[sid], lengths)
+
+
+class _Pieces:
+    """An index's entries, the rows' and the ``extra`` ones (sorted keys and their
+    values), in key order: piece by piece, as :func:`table_in_pieces` asks for them."""
+
+    def __init__(self, rows: EntryRows, extra_keys: list[bytes], extra_values: list[bytes]):
+        self.rows, self.n = rows, len(rows._ends)
+        self.extra_keys, self.extra_values = extra_keys, extra_values
+        self.shapes = _ShapeFields(rows.shapes)
+        self.ends = np.frombuffer(rows._ends, np.uint64)
+        # Rows in key order (they nearly always are) are read from the columns as they
+        # are, the extras in their places among them; else in the order sorted.
+        self.order = None if rows._keyset is None else rows._sorted(extra_keys)
+        places = [bisect.bisect_left(_Keys(rows), k) for k in extra_keys]
+        self.extra_at = np.array(places, dtype=np.int64) + np.arange(len(places))
+
+    def __len__(self) -> int:
+        return self.n + len(self.extra_keys)
+
+    def _indices(self, lo: int, hi: int) -> np.ndarray:
+        """Entries lo to hi in key order, as row numbers (from the row count on: extras)."""
+        if self.order is not None:
+            return self.order[lo:hi]
+        at = np.arange(lo, hi, dtype=np.int64)
+        before = np.searchsorted(self.extra_at, at)  # extras before each
+        extra = before < len(self.extra_at)
+        extra[extra] = self.extra_at[before[extra]] == at[extra]
+        return np.where(extra, self.n + before, at - before)
+
+    def piece(self, lo: int, hi: int) -> Piece:
+        """Entries lo to hi in key order: see :data:`~tfckpt.format.bulktable.Piece`."""
+        order = self._indices(lo, hi)
+        is_row = order < self.n
+        rows: slice | np.ndarray = order[is_row]
+        if self.order is None and is_row.any():  # rows in order: read as they lie
+            first = int(order[is_row][0])
+            rows = slice(first, first + int(is_row.sum()))
+        row_lengths, write_rows = self.rows._encoder(rows, self.shapes)
+        extras = (order[~is_row] - self.n).tolist()
+        values = [self.extra_values[i] for i in extras]
         vlen = np.empty(len(order), np.int64)
         vlen[is_row] = row_lengths
-        vlen[~is_row] = [len(raw_values[i]) for i in (order[~is_row] - n).tolist()]
+        vlen[~is_row] = [len(v) for v in values]
 
         def write_values(out: np.ndarray, at: np.ndarray) -> None:
-            write_rows(out, at[is_row])
-            for a, i in zip(at[~is_row].tolist(), (order[~is_row] - n).tolist()):
-                out[a : a + len(raw_values[i])] = np.frombuffer(raw_values[i], np.uint8)
+            mine = is_row[: len(at)]
+            write_rows(out, at[mine])
+            for a, value in zip(at[~mine].tolist(), values):
+                out[a : a + len(value)] = np.frombuffer(value, np.uint8)
 
-        return table_bytes(keys, koff, vlen, write_values, block_size=block_size)
+        keys, key_offsets = self._keys(order, is_row, extras)
+        return keys, key_offsets, vlen, write_values
 
-    def _order(self, extra_keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """The rows and ``extra_keys`` (sorted; numbered from the row count on) in key
-        order, and their keys so ordered, joined."""
-        n = len(self._ends)
-        if self._keyset is not None:
-            keys = [*_Keys(self), *extra_keys]
-            order = sorted(range(len(keys)), key=keys.__getitem__)
-            joined = b"".join([keys[i] for i in order])
-            return np.array(order, dtype=np.int64), np.frombuffer(joined, np.uint8)
-        # Rows in order already: the extras are put in their places among them.
-        rows = _Keys(self)
-        places = [bisect.bisect_left(rows, k) for k in extra_keys]
-        view, done = memoryview(self._keys), 0
-        pieces: list[bytes | memoryview] = []
-        for place, key in zip(places, extra_keys):
-            at = self._ends[place - 1] if place else 0
-            pieces += [view[done:at], key]
-            done = at
-        pieces.append(view[done:])
-        joined = b"".join(pieces)
-        del view, pieces  # the buffer may grow again once no view of it is left
-        merged = np.insert(np.arange(n), places, np.arange(n, n + len(extra_keys)))
-        return merged, np.frombuffer(joined, np.uint8)
+    def _keys(self, order: np.ndarray, is_row: np.ndarray, extras: list[int]):
+        """The keys of entries ``order``, joined, and where each starts and the last ends."""
+        ends = self.ends
+        buf = np.frombuffer(self.rows._keys, np.uint8)
+        if is_row.all() and self.order is None:  # rows in order: their keys as they lie
+            first, last = int(order[0]), int(order[-1])
+            start = int(ends[first - 1]) if first else 0
+            offsets = np.concatenate([[start], ends[first : last + 1].astype(np.int64)]) - start
+            return buf[start : int(ends[last])], offsets
+        row = order[is_row]
+        starts = np.where(row > 0, ends[np.maximum(row - 1, 0)].astype(np.int64), 0)
+        lengths = np.empty(len(order), np.int64)
+        lengths[is_row] = ends[row].astype(np.int64) - starts
+        lengths[~is_row] = [len(self.extra_keys[i]) for i in extras]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        keys = np.empty(int(offsets[-1]), np.uint8)
+        copy_ranges(keys, offsets[:-1][is_row], buf, starts, lengths[is_row])
+        for at, i in zip(offsets[:-1][~is_row].tolist(), extras):
+            keys[at : at + len(self.extra_keys[i])] = np.frombuffer(self.extra_keys[i], np.uint8)
+        return keys, offsets
 
 
 def _put_field(out: np.ndarray, at: np.ndarray, tag: int, values: np.ndarray, lengths) -> None:
