@@ -29,7 +29,7 @@ from tfckpt.format.bulktable import (
     varint_lengths,
 )
 from tfckpt.format.orderedcode import decode_name
-from tfckpt.format.table import BLOCK_SIZE, mask_crc
+from tfckpt.format.table import BLOCK_SIZE, encode_varint, mask_crc
 
 # BundleEntryProto's fields as (number << 3 | wire type); TensorShapeProto.dim and Dim.size
 _TAG_DTYPE, _TAG_SHAPE, _TAG_SHARD, _TAG_OFFSET, _TAG_SIZE, _TAG_CRC = (
@@ -47,13 +47,8 @@ _FEW_SHAPES = 8  # fewer distinct shapes than this are written shape by shape
 
 
 def _varint(value: int) -> bytes:
-    value &= _U64
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    """A protobuf varint: a negative int64 as its two's complement, as protobuf does."""
+    return encode_varint(value & _U64)
 
 
 def shape_field(shape: Sequence[int]) -> bytes:

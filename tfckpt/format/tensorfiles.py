@@ -181,6 +181,18 @@ def _compact(value) -> str:
 encode_basestring = json.encoder.encode_basestring
 
 
+def _next_entry(writer, name: str) -> Entry:
+    """The entry a writer of a table of contents given up front writes next, which must
+    be ``name``'s, once the previous tensor is complete (both writers' rule)."""
+    if writer._left:
+        raise ValueError("the previous tensor is incomplete")
+    e = writer._entries[writer._next]
+    if e.name != name:
+        raise ValueError(f"expected {e.name!r}, got {name!r}")
+    writer._next += 1
+    return e
+
+
 class SafetensorsWriter:
     """Writes one safetensors file to ``file`` (anything with ``write``), streaming.
 
@@ -196,12 +208,7 @@ class SafetensorsWriter:
         file.write(safetensors_header(entries, metadata))
 
     def begin(self, name: str) -> None:
-        if self._left:
-            raise ValueError("the previous tensor is incomplete")
-        e = self._entries[self._next]
-        if e.name != name:
-            raise ValueError(f"expected {e.name!r}, got {name!r}")
-        self._next += 1
+        e = _next_entry(self, name)
         self._left = e.nbytes
 
     def write(self, chunk: np.ndarray) -> None:
@@ -596,12 +603,7 @@ class NpzWriter:
         self._gathered: int | None = None  # where the open member's header is in _out
 
     def begin(self, name: str) -> None:
-        if self._left:
-            raise ValueError("the previous tensor is incomplete")
-        e = self._entries[self._next]
-        if e.name != name:
-            raise ValueError(f"expected {e.name!r}, got {name!r}")
-        self._next += 1
+        e = _next_entry(self, name)
         header, self._crc, nbytes = _npy_member(e.dtype, tuple(e.shape))
         size = len(header) + nbytes
         zip64 = size > _ZIP64_LIMIT
