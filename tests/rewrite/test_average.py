@@ -363,3 +363,75 @@ def test_object_store_sources_and_destination(tf2_run, tmp_path):
             assert fs.cat_file(f"{root}/out/{name}") == (tmp_path / "out" / name).read_bytes()
     finally:
         fs.rm(root, recursive=True)
+
+
+def test_small_tensors_are_averaged_in_batches_as_each_alone(tmp_path, monkeypatch):
+    """Small tensors are read together from every source and summed a batch at a time
+    (one run per dtype): each mean is the one computed for it alone, bit for bit,
+    across dtypes mixed in one batch, weights, float64 values whose weighted sum
+    overflows, a tensor partitioned in an older source only, and copied integers; cast,
+    the counts are each tensor's."""
+    from tfckpt.rewrite import streaming
+
+    np.seterr(over="ignore", invalid="ignore")  # float16 sources overflow to inf
+    rng = np.random.default_rng(11)
+    dtypes = [np.float16, np.float32, np.float64, tf.bfloat16.as_numpy_dtype, np.float32]
+    weights = [1.0, 2.0, 5.0]
+    values: dict[str, list] = {}
+    for k in range(60):
+        dtype = dtypes[k % len(dtypes)]
+        values[f"t{k:02d}"] = [
+            # up to float16's largest values, so that casts overflow
+            np.clip(rng.normal(size=(3, k % 7 + 1)) * 3e4, -65504, 65504).astype(dtype)
+            for _ in weights
+        ]
+    big = np.finfo(np.float64).max
+    values["huge"] = [
+        np.array([big, -big, 1.0]),
+        np.array([big / 2, -big, 2.0]),
+        np.array([big, 0.0, 3.0]),
+    ]
+    values["step"] = [np.array(k, np.int64) for k in range(3)]
+    prefixes = []
+    for s in range(3):
+        names = sorted(values)
+        tensors = [values[n][s] for n in names]
+        specs = [""] * len(names)
+        if s == 0:  # "t01" partitioned in the oldest source only
+            i = names.index("t01")
+            whole = tensors[i]
+            names[i : i + 1] = ["t01", "t01"]
+            specs[i : i + 1] = ["3 2 0,1:-", "3 2 1,2:-"]
+            tensors[i : i + 1] = [whole[:1], whole[1:]]
+        prefix = str(tmp_path / f"s{s}")
+        tf.raw_ops.SaveV2(
+            prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=tensors
+        )
+        prefixes.append(prefix)
+    tfckpt.average(prefixes, tmp_path / "avg", weights=weights)
+    reader = tf.train.load_checkpoint(str(tmp_path / "avg"))
+    assert reader.get_tensor("step") == 2
+    assert np.isfinite(reader.get_tensor("huge")).all()  # summed again, divided first
+    for name, vals in values.items():
+        if name not in ("step", "huge"):
+            assert same_bits(reader.get_tensor(name), expected_mean(vals, weights)), name
+
+    def written(out: str) -> tuple:
+        summary = tfckpt.average(
+            prefixes, tmp_path / out, weights=weights, cast="float16", overflow="clip"
+        )
+        files = sorted(tmp_path.glob(f"{out}.*"))
+        return [f.read_bytes() for f in files], dict(summary.cast_counts)
+
+    batches = []
+    real = streaming._batch_means
+    monkeypatch.setattr(streaming, "_batch_means", lambda *a: batches.append(1) or real(*a))
+    batched = written("cast")
+    assert batches  # read in batches
+    assert any(c.overflow for c in batched[1].values())  # clipped to float16's range
+    # Every mean read on its own, never in a batch: the same bytes and counts.
+    original = streaming._batch_of
+    monkeypatch.setattr(
+        streaming, "_batch_of", lambda item, n: None if item.weights else original(item, n)
+    )
+    assert written("alone") == batched

@@ -145,3 +145,26 @@ def test_a_pickled_task_streams_what_it_streams_here(tf_checkpoints, tmp_path):
             k: v.SerializeToString() for k, v in there.entries.items()
         }
         assert dict(here.counts) == dict(there.counts)
+
+
+def test_a_pickled_average_task_streams_what_it_streams_here(tf_checkpoints, tmp_path):
+    """An average's rows carry their weights: pickled, its tasks read every source for
+    the means (and the newest alone for copies) and write the same bytes."""
+    from tfckpt.rewrite.average import plan_average
+
+    src = tf_checkpoints("tf1_partitioned").path
+    p = plan_average([src, src], tmp_path / "avg" / "model", weights=[1, 3], cast="float16")
+    try:
+        tasks = shard_tasks(p)
+        assert any(item.weights for task in tasks for item in task.items)
+        for task in tasks:
+            copy = pickle.loads(pickle.dumps(task))
+            assert list(copy.items) == list(task.items)
+            assert copy.items.bytes_in == task.items.bytes_in
+            assert copy.items.sources() == task.items.sources() == {0, 1}
+            run_shard_task(task)
+            data = open(task.path, "rb").read()
+            run_shard_task(copy)
+            assert open(copy.path, "rb").read() == data
+    finally:
+        p.close()

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.bundle import TensorInfo, TensorTable
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.slices import TF_SLICE_COPYABLE
 from tfckpt.io import paths
@@ -36,7 +36,7 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
-    cast_bytes,
+    bytes_out_column,
     destination_storage,
     fixed_dtype_tensors,
     open_sources,
@@ -141,30 +141,53 @@ def check_weights(weights: Iterable, what: str = "weights") -> list[float]:
     return out
 
 
-def _check_agree(srcs: list[Source], tables: set[str]) -> None:
+def _check_agree(srcs: list[Source], tables: set[str]) -> set[str]:
     """Every source has the newest's tensors, of the same dtypes and shapes (the tensors
     of lookup tables and other saveables, copied from the newest, of the same dtypes:
-    a table grows as it learns keys)."""
+    a table grows as it learns keys); the tensors partitioned in an older source.
+
+    The sources' tables are compared as columns; only sources that differ are looked
+    at name by name, for the error.
+    """
     newest = srcs[-1]
-    mine = {n: newest.ckpt.info(n) for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY}
+    names = [n for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY]
+    mine = newest.ckpt.table(names)
+    partitioned: set[str] = set()
     for s in srcs[:-1]:
         theirs = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
-        for name in sorted(set(mine) | set(theirs)):
-            if name not in mine or name not in s.ckpt:
-                has, lacks = (s, newest) if name not in mine else (newest, s)
-                raise CheckpointError(
-                    f"the sources differ: {has.label} has tensor {name!r}, {lacks.label} not",
-                    path=lacks.ckpt.prefix,
-                    tensor=name,
-                )
-            a, b = s.ckpt.info(name), mine[name]
-            if a.dtype != b.dtype or (a.shape != b.shape and name not in tables):
-                raise CheckpointError(
-                    f"the sources differ: {a.dtype} {list(a.shape)} in {s.label}, "
-                    f"{b.dtype} {list(b.shape)} in {newest.label}",
-                    path=s.ckpt.prefix,
-                    tensor=name,
-                )
+        table = s.ckpt.table(theirs)
+        agree = theirs == names and table.dtypes == mine.dtypes
+        if not agree or any(
+            a != b and n not in tables for n, a, b in zip(names, table.shapes, mine.shapes)
+        ):
+            _differences(s, newest, table, theirs, tables)
+        partitioned.update(n for n, sl in zip(theirs, table.slices) if sl)
+    return partitioned
+
+
+def _differences(
+    s: Source, newest: Source, table: TensorTable, theirs: list[str], tables: set[str]
+) -> None:
+    """The error for the first tensor, in name order, that ``s`` and the newest source
+    do not agree on (none when only the shapes of ``tables`` differ)."""
+    mine = {n: newest.ckpt.info(n) for n in newest.ckpt.keys() if n != OBJECT_GRAPH_KEY}
+    infos = {n: table.info(k) for k, n in enumerate(theirs)}
+    for name in sorted(set(mine) | set(infos)):
+        if name not in mine or name not in infos:
+            has, lacks = (s, newest) if name not in mine else (newest, s)
+            raise CheckpointError(
+                f"the sources differ: {has.label} has tensor {name!r}, {lacks.label} not",
+                path=lacks.ckpt.prefix,
+                tensor=name,
+            )
+        a, b = infos[name], mine[name]
+        if a.dtype != b.dtype or (a.shape != b.shape and name not in tables):
+            raise CheckpointError(
+                f"the sources differ: {a.dtype} {list(a.shape)} in {s.label}, "
+                f"{b.dtype} {list(b.shape)} in {newest.label}",
+                path=s.ckpt.prefix,
+                tensor=name,
+            )
 
 
 def _variable_key(graph: ObjectGraph, node_id: int) -> str | None:
@@ -267,7 +290,7 @@ def _plan(
     newest = srcs[-1]
     # Lookup tables and other saveables: values in an order of their own, not averaged.
     fixed = fixed_dtype_tensors(newest)
-    _check_agree(srcs, fixed)
+    partitioned_before = _check_agree(srcs, fixed)
     # The destination's name inside a directory is the newest source's.
     store = destination_storage(dst, srcs, storage_options)
     dst = resolve_destination(store, dst, [newest] + srcs[:-1], options.overwrite)
@@ -279,33 +302,59 @@ def _plan(
     if use_ema:
         read_from.update(_ema_pairs(newest, names, gone))
     graph_bytes = _output_graph(newest, names, options.drop_objects, gone)
-    tensors = PlannedTensors()
     kept = [new for new in names if new not in gone.why]
-    infos = newest.ckpt.table([read_from[new] for new in kept])  # decoded in bulk
-    for k, new in enumerate(kept):
-        name = read_from[new]
-        info = infos.info(k)
-        dtype = _dt.lookup(info.dtype)
-        averaged = dtype.kind in ("float", "complex") and new not in fixed
-        # By the variable's name: with use_ema its value is read from its shadow's.
-        new_dtype, dtype_by = policy.decide(new, dtype, flat.get(new), variable=new not in fixed)
-        sliced = _written_sliced(srcs, name, info, averaged, new_dtype)
-        out_bytes = info.nbytes if new_dtype.name == info.dtype else cast_bytes(info, new_dtype)
-        tensors.add(
-            len(srcs) - 1,  # copies come from the newest source
-            name,
-            new,
-            info,
-            new_dtype.name,
-            out_bytes,
-            dtype_by=dtype_by,
-            averaged=averaged,
-            # Decided for a partitioned tensor; a whole one is never written sliced.
-            sliced=sliced if sliced or info.slices else None,
-        )
+    tensors = _planned(srcs, kept, read_from, policy, flat, fixed, partitioned_before)
     dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
     # Read each source in file order.
     return Plan(srcs, dst, tensors.in_file_order(), dropped, graph_bytes, options, store, weights=w)
+
+
+def _planned(
+    srcs: list[Source],
+    kept: list[str],
+    read_from: dict[str, str],
+    policy: DtypePolicy,
+    flat: dict[str, str],
+    fixed: set[str],
+    partitioned_before: set[str],
+) -> PlannedTensors:
+    """The output tensors ``kept`` (each read from ``read_from``'s name), as columns:
+    copies come from the newest source, variables of floating-point dtypes are the
+    means of every source's (``partitioned_before``: partitioned in an older one)."""
+    newest = srcs[-1]
+    out = PlannedTensors()
+    out.name = [read_from[new] for new in kept]
+    out.new_name = kept
+    out.source = [len(srcs) - 1] * len(kept)
+    out.infos = infos = newest.ckpt.table(out.name)  # decoded in bulk
+    out.averaged = bytearray(len(kept))
+    dtypes = {d: _dt.lookup(d) for d in set(infos.dtypes)}
+    # Without patterns a dtype decides alone for a variable: once per dtype.
+    patterned = bool(policy.keep or policy.rules)
+    by_dtype: dict[str, tuple[_dt.DType, str | None]] = {}
+    new_dtypes: list[_dt.DType] = []
+    for k, (new, name) in enumerate(zip(kept, infos.dtypes)):
+        dtype, variable = dtypes[name], new not in fixed
+        decided = by_dtype.get(name) if variable and not patterned else None
+        if decided is None:
+            # By the variable's name: with use_ema its value is read from its shadow's.
+            decided = policy.decide(new, dtype, flat.get(new), variable=variable)
+            if variable and not patterned:
+                by_dtype[name] = decided
+        new_dtypes.append(decided[0])
+        out.dtype_by.append(decided[1])
+        out.averaged[k] = variable and dtype.kind in ("float", "complex")
+    out.new_dtype = [d.name for d in new_dtypes]
+    out.bytes_out = bytes_out_column(infos, new_dtypes)
+    for k, slices in enumerate(infos.slices):
+        averaged = bool(out.averaged[k])
+        if slices:  # decided for a partitioned tensor; a whole one is never written sliced
+            info = infos.info(k)
+            sliced = _written_sliced(srcs, out.name[k], info, averaged, new_dtypes[k])
+            out.extras[k] = {"sliced": sliced}
+        elif averaged and out.name[k] in partitioned_before:
+            out.extras[k] = {"sliced": False}  # whole here, so read whole everywhere
+    return out
 
 
 class _Gone:

@@ -426,7 +426,14 @@ def _planned_tensors(
         dtype_by.append(decided[1])
     out.new_dtype = [d.name for d in new_dtypes]
     out.dtype_by = dtype_by
-    out.bytes_out = array(
+    out.bytes_out = bytes_out_column(infos, new_dtypes)
+    return out
+
+
+def bytes_out_column(infos: TensorTable, new_dtypes: Sequence[_dt.DType]) -> array:
+    """What each tensor of ``infos`` takes written in its ``new_dtypes`` (see
+    :func:`cast_bytes`), as a column."""
+    return array(
         "q",
         [
             nbytes if new.name == dtype else (n if stored is None else stored) * new.fixed_itemsize
@@ -435,7 +442,6 @@ def _planned_tensors(
             )
         ],
     )
-    return out
 
 
 def shape_transforms(

@@ -22,7 +22,7 @@ from tfckpt.errors import (
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CastCounts, CastCountTable, Caster, OverflowPolicy
 from tfckpt.rewrite.edits import edit_chunks
-from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks
+from tfckpt.rewrite.mean import ComplexCaster, accumulator, mean_chunks, weighted_mean
 from tfckpt.rewrite.permute import Member, assembled_chunks, permuted_chunks
 from tfckpt.rewrite.pipeline import (
     BufferRing,
@@ -61,9 +61,7 @@ class TaskItem:
     @property
     def read_dtype(self) -> str:
         """The dtype of the pieces read: a mean's accumulator, else the source's."""
-        if not self.weights:
-            return self.dtype
-        return accumulator(_dt.lookup(self.dtype)).name
+        return _ACCUMULATORS[self.dtype] if self.weights else self.dtype
 
     @property
     def out_shape(self) -> tuple:
@@ -71,6 +69,9 @@ class TaskItem:
         if self.reshape is not None:
             return self.reshape
         return self.shape if self.perm is None else tuple(self.shape[p] for p in self.perm)
+
+
+_ACCUMULATORS = {d.name: accumulator(d).name for d in _dt.all_dtypes()}
 
 
 def _read_bytes(chunk_bytes: int) -> int:
@@ -187,8 +188,8 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
 
     Batched tensors are whole ones, so each name comes once: its counts are set.
     """
-    # Runs of one (source dtype, target dtype): batched items are never means, so those
-    # decide their caster (one lookup a run, not a tensor).
+    # Runs of one (dtype read, target dtype) decide their caster (one lookup a run, not
+    # a tensor); a mean's pieces are read in its accumulator's dtype.
     runs = []
     i = 0
     for (dtype, new_dtype), same in groupby(items, key=_dtypes):
@@ -216,11 +217,14 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
     return result
 
 
-_dtypes = attrgetter("dtype", "new_dtype")
+_dtypes = attrgetter("read_dtype", "new_dtype")
 
 
-def _batchable(item: TaskItem, read_bytes: int) -> bool:
-    return (
+def _batch_of(item: TaskItem, read_bytes: int) -> tuple | None:
+    """Which batch a small tensor can be read in: with the small tensors of its source
+    that follow it, or, a mean, with the means that follow it (each source read
+    together); None when it is read on its own."""
+    if not (
         item.bytes_in <= read_bytes // 2
         and item.extents is None
         and not item.partitioned
@@ -228,9 +232,12 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
         and item.perm is None
         and item.parts is None
         and item.edit is None
-        and not item.weights
         and item.dtype in _BATCHED_DTYPES
-    )
+    ):
+        return None
+    if not item.weights:
+        return (item.source,)
+    return ("mean", item.weights) if item.dtype in _MEAN_BATCHED_DTYPES else None
 
 
 # The dtypes read together: fixed-size ones with a numpy form (a spec: its numpy form
@@ -238,6 +245,9 @@ def _batchable(item: TaskItem, read_bytes: int) -> bool:
 _BATCHED_DTYPES = frozenset(
     d.name for d in _dt.all_dtypes() if d is not _dt.STRING and d.spec is not None
 )
+# Means read together: real floating-point ones, whose sums are element by element
+# (a complex mean is rounded part by part: see ComplexCaster).
+_MEAN_BATCHED_DTYPES = frozenset(n for n in _BATCHED_DTYPES if _dt.lookup(n).kind == "float")
 
 
 def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int, endianness: str):
@@ -249,24 +259,64 @@ def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int
     """
     read_bytes = _read_bytes(chunk_bytes)
     ring = read_ring()
+    mean_rings: dict[int, BufferRing] = {}  # a buffer per source, for batches of means
     batch: list[TaskItem] = []
     size = 0
+    kind: tuple | None = None
     for item in items:
-        small = _batchable(item, read_bytes)
-        if batch and (
-            not small or item.source != batch[0].source or size + item.bytes_in > read_bytes
-        ):
-            names = [i.name for i in batch]
-            yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
+        joins = _batch_of(item, read_bytes)
+        if batch and (joins != kind or size + item.bytes_in > read_bytes):
+            yield _read_batch(batch, size, ckpts, ring, mean_rings)
             batch, size = [], 0
-        if small:
+        kind = joins
+        if joins is not None:
             batch.append(item)
             size += item.bytes_in
         else:
             yield from _item_reads(ckpts, item, chunk_bytes, ring, endianness)
     if batch:
+        yield _read_batch(batch, size, ckpts, ring, mean_rings)
+
+
+def _read_batch(
+    batch: list[TaskItem],
+    size: int,
+    ckpts: Mapping[int, Any],
+    ring: BufferRing,
+    mean_rings: dict[int, BufferRing],
+) -> tuple:
+    """The ``batch`` hand-over of small tensors read together (see :func:`_batch_of`)."""
+    first = batch[0]
+    if not first.weights:
         names = [i.name for i in batch]
-        yield ("batch", batch, ckpts[batch[0].source].read_together(names, buffers=ring), size)
+        return ("batch", batch, ckpts[first.source].read_together(names, buffers=ring), size)
+    n = len(first.weights)
+    mean_ring = mean_rings.get(n) or mean_rings.setdefault(n, BufferRing(n))
+    return ("batch", batch, _batch_means(batch, ckpts, mean_ring), size)
+
+
+def _batch_means(
+    batch: list[TaskItem], ckpts: Mapping[int, Any], ring: BufferRing
+) -> list[np.ndarray]:
+    """The weighted means of a batch of small whole tensors, in their accumulator's
+    dtype: each source's values read together (into ``ring``, a buffer per source),
+    then each run of one dtype summed in one go, element by element as a tensor's own
+    pieces are (see :func:`~tfckpt.rewrite.mean.weighted_mean`). The source buffers
+    are free again when this returns."""
+    weights = batch[0].weights
+    names = [i.name for i in batch]
+    reads = [ckpts[k].read_together(names, buffers=ring) for k in range(len(weights))]
+    out: list[np.ndarray] = []
+    start = 0
+    for dtype, run in groupby(batch, key=attrgetter("dtype")):
+        end = start + sum(1 for _ in run)
+        parts = [r[start] if end - start == 1 else np.concatenate(r[start:end]) for r in reads]
+        acc = weighted_mean(parts, weights, accumulator(_dt.lookup(dtype)))
+        sizes = [a.size for a in reads[0][start:end]]
+        ends = np.cumsum(sizes).tolist()
+        out += map(acc.__getitem__, map(slice, [0] + ends[:-1], ends))
+        start = end
+    return out
 
 
 def _item_reads(

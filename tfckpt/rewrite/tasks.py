@@ -57,12 +57,14 @@ class TaskItems(Sequence[TaskItem]):
     transform, a mean, an edit).
 
     A task run where the plan was made reads the plan's columns; pickled (for an
-    executor elsewhere) it carries its own rows of them.
+    executor elsewhere) it carries its own rows of them. An average's rows marked
+    ``averaged`` are the mean of every source's value, with ``weights``.
     """
 
-    def __init__(self, tensors: PlannedTensors, tf_threshold: int):
+    def __init__(self, tensors: PlannedTensors, tf_threshold: int, weights: tuple = ()):
         self.tensors = tensors
         self.tf_threshold = tf_threshold
+        self.weights = weights
         self.rows = array("q")  # >= 0: a row of ``tensors``; < 0: ~k, ``others[k]``
         self.others: list[TaskItem] = []
 
@@ -85,7 +87,10 @@ class TaskItems(Sequence[TaskItem]):
 
     def sources(self) -> set[int]:
         """The sources the items read (a mean's: every one it weighs)."""
-        out = {self.tensors.source[r] for r in self.rows if r >= 0}
+        t = self.tensors
+        out = {t.source[r] for r in self.rows if r >= 0}
+        if self.weights and any(t.averaged[r] for r in self.rows if r >= 0):
+            out.update(range(len(self.weights)))
         for item in self.others:
             out.add(item.source)
             out.update(range(len(item.weights)))
@@ -94,12 +99,18 @@ class TaskItems(Sequence[TaskItem]):
     @property
     def bytes_in(self) -> int:
         rows = np.frombuffer(self.rows, dtype=np.int64)
-        plain = self.tensors.infos.nbytes.values()[rows[rows >= 0]]
+        rows = rows[rows >= 0]
+        plain = self.tensors.infos.nbytes.values()[rows]
+        if self.weights:  # a mean reads every source
+            averaged = np.frombuffer(self.tensors.averaged, dtype=np.uint8)[rows]
+            plain = plain * np.where(averaged, len(self.weights), 1)
         return int(plain.sum()) + sum(i.bytes_in for i in self.others)
 
     def tf_cast(self) -> bool:
         """Whether any item is cast with ``tf.cast``."""
         t, infos, threshold = self.tensors, self.tensors.infos, self.tf_threshold
+        if self.weights:  # an average's: cast with numpy
+            return any(item.tf_cast for item in self.others)
         return any(item.tf_cast for item in self.others) or any(
             infos.nbytes[r] >= threshold and infos.dtypes[r] != t.new_dtype[r]
             for r in self.rows
@@ -127,6 +138,21 @@ class TaskItems(Sequence[TaskItem]):
             t.new_dtype[r],
             array.__getitem__(infos.nbytes, r),
         )
+        if self.weights and t.averaged[r]:  # a mean: every source read, cast with numpy
+            w = self.weights
+            return TaskItem(
+                t.source[r],
+                t.name[r],
+                t.new_name[r],
+                dtype,
+                new_dtype,
+                infos.shapes[r],
+                False,
+                None,
+                nbytes * len(w),
+                t.bytes_out[r],
+                weights=w,
+            )
         return TaskItem(
             t.source[r],
             t.name[r],
@@ -138,7 +164,7 @@ class TaskItems(Sequence[TaskItem]):
             None,
             nbytes,
             t.bytes_out[r],
-            dtype != new_dtype and nbytes >= self.tf_threshold,
+            dtype != new_dtype and nbytes >= self.tf_threshold and not self.weights,
         )
 
     def __getitem__(self, k):
@@ -158,9 +184,12 @@ class ShardPacker:
     layout), or, given none, the last one while it stays under ``limit`` bytes (a
     bigger item gets one of its own)."""
 
-    def __init__(self, limit: int | None, tensors: PlannedTensors, tf_threshold: int):
+    def __init__(
+        self, limit: int | None, tensors: PlannedTensors, tf_threshold: int, weights: tuple = ()
+    ):
         self.limit = limit
-        self.tensors, self.tf_threshold = tensors, tf_threshold  # what TaskItems read
+        # What TaskItems read.
+        self.tensors, self.tf_threshold, self.weights = tensors, tf_threshold, weights
         self.shards: dict[int, TaskItems] = {}
         self._sizes: dict[int, int] = {}
 
@@ -173,9 +202,12 @@ class ShardPacker:
             if self.shards and size and size + nbytes > self.limit:
                 shard += 1
         if shard not in self.shards:
-            self.shards[shard] = TaskItems(self.tensors, self.tf_threshold)
+            self.shards[shard] = self._items()
         self._sizes[shard] = self._sizes.get(shard, 0) + nbytes
         return shard
+
+    def _items(self) -> TaskItems:
+        return TaskItems(self.tensors, self.tf_threshold, self.weights)
 
     def add(self, item: TaskItem, shard: int | None) -> None:
         """Place ``item`` (see :meth:`place`) and list it there."""
@@ -200,10 +232,7 @@ class ShardPacker:
         graph_at = None if graph_shard is None else order.index(graph_shard)
         items_of = [self.shards[k] for k in order]
         out_paths = new_shard_paths(stores.out, dst, len(items_of))
-        items_of += [  # extra shards: empty
-            TaskItems(self.tensors, self.tf_threshold)
-            for _ in range(len(out_paths) - len(items_of))
-        ]
+        items_of += [self._items() for _ in range(len(out_paths) - len(items_of))]  # empty
         return [
             ShardTask(
                 k,
@@ -389,8 +418,16 @@ def _mean_tasks(p: Plan, options: Options, stores: RunStorage) -> list[ShardTask
     newest = p.sources[-1].ckpt
     n = len(p.sources)
     assert p.weights is not None
-    packer = ShardPacker(p.options.max_shard_bytes, p.tensors, options.tf_threshold)
-    for t in p.tensors:
+    weights = tuple(p.weights)
+    tensors = p.tensors
+    packer = ShardPacker(p.options.max_shard_bytes, tensors, options.tf_threshold, weights)
+    special = {i for i, sl in enumerate(tensors.infos.slices) if sl} | set(tensors.extras)
+    for i, (row_shard, bytes_out) in enumerate(zip(tensors.infos.shards, tensors.bytes_out)):
+        if i not in special:  # the common case, a whole tensor: a row of the plan
+            at = packer.place(bytes_out, (row_shard or 0) if keep_layout else None)
+            packer.shards[at].append_row(i)
+            continue
+        t = tensors[i]
         out = _dt.lookup(t.new_dtype)
         pieces = sorted(newest.slice_info(t.name), key=_file_order) if t.sliced else [t.info]
         for piece in pieces:
@@ -402,13 +439,15 @@ def _mean_tasks(p: Plan, options: Options, stores: RunStorage) -> list[ShardTask
                 piece.extents if t.sliced else None,
                 piece.nbytes * (n if t.averaged else 1),
                 t.bytes_out if not t.sliced else nbytes,
-                weights=tuple(p.weights) if t.averaged else (),
+                weights=weights if t.averaged else (),
             )
+            if t.averaged and not t.sliced:  # partitioned here or in an older source
+                item.partitioned = True
             packer.add(item, (piece.shard or 0) if keep_layout else None)
     graph_shard = None
     if p.object_graph is not None:
-        at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
-        graph_shard = packer.place(graph_bytes(p.object_graph), at)
+        graph_at = (newest.info(OBJECT_GRAPH_KEY).shard or 0) if keep_layout else None
+        graph_shard = packer.place(graph_bytes(p.object_graph), graph_at)
     prefixes = [s.ckpt.prefix for s in p.sources]
     return packer.tasks(stores, p.dst, prefixes, p.object_graph, graph_shard, options)
 
