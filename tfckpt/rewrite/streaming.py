@@ -220,12 +220,19 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
 _dtypes = attrgetter("read_dtype", "new_dtype")
 
 
+def _batch_bytes(item: TaskItem, read_bytes: int) -> int:
+    """How many source bytes a batch of ``item``'s kind reads: ``read_bytes``, or, for
+    means, a quarter: their batch holds besides what is read its concatenation and the
+    float64 sum and term, about four times as much (float32 sources)."""
+    return read_bytes // 4 if item.weights else read_bytes
+
+
 def _batch_of(item: TaskItem, read_bytes: int) -> tuple | None:
     """Which batch a small tensor can be read in: with the small tensors of its source
     that follow it, or, a mean, with the means that follow it (each source read
     together); None when it is read on its own."""
     if not (
-        item.bytes_in <= read_bytes // 2
+        item.bytes_in <= _batch_bytes(item, read_bytes) // 2
         and item.extents is None
         and not item.partitioned
         and not item.tf_cast  # big by the backend's choice: on the device chunk by chunk
@@ -265,7 +272,7 @@ def _reads(items: Sequence[TaskItem], ckpts: Mapping[int, Any], chunk_bytes: int
     kind: tuple | None = None
     for item in items:
         joins = _batch_of(item, read_bytes)
-        if batch and (joins != kind or size + item.bytes_in > read_bytes):
+        if batch and (joins != kind or size + item.bytes_in > _batch_bytes(item, read_bytes)):
             yield _read_batch(batch, size, ckpts, ring, mean_rings)
             batch, size = [], 0
         kind = joins
