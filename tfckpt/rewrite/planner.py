@@ -11,6 +11,7 @@ import os
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
+from typing import NamedTuple
 
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
@@ -203,7 +204,7 @@ def plan(
     flats = [source_flat_names(s) if patterned else {} for s in srcs]
     fixed = [fixed_dtype_tensors(s) if policy.target is not None else set() for s in srcs]
     matched: set[str] = set()  # the drop specs some source's graph has
-    per_source: list[list[tuple[str, str]]] = []  # (old, new) per kept tensor
+    per_source: list[Kept] = []  # the names and new names of each one's kept tensors
     for i, s in enumerate(srcs):
         names = [n for n in s.ckpt.keys() if n != OBJECT_GRAPH_KEY]
         gone = _cut_graph(srcs, i, names, drop_specs, winner, matched, dropped)
@@ -269,6 +270,22 @@ def _cut_graph(
     return gone
 
 
+class Kept(NamedTuple):
+    """A source's tensors kept, in its order, as columns: their names and new names (one
+    list where they keep them)."""
+
+    names: list[str]
+    new_names: list[str]
+
+
+class Chosen(NamedTuple):
+    """The output tensors as columns: the source of each, its name there, its new name."""
+
+    sources: list[int]
+    names: list[str]
+    new_names: list[str]
+
+
 def _kept_tensors(
     s: Source,
     names: list[str],
@@ -276,10 +293,12 @@ def _kept_tensors(
     flat: dict[str, str],
     naming: NameRules,
     dropped: list[tuple[str, str, str]],
-) -> list[tuple[str, str]]:
-    """The tensors of ``s`` the patterns keep, as ``(name, new name)``; in a TF2 source
+) -> Kept:
+    """The tensors of ``s`` the patterns keep, with their new names; in a TF2 source
     only those of attributes kept whole, its graph rekeyed to their new names."""
-    kept = []
+    if naming.keep_all and not gone:
+        return Kept(names, names)  # every one as it is: no pair per tensor
+    olds, news = [], []
     for n in names:
         if n in gone:
             continue
@@ -287,12 +306,13 @@ def _kept_tensors(
         if why is not None:
             dropped.append((s.label, n, why))
             continue
-        kept.append((n, naming.new_name(n)))
+        olds.append(n)
+        news.append(naming.new_name(n))
     if s.graph is None:
-        return kept
+        return Kept(olds, news)
     # An attribute stored as several tensors is kept whole or not at all,
     # and its tensors keep one key plus their suffixes.
-    new_of = dict(kept)
+    new_of = dict(zip(olds, news))
     dead, rekey = set(), {}
     for key, tensors in s.graph.attribute_tensors(set(names)).items():
         if all(t in new_of for t in tensors):
@@ -306,24 +326,29 @@ def _kept_tensors(
                 dropped.append((s.label, t, f"its attribute {key!r} is not kept whole"))
     s.graph.drop_keys(dead)
     s.graph.rekey(rekey)
-    return [(n, new) for n, new in kept if n in new_of]
+    kept = [(n, new) for n, new in zip(olds, news) if n in new_of]
+    return Kept([n for n, _ in kept], [new for _, new in kept])
 
 
 def _choose_by_name(
     srcs: list[Source],
-    per_source: list[list[tuple[str, str]]],
+    per_source: list[Kept],
     prefer: str | None,
     dropped: list[tuple[str, str, str]],
-) -> dict[str, tuple[int, str]]:
-    """Each output name and the ``(source, name)`` it is written from.
+) -> Chosen:
+    """Each output name and the source and name it is written from.
 
     One name, one tensor: clashes inside a source are errors; across sources they are
     errors unless ``prefer`` says which source wins (the loser listed in ``dropped``).
     """
+    if len(per_source) == 1:  # one source: names clash only if renamed alike
+        olds, news = per_source[0]
+        if news is olds or (len(set(news)) == len(news) and OBJECT_GRAPH_KEY not in news):
+            return Chosen([0] * len(olds), olds, news)
     chosen: dict[str, tuple[int, str]] = {}
     for i, kept in enumerate(per_source):
         local: dict[str, str] = {}
-        for old, new in kept:
+        for old, new in zip(*kept):
             if new == OBJECT_GRAPH_KEY:
                 raise CheckpointError(f"{old!r} cannot be renamed to {OBJECT_GRAPH_KEY}")
             if new in local:
@@ -344,22 +369,22 @@ def _choose_by_name(
                     continue
                 dropped.append((srcs[j].label, other, f"{new!r} taken from {srcs[i].label}"))
             chosen[new] = (i, old)
-    return chosen
+    return Chosen(
+        [i for i, _ in chosen.values()], [old for _, old in chosen.values()], list(chosen)
+    )
 
 
-def _merged_graph(
-    srcs: list[Source],
-    per_source: list[list[tuple[str, str]]],
-    chosen: dict[str, tuple[int, str]],
-) -> bytes | None:
+def _merged_graph(srcs: list[Source], per_source: list[Kept], chosen: Chosen) -> bytes | None:
     """The output's object graph: the sources' graphs, less the attributes of tensors
     another source won, merged; None without TF2 sources."""
     graphs = [(i, s.graph) for i, s in enumerate(srcs) if s.graph is not None]
     if not graphs:
         return None
+    # With one source, every tensor is its own.
+    owner = dict(zip(chosen.new_names, chosen.sources)) if len(srcs) > 1 else {}
     for i, g in graphs:
-        mine = {new for _, new in per_source[i]}
-        lost = {new for new in mine if chosen[new][0] != i}
+        mine = set(per_source[i].new_names)
+        lost = {new for new in mine if owner.get(new, i) != i}
         if lost:
             g.drop_keys({k for k, ts in g.attribute_tensors(mine).items() if lost.intersection(ts)})
     merged = (
@@ -382,7 +407,7 @@ def follow_source_layouts(srcs: list[Source], options: Options) -> None:
 
 def _planned_tensors(
     srcs: list[Source],
-    chosen: dict[str, tuple[int, str]],
+    chosen: Chosen,
     policy: DtypePolicy,
     flats: list[dict[str, str]],
     fixed: list[set[str]],
@@ -390,17 +415,18 @@ def _planned_tensors(
     """The chosen tensors with their infos, and the dtype ``policy`` writes each in
     (``fixed``: per source, the tensors ``cast`` passes by), as columns."""
     out = PlannedTensors()
-    wanted: list[list[str]] = [[] for _ in srcs]  # per source, its tensors' old names
-    for i, old in chosen.values():
-        wanted[i].append(old)
-    tables = [srcs[i].ckpt.table(olds) for i, olds in enumerate(wanted)]
-    out.source = [i for i, _ in chosen.values()]
-    out.name = [old for _, old in chosen.values()]
-    out.new_name = list(chosen)
-    out.averaged = bytearray(len(chosen))
+    out.source, out.name, out.new_name = chosen
+    if out.new_name is out.name:  # columns of their own: a row's new name may change
+        out.new_name = list(out.name)
+    out.averaged = bytearray(len(out.name))
     if len(srcs) == 1:
-        out.infos = tables[0]
-    else:  # the sources' rows, interleaved as chosen
+        out.infos = srcs[0].ckpt.table(out.name)
+    else:
+        wanted: list[list[str]] = [[] for _ in srcs]  # per source, its tensors' old names
+        for i, old in zip(chosen.sources, chosen.names):
+            wanted[i].append(old)
+        tables = [srcs[i].ckpt.table(olds) for i, olds in enumerate(wanted)]
+        # the sources' rows, interleaved as chosen
         at = [0] * len(srcs)
         rows = []
         for i in out.source:

@@ -15,7 +15,7 @@ import numpy as np
 
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import TensorInfo, TensorTable
+from tfckpt.format.bundle import Ints, TensorInfo, TensorTable
 from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.options import Options
@@ -147,14 +147,10 @@ class PlannedTensors(Sequence["PlannedTensor"]):
     def in_file_order(self) -> PlannedTensors:
         """These rows in reading order: by source, shard, offset, then new name."""
         infos = self.infos
-        keys = np.array(
-            [
-                self.source,
-                [-1 if x is None else x for x in infos.shards],
-                [x or 0 for x in infos.offsets],
-            ],
-            dtype=np.int64,
-        ).reshape(3, -1)
+        keys = np.empty((3, len(self)), dtype=np.int64)
+        keys[0] = self.source
+        keys[1] = _ints(infos.shards, -1)
+        keys[2] = _ints(infos.offsets, 0)
         order = np.lexsort(keys[::-1])
         ordered = keys[:, order]
         if (np.diff(ordered, axis=1) == 0).all(axis=0).any():  # ties: the names decide
@@ -191,6 +187,14 @@ class PlannedTensors(Sequence["PlannedTensor"]):
 
     def __repr__(self) -> str:
         return f"<PlannedTensors: {len(self)} rows>"
+
+
+def _ints(column: Sequence[int | None], none: int) -> np.ndarray:
+    """A column of ints or None as an int64 array, None as ``none``."""
+    if isinstance(column, Ints):  # None is the least int64 there
+        v = column.values()
+        return np.where(v == np.iinfo(np.int64).min, none, v)
+    return np.array([none if x is None else x for x in column], dtype=np.int64)
 
 
 def _column(name: str):

@@ -232,6 +232,11 @@ class NameRules:
             compile_rules(options.name_map, "name_map"),
         )
 
+    @property
+    def keep_all(self) -> bool:
+        """Whether the rules keep every tensor under its own name (none given)."""
+        return not (self.includes or self.excludes or self.renames or self.exact or self.maps)
+
     def drop_reason(self, name: str, flat: str | None = None) -> str | None:
         """Why the patterns leave a source tensor out (``'not included'``, ``'excluded'``,
         :data:`UNMAPPED`), or None when they keep it; a pattern matching ``flat`` (its flat
