@@ -459,14 +459,14 @@ def _planned_tensors(
 def bytes_out_column(infos: TensorTable, new_dtypes: Sequence[_dt.DType]) -> array:
     """What each tensor of ``infos`` takes written in its ``new_dtypes`` (see
     :func:`cast_bytes`), as a column."""
-    return array(
+    return array(  # from a generator: no list of an int object per tensor
         "q",
-        [
+        (
             nbytes if new.name == dtype else (n if stored is None else stored) * new.fixed_itemsize
             for new, dtype, nbytes, n, stored in zip(
                 new_dtypes, infos.dtypes, infos.nbytes, infos.elements, infos.stored_elements
             )
-        ],
+        ),
     )
 
 
