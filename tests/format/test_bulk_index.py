@@ -10,6 +10,7 @@ checkpoints TensorFlow writes during the run, also after damaging their entries.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import re
@@ -1074,3 +1075,17 @@ def test_slice_keys_are_no_names(tf_checkpoints):
     assert slice_names
     for name in slice_names[:3]:
         _assert_same_errors(prefix, [name])
+
+
+@pytest.mark.parametrize("name", ["tf1_partitioned", "all_dtypes", "tf1_sharded"])
+def test_dump_json_in_parts_of_a_few_records(tf_checkpoints, monkeypatch, name):
+    """The records come some thousands at a time: cut after every two (whole and
+    partitioned tensors in one part or apart), the text is still json.dumps(dump(...))."""
+    module = importlib.import_module("tfckpt.inspection.dump")
+    monkeypatch.setattr(module, "_RECORDS_AT_ONCE", 2)
+    with tfckpt.open(tf_checkpoints(name).prefix) as ckpt:
+        assert len(ckpt.keys()) >= 4
+        parts = list(module.dump_json_parts(ckpt))
+        blocks = (len(ckpt.keys()) + 1) // 2  # a part every two records, ", " between
+        assert len(parts) == 4 + 2 * blocks - 1
+        assert "".join(parts) == json.dumps(dump(ckpt))

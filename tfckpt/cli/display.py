@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -129,11 +130,12 @@ def print_json(data) -> None:
     print_json_text(text)
 
 
-def print_json_text(*parts: str) -> None:
+def print_json_text(parts: str | Iterable[str]) -> None:
     """Print JSON text that ``json.dumps`` wrote with ``ensure_ascii`` (the default), or
-    its equal, given whole or in consecutive parts: ASCII only, DEL and control
-    characters escaped, so no name can upset the output encoding or the terminal."""
-    for part in parts:
+    its equal, given whole or in consecutive parts (each written as it comes): ASCII
+    only, DEL and control characters escaped, so no name can upset the output encoding
+    or the terminal."""
+    for part in [parts] if isinstance(parts, str) else parts:
         sys.stdout.write(part)
     sys.stdout.write("\n")
 

@@ -300,6 +300,17 @@ class TensorTable:
                 setattr(out, f.name, [column[i] for i in rows])
         return out
 
+    def part(self, start: int, stop: int) -> TensorTable:
+        """Rows ``start`` to ``stop`` (as a list slice takes them), as a table."""
+        out = TensorTable.empty()
+        for f in fields(self):
+            column = getattr(self, f.name)
+            if isinstance(column, Ints):  # taken as stored: None stays what it is
+                setattr(out, f.name, Ints.of_array(column.values()[start:stop]))
+            else:
+                setattr(out, f.name, column[start:stop])
+        return out
+
     @classmethod
     def of_columns(cls, columns: Iterable[list]) -> TensorTable:
         """A table of these columns, in the order of its fields (lists of ints made Ints)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from itertools import groupby, repeat
 from json.encoder import encode_basestring_ascii
 from operator import itemgetter
@@ -41,12 +42,23 @@ def dump_json(ckpt: Checkpoint, *, filter: str | None = None) -> str:
     return "".join(dump_json_parts(ckpt, filter=filter))
 
 
-def dump_json_parts(ckpt: Checkpoint, *, filter: str | None = None) -> list[str]:
-    """The text of :func:`dump_json` in consecutive parts (to print without joining)."""
+def dump_json_parts(ckpt: Checkpoint, *, filter: str | None = None) -> Iterator[str]:
+    """The text of :func:`dump_json` in consecutive parts, made as they are taken (to
+    print without holding it all: the records come some thousands at a time)."""
     data, table = _dump(ckpt, filter)
     data["tensors"] = []
     head, tail = json.dumps(data).split('"tensors": []', 1)
-    return [head, '"tensors": [', _records_json(table), "]", tail]
+    yield head
+    yield '"tensors": ['
+    for start in range(0, len(table), _RECORDS_AT_ONCE):
+        if start:
+            yield ", "
+        yield _records_json(table, start, start + _RECORDS_AT_ONCE)
+    yield "]"
+    yield tail
+
+
+_RECORDS_AT_ONCE = 8192  # records made into one part of dump_json_parts
 
 
 def _dump(ckpt: Checkpoint, filter: str | None) -> tuple[dict, TensorTable]:
@@ -101,14 +113,17 @@ def _record(table: TensorTable, i: int) -> dict:
     }
 
 
-def _records_json(table: TensorTable) -> str:
-    """``", ".join`` of ``json.dumps(_record(table, i))`` for every row, built in bulk.
+def _records_json(table: TensorTable, start: int, stop: int) -> str:
+    """``", ".join`` of ``json.dumps(_record(table, i))`` for rows ``start`` to ``stop``
+    (at most), built in bulk.
 
     A whole tensor's record is written as json.dumps writes ``_record``'s dict (keys
     in order, default separators) from pieces: rows mostly share their dtype, shape
     and size, so each distinct middle and end is formatted once and rows are joined
     from them at C speed.
     """
+    if start or stop < len(table):
+        table = table.part(start, stop)
     if any(table.slices) or None in table.offsets or None in table.crc32c:
         # partitioned tensors, or a format without those fields: records one by one
         return ", ".join(json.dumps(_record(table, i)) for i in range(len(table)))

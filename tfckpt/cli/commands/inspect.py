@@ -292,7 +292,7 @@ def cmd_dump(args) -> int:
                 _print_object_graph(data)
             return 0
         if args.json and compact_json():  # the common case for programs, built in bulk
-            print_json_text(*_inspect.dump_json_parts(ckpt, filter=args.filter))
+            print_json_text(_inspect.dump_json_parts(ckpt, filter=args.filter))
             return 0
         data = _inspect.dump(ckpt, filter=args.filter)
     if args.json:
