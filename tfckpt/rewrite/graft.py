@@ -23,7 +23,9 @@ by name it completes.)
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable
+from dataclasses import fields
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import PREFER_ARGS, CheckpointError, option
 from tfckpt.format import dtypes as _dt
-from tfckpt.format.bundle import TensorInfo
+from tfckpt.format.bundle import TensorInfo, TensorTable
 from tfckpt.format.objectgraph import (
     OBJECT_GRAPH_KEY,
     ObjectGraph,
@@ -360,7 +362,6 @@ def _grafted_tensors(
     counts (an optimizer's step); the template's own value for those of ``kept`` none
     fills."""
     tpl = srcs[0]
-    planned = PlannedTensors()
     unmatched: list[str] = []
     wants = tpl.ckpt.table(names)  # decoded in bulk, not kept per tensor
     chosen = {}  # template name -> (source, name) of the tensor that fills it
@@ -374,37 +375,55 @@ def _grafted_tensors(
         wanted[i].append(n)
     tables = [srcs[i].ckpt.table(ns) if ns else None for i, ns in enumerate(wanted)]
     at = [0] * len(srcs)
+    # The planned rows as columns: each one's table row and fields, the few rare
+    # fields apart (a step count's value; restored whole, a partitioned source's).
+    rows: list[tuple[TensorTable, int]] = []
+    columns: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    extras: dict[int, dict] = {}
+
+    def add(table: TensorTable, row: int, source: int, name: str, t: str, dt: str, out: int):
+        rows.append((table, row))
+        for column, value in zip(columns, (source, name, t, dt, out)):
+            column.append(value)
+
     for k, t in enumerate(names):
-        want = wants.info(k)
         if t in steps:
+            want = wants.info(k)
             value = np.array(steps[t], dtype=_dt.lookup(want.dtype).numpy).reshape(want.shape)
-            planned.add(0, t, t, want, want.dtype, want.nbytes, edit=Literal(value.tobytes()))
+            extras[len(rows)] = {"edit": Literal(value.tobytes())}
+            add(wants, k, 0, t, t, want.dtype, want.nbytes)
             continue
         if t not in chosen:
             if t in kept:
-                planned.add(0, t, t, want, want.dtype, want.nbytes)
+                add(wants, k, 0, t, t, wants.dtypes[k], wants.nbytes[k])
             else:
                 unmatched.append(t)
             continue
         i, n = chosen[t]
         table = tables[i]
         assert table is not None
-        info = table.info(at[i])
+        row = at[i]
         at[i] += 1
-        if tuple(info.shape) != tuple(want.shape):
+        shape, want_shape = table.shapes[row], wants.shapes[k]
+        if tuple(shape) != tuple(want_shape):
             raise CheckpointError(
-                f"shape mismatch: the template's {t!r} is {list(want.shape)}, "
-                f"{n!r} of {srcs[i].label} is {list(info.shape)}"
+                f"shape mismatch: the template's {t!r} is {list(want_shape)}, "
+                f"{n!r} of {srcs[i].label} is {list(shape)}"
             )
-        src_dt, dt = _dt.lookup(info.dtype), _dt.lookup(want.dtype)
+        src_dt, dt = _dt.lookup(table.dtypes[row]), _dt.lookup(wants.dtypes[k])
         if src_dt is not dt and not (src_dt.is_floating and dt.is_floating):
             raise CheckpointError(
                 f"dtype mismatch: the template's {t!r} is {dt.name}, {n!r} of "
                 f"{srcs[i].label} is {src_dt.name}; only floating-point values are cast"
             )
-        stored = info.size if info.stored_elements is None else info.stored_elements
-        out_bytes = info.nbytes if src_dt is dt else stored * dt.fixed_itemsize
-        planned.add(i, n, t, info, dt.name, out_bytes, restored_whole=tpl.graph is not None)
+        if src_dt is dt:
+            out_bytes = table.nbytes[row]
+        else:
+            stored = table.stored_elements[row]
+            out_bytes = (table.elements[row] if stored is None else stored) * dt.fixed_itemsize
+        if table.slices[row] and tpl.graph is not None:
+            extras[len(rows)] = {"restored_whole": True}  # as TF2 restores it
+        add(table, row, i, n, t, dt.name, out_bytes)
     if unmatched:
         more = f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         raise CheckpointError(
@@ -413,6 +432,15 @@ def _grafted_tensors(
             f"{option('allow_missing=True', '--allow-missing')})",
             path=tpl.label,
         )
+    planned = PlannedTensors()
+    planned.source, planned.name, planned.new_name, planned.new_dtype, out = columns
+    planned.bytes_out = array("q", out)
+    planned.dtype_by = [None] * len(rows)
+    planned.averaged = bytearray(len(rows))
+    planned.infos = TensorTable.of_columns(
+        [getattr(table, f.name)[row] for table, row in rows] for f in fields(TensorTable)
+    )
+    planned.extras = extras
     return planned
 
 
