@@ -22,6 +22,7 @@ from tfckpt._proto.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto,
 from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.dtypes import Endianness
+from tfckpt.format.packed import PackedBytes
 from tfckpt.format.slices import Slice, num_elements
 from tfckpt.format.table import mask_crc
 
@@ -491,12 +492,18 @@ def decode_entries(values: Sequence[bytes]) -> EntryColumns:
     would have to hand all of it back and forth.
     """
     n = len(values)
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
-    ends = np.cumsum(lengths)
-    pos = ends - lengths
+    if isinstance(values, PackedBytes):
+        pos, ends = values.bounds()
+        pos, ends = pos - values.base, ends - values.base
+        joined = values.joined()
+    else:
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+        ends = np.cumsum(lengths)
+        pos = ends - lengths
+        joined = b"".join(values)
     # Reads run at most 10 bytes past any position inside the data: the zeros keep
     # them in bounds, and a row that reads past its own end is rejected.
-    buf = np.frombuffer(b"".join(values) + bytes(16), dtype=np.uint8)
+    buf = np.frombuffer(joined + bytes(16), dtype=np.uint8)
     ok = np.ones(n, dtype=bool)
 
     def varint(at: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

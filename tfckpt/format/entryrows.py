@@ -29,6 +29,7 @@ from tfckpt.format.bulktable import (
     varint_lengths,
 )
 from tfckpt.format.orderedcode import decode_name
+from tfckpt.format.packed import PackedBytes
 from tfckpt.format.table import BLOCK_SIZE, encode_varint, mask_crc
 
 # BundleEntryProto's fields as (number << 3 | wire type); TensorShapeProto.dim and Dim.size
@@ -65,20 +66,6 @@ def _mask_crcs(crc: np.ndarray) -> np.ndarray:
     return ((c >> np.uint32(15)) | (c << np.uint32(17))) + np.uint32(_MASK_DELTA)
 
 
-class _Keys(Sequence[bytes]):
-    """The keys of the rows, read from their joined bytes (for bisection)."""
-
-    def __init__(self, rows: EntryRows):
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return len(self._rows._ends)
-
-    def __getitem__(self, i):  # ints only
-        ends = self._rows._ends
-        return bytes(self._rows._keys[ends[i - 1] if i else 0 : ends[i]])
-
-
 class EntryRows(Mapping[bytes, BundleEntryProto]):
     """The index entries being built: whole tensors' as rows of columns, the others
     (partitioned tensors' own entries, or any given as a message) as messages.
@@ -91,8 +78,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
     """
 
     def __init__(self) -> None:
-        self._keys = bytearray()  # every row's key, joined
-        self._ends = array("Q")  # where each row's key ends in _keys
+        self._keys = PackedBytes()  # every row's key
         self.dtype = array("H")  # DataType numbers
         self.shape_id = array("I")  # into shapes
         self.shard = array("I")
@@ -126,12 +112,11 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
             sid = self._shape_id(shape)
         if self._keyset is not None:
             self._keyset.add(key)
-        elif self._ends and key <= self._last:
-            self._keyset = set(_Keys(self))
+        elif self._keys.ends and key <= self._last:
+            self._keyset = set(self._keys)
             self._keyset.add(key)
         self._last = key
-        self._keys += key
-        self._ends.append(len(self._keys))
+        self._keys.append(key)
         self.dtype.append(dtype)
         self.shape_id.append(sid)
         self.shard.append(shard)
@@ -151,7 +136,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
     # -- the mapping
 
     def __len__(self) -> int:
-        return len(self._ends) + len(self.protos)
+        return len(self._keys.ends) + len(self.protos)
 
     def __contains__(self, key) -> bool:
         return key in self.protos or self._in_rows(key)
@@ -159,18 +144,18 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
     def _in_rows(self, key: bytes) -> bool:
         if self._keyset is not None:
             return key in self._keyset
-        if not self._ends or key > self._last:
+        if not self._keys.ends or key > self._last:
             return False
-        keys = _Keys(self)
+        keys = self._keys
         i = bisect.bisect_left(keys, key)
         return i < len(keys) and keys[i] == key
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from _Keys(self)
+        yield from self._keys
         yield from self.protos
 
     def _row(self, key: bytes) -> int:
-        keys = _Keys(self)
+        keys = self._keys
         if self._keyset is None:
             i = bisect.bisect_left(keys, key)
             if i < len(keys) and keys[i] == key:
@@ -205,30 +190,26 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._shape_ids = {s: i for i, s in enumerate(self.shapes)}
-        self._keyset = set(_Keys(self)) if state["_keyset"] else None
+        self._keyset = set(self._keys) if state["_keyset"] else None
 
     # -- merging and encoding
 
     def extend(self, other: EntryRows, shard: int | None = None) -> None:
         """Append ``other``'s rows (their shard set to ``shard``, unless None)."""
-        if not other._ends:
+        if not other._keys.ends:
             return
         remap = np.array([self._shape_id(s) for s in other.shapes], dtype=np.uint32)
-        in_order = other._keyset is None and (
-            not self._ends or bytes(other._keys[: other._ends[0]]) > self._last
-        )
+        in_order = other._keyset is None and (not self._keys.ends or other._keys[0] > self._last)
         if self._keyset is None and not in_order:
-            self._keyset = set(_Keys(self))
+            self._keyset = set(self._keys)
         if self._keyset is not None:
-            self._keyset.update(_Keys(other))
-        base = len(self._keys)
-        self._keys += other._keys
-        self._ends.extend(array("Q", (np.frombuffer(other._ends, np.uint64) + base).tobytes()))
+            self._keyset.update(other._keys)
+        self._keys.extend(other._keys)
         self._last = other._last
         self.dtype.extend(other.dtype)
         ids = remap[np.frombuffer(other.shape_id, np.uint32)]
         self.shape_id.extend(array("I", ids.tobytes()))
-        n = len(other._ends)
+        n = len(other._keys.ends)
         self.shard.extend(other.shard if shard is None else array("I", [shard]) * n)
         self.offset.extend(other.offset)
         self.size.extend(other.size)
@@ -245,9 +226,9 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
         """A key that two rows have, or a row and a message; None when all differ."""
         if self._keyset is None:  # rows in order: each key differs from the one before
             return next((k for k in self.protos if self._in_rows(k)), None)
-        if len(self._keyset) != len(self._ends):
+        if len(self._keyset) != len(self._keys.ends):
             seen: set[bytes] = set()
-            return next(k for k in _Keys(self) if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            return next(k for k in self._keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         return next((k for k in self.protos if k in self._keyset), None)
 
     def _fields(self, rows: slice | np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -318,7 +299,7 @@ class EntryRows(Mapping[bytes, BundleEntryProto]):
     def _sorted(self, extra_keys: list[bytes]) -> np.ndarray:
         """The rows and ``extra_keys`` (sorted; numbered from the row count on) in key
         order, when the rows were not added in key order."""
-        keys = [*_Keys(self), *extra_keys]
+        keys = [*self._keys, *extra_keys]
         return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
@@ -347,14 +328,14 @@ class _Pieces:
     values), in key order: piece by piece, as :func:`table_in_pieces` asks for them."""
 
     def __init__(self, rows: EntryRows, extra_keys: list[bytes], extra_values: list[bytes]):
-        self.rows, self.n = rows, len(rows._ends)
+        self.rows, self.n = rows, len(rows._keys.ends)
         self.extra_keys, self.extra_values = extra_keys, extra_values
         self.shapes = _ShapeFields(rows.shapes)
-        self.ends = np.frombuffer(rows._ends, np.uint64)
+        self.ends = np.frombuffer(rows._keys.ends, np.int64)
         # Rows in key order (they nearly always are) are read from the columns as they
         # are, the extras in their places among them; else in the order sorted.
         self.order = None if rows._keyset is None else rows._sorted(extra_keys)
-        places = [bisect.bisect_left(_Keys(rows), k) for k in extra_keys]
+        places = [bisect.bisect_left(rows._keys, k) for k in extra_keys]
         self.extra_at = np.array(places, dtype=np.int64) + np.arange(len(places))
 
     def __len__(self) -> int:
@@ -397,7 +378,7 @@ class _Pieces:
     def _keys(self, order: np.ndarray, is_row: np.ndarray, extras: list[int]):
         """The keys of entries ``order``, joined, and where each starts and the last ends."""
         ends = self.ends
-        buf = np.frombuffer(self.rows._keys, np.uint8)
+        buf = np.frombuffer(self.rows._keys.data, np.uint8)
         if is_row.all() and self.order is None:  # rows in order: their keys as they lie
             first, last = int(order[0]), int(order[-1])
             start = int(ends[first - 1]) if first else 0

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from tfckpt.format.packed import PackedBytes
+
 # Header bits of the first two bytes of a signed number of each encoded length.
 _SIGNED_HEADER = [
     (0x00, 0x00),
@@ -136,9 +140,15 @@ def decode_name(key: bytes) -> str:
     return key.decode("utf-8", errors="surrogateescape")
 
 
-def decode_names(keys: list[bytes]) -> list[str]:
+def decode_names(keys: Sequence[bytes]) -> list[str]:
     """``decode_name`` of every key, decoded together."""
-    joined = b"\0".join(keys)
+    if isinstance(keys, PackedBytes) and len(keys):
+        # The buffer with a NUL put where each key after the first starts.
+        starts, _ = keys.bounds()
+        packed = np.frombuffer(keys.joined(), dtype=np.uint8)
+        joined = np.insert(packed, starts[1:] - starts[0], 0).tobytes()
+    else:
+        joined = b"\0".join(keys)
     # Joined by a byte no key holds, keys decode as they do one by one: the byte
     # is a character of its own and ends any broken sequence before it.
     if joined.count(b"\0") != max(len(keys) - 1, 0):

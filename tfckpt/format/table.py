@@ -22,6 +22,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from tfckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from tfckpt.format.packed import PackedBytes
 
 MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48
@@ -298,7 +299,8 @@ def _not_an_entry(restart: int, limit: int) -> ValueError:
 
 
 class TableReader:
-    """All entries of a table held in memory as ``bytes``, in file order.
+    """All entries of a table held in memory, in file order: its keys and its values as
+    two :class:`~tfckpt.format.packed.PackedBytes` columns.
 
     ``path`` only names the file in error messages.
     """
@@ -307,12 +309,13 @@ class TableReader:
         self.path = path
         self._data = data
         # lazy: no entries held; walk them with iter_blocks, fetch with block_entries.
-        self.keys: list[bytes] = []  # sorted, each once
-        self.values: list[bytes] = []
+        keys, values = PackedBytes(), PackedBytes()
         if not lazy:
-            for _, keys, values in self.iter_block_columns():
-                self.keys += keys
-                self.values += values
+            for _, block_keys, block_values in self.iter_block_columns():
+                keys.extend(block_keys)
+                values.extend(block_values)
+        self.keys = keys.frozen()  # sorted, each once
+        self.values = values.frozen()
 
     @property
     def entries(self) -> list[tuple[bytes, bytes]]:
