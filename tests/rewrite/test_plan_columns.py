@@ -116,6 +116,14 @@ def test_cast_count_table_adds_runs_and_merges_shards():
         "c": CastCounts(0, 3, 0, 4),
     }
     assert t.nonzero("to_zero") == {"a": 1, "c": 3} and t.nonzero("overflow") == {"a": 1}
+    # Only rows with a count not zero keep their counts; the others their elements.
+    np.testing.assert_array_equal(t.array(), [[1, 1, 2, 15], [0, 0, 0, 4], [0, 3, 0, 4]])
+    d = CastCountTable()
+    d.extend(["x", "y"], np.array([[0, 0, 0, 3], [0, 0, 0, 2]]))
+    d.add("y", (2, 0, 0, 1))  # a later piece of y overflows
+    d.add("y", (1, 0, 1, 1))
+    assert dict(d) == {"x": CastCounts(0, 0, 0, 3), "y": CastCounts(3, 0, 1, 4)}
+    assert t.merged([d]).nonzero("overflow") == {"a": 1, "y": 3}
     other = CastCountTable()
     other.add("a", (0, 0, 1, 1))  # the slices of "a" written to another shard
     merged = t.merged([other])

@@ -131,23 +131,26 @@ class BundleIndex:
         self._parsed: dict[bytes, Entry] = {}
         table = TableReader(data, self.index_path)
         keys, values = table.keys, table.values  # sorted, each once (the table checks)
-        self._table_columns = keys, values
         # The header's empty key sorts first, then every key that starts with a NUL
         # byte (slice keys among them), then the other tensor names.
         first = 1 if keys and keys[0] == HEADER_KEY else 0
         self.header = decode_header(values[0] if first else None, self.index_path)
-        self.slice_keys = self._listed_slice_keys(keys[first : bisect_left(keys, b"\x01")])
+        keys, values = keys[first:], values[first:]
+        del table
+        self._table_columns = keys, values  # every entry but the header's
+        self.slice_keys = self._listed_slice_keys(keys[: bisect_left(keys, b"\x01")])
         if self.slice_keys:
             listed = self.slice_keys
-            rows = [i for i, k in enumerate(keys) if i >= first and k not in listed]
+            rows = [i for i, k in enumerate(keys) if k not in listed]
             self._keys, self._values = keys.take(rows).frozen(), values.take(rows).frozen()
         else:
-            self._keys, self._values = keys[first:], values[first:]
+            self._keys, self._values = keys, values
         self.names = orderedcode.decode_names(self._keys)
 
     def raw(self, key: bytes) -> bytes | None:
-        """The entry of ``key`` as stored, or None: found by bisection in the table's
-        sorted keys (a dict of them would cost 50 bytes a tensor more)."""
+        """The entry of ``key`` as stored (None for the header's or one not there):
+        found by bisection in the table's sorted keys (a dict of them would cost 50
+        bytes a tensor more)."""
         keys, values = self._table_columns
         i = bisect_left(keys, key)
         return values[i] if i < len(keys) and keys[i] == key else None

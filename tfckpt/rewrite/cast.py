@@ -17,6 +17,7 @@ software, several times slower); ``TFCKPT_CAST=reference`` turns it off.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from array import array
@@ -70,11 +71,13 @@ class CastCounts:
 class CastCountTable(Mapping[str, CastCounts]):
     """Each cast tensor's :class:`CastCounts`, by its (output) name, kept as columns.
 
-    A run of 200 000 small tensors casts each once; a dict of objects would cost that
-    many objects, these columns 40 bytes a tensor. Filled by the pipeline with
-    :meth:`add` (a tensor's pieces one after another: consecutive adds of one name
-    accumulate) and :meth:`extend`; read as a mapping (its index made on first
-    lookup) or, without an object per tensor, with :meth:`nonzero`.
+    A run of 200 000 small tensors casts each once, and nearly every cast changes no
+    value: a dict of objects would cost that many objects; these columns keep a name
+    and an element count per tensor (16 bytes) and the three counts only of the
+    tensors where one is not zero. Filled by the pipeline with :meth:`add` (a tensor's
+    pieces one after another: consecutive adds of one name accumulate) and
+    :meth:`extend`; read as a mapping (its index made on first lookup) or, without an
+    object per tensor, with :meth:`nonzero`.
 
     >>> t = CastCountTable(); t.add("a", (0, 1, 2, 4)); t.add("a", (0, 0, 1, 4))
     >>> t["a"]
@@ -83,28 +86,47 @@ class CastCountTable(Mapping[str, CastCounts]):
 
     def __init__(self):
         self.names: list[str] = []
-        self._values = array("q")  # overflow, to_zero, subnormal, elements per row
+        self._elements = array("q")  # per row
+        self._special = array("q")  # the rows with a count not zero, ascending
+        self._counts = array("q")  # their overflow, to_zero and subnormal counts
         self._rows: dict[str, int] | None = None
 
     def __getstate__(self) -> dict:
-        return {"names": self.names, "_values": self._values, "_rows": None}
+        return {**self.__dict__, "_rows": None}
 
     def add(self, name: str, counts: Sequence[int]) -> None:
         """Count ``counts`` for ``name``: on its row if it is the last one added, else
         on a new row."""
-        v = self._values
+        overflow, to_zero, subnormal, elements = counts
         if self.names and self.names[-1] == name:
-            for k in range(4):
-                v[-4 + k] += counts[k]
-            return
-        self.names.append(name)
-        v.extend(counts)
-        self._rows = None
+            self._elements[-1] += elements
+        else:
+            self.names.append(name)
+            self._elements.append(elements)
+            self._rows = None
+        if overflow or to_zero or subnormal:
+            row, c = len(self.names) - 1, self._counts
+            if self._special and self._special[-1] == row:
+                c[-3], c[-2], c[-1] = c[-3] + overflow, c[-2] + to_zero, c[-1] + subnormal
+            else:
+                self._special.append(row)
+                c.extend((overflow, to_zero, subnormal))
 
     def extend(self, names: list[str], counts: np.ndarray) -> None:
         """New rows: ``names`` with their ``counts`` (an int array of ``len(names)`` x 4)."""
+        counts = np.asarray(counts, dtype=np.int64).reshape(-1, 4)
+        special = np.flatnonzero(counts[:, :3].any(axis=1))
+        self._add_rows(names, counts[:, 3], special, counts[special, :3])
+
+    def _add_rows(self, names: list[str], elements, special: np.ndarray, counts) -> None:
+        """Rows ``names`` with their ``elements``; ``special``: those of them (numbered
+        from 0) with a count not zero, and their ``counts`` (``len(special)`` x 3)."""
+        start = len(self.names)
         self.names += names
-        self._values.frombytes(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+        self._elements.frombytes(np.ascontiguousarray(elements, dtype=np.int64).tobytes())
+        if len(special):
+            self._special.frombytes((special + start).astype(np.int64).tobytes())
+            self._counts.frombytes(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
         self._rows = None
 
     def merged(self, others: list[CastCountTable]) -> CastCountTable:
@@ -114,27 +136,36 @@ class CastCountTable(Mapping[str, CastCounts]):
             return self
         out = CastCountTable()
         for t in [self, *others]:
-            out.names += t.names
-            out._values += t._values
+            special = np.frombuffer(t._special, dtype=np.int64)
+            out._add_rows(t.names, t._elements, special, t.special_counts())
         if len(set(out.names)) != len(out.names):
             arr, rows = out.array(), dict[str, list[int]]()
             for i, name in enumerate(out.names):
                 rows.setdefault(name, []).append(i)
             summed = np.array([arr[r].sum(axis=0) for r in rows.values()], dtype=np.int64)
-            out.names, out._values = [], array("q")
+            out = CastCountTable()
             out.extend(list(rows), summed.reshape(-1, 4))
         return out
 
+    def special_counts(self) -> np.ndarray:
+        """The overflow, to_zero and subnormal counts of the rows with one not zero
+        (``len(special) x 3``, in row order)."""
+        return np.frombuffer(self._counts, dtype=np.int64).reshape(-1, 3)
+
     def array(self) -> np.ndarray:
-        """The counts as an int64 array of ``len(self)`` x 4 (a view: do not keep it
-        while adding)."""
-        return np.frombuffer(self._values, dtype=np.int64).reshape(-1, 4)
+        """The counts as an int64 array of ``len(self)`` x 4 (overflow, to_zero,
+        subnormal, elements), made when asked for."""
+        out = np.zeros((len(self.names), 4), dtype=np.int64)
+        out[:, 3] = np.frombuffer(self._elements, dtype=np.int64)
+        out[np.frombuffer(self._special, dtype=np.int64), :3] = self.special_counts()
+        return out
 
     def nonzero(self, what: str) -> dict[str, int]:
         """The tensors ``what`` (overflow, to_zero, subnormal) happened to, and how often."""
-        col = self.array()[:, ("overflow", "to_zero", "subnormal").index(what)]
+        col = self.special_counts()[:, ("overflow", "to_zero", "subnormal").index(what)]
         rows = np.flatnonzero(col)
-        return dict(zip([self.names[i] for i in rows.tolist()], col[rows].tolist()))
+        special = np.frombuffer(self._special, dtype=np.int64)[rows]
+        return dict(zip([self.names[i] for i in special.tolist()], col[rows].tolist()))
 
     def _index(self) -> dict[str, int]:
         if self._rows is None:
@@ -143,7 +174,11 @@ class CastCountTable(Mapping[str, CastCounts]):
 
     def __getitem__(self, name: str) -> CastCounts:
         i = self._index()[name]
-        return CastCounts(*self._values[4 * i : 4 * i + 4])
+        k = bisect.bisect_left(self._special, i)
+        if k < len(self._special) and self._special[k] == i:
+            c = self._counts
+            return CastCounts(c[3 * k], c[3 * k + 1], c[3 * k + 2], self._elements[i])
+        return CastCounts(0, 0, 0, self._elements[i])
 
     def __contains__(self, name) -> bool:
         return name in self._index()
