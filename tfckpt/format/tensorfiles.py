@@ -145,17 +145,18 @@ def _little(chunk: np.ndarray) -> np.ndarray:
 # -- safetensors
 
 
-def safetensors_header(entries: Sequence[Entry], metadata: Mapping[str, str]) -> bytes:
-    """The header of a safetensors file holding ``entries`` in this order.
+def safetensors_header(entries: Sequence[Entry], metadata: Mapping[str, str]) -> list[bytes]:
+    """The header of a safetensors file holding ``entries`` in this order, in pieces
+    to write one after another (the first is the length).
 
     Little-endian u64 length, then JSON padded with spaces to a multiple of 8
     (the alignment the reference implementation writes).
     """
     # The text json.dumps gives the whole header as one dict (compact separators, keys
-    # in order), made a tensor at a time: no dict per tensor for 200 000 of them.
-    parts = []
-    if metadata:
-        parts.append('"__metadata__":' + _compact(dict(metadata)))
+    # in order), made a tensor at a time (no dict per tensor for 200 000 of them) and
+    # joined some thousands at a time: the header is held once, as those pieces.
+    pieces = [b"{"]
+    parts = ['"__metadata__":' + _compact(dict(metadata))] if metadata else []
     offset = 0
     shapes: dict[tuple[int, ...], str] = {}
     for e in entries:
@@ -168,9 +169,17 @@ def safetensors_header(entries: Sequence[Entry], metadata: Mapping[str, str]) ->
             f'"shape":{shape},"data_offsets":[{offset},{end}]}}'
         )
         offset = end
-    text = ("{" + ",".join(parts) + "}").encode("utf-8")
-    text += b" " * (-(len(text) + 8) % 8)
-    return struct.pack("<Q", len(text)) + text
+        if len(parts) == _HEADER_PART:
+            pieces.append(((len(pieces) > 1) * "," + ",".join(parts)).encode("utf-8"))
+            parts = []
+    if parts:
+        pieces.append(((len(pieces) > 1) * "," + ",".join(parts)).encode("utf-8"))
+    size = sum(map(len, pieces)) + 1
+    pieces.append(b"}" + b" " * (-(size + 8) % 8))
+    return [struct.pack("<Q", size + len(pieces[-1]) - 1), *pieces]
+
+
+_HEADER_PART = 4096  # tensors' header entries joined at a time
 
 
 def _compact(value) -> str:
@@ -205,7 +214,8 @@ class SafetensorsWriter:
         self._entries = entries
         self._next = 0
         self._left = 0
-        file.write(safetensors_header(entries, metadata))
+        for piece in safetensors_header(entries, metadata):
+            file.write(piece)
 
     def begin(self, name: str) -> None:
         e = _next_entry(self, name)

@@ -13,6 +13,7 @@ export last. The way back is :mod:`tfckpt.interop.importing`.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -25,7 +26,7 @@ from tfckpt.errors import (
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
-from tfckpt.interop.export_files import ExportFiles, ExportTensor, file_names
+from tfckpt.interop.export_files import ExportFiles, ExportRows, file_names
 from tfckpt.io.storage import StorageOptions, normalize
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options, Permutes
@@ -168,7 +169,8 @@ def plan_export(
         object_graph=False,
     )
     store = p.storage
-    outs, skipped, left_out = [], [], []
+    outs = array("q")  # the rows of the plan's tensors written
+    skipped, left_out = [], []
     keep_bookkeeping = with_bookkeeping or with_optimizer
     supported = {d: tfiles.supports(fmt, d) for d in set(p.tensors.new_dtype)}
     rows = zip(p.tensors.name, p.tensors.new_name, p.tensors.new_dtype)  # read as columns
@@ -188,7 +190,7 @@ def plan_export(
         if not supported[new_dtype]:
             skipped.append((new_name, f"{new_dtype} tensors cannot be stored in {fmt}"))
             continue
-        outs.append(ExportTensor(p.tensors, row))
+        outs.append(row)
     if skipped and not skip_unsupported:
         listed = ", ".join(f"{n} ({r.split(' ')[0]})" for n, r in skipped)
         raise CheckpointError(
@@ -196,7 +198,8 @@ def plan_export(
             f"{option('skip_unsupported=True', '--skip-unsupported')} to leave them out): {listed}",
             path=p.sources[0].label,
         )
-    files, index = file_names(store, out, _groups(outs, options.max_shard_bytes))
+    groups = _groups(ExportRows(p.tensors, outs), options.max_shard_bytes)
+    files, index = file_names(store, out, groups)
     protected = frozenset(
         s.ckpt.storage.realpath(f)
         for s in p.sources
@@ -221,17 +224,18 @@ def plan_export(
     return replace(p, output=ExportFiles(fmt, out, files, index, skipped, protected))
 
 
-def _groups(outs: list[ExportTensor], limit: int | None) -> list[list[ExportTensor]]:
+def _groups(outs: ExportRows, limit: int | None) -> list[ExportRows]:
     """The tensors in files of at most ``limit`` bytes each (one file without a limit)."""
-    groups: list[list[ExportTensor]] = [[]]
-    size = 0
-    for o in outs:
-        if limit is not None and groups[-1] and size + o.bytes_out > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append(o)
-        size += o.bytes_out
-    return groups
+    if limit is None:
+        return [outs]
+    groups, first, size = [], 0, 0
+    sizes = outs.tensors.bytes_out
+    for i, row in enumerate(outs.rows):
+        if i > first and size + sizes[row] > limit:
+            groups.append(outs[first:i])
+            first, size = i, 0
+        size += sizes[row]
+    return [*groups, outs[first:]]
 
 
 def export(

@@ -15,6 +15,7 @@ import itertools
 import json
 import re
 import time
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,11 +79,39 @@ class ExportTensor:
         return task_item(pt, None, pt.info.nbytes, pt.bytes_out)
 
 
+class ExportRows(Sequence[ExportTensor]):
+    """Output tensors of an export as rows of the plan's ``tensors`` (8 bytes each):
+    an :class:`ExportTensor` is made for a row when asked for, not held per tensor.
+
+    >>> outs = ExportRows(p.tensors, array("q", [0, 2])); outs[1].new_name
+    """
+
+    def __init__(self, tensors: PlannedTensors, rows: array):
+        self.tensors, self.rows = tensors, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return ExportRows(self.tensors, self.rows[i])
+        return ExportTensor(self.tensors, self.rows[i])
+
+    def __iter__(self) -> Iterator[ExportTensor]:
+        t = self.tensors
+        return (ExportTensor(t, r) for r in self.rows)
+
+    def bytes_out(self) -> int:
+        """What the rows take written."""
+        out = self.tensors.bytes_out
+        return sum(out[r] for r in self.rows)
+
+
 class _Made(Sequence):
     """What ``make`` makes of each of ``outs``, made when asked for: a file's entries and
     the pipeline's items are not held for every tensor at once."""
 
-    def __init__(self, outs: list[ExportTensor], make: Callable[[ExportTensor], Any]):
+    def __init__(self, outs: Sequence[ExportTensor], make: Callable[[ExportTensor], Any]):
         self._outs, self._make = outs, make
 
     def __len__(self) -> int:
@@ -109,7 +138,7 @@ class ExportFiles:
 
     format: str
     out: str
-    files: list[tuple[str, list[ExportTensor]]]  # final path, its tensors in order
+    files: list[tuple[str, ExportRows]]  # final path, its tensors in order
     index: str | None  # the sharded index's path
     skipped: list[tuple[str, str]]
     protected: frozenset[str] = frozenset()  # the sources' files (real paths)
@@ -126,12 +155,15 @@ class ExportFiles:
         Its ``tensors`` records are made when asked for (:class:`~tfckpt.rewrite.engine.Records`).
         """
         ruled = p.dtype_rule_counts() is not None
-        outs = [o for _, outs in self.files for o in outs]
+        t = p.tensors
+        rows = array("q")
+        for _, outs in self.files:
+            rows.extend(outs.rows)
         ends = list(itertools.accumulate(len(outs) for _, outs in self.files))
         names = [p.storage.basename(path) for path, _ in self.files]
 
         def record(i: int) -> dict:
-            pt = outs[i].pt
+            pt = t[rows[i]]
             return {
                 "name": pt.name,
                 "new_name": pt.new_name,
@@ -143,12 +175,9 @@ class ExportFiles:
                 **({"dtype_by": pt.dtype_by} if ruled else {}),
             }
 
-        t = p.tensors
-        rows = [o.row for o in outs]
-
         return Summary(
             self.out,
-            kept=len(outs),
+            kept=len(rows),
             dropped=len(p.dropped),
             renamed=sum(t.name[r] != t.new_name[r] for r in rows),
             cast=sum(t.infos.dtypes[r] != t.new_dtype[r] for r in rows),
@@ -158,7 +187,7 @@ class ExportFiles:
             files=[f for f, _ in self.files]
             + [f for f, _ in self.extra]
             + ([self.index] if self.index else []),
-            tensors=Records(len(outs), record),
+            tensors=Records(len(rows), record),
             skipped=self.skipped,
         )
 
@@ -213,7 +242,7 @@ def _listing(store, directory: str) -> list[str]:
         return []
 
 
-def file_names(store, out: str, groups: list[list[ExportTensor]]):
+def file_names(store, out: str, groups: list[ExportRows]):
     """The files of the export and its index (None for one file).
 
     Shards are named as Hugging Face names them, ``model-00001-of-00003.safetensors``,
@@ -338,7 +367,7 @@ class ExportWriting:
         ep, store = self.ep, self.store
         index = {
             "metadata": {
-                "total_size": sum(o.bytes_out for _, outs in ep.files for o in outs),
+                "total_size": sum(outs.bytes_out() for _, outs in ep.files),
                 **self.metadata,
             },
             "weight_map": {
@@ -347,7 +376,7 @@ class ExportWriting:
         }
         return json.dumps(index, indent=2).encode()
 
-    def _write_file(self, where: str, outs: list[ExportTensor]) -> None:
+    def _write_file(self, where: str, outs: Sequence[ExportTensor]) -> None:
         store, options = self.store, self.options
         f = store.open_writer(where)
         w: tfiles.SafetensorsWriter | tfiles.NpzWriter | None = None

@@ -7,11 +7,14 @@ then writes the plan.
 
 from __future__ import annotations
 
+import operator
 import os
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from typing import NamedTuple
+
+import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
@@ -511,13 +514,15 @@ def finished_plan(
     # Every shard the output needs must be there before anything is written.
     needed: dict[int, set[int]] = {i: set() for i in set(tensors.source)}
     infos = tensors.infos
-    whole_rows = [
-        (source, shard)
-        for i, (source, shard, slices) in enumerate(zip(tensors.source, infos.shards, infos.slices))
-        if not slices and i not in tensors.extras
-    ]
-    for source, shard in set(whole_rows):
-        needed[source].add(shard or 0)
+    # The (source, shard) pairs of whole rows, found as columns (no tuple per tensor).
+    whole = np.fromiter(map(operator.not_, infos.slices), dtype=bool, count=len(infos))
+    whole[list(tensors.extras)] = False
+    shards = np.maximum(infos.shards.values(), 0)  # None (the least int64) as shard 0
+    pairs = np.unique(
+        np.stack([np.asarray(tensors.source, dtype=np.int64), shards])[:, whole], axis=1
+    )
+    for source, shard in pairs.T.tolist():
+        needed[source].add(shard)
     for i, pt in enumerate(tensors):
         if not infos.slices[i] and i not in tensors.extras:
             continue
