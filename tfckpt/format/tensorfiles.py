@@ -578,6 +578,9 @@ def _npy_member(dtype: str, shape: tuple[int, ...]) -> tuple[bytes, int, int]:
 _GATHERED = 1 << 20
 
 
+_CENTRAL_PART = 8192  # members whose central directory records are made at a time
+
+
 class NpzWriter:
     """Writes one .npz (an uncompressed zip of .npy members, as ``numpy.savez``) to
     ``file``, streaming, the tensors in the order of ``entries``; ZIP64 records for
@@ -668,18 +671,19 @@ class NpzWriter:
         self._flush()
         start = self._pos
         descriptor = not self._seekable
-        record = zips.central_record
-        for i, e in enumerate(self._entries):
-            self._out += record(
-                e.name + ".npy",
-                self._sizes[i],
-                self._offsets[i],
-                self._crcs[i],
-                bool(self._zip64[i]),
-                descriptor,
+        sizes, offsets = (
+            np.frombuffer(self._sizes, np.uint64),
+            np.frombuffer(self._offsets, np.uint64),
+        )
+        crcs, zip64 = np.frombuffer(self._crcs, np.uint32), np.frombuffer(self._zip64, np.uint8)
+        for i in range(0, len(self._entries), _CENTRAL_PART):
+            part = slice(i, i + _CENTRAL_PART)
+            names = [e.name + ".npy" for e in self._entries[part]]
+            records = zips.central_records(
+                names, sizes[part], offsets[part], crcs[part], zip64[part], descriptor
             )
-            if len(self._out) >= _GATHERED:
-                self._flush()
+            self._out += records
+            self._flush()
         self._flush()
         self._out += zips.end_records(len(self._entries), start, self._pos - start)
         self._flush()

@@ -12,6 +12,11 @@ header written, sought back to and written again) is most of an export's time at
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from tfckpt.format.bulktable import copy_ranges
 
 _LOCAL = struct.Struct("<4s2B4HL2L2H")
 _CENTRAL = struct.Struct("<4s4B4HL2L5H2L")
@@ -80,6 +85,58 @@ def central_record(
     fields = (version, _UNIX, version, 0, flags, 0, 0, _DOS_DATE, crc, size, size)
     head = _CENTRAL.pack(b"PK\x01\x02", *fields, len(encoded), len(extra), 0, 0, 0, _MODE, offset)
     return head + encoded + extra
+
+
+# A central directory record without its name, as numpy lays out _CENTRAL's fields.
+_CENTRAL_ROW = np.dtype(
+    [("signature", "S4"), ("made_by", "u1"), ("system", "u1"), ("needed", "u1"), ("pad", "u1")]
+    + [(f, "<u2") for f in ("flags", "method", "time", "date")]
+    + [(f, "<u4") for f in ("crc", "compressed", "size")]
+    + [(f, "<u2") for f in ("name_length", "extra_length", "comment", "disk", "internal")]
+    + [("external", "<u4"), ("offset", "<u4")]
+)
+assert _CENTRAL_ROW.itemsize == _CENTRAL.size
+
+
+def central_records(
+    names: Sequence[str],
+    sizes: np.ndarray,
+    offsets: np.ndarray,
+    crcs: np.ndarray,
+    zip64: np.ndarray,
+    descriptor: bool,
+) -> bytes:
+    """The central directory records of many members, end to end: those of
+    :func:`central_record` for each, made together where no field needs a ZIP64 extra."""
+    sizes, offsets = np.asarray(sizes, np.uint64), np.asarray(offsets, np.uint64)
+    zip64 = np.asarray(zip64, bool)
+    n = len(names)
+    if n == 0:
+        return b""
+    if (sizes > ZIP32_MAX).any() or (offsets > ZIP32_MAX).any():
+        return b"".join(
+            central_record(name, int(s), int(o), int(c), bool(z), descriptor)
+            for name, s, o, c, z in zip(names, sizes, offsets, crcs, zip64)
+        )
+    encoded = [name.encode("utf-8") for name in names]
+    lengths = np.fromiter(map(len, encoded), np.int64, n)
+    ascii_ = lengths == np.fromiter(map(len, names), np.int64, n)
+    rows = np.zeros(n, _CENTRAL_ROW)
+    version = np.where(zip64, _ZIP64_VERSION, _STORED_VERSION)
+    rows["signature"], rows["made_by"], rows["system"] = b"PK\x01\x02", version, _UNIX
+    rows["needed"], rows["date"], rows["external"] = version, _DOS_DATE, _MODE
+    rows["flags"] = np.where(ascii_, 0, _UTF8_NAME) | (_DESCRIPTOR if descriptor else 0)
+    rows["crc"], rows["compressed"], rows["size"] = crcs, sizes, sizes
+    rows["name_length"], rows["offset"] = lengths, offsets
+    name_at = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    at = np.arange(n) * _CENTRAL.size + name_at
+    out = np.empty(n * _CENTRAL.size + int(lengths.sum()), np.uint8)
+    row_bytes = np.full(n, _CENTRAL.size)
+    copy_ranges(out, at, rows.view(np.uint8), np.arange(n) * _CENTRAL.size, row_bytes)
+    copy_ranges(
+        out, at + _CENTRAL.size, np.frombuffer(b"".join(encoded), np.uint8), name_at, lengths
+    )
+    return out.tobytes()
 
 
 def end_records(count: int, start: int, size: int) -> bytes:

@@ -12,6 +12,7 @@ export last. The way back is :mod:`tfckpt.interop.importing`.
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -159,15 +160,25 @@ def plan_export(
         )
     if permute:
         options = Options.of(options, permute=[*permute, *options.permute])
-    options = _export_names(sources, options, keep_keys, with_optimizer, storage_options)
-    # The planner's destination is a checkpoint prefix; an export's is its file.
-    p = plan(
-        sources,
-        out,
-        Options.of(options, max_shard_bytes=None),
-        storage_options=storage_options,
-        object_graph=False,
-    )
+    # Sources given as paths are opened here, once, for the names and the plan both.
+    given = [sources] if isinstance(sources, (str, os.PathLike, Checkpoint)) else list(sources)
+    opened = [
+        s
+        if isinstance(s, Checkpoint)
+        else open_checkpoint(s, mmap=False, storage_options=storage_options)
+        for s in given
+    ]
+    try:
+        options = _export_names(opened, options, keep_keys, with_optimizer, storage_options)
+        # The planner's destination is a checkpoint prefix; an export's is its file.
+        p = plan(opened, out, Options.of(options, max_shard_bytes=None), object_graph=False)
+    except BaseException:
+        for s, ckpt in zip(given, opened):
+            if ckpt is not s:
+                ckpt.close()
+        raise
+    for source, s in zip(p.sources, given):  # each named as it was given
+        source.label = s.prefix if isinstance(s, Checkpoint) else os.fspath(s)
     store = p.storage
     outs = array("q")  # the rows of the plan's tensors written
     skipped, left_out = [], []
