@@ -110,6 +110,21 @@ def unstorable_name(fmt: str, name: str) -> str | None:
     return None
 
 
+def may_be_unstorable(fmt: str, names: Sequence[str]) -> bool:
+    """False when :func:`unstorable_name` finds nothing against any of ``names``: a test
+    of all of them at once that may be True where every name is storable (then ask
+    :func:`unstorable_name` of each)."""
+    joined = "\n".join(names)
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    if fmt == SAFETENSORS:
+        return "__metadata__" in joined
+    joined = "\n" + joined.replace("\\", "/")
+    return any(mark in joined for mark in ("\0", "..", ":", "\n/"))
+
+
 @dataclass(slots=True)
 class Entry:
     """One tensor of a file: name, tfckpt dtype name, shape, bytes."""

@@ -185,13 +185,14 @@ def plan_export(
     keep_bookkeeping = with_bookkeeping or with_optimizer
     supported = {d: tfiles.supports(fmt, d) for d in set(p.tensors.new_dtype)}
     rows = zip(p.tensors.name, p.tensors.new_name, p.tensors.new_dtype)  # read as columns
+    check_names = tfiles.may_be_unstorable(fmt, p.tensors.new_name)
     for row, (name, new_name, new_dtype) in enumerate(rows):
         if name in BOOKKEEPING and not keep_bookkeeping:
             left_out.append(
                 (new_name, "training bookkeeping, not a weight (with_bookkeeping keeps it)")
             )
             continue
-        why = tfiles.unstorable_name(fmt, new_name)
+        why = tfiles.unstorable_name(fmt, new_name) if check_names else None
         if why is not None:
             raise CheckpointError(
                 f"{fmt} cannot hold this tensor's name: it {why}; rename it",
