@@ -59,8 +59,14 @@ def _with_zipfile(f, values, force_zip64=False, pieces=1):
                 m.write(v.tobytes())
 
 
-def _with_writer(f, values, pieces=1):
+def _with_writer(f, values, pieces=1, whole=False):
     w = NpzWriter(f, _entries(values))
+    if whole:  # several whole tensors a call, as the engine's batches come
+        names = list(values)
+        for i in range(0, len(names), 3):
+            w.write_whole(names[i : i + 3], [values[k] for k in names[i : i + 3]])
+        w.close()
+        return
     for name, v in values.items():
         w.begin(name)
         for part in np.array_split(v.reshape(-1), pieces) if v.size else [v.reshape(-1)]:
@@ -84,6 +90,25 @@ def test_same_bytes_as_zipfile(tmp_path, pieces):
             np.testing.assert_array_equal(z[k], v)
 
 
+def test_whole_tensors_written_together_give_the_same_bytes(tmp_path):
+    values = _members(12)
+    with open(tmp_path / "z.npz", "wb") as f:
+        _with_zipfile(f, values)
+    for make in (io.BytesIO, _Unseekable):
+        ours = make()
+        _with_writer(ours, values, whole=True)
+        got = ours.getvalue() if make is io.BytesIO else ours.buf.getvalue()
+        if make is io.BytesIO:
+            assert got == (tmp_path / "z.npz").read_bytes()
+        with np.load(io.BytesIO(got), allow_pickle=False) as z:
+            np.testing.assert_array_equal(z["big"], values["big"])
+    w = NpzWriter(io.BytesIO(), _entries(values))
+    with pytest.raises(ValueError, match="expected"):
+        w.write_whole(["a/bias"], [values["a/bias"]])
+    with pytest.raises(ValueError, match="more bytes"):
+        w.write_whole(["a/kernel"], [np.zeros(13, np.float32)])
+
+
 def test_same_bytes_on_a_file_that_cannot_seek():
     values = _members()
     theirs, ours = _Unseekable(), _Unseekable()
@@ -94,13 +119,14 @@ def test_same_bytes_on_a_file_that_cannot_seek():
         np.testing.assert_array_equal(z["big"], values["big"])
 
 
-def test_same_bytes_with_zip64_local_headers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("whole", [False, True])
+def test_same_bytes_with_zip64_local_headers(tmp_path, monkeypatch, whole):
     values = _members()
     monkeypatch.setattr(tensorfiles, "_ZIP64_LIMIT", 0)  # every member in ZIP64 form
     for make in (io.BytesIO, _Unseekable):
         theirs, ours = make(), make()
         _with_zipfile(theirs, values, force_zip64=True)
-        _with_writer(ours, values)
+        _with_writer(ours, values, whole=whole)
         got = ours.getvalue() if make is io.BytesIO else ours.buf.getvalue()
         want = theirs.getvalue() if make is io.BytesIO else theirs.buf.getvalue()
         assert got == want, make

@@ -606,9 +606,10 @@ class NpzWriter:
     kept until the central directory is written.
     """
 
-    def __init__(self, file, entries: Sequence[Entry]):
+    def __init__(self, file, entries: Sequence[Entry], *, names: Sequence[str] | None = None):
         self._file = file
         self._entries = entries
+        self._names = names  # the entries' names, where the caller has them as a column
         self._next = 0
         # As zipfile decides: a file that cannot tell or seek gets data descriptors.
         try:
@@ -679,6 +680,44 @@ class NpzWriter:
             self._out += zips.data_descriptor(self._sizes[-1], crc, bool(self._zip64[-1]))
         self._gathered = None
 
+    def write_whole(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        """``begin``, ``write`` and ``end`` of each of several whole tensors, in one call:
+        small members (gathered whole, on a file that can seek) without a call each."""
+        if not self._seekable or self._left:
+            for name, chunk in zip(names, arrays):
+                self.begin(name)
+                self.write(chunk)
+                self.end()
+            return
+        entries, out, crc32 = self._entries, self._out, zlib.crc32
+        offsets, sizes, crcs, zip64s = self._offsets, self._sizes, self._crcs, self._zip64
+        local_header = zips.local_header
+        for name, chunk in zip(names, arrays):
+            e = entries[self._next]
+            if e.name != name:
+                raise ValueError(f"expected {e.name!r}, got {name!r}")
+            header, crc, nbytes = _npy_member(e.dtype, tuple(e.shape))
+            data = _little(chunk).data
+            size = len(header) + nbytes
+            if size > min(_GATHERED, _ZIP64_LIMIT) or len(data) != nbytes:  # the general way
+                self.begin(name)
+                self.write(chunk)
+                self.end()
+                out = self._out
+                continue
+            self._next += 1
+            if len(out) >= _GATHERED:
+                self._flush()
+                out = self._out
+            crc = crc32(data, crc)
+            offsets.append(self._pos + len(out))
+            sizes.append(size)
+            zip64s.append(0)
+            crcs.append(crc)
+            out += local_header(name + ".npy", size, crc, False, False)
+            out += header
+            out += data
+
     def close(self) -> None:
         """Write the central directory and the end records (every tensor written)."""
         if self._left or self._next != len(self._entries):
@@ -693,7 +732,11 @@ class NpzWriter:
         crcs, zip64 = np.frombuffer(self._crcs, np.uint32), np.frombuffer(self._zip64, np.uint8)
         for i in range(0, len(self._entries), _CENTRAL_PART):
             part = slice(i, i + _CENTRAL_PART)
-            names = [e.name + ".npy" for e in self._entries[part]]
+            given = self._names
+            names = [
+                n + ".npy"
+                for n in (given[part] if given else (e.name for e in self._entries[part]))
+            ]
             records = zips.central_records(
                 names, sizes[part], offsets[part], crcs[part], zip64[part], descriptor
             )

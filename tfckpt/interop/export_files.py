@@ -13,12 +13,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import operator
 import re
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from tfckpt.errors import CheckpointError, CheckpointWriteError
 from tfckpt.format import tensorfiles as tfiles
@@ -101,6 +104,11 @@ class ExportRows(Sequence[ExportTensor]):
         t = self.tensors
         return (ExportTensor(t, r) for r in self.rows)
 
+    def new_names(self) -> list[str]:
+        """The rows' output names (a column of the plan)."""
+        names = self.tensors.new_name
+        return [names[r] for r in self.rows]
+
     def bytes_out(self) -> int:
         """What the rows take written."""
         out = self.tensors.bytes_out
@@ -175,14 +183,19 @@ class ExportFiles:
                 **({"dtype_by": pt.dtype_by} if ruled else {}),
             }
 
+        # The totals as columns: every row of the plan, or the rows written.
+        at = np.frombuffer(rows, dtype=np.int64) if len(rows) else np.zeros(0, np.int64)
+        every = len(rows) == len(t.name) and bool((at == np.arange(len(at))).all())
+        pick = (lambda column: column) if every else (lambda column: [column[r] for r in rows])
+        nbytes_in = t.infos.nbytes.values()[at]
         return Summary(
             self.out,
             kept=len(rows),
             dropped=len(p.dropped),
-            renamed=sum(t.name[r] != t.new_name[r] for r in rows),
-            cast=sum(t.infos.dtypes[r] != t.new_dtype[r] for r in rows),
-            bytes_in=sum(t.infos.nbytes[r] or 0 for r in rows),
-            bytes_out=sum(t.bytes_out[r] for r in rows),
+            renamed=sum(map(operator.ne, pick(t.name), pick(t.new_name))),
+            cast=sum(map(operator.ne, pick(t.infos.dtypes), pick(t.new_dtype))),
+            bytes_in=int(nbytes_in[nbytes_in >= 0].sum()),
+            bytes_out=int(np.frombuffer(t.bytes_out, dtype=np.int64)[at].sum()),
             seconds=0.0,
             files=[f for f, _ in self.files]
             + [f for f, _ in self.extra]
@@ -219,8 +232,12 @@ class TensorFileSink:
         elif kind == "close":
             self._w.end()
         elif kind == "batch":
-            for item, data in zip(t, op[2]):
-                self._w.begin(item.new_name)
+            names = [item.new_name for item in t]
+            if isinstance(self._w, tfiles.NpzWriter):
+                self._w.write_whole(names, op[2])
+                return
+            for name, data in zip(names, op[2]):
+                self._w.begin(name)
                 self._w.write(data)
                 self._w.end()
         else:  # strings and raw tensors are refused or skipped when an export is planned
@@ -376,7 +393,7 @@ class ExportWriting:
         }
         return json.dumps(index, indent=2).encode()
 
-    def _write_file(self, where: str, outs: Sequence[ExportTensor]) -> None:
+    def _write_file(self, where: str, outs: ExportRows) -> None:
         store, options = self.store, self.options
         f = store.open_writer(where)
         w: tfiles.SafetensorsWriter | tfiles.NpzWriter | None = None
@@ -385,7 +402,7 @@ class ExportWriting:
             if self.ep.format == tfiles.SAFETENSORS:
                 w = tfiles.SafetensorsWriter(f, entries, self.metadata)
             else:
-                w = tfiles.NpzWriter(f, entries)
+                w = tfiles.NpzWriter(f, entries, names=outs.new_names())
             # Through the engine's pipeline: read ahead, cast, write behind, small
             # tensors in batches, permuted ones in tiles.
             counts = CastCountTable()
