@@ -478,6 +478,7 @@ class BundleIndex:
                 keys = [_encode_name(n) if isinstance(n, str) else b"" for n in names]
         bulk = self._bulk(keys, rows)
         cols = bulk.cols
+        elements = Ints.of_array(bulk.elements)
         out = TensorTable(
             list(names),
             np.array(_dt.bulk_names(), dtype=object)[bulk.enum].tolist(),
@@ -487,8 +488,8 @@ class BundleIndex:
             Ints.of_array(cols.offset),
             Ints.of_array(unmask_crcs(cols.crc32c)),
             [()] * len(names),
-            Ints.of_array(bulk.elements),
-            Ints.of_array(bulk.elements),
+            elements,
+            elements,  # the same column: stored elements differ only for slices (see set)
         )
         for i in np.flatnonzero(~bulk.fast).tolist():
             out.set(i, self.info(self.full_entry(names[i])))

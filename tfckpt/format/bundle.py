@@ -278,6 +278,8 @@ class TensorTable:
 
     def set(self, i: int, info: TensorInfo) -> None:
         """Make row ``i`` describe ``info`` (the inverse of :meth:`info`)."""
+        if self.stored_elements is self.elements:  # shared while every tensor is whole
+            self.stored_elements = Ints.of_array(self.elements.values())
         self.names[i], self.dtypes[i], self.shapes[i] = info.name, info.dtype, info.shape
         self.nbytes[i], self.shards[i], self.offsets[i] = info.nbytes, info.shard, info.offset
         self.crc32c[i], self.slices[i], self.elements[i] = info.crc32c, info.slices, info.size
@@ -285,6 +287,8 @@ class TensorTable:
 
     def append(self, info: TensorInfo) -> None:
         """Add ``info`` as the last row."""
+        if self.stored_elements is self.elements:
+            self.stored_elements = Ints.of_array(self.elements.values())
         for column in fields(self):
             getattr(self, column.name).append(None)
         self.set(len(self.names) - 1, info)

@@ -104,10 +104,9 @@ class ExportRows(Sequence[ExportTensor]):
         t = self.tensors
         return (ExportTensor(t, r) for r in self.rows)
 
-    def new_names(self) -> list[str]:
-        """The rows' output names (a column of the plan)."""
-        names = self.tensors.new_name
-        return [names[r] for r in self.rows]
+    def new_names(self) -> Sequence[str]:
+        """The rows' output names (a column of the plan), read when asked for."""
+        return _Made(self, _new_name)
 
     def bytes_out(self) -> int:
         """What the rows take written."""
@@ -434,6 +433,10 @@ class ExportWriting:
                     pass
             raise
         f.close()
+
+
+def _new_name(o: ExportTensor) -> str:
+    return o.new_name
 
 
 def _entry(o: ExportTensor) -> tfiles.Entry:
