@@ -101,9 +101,11 @@ class PackedBytes(Sequence[bytes]):
 
     def take(self, rows: Sequence[int] | np.ndarray) -> PackedBytes:
         """The strings at ``rows``, in that order, packed anew."""
-        starts, ends = self.bounds()
         rows = np.asarray(rows, dtype=np.int64)
-        s, lengths = starts[rows], ends[rows] - starts[rows]
+        ends = np.frombuffer(self.ends, dtype=np.int64) if len(self.ends) else np.zeros(1, np.int64)
+        e = ends[rows]  # where the rows start and end, without the bounds of every row
+        s = np.where(rows > 0, ends[np.maximum(rows - 1, 0)], self.base)
+        lengths = e - s
         new_ends = np.cumsum(lengths)
         total = int(new_ends[-1]) if len(new_ends) else 0
         at = np.repeat(s - (new_ends - lengths), lengths) + np.arange(total)
