@@ -52,15 +52,16 @@ class PackedBytes(Sequence[bytes]):
 
     def extend(self, items: Sequence[bytes]) -> None:
         start = len(self.data)
-        if isinstance(items, PackedBytes):  # its buffer and bounds, shifted
+        if isinstance(items, PackedBytes):  # its buffer and ends, shifted
             if len(items):
                 self.data += items.joined()
-                _, ends = items.bounds()
+                ends = np.frombuffer(items.ends, dtype=np.int64)
                 self.ends.frombytes((ends - items.base + start).tobytes())
             return
         self.data += b"".join(items)
-        self.ends.extend(accumulate(map(len, items), initial=start))
-        del self.ends[len(self.ends) - len(items) - 1]  # the initial value
+        running = accumulate(map(len, items), initial=start)
+        next(running)  # the start itself
+        self.ends.extend(running)
 
     def __len__(self) -> int:
         return len(self.ends)

@@ -170,16 +170,6 @@ class _CastOutput:
         self._ring = ring
         self._buf = ring(0)
         self._pos = 0
-        self._scratch = np.empty(0, dtype=np.uint8)
-
-    def joined(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """``arrays`` (of one dtype) end to end, in a buffer reused from call to call:
-        a batch's sources, read by the cast before the next batch comes (a fresh array
-        a batch leaves the allocator's heap in pieces)."""
-        nbytes = sum(a.nbytes for a in arrays)
-        if nbytes > len(self._scratch):
-            self._scratch = np.empty(nbytes, dtype=np.uint8)
-        return np.concatenate(arrays, out=self._scratch[:nbytes].view(arrays[0].dtype))
 
     def reserve(self, nbytes: int) -> None:
         self._buf = self._ring(nbytes)
@@ -213,7 +203,7 @@ def _cast_batch(items: list[TaskItem], arrays: list, caster_for, out: _CastOutpu
         if caster is None:
             result += group
             continue
-        src = group[0] if len(group) == 1 else out.joined(group)
+        src = group[0] if len(group) == 1 else np.concatenate(group)
         before = _snapshot(caster.counts)
         cast = caster(src)
         sizes = [a.size for a in group]
