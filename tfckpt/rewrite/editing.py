@@ -629,7 +629,7 @@ def _resizer(n: int) -> Callable[[int], np.ndarray]:
     return rows_for
 
 
-def _checked_vocab(old_vocab: list[str], mapping: np.ndarray, path: str, what: str):
+def _checked_vocab(old_vocab: list[bytes], mapping: np.ndarray, path: str, what: str):
     def rows_for(old: int) -> np.ndarray:
         if old != len(old_vocab):
             raise CheckpointError(

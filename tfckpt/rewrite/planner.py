@@ -111,8 +111,7 @@ def resolve_destination(
     for s in sources if writes else ():
         if s.ckpt.storage.realpath(s.ckpt.prefix) == real:
             raise CheckpointError(
-                f"the destination is a source checkpoint; {instead} "
-                "(sources are never modified)",
+                f"the destination is a source checkpoint; {instead} (sources are never modified)",
                 path=dst,
             )
         if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == store.realpath(
