@@ -641,3 +641,12 @@ def test_stored_member_read_by_offset_is_checked_against_its_crc(tmp_path):
     tfckpt.import_(src, tmp_path / "ok" / "m", chunk_bytes=1 << 16)
     with tfckpt.open(tmp_path / "ok" / "m") as ckpt:
         assert ckpt["a"].tolist() == list(range(1 << 16))
+
+
+def test_import_destination_named_by_its_index(tmp_path):
+    """``import W out/m.index`` writes ``out/m``, as a source's ``.index`` names its prefix."""
+    src = tmp_path / "w.safetensors"
+    save_file({"a": np.arange(4, dtype=np.float32)}, str(src))
+    assert in_process("import", src, tmp_path / "out" / "m.index")[0] == 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["m.data-00000-of-00001", "m.index"]
+    assert tfckpt.open(str(tmp_path / "out" / "m"))["a"].tolist() == [0, 1, 2, 3]

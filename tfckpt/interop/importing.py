@@ -176,7 +176,7 @@ def import_(
             "import takes no split or concat: import, then convert the checkpoint with them"
         )
     src = normalize(src)
-    prefix = normalize(out_prefix)
+    prefix = paths.output_prefix(normalize(out_prefix))
     src_store = storage_for(src, storage_options)
     ins = stored_tensors(src_store, src)
     naming = NameRules.of(options)

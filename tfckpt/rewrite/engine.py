@@ -200,7 +200,7 @@ def execute(
         bytes_out=p.bytes_out,
         seconds=time.perf_counter() - start,
         cast_counts=counts,
-        warnings=restore_warnings(p) + warnings,
+        warnings=restore_warnings(p) + p.warnings + warnings,
         dtype_rules=p.dtype_rule_counts(),
     )
 

@@ -89,18 +89,29 @@ def destination_storage(
     return store
 
 
-def resolve_destination(store: Storage, dst, sources: list[Source], overwrite: bool) -> str:
-    """The output prefix on ``store``; refuses sources and (without ``overwrite``) existing
-    checkpoints."""
+def resolve_destination(
+    store: Storage,
+    dst,
+    sources: list[Source],
+    overwrite: bool,
+    *,
+    instead: str = "write elsewhere",
+    writes: bool = True,
+) -> str:
+    """The output prefix on ``store`` (``dst``, its ``.index`` or a data file of it: see
+    :func:`~tfckpt.io.paths.output_prefix`); refuses sources (the message says what to
+    do ``instead``) and (without ``overwrite``) existing checkpoints. ``writes=False``: a
+    plan only compared with ``dst`` (``verify --against``), which may be a source."""
     dst = normalize(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
         dst = store.join(store.dir_path(dst), sources[0].ckpt.stem)
+    else:
+        dst = paths.output_prefix(dst)
     real = store.realpath(dst)
-    for s in sources:
+    for s in sources if writes else ():
         if s.ckpt.storage.realpath(s.ckpt.prefix) == real:
             raise CheckpointError(
-                "the destination is a source checkpoint; write elsewhere "
-                "(sources are never modified)",
+                f"the destination is a source checkpoint; {instead} (sources are never modified)",
                 path=dst,
             )
         if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == store.realpath(
@@ -173,6 +184,7 @@ def plan(
     *,
     storage_options: StorageOptions | None = None,
     object_graph: bool = True,
+    writes: bool = True,
     **changes,
 ) -> Plan:
     """Decide every output tensor from the sources' indexes; reads no tensor data.
@@ -182,6 +194,8 @@ def plan(
     fsspec URLs, opened with ``storage_options``; the output's storage (``Plan.storage``:
     made with them, else with those of the first source opened with some) is kept too.
     ``object_graph=False``: the output keeps no TF2 object graph (an export's files).
+    ``writes=False``: the plan is only compared with an existing ``dst`` (``verify
+    --against``), which may then be a source.
 
     >>> p = tfckpt.plan("train/", "out/", cast="float16", exclude=["/Adam"])
     >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
@@ -192,7 +206,7 @@ def plan(
     srcs = open_sources(sources, storage_options)
     naming = NameRules.of(options)
     store = destination_storage(dst, srcs, storage_options)
-    dst = resolve_destination(store, dst, srcs, options.overwrite)
+    dst = resolve_destination(store, dst, srcs, options.overwrite, writes=writes)
 
     dropped: list[tuple[str, str, str]] = []
     drop_specs = list(options.drop_objects)

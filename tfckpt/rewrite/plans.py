@@ -402,6 +402,10 @@ class Plan:
     weights: list[float] | None = None  # an average's, one per source
     # An export's files (see tfckpt.interop.export); None: a V2 checkpoint at ``dst``.
     output: Any = field(default=None, repr=False)
+    # What the planner says of it (an edit's rows kept from the old vocabulary), and what
+    # the user must know: execute() adds ``warnings`` to the summary's.
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.tensors = PlannedTensors.of(self.tensors)

@@ -338,6 +338,7 @@ def cmd_edit(args) -> int:
         new_vocab=args.new_vocab,
         init=args.init,
         axis=args.axis,
+        allow_no_overlap=args.allow_no_overlap,
     )
     if not any(
         (
@@ -378,6 +379,11 @@ def cmd_edit(args) -> int:
     if not args.dry_run:
         edited = sum(t.edit is not None for t in p.tensors)
         emit(f"  {edited} tensors edited or added", err=True)
+    for note in p.notes:
+        emit(f"  {note}", err=True)
+    if args.dry_run:  # a run's are the summary's
+        for warning in p.warnings:
+            emit(f"tfckpt: warning: {warning}", err=True)
     return rc
 
 

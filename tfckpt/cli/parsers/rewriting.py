@@ -410,6 +410,11 @@ def add_edit(sub: Subparsers) -> None:
         metavar="INIT",
         help="new rows of --remap-rows: zeros (default), mean, normal:STD:SEED",
     )
+    r.add_argument(
+        "--allow-no-overlap",
+        action="store_true",
+        help="remap even when no token of --new-vocab is in --old-vocab (every row new)",
+    )
     r.add_argument("--axis", type=int, default=0, help="the axis of rows (default 0)")
     o = p.add_argument_group("output")
     opt.add_write_options(o, shard_help="re-shard the output (default: keep the source's shards)")
