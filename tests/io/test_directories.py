@@ -941,3 +941,52 @@ def test_prune_removes_only_what_a_tf1_savers_saves_left(tf1_run, tmp_path, shar
     assert tf.train.latest_checkpoint(str(run)) == str(run / "model.ckpt-700")
     for s in (400, 500, 600, 700):
         _restores_tf1(str(run / f"model.ckpt-{s}"), s)
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["garbage", "binary", "directory", "fifo"],
+)
+def test_mv_and_cp_of_a_run_whose_state_file_cannot_be_read_change_nothing(
+    tf2_run, tmp_path, state
+):
+    """A run whose state file TensorFlow cannot read (not text protobuf, not UTF-8, a
+    directory, a named pipe) is refused by mv and cp before anything is copied, in one
+    line naming the state file: nothing moves (the state file is never left behind
+    alone), nothing appears at the destination. Repaired, the run moves whole."""
+    run = _copy(tf2_run, tmp_path)
+    good = (run / "checkpoint").read_bytes()
+    (run / "checkpoint").unlink()
+    if state == "garbage":
+        (run / "checkpoint").write_text("model_checkpoint_path: [")
+    elif state == "binary":
+        (run / "checkpoint").write_bytes(b"\xff\xfe\x00model")
+    elif state == "directory":
+        (run / "checkpoint").mkdir()
+        (run / "checkpoint" / "x").write_bytes(b"x")
+    else:
+        os.mkfifo(run / "checkpoint")
+    before = sorted(os.listdir(run))
+    before_files = _files(run)
+    for verb in ("mv", "cp"):
+        dst = tmp_path / f"{verb}-dst"
+        line = ch.assert_cli_error(ch.in_process(verb, run, dst), "state file", "nothing was")
+        assert str(run / "checkpoint") in line
+        assert sorted(os.listdir(run)) == before and _files(run) == before_files
+        assert not dst.exists()
+    with pytest.raises(tfckpt.CheckpointError, match="cannot move the run"):
+        directories.move(str(run), str(tmp_path / "lib-dst"))
+    assert not (tmp_path / "lib-dst").exists() and _files(run) == before_files
+
+    if (run / "checkpoint").is_dir():
+        shutil.rmtree(run / "checkpoint")
+    else:
+        (run / "checkpoint").unlink()
+    (run / "checkpoint").write_bytes(good)
+    dst = tmp_path / "moved"
+    assert ch.in_process("mv", run, dst)[0] == 0
+    assert not run.exists()
+    manager, _ = _manager(dst, max_to_keep=TF2_STEPS)
+    assert manager.latest_checkpoint == str(dst / f"ckpt-{TF2_STEPS}")
+    for s in range(1, TF2_STEPS + 1):
+        _restores_tf2(str(dst / f"ckpt-{s}"), s)

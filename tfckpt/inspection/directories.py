@@ -186,6 +186,9 @@ def scan(store: Storage, directory: str) -> Scan:
     checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, natural_key(c.name)))
     result = Scan(store, directory, checkpoints, [])
     _read_state(result)
+    if result.state is None and result.state_error is None and paths.STATE_FILENAME in names:
+        path = join(directory, paths.STATE_FILENAME)
+        result.state_error = f"{path}: the state file is not a regular file"
     owns = _owner(result)
     orphans = [
         (path, kind)
@@ -248,7 +251,11 @@ def _read_state(s: Scan) -> None:
     try:
         s.state = paths.read_state_file(store, s.directory)
     except CheckpointError as e:
-        s.state_error = str(e)
+        s.state_error = " ".join(str(e).split())
+        return
+    except OSError as e:
+        path = store.join(s.directory, paths.STATE_FILENAME)
+        s.state_error = f"{path}: cannot read the state file: {e.strerror or e}"
         return
     state = s.state
     if state is None:
@@ -513,7 +520,8 @@ def copy(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     ``dst``. Each checkpoint is committed as any output is (data first, the index last);
     a run's state file comes after them, naming the copies as the source's named the
     originals: relative names stay relative, absolute ones into ``src`` point into
-    ``dst`` when both are on one storage. Something already at the destination is an
+    ``dst`` when both are on one storage; a run whose state file cannot be read is refused
+    (nothing copied). Something already at the destination is an
     error unless ``overwrite``: then each checkpoint there is replaced in one step (new
     data under names its old index does not use, then the index), and the state file
     last. Returns ``{"src", "dst", "checkpoints": [{"src", "dst", "bytes"}],
@@ -530,7 +538,9 @@ def move(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     ``tfckpt verify`` does), then the source deleted: its state file first (a moved
     checkpoint's entry is taken out of its directory's state file), then each
     checkpoint's index, then its data. Any failure before the deletion leaves the source
-    as it was. Returns what :func:`copy` returns.
+    as it was. A run whose state file cannot be read (or is no regular file) is refused
+    before anything is copied: it would be left behind alone. Returns what :func:`copy`
+    returns.
 
     >>> move("scratch/run7", "s3://bucket/runs/run7")["dst"]
     's3://bucket/runs/run7'
@@ -546,6 +556,14 @@ def _transfer(src, dst, overwrite: bool, storage_options, move: bool) -> dict:
         source = scan(src_store, src_store.dir_path(src))
         if not source.checkpoints:
             raise CheckpointNotFoundError("no checkpoint in directory", path=src)
+        if source.state_error is not None:
+            # Without it the run would go without its state file, which a move leaves
+            # behind alone: the whole run, or nothing.
+            verb, done = ("move", "moved") if move else ("copy", "copied")
+            raise CheckpointError(
+                f"cannot {verb} the run, its state file cannot be read ({source.state_error}); "
+                f"nothing was {done}: repair or remove the state file"
+            )
         wanted = source.checkpoints
         target_dir = dst_store.dir_path(dst)
         run = True
