@@ -871,11 +871,15 @@ def test_prune_removes_only_what_the_runs_saves_left(forker, tf2_run, tmp_path):
     assert rc == 0, err
     assert _leftovers(json.loads(out)) == owned and _files(run) == before
     rc, out, err = ch.in_process(*args, "--dry-run")
-    assert rc == 0 and sorted(
-        os.path.basename(line.split(" (")[0].split(" ", 2)[2].rstrip("/"))
-        for line in out.splitlines()
-        if line.startswith("would remove ") and "files)" not in line
-    ) == owned
+    assert (
+        rc == 0
+        and sorted(
+            os.path.basename(line.split(" (")[0].split(" ", 2)[2].rstrip("/"))
+            for line in out.splitlines()
+            if line.startswith("would remove ") and "files)" not in line
+        )
+        == owned
+    )
     rc, out, err = ch.in_process(*args, "--json")
     assert rc == 0, err
     assert _leftovers(json.loads(out)) == owned
@@ -916,9 +920,7 @@ def test_prune_removes_only_what_a_tf1_savers_saves_left(tf1_run, tmp_path, shar
                         sess, str(run / "model.ckpt"), global_step=step, write_state=False
                     ),
                 )
-    left = sorted(
-        n for n in os.listdir(run) if n.startswith(("model.ckpt-800", "model.ckpt-900"))
-    )
+    left = sorted(n for n in os.listdir(run) if n.startswith(("model.ckpt-800", "model.ckpt-900")))
     if sharded:
         assert left == [
             "model.ckpt-800.data-00000-of-00001",  # merged before the index failed

@@ -160,7 +160,9 @@ def scan(store: Storage, directory: str) -> Scan:
     for prefix, g in groups.items():
         if (part := dirs.part_prefix(prefix)) is not None:
             kind = "part of an interrupted save"
-            leftovers += [(join(directory, n), kind, (part,)) for k in ("index", "data") for n in g[k]]
+            leftovers += [
+                (join(directory, n), kind, (part,)) for k in ("index", "data") for n in g[k]
+            ]
             continue
         if g["index"]:
             own, others = _own_data(store, join(directory, g["index"][0]), g["data"])
@@ -239,7 +241,8 @@ def _holds_only_parts(store: Storage, path: str) -> bool:
         entries = store.listdir(path)
     except OSError:
         return False
-    if store.realpath(path) != store.join(store.realpath(store.dirname(path)), store.basename(path)):
+    where = store.join(store.realpath(store.dirname(path)), store.basename(path))
+    if store.realpath(path) != where:
         return False  # a link: TensorFlow makes none, and what it leads to is elsewhere
     return all(dirs.is_part_file(n) and not store.isdir(store.join(path, n)) for n in entries)
 

@@ -46,7 +46,9 @@ _PART_FILE_RE = re.compile(
 _S3_PART_RE = re.compile(r"^(?P<prefix>.+)\.part-\d{5}-of-\d{5}$")
 # The files of a checkpoint ``P``: ``P.index``, ``P.meta``, ``P.data-00000-of-00001``; a V1
 # save's ``P`` or ``P-00000-of-00002``.
-_FILE_OF_RE = re.compile(r"^(?P<prefix>.+?)(?:\.index|\.meta|\.data-\d{5}-of-\d{5}|-\d{5}-of-\d{5})$")
+_FILE_OF_RE = re.compile(
+    r"^(?P<prefix>.+?)(?:\.index|\.meta|\.data-\d{5}-of-\d{5}|-\d{5}-of-\d{5})$"
+)
 
 
 def tensorflow_temporary(name: str) -> str | None:

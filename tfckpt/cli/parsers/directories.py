@@ -38,8 +38,9 @@ def add_prune(sub: Subparsers) -> None:
         "and --keep name); delete every file of the others and the leftovers of "
         "interrupted saves of DIR's own checkpoint prefixes (TensorFlow's PREFIX_temp/ "
         "part directories holding only parts, *.tempstate files, data without an index, "
-        "killed tfckpt runs' temporaries; never eval_temp/ or other programs' files); rewrite the state file as tf.train.CheckpointManager "
-        "(max_to_keep=N) leaves it, the other kept checkpoints preserved for good. The "
+        "killed tfckpt runs' temporaries; never eval_temp/ or other programs' files); "
+        "rewrite the state file as tf.train.CheckpointManager (max_to_keep=N) leaves it, "
+        "the other kept checkpoints preserved for good. The "
         "state file is written before anything is deleted. Checkpoints whose name ends "
         "in no step are kept. A leftover written less than --min-age seconds ago may "
         "be a save in progress: it stays, and so does the checkpoint it is part of.",
