@@ -170,8 +170,15 @@ def plan_export(
     ]
     try:
         options = _export_names(opened, options, keep_keys, with_optimizer, storage_options)
-        # The planner's destination is a checkpoint prefix; an export's is its file.
-        p = plan(opened, out, Options.of(options, max_shard_bytes=None), object_graph=False)
+        # The planner's destination is a checkpoint prefix; an export's is its file, on
+        # the storage the options given make (the sources' own say nothing of it).
+        p = plan(
+            opened,
+            out,
+            Options.of(options, max_shard_bytes=None),
+            storage_options=storage_options,
+            object_graph=False,
+        )
     except BaseException:
         for s, ckpt in zip(given, opened):
             if ckpt is not s:
