@@ -109,6 +109,9 @@ def options_from(args, **extra) -> Options:
     fields["allow_unmapped"] = getattr(args, "allow_unmapped", False) or given.pop(
         "allow_unmapped", False
     )
+    fields["allow_unmatched"] = getattr(args, "allow_unmatched", False) or given.pop(
+        "allow_unmatched", False
+    )
     fields["cast"] = args.dtype if args.dtype is not None else given.pop("cast", None)
     fields["cast_from"] = (
         args.cast_from.split(",") if args.cast_from else given.pop("cast_from", None)
@@ -428,6 +431,7 @@ def cmd_average(args) -> int:
         cast_from=args.cast_from.split(",") if args.cast_from else None,
         keep_dtype=args.keep_dtype or (),
         dtype_rules=_dtype_rules(args),
+        allow_unmatched=args.allow_unmatched,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,
         overflow=args.overflow,
