@@ -22,14 +22,18 @@ from tfckpt.rewrite.cast import CAST_TARGETS, should_cast
 from tfckpt.rewrite.options import Options, Permutes, RenameRules, Reshapes
 from tfckpt.rewrite.regex import Found, Regex
 
-# How each option holding patterns is named in messages: from Python, on the command line.
-INCLUDE = option("include", "--include")
-EXCLUDE = option("exclude", "--exclude")
-RENAME = option("rename", "--map")
-RENAME_EXACT = option("rename_exact", "--map-file")
-NAME_MAP = option("name_map", "[[map]]")
-KEEP_DTYPE = option("keep_dtype", "--keep-dtype")
-DTYPE_RULE = option("dtype_rules", "--dtype-rule")
+# The options holding patterns (Options' fields), and their flags on the command line.
+INCLUDE, EXCLUDE, RENAME, RENAME_EXACT = "include", "exclude", "rename", "rename_exact"
+NAME_MAP, KEEP_DTYPE, DTYPE_RULE = "name_map", "keep_dtype", "dtype_rules"
+FLAGS = {
+    INCLUDE: "--include",
+    EXCLUDE: "--exclude",
+    RENAME: "--map",
+    RENAME_EXACT: "--map-file",
+    NAME_MAP: "[[map]]",
+    KEEP_DTYPE: "--keep-dtype",
+    DTYPE_RULE: "--dtype-rule",
+}
 ALLOW_UNMATCHED = option("allow_unmatched=True", "--allow-unmatched")
 
 Unmatched = tuple[str, str]  # (the option, as above; the pattern) of a pattern no name matched
@@ -476,7 +480,7 @@ def unmatched_error(
     unique = list(dict.fromkeys(candidates))
     parts = []
     for what, pattern in unmatched:
-        part = f"{what} {pattern!r} matches no tensor"
+        part = f"{option(what, FLAGS[what])} {pattern!r} matches no tensor"
         near = _nearest(pattern, unique)
         if near:
             part += f" (nearest: {', '.join(repr(n) for n in near)})"

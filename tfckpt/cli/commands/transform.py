@@ -263,6 +263,7 @@ def _run_plan(args, p: Plan) -> int:
             storage_options=args.storage_options,
             checkpoints=[s.ckpt.prefix for s in p.sources] + [p.dst],
         )
+        report.check_available()  # matplotlib, before the checkpoint is written
         # The cast tensors whose values are the source's, only rounded: what the page
         # compares (a reshaped, permuted or edited tensor has no element-wise pair).
         pairs = [
