@@ -466,6 +466,19 @@ def _expanded(m: Found, template: str) -> str:
     return new
 
 
+def given_patterns(options: Options) -> set[Unmatched]:
+    """Every (option, pattern) of ``options`` that :meth:`NameRules.unmatched` and
+    :meth:`DtypePolicy.unmatched` may name: to tell a caller's from rules added to them."""
+    out: set[Unmatched] = set()
+    for what in (INCLUDE, EXCLUDE, KEEP_DTYPE):
+        value = getattr(options, what) or ()
+        out |= {(what, p) for p in ([value] if isinstance(value, str) else value)}
+    for what in (RENAME, NAME_MAP, DTYPE_RULE):
+        value = getattr(options, what) or ()
+        out |= {(what, p) for p, _ in (value.items() if isinstance(value, Mapping) else value)}
+    return out | {(RENAME_EXACT, old) for old in options.rename_exact or {}}
+
+
 def unmatched_error(
     unmatched: Sequence[Unmatched], names: Callable[[], Iterable[str]], path: str | None = None
 ) -> CheckpointError:

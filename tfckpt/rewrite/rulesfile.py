@@ -39,9 +39,10 @@ the library) bundles what would otherwise be many flags::
 
 With ``[[map]]`` rules every kept tensor must be named by one (or by ``rename_exact``)
 unless ``allow_unmapped = true``. A pattern (or an old name of ``rename_exact``) that
-matches no tensor is an error unless ``allow_unmatched = true``. Keys mean what the :class:`~tfckpt.Options` fields of
-the same names mean; an unknown key, or a value of the wrong kind, is an error naming
-the file and the key.
+matches no tensor is an error unless ``allow_unmatched = true``. Keys mean what the
+:class:`~tfckpt.Options` fields of the same names mean; an unknown key, or a value of
+the wrong kind, is an error naming the file and the key. A file that is not a regular
+file, is larger than 64 MiB or nests deeper than 32 is refused unread.
 """
 
 from __future__ import annotations
