@@ -290,6 +290,7 @@ def export(
     skip_unsupported: bool = False,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Write a checkpoint's tensors to safetensors or npz, streaming, in bounded memory.
@@ -303,7 +304,8 @@ def export(
     tensors are written whole. ``permute``: ``[(regex, axes)]``, the first whose
     regex matches a new name reorders that tensor's axes (``('kernel$', (1, 0))``),
     tile by tile when it exceeds the chunk budget. ``progress(n)`` is called as
-    each ``n`` bytes are written (``bytes_out`` in all). Tensors the format cannot
+    each ``n`` bytes are written (``bytes_out`` in all), ``on_total(bytes_out)`` once
+    before the first. Tensors the format cannot
     hold are an error listing them, or with ``skip_unsupported`` left out (listed
     in ``skipped``), as is training bookkeeping (``save_counter``, ``global_step``)
     unless ``with_bookkeeping`` (or ``with_optimizer``). Names a format cannot hold
@@ -336,6 +338,8 @@ def export(
     try:
         if dry_run:
             return p.output.summary(p)
+        if on_total is not None:
+            on_total(p.output.summary(p).bytes_out)
         summary = execute(p, progress=progress)
     finally:
         close_opened(p, sources)

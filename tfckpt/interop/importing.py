@@ -163,6 +163,7 @@ def import_(
     permute: Permutes = (),
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Read safetensors (one file, or the ``.index.json`` of sharded files) or npz into
@@ -170,7 +171,7 @@ def import_(
 
     ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
     ``overflow``), ``permute`` (also ``reshape`` and ``squeeze``), ``overwrite`` and
-    ``progress`` apply as in :func:`export`;
+    ``progress`` and ``on_total`` apply as in :func:`export`;
     ``storage_options`` go to fsspec with both URLs.
 
     >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
@@ -224,6 +225,8 @@ def import_(
     )
     if dry_run:
         return summary
+    if on_total is not None:
+        on_total(summary.bytes_out)
     summary.cast_counts = _write_import(store, prefix, src_store, chosen, options, progress)
     summary.seconds = time.perf_counter() - start
     return summary

@@ -544,13 +544,21 @@ def cmd_export(args) -> int:
     if args.dry_run:
         sm = run(dry_run=True)
     else:
-        # The bar's total is what a dry run says will be written: asked only for a terminal.
-        total = run(dry_run=True).bytes_out if sys.stderr.isatty() else 0
-        update, close = _progress(total)
+        # The bar starts once planned, with the bytes to write: one plan, each pattern
+        # matched once.
+        bar: dict = {}
+
+        def start(total: int) -> None:
+            bar["update"], bar["close"] = _progress(total)
+
+        def update(n: int) -> None:
+            if bar.get("update") is not None:
+                bar["update"](n)
+
         try:
-            sm = run(progress=update)
+            sm = run(progress=update, on_total=start)
         finally:
-            close()
+            bar.get("close", lambda: None)()
     if args.json:
         print_json(sm.to_dict())
     if not (args.json and args.dry_run):

@@ -204,6 +204,7 @@ def export_preset(
     dry_run: bool = False,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Export ``src`` with a preset into ``out_dir``: ``config.json`` and
@@ -258,6 +259,8 @@ def export_preset(
         if dry_run:
             summary = p.output.summary(p)
         else:
+            if on_total is not None:
+                on_total(p.output.summary(p).bytes_out)
             summary = execute(p, progress=progress)
             if verify:
                 notes.append(_verified(p, out_dir))
