@@ -432,7 +432,7 @@ def test_error_existing_destination(src, tmp_path):
 ERRORS = {
     "bad_include_regex": (
         lambda s: ["select", s.tf1, "{dst}", "--include", "conv/("],
-        ["regular expression"],
+        ["bad include pattern 'conv/('"],
     ),
     "bad_map_regex": (
         lambda s: ["rename", s.tf1, "{dst}", "--map", "(dense=x"],

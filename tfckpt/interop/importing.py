@@ -32,7 +32,13 @@ from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options, Permutes
-from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules
+from tfckpt.rewrite.rules import (
+    ALLOW_UNMATCHED,
+    DtypePolicy,
+    NameRules,
+    ShapeRules,
+    unmatched_error,
+)
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
@@ -157,6 +163,7 @@ def import_(
     permute: Permutes = (),
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Read safetensors (one file, or the ``.index.json`` of sharded files) or npz into
@@ -164,7 +171,7 @@ def import_(
 
     ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
     ``overflow``), ``permute`` (also ``reshape`` and ``squeeze``), ``overwrite`` and
-    ``progress`` apply as in :func:`export`;
+    ``progress`` and ``on_total`` apply as in :func:`export`;
     ``storage_options`` go to fsspec with both URLs.
 
     >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
@@ -184,6 +191,17 @@ def import_(
     if permute:
         options = Options.of(options, permute=[*permute, *options.permute])
     chosen, dropped = _chosen(ins, naming, policy, ShapeRules.of(options))
+    if not options.allow_unmatched:
+        names = [(i.name, None) for i in ins]
+        unmatched = naming.unmatched(names) + policy.unmatched(names)
+        if unmatched:
+            raise unmatched_error(unmatched, lambda: (i.name for i in ins), path=src)
+        if not chosen and ins:
+            raise CheckpointError(
+                f"nothing to write: none of the {len(ins)} tensors is kept (use "
+                f"{ALLOW_UNMATCHED} to write it empty)",
+                path=src,
+            )
     ruled = bool(policy.labels)
     store = storage_for(prefix, storage_options)
     store.check_writable(prefix)
@@ -207,6 +225,8 @@ def import_(
     )
     if dry_run:
         return summary
+    if on_total is not None:
+        on_total(summary.bytes_out)
     summary.cast_counts = _write_import(store, prefix, src_store, chosen, options, progress)
     summary.seconds = time.perf_counter() - start
     return summary
@@ -282,10 +302,10 @@ def _chosen(
     decided: dict[str, tuple[_dt.DType, str | None]] = {}
     for i in ins:
         name = i.name
-        if not plain and naming.drop_reason(name) is not None:
+        why, new = (None, name) if plain else naming.decide(name)
+        if why is not None:
             dropped += 1
             continue
-        new = name if plain else naming.new_name(name)
         if new in seen:
             raise CheckpointError(
                 f"{seen[new]!r} and {name!r} would both be named {new!r}",

@@ -234,7 +234,13 @@ def plan(
     graph_bytes = _merged_graph(srcs, per_source, chosen) if object_graph else None
     follow_source_layouts(srcs, options)
     planned = _planned_tensors(srcs, chosen, policy, flats, fixed)
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    # Each pattern no tensor matched, also among those left out before it was tried.
+    flat_of = {s.label: flats[i] for i, s in enumerate(srcs)}
+    left = [(n, flat_of[label].get(n)) for label, n, _ in dropped]
+    p.unmatched = naming.unmatched(left) + policy.unmatched(left)
+    p.check_matched(n for f in flats for n in f.values())
+    return p
 
 
 def _cut_graph(
@@ -319,12 +325,12 @@ def _kept_tensors(
     for n in names:
         if n in gone:
             continue
-        why = naming.drop_reason(n, flat.get(n))
+        why, new = naming.decide(n, flat.get(n))
         if why is not None:
             dropped.append((s.label, n, why))
             continue
         olds.append(n)
-        news.append(naming.new_name(n))
+        news.append(new)
     if s.graph is None:
         return Kept(olds, news)
     # An attribute stored as several tensors is kept whole or not at all,

@@ -198,6 +198,7 @@ def add_average(sub: Subparsers) -> None:
         "averages (TF1: v/ExponentialMovingAverage; TF2: a Keras optimizer's use_ema)",
     )
     opt.add_dtype_options(p, dtype_help="write floating-point tensors in this dtype")
+    opt.add_allow_unmatched(p)
     opt.add_overflow(
         p, "means beyond the output dtype's range: fail (default), clip, or keep IEEE inf"
     )
