@@ -184,33 +184,22 @@ def plan_export(
         for s in given
     ]
     try:
-<<<<<<< HEAD
-        options = _export_names(opened, options, keep_keys, with_optimizer, storage_options)
-        # The planner's destination is a checkpoint prefix; an export's is its file, on
-        # the storage the options given make (the sources' own say nothing of it).
-        p = plan(
-            opened,
-            out,
-            Options.of(options, max_shard_bytes=None),
-            storage_options=storage_options,
-            object_graph=False,
-        )
-=======
         named, unmatched, seen = _export_names(
             opened, options, keep_keys, with_optimizer, storage_options
         )
-        # The planner's destination is a checkpoint prefix; an export's is its file. The
+        # The planner's destination is a checkpoint prefix; an export's is its file, on
+        # the storage the options given make (the sources' own say nothing of it). The
         # renames' patterns are checked on the readable names, not by plan().
         p = plan(
             opened,
             out,
             Options.of(named, max_shard_bytes=None, allow_unmatched=True),
+            storage_options=storage_options,
             object_graph=False,
         )
         p.options = Options.of(p.options, allow_unmatched=options.allow_unmatched)
         p.unmatched = [u for u in p.unmatched if u[0] not in RENAMES] + unmatched
         p.check_matched(seen)
->>>>>>> i37-select
     except BaseException:
         for s, ckpt in zip(given, opened):
             if ckpt is not s:
