@@ -325,3 +325,14 @@ def test_a_layer_listed_again_and_again_is_read_once(tmp_path):
     with tfckpt.open(path) as ckpt:
         assert len(ckpt.keras_layers) == 2_000_001 and ckpt.keys() == ["d/kernel", "d/bias"]
         assert np.array_equal(ckpt["d/kernel"], want[0])
+    # A layer's weight_names repeating its weights: each dataset looked up once.
+    with h5py.File(path, "a") as f:
+        group = f["d"]
+        names = [
+            n.encode() for n in hdf5_format.load_attributes_from_hdf5_group(group, "weight_names")
+        ]
+        del group.attrs["weight_names"]
+        hdf5_format.save_attributes_to_hdf5_group(group, "weight_names", names * 500_000)
+    with tfckpt.open(path) as ckpt:
+        assert ckpt.keys() == ["d/kernel", "d/bias"]
+        assert len(ckpt.keras_layers[0][1]) == 1_000_000

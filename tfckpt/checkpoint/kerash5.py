@@ -107,7 +107,11 @@ def read_layout(f: h5py.File, inner: str, path: str) -> Layout:
 
 def _weights(group, layer: str, where: str, names: list[str], path: str) -> list[Weight]:
     out = []
+    found: dict[str, Weight] = {}  # a name listed again is the same dataset, looked up once
     for name in names:
+        if name in found:
+            out.append(found[name])
+            continue
         at, node = where, group
         for part in _parts(name, path, f"weight name {name!r} of {where}"):
             if not isinstance(node, h5py.Group):
@@ -118,7 +122,8 @@ def _weights(group, layer: str, where: str, names: list[str], path: str) -> list
             raise CorruptCheckpointError(
                 f"weight {name!r} of {where}: {at} is not a dataset", path=path
             )
-        out.append(Weight(layer, name, at, node))
+        found[name] = Weight(layer, name, at, node)
+        out.append(found[name])
     return out
 
 
