@@ -678,9 +678,7 @@ def _names_and_shapes(tmp_path) -> dict[str, tuple[Path, str, list[str]]]:
 def test_unstorable_names_and_shapes_are_one_line_errors(tmp_path):
     for what, (src, tensor, fragments) in _names_and_shapes(tmp_path).items():
         out = tmp_path / "new" / what.replace(" ", "-") / "m"
-        assert_cli_error(
-            in_process("import", src, out), str(src), f"tensor {tensor!r}", *fragments
-        )
+        assert_cli_error(in_process("import", src, out), str(src), f"tensor {tensor!r}", *fragments)
         assert_cli_error(run_text("import", src, out, "--dry-run"), str(src), *fragments)
         with pytest.raises(tfckpt.CheckpointError) as e:
             tfckpt.import_(src, out)

@@ -209,8 +209,8 @@ def _edited(meta: str, out, edit) -> str:
     return str(out)
 
 
-def _saveable(ref: str):
-    return lambda p: p.collection_def["saveable_objects"].node_list.value.append(ref)
+def _saveable(value, kind: str = "node_list"):
+    return lambda p: getattr(p.collection_def["saveable_objects"], kind).value.append(value)
 
 
 def _variables_twice(index: int):
@@ -232,12 +232,8 @@ SAVERLESS_EDITS = {
     "saveable_objects lists a global variable again": _saveable("w:0"),
     "saveable_objects lists an operation": _saveable("w"),
     "saveable_objects lists a tensor not in the graph": _saveable("nothing:0"),
-    "saveable_objects lists a number": lambda p: (
-        p.collection_def["saveable_objects"].int64_list.value.append(3)
-    ),
-    "saveable_objects lists bytes": lambda p: (
-        p.collection_def["saveable_objects"].bytes_list.value.append(b"w")
-    ),
+    "saveable_objects lists a number": _saveable(3, "int64_list"),
+    "saveable_objects lists bytes": _saveable(b"w", "bytes_list"),
     "a variable listed twice": _variables_twice(0),
     "a partition listed twice": _variables_twice(-1),
     "no variables collection": lambda p: p.collection_def.pop("variables"),

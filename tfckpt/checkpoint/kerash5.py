@@ -224,15 +224,15 @@ def _read_names(group, name: str, where: str, path: str) -> list[str]:
         distinct, index = np.unique(value, return_inverse=True)
         names = [_name(item, what, path) for item in distinct.tolist()]
         return [names[k] for k in index.tolist()]
-    decoded: dict = {}
+    decoded: dict[bytes | str, str] = {}
     out = []
     for item in value.tolist():
-        name = decoded.get(item) if isinstance(item, (bytes, str)) else None
-        if name is None:
-            name = _name(item, what, path)
-            if isinstance(item, (bytes, str)):
-                decoded[item] = name
-        out.append(name)
+        if not isinstance(item, (bytes, str)):
+            out.append(_name(item, what, path))  # an error
+        elif item in decoded:
+            out.append(decoded[item])
+        else:
+            out.append(decoded.setdefault(item, _name(item, what, path)))
     return out
 
 

@@ -316,13 +316,13 @@ class MetaGraph:
                     listed.append(v)
             elif kind == "node_list":
                 for ref in c.node_list.value:
-                    v = self._variable_of(ref)
-                    if v is None:
+                    found = self._variable_of(ref)
+                    if found is None:
                         return [], (
                             f"collection {key!r} lists {ref!r}, no variable's tensor "
                             "(TensorFlow's Saver() raises)"
                         )
-                    listed.append(v)
+                    listed.append(found)
             else:
                 return [], f"collection {key!r} holds {kind} values (TensorFlow's Saver() raises)"
         if not listed:
