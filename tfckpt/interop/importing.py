@@ -21,10 +21,12 @@ from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
+    UnsupportedCheckpointError,
     option,
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
+from tfckpt.format.bundle import MAX_RANK
 from tfckpt.io import paths
 from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
@@ -306,6 +308,8 @@ def _chosen(
         if why is not None:
             dropped += 1
             continue
+        if not new or len(i.shape) > MAX_RANK:
+            raise _unstorable(i, new)
         if new in seen:
             raise CheckpointError(
                 f"{seen[new]!r} and {name!r} would both be named {new!r}",
@@ -329,6 +333,24 @@ def _chosen(
             )
         chosen.append((i, new, to.name, shaping, by))
     return chosen, dropped
+
+
+def _unstorable(i: _In, new: str) -> CheckpointError:
+    """Why the tensor ``i``, to be named ``new``, cannot be in a TensorFlow checkpoint."""
+    if new:
+        return UnsupportedCheckpointError(
+            f"rank {len(i.shape)}: a TensorFlow checkpoint holds tensors of rank up to {MAX_RANK}",
+            path=i.file,
+            tensor=i.name,
+        )
+    why = f"{i.name!r} would be renamed to ''" if i.name else "a tensor of an empty name"
+    fix = option("rename={'^$': 'NAME'}", "--map '^$=NAME'")
+    return CheckpointError(
+        f"{why}: a TensorFlow checkpoint holds no such name (its empty key is the "
+        f"header); give it one ({fix})",
+        path=i.file,
+        tensor=i.name,
+    )
 
 
 def _write_import(
