@@ -142,7 +142,7 @@ def write(self, data):
         os.kill(os.getpid(), signal.SIGINT)
     return real_write(self, data)
 pipeline.WriteBehind.write = write
-from tfckpt.__main__ import main
+from tfckpt.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -268,7 +268,7 @@ COMMANDS = [
     ["verify", "{src}"],
     ["convert", "{src}", "{out}/c", "--dtype", "bfloat16"],
     ["rename", "{src}", "{out}/r", "--map", "layer_=block_"],
-    ["select", "{src}", "{out}/s", "--exclude", "^layer_1"],
+    ["select", "{src}", "{out}/s", "--exclude", "^step$"],
     ["merge", "{src}", "{other}", "-o", "{out}/m", "--prefer", "first"],
 ]
 

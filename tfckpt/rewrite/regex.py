@@ -107,7 +107,10 @@ class Regex:
             raise CheckpointError(f"bad {what}: a pattern is a string, not {pattern!r}")
         what = f"{what} {shown or repr(pattern)}"
         try:
-            return cls(pattern, re2.compile(_python_syntax(pattern), _OPTIONS))
+            # A pattern's undecodable bytes (argv's, as a shell passes them) are spelt
+            # as a name's are (see _ESCAPED).
+            source = _python_syntax(pattern).translate(_ESCAPED)
+            return cls(pattern, re2.compile(source, _OPTIONS))
         except re2.error as e:
             refused = e.args[0] if e.args else ""
         try:  # Python's reason first, where it refuses the pattern too
