@@ -20,7 +20,7 @@ from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Member
-from tfckpt.rewrite.rules import DtypePolicy
+from tfckpt.rewrite.rules import DtypePolicy, bookkeeping_kept
 
 
 @dataclass
@@ -435,10 +435,16 @@ class Plan:
         None when the plan has neither."""
         return DtypePolicy.of(self.options).counts(self.tensors.dtype_by)
 
+    def bookkeeping_kept(self) -> dict[str, int]:
+        """Per dtype, the tensors of training bookkeeping the cast passes by (see
+        :func:`~tfckpt.rewrite.rules.bookkeeping_kept`); {} when none."""
+        return bookkeeping_kept(self.tensors.dtype_by, self.tensors.new_dtype)
+
     def to_dict(self) -> dict:
         if self.weights is not None:
             return self._average_dict()
         counts = self.dtype_rule_counts()
+        kept = self.bookkeeping_kept()
         return {
             "dst": self.dst,
             "sources": [s.label for s in self.sources],
@@ -469,11 +475,13 @@ class Plan:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
+            **({"bookkeeping_kept": kept} if kept else {}),
         }
 
     def _average_dict(self) -> dict:
         """An average's plan: its weights, and which tensors are averaged or copied."""
         counts = self.dtype_rule_counts()
+        kept = self.bookkeeping_kept()
         return {
             "dst": self.dst,
             "sources": [s.label for s in self.sources],
@@ -496,6 +504,7 @@ class Plan:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
+            **({"bookkeeping_kept": kept} if kept else {}),
         }
 
 

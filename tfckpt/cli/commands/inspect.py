@@ -483,6 +483,7 @@ _AGAINST_ONLY = (
     "--dtype",
     "--keep-dtype",
     "--dtype-rule",
+    "--cast-bookkeeping",
     "--include",
     "--exclude",
     "--drop-object",

@@ -113,6 +113,9 @@ def options_from(args, **extra) -> Options:
     fields["cast_from"] = (
         args.cast_from.split(",") if args.cast_from else given.pop("cast_from", None)
     )
+    fields["cast_bookkeeping"] = getattr(args, "cast_bookkeeping", False) or given.pop(
+        "cast_bookkeeping", False
+    )
     return Options(
         **fields,
         prefer=getattr(args, "prefer", None),  # verify --against: no output options
@@ -153,6 +156,7 @@ def _print_plan(p: Plan) -> None:
     emit()
     for label, n in (counts or {}).items():
         emit(f"dtype {label}: {n} tensors")
+    emit_bookkeeping(p.bookkeeping_kept(), "would keep", err=False)
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
@@ -184,8 +188,20 @@ def _print_summary(sm: Summary) -> None:
             emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
     for rule, n in (sm.dtype_rules or {}).items():
         emit(f"  dtype {rule}: {n} tensors", err=True)
+    emit_bookkeeping(sm.bookkeeping_kept, "  kept")
     for warning in sm.warnings:
         emit(f"tfckpt: warning: {warning}", err=True)
+
+
+def emit_bookkeeping(kept: dict[str, int], verb: str, err: bool = True) -> None:
+    """One line per dtype of the training bookkeeping a cast passed by (see
+    :func:`~tfckpt.rewrite.rules.bookkeeping_kept`)."""
+    for dtype, n in kept.items():
+        emit(
+            f"{verb} {n} bookkeeping tensor{'s' if n != 1 else ''} in {dtype} (metrics, "
+            "optimizer steps and hyperparameters, counters; --cast-bookkeeping casts them)",
+            err=err,
+        )
 
 
 def _progress(total: int):
@@ -428,6 +444,7 @@ def cmd_average(args) -> int:
         cast_from=args.cast_from.split(",") if args.cast_from else None,
         keep_dtype=args.keep_dtype or (),
         dtype_rules=_dtype_rules(args),
+        cast_bookkeeping=args.cast_bookkeeping,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,
         overflow=args.overflow,
@@ -587,6 +604,9 @@ def _print_export(sm, dry_run: bool) -> None:
         f"{sm.dropped} dropped, {human_bytes(sm.bytes_out)}"
         + ("" if dry_run else f", {sm.seconds:.2f} s"),
         err=True,
+    )
+    emit_bookkeeping(
+        sm.bookkeeping_kept, "tfckpt: note: would keep" if dry_run else "tfckpt: note: kept"
     )
     for name, reason in sm.skipped:
         emit(f"tfckpt: note: left out {name}: {reason}", err=True)
