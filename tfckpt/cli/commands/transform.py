@@ -197,9 +197,10 @@ def emit_bookkeeping(kept: dict[str, int], verb: str, err: bool = True) -> None:
     """One line per dtype of the training bookkeeping a cast passed by (see
     :func:`~tfckpt.rewrite.rules.bookkeeping_kept`)."""
     for dtype, n in kept.items():
+        plural = "s" if n != 1 else ""
         emit(
-            f"{verb} {n} bookkeeping tensor{'s' if n != 1 else ''} in {dtype} (metrics, "
-            "optimizer steps and hyperparameters, counters; --cast-bookkeeping casts them)",
+            f"{verb} {n} bookkeeping tensor{plural} in {dtype} (metrics, optimizer state "
+            "but slots, counters; --cast-bookkeeping casts them too)",
             err=err,
         )
 
