@@ -67,15 +67,15 @@ def tf2_bookkeeping(
     nodes = graph.nodes
     out: set[str] = set()
 
-    def tensors_of(node_ids: Iterable[int]) -> Iterable[str]:
+    def add_tensors_of(node_ids: Iterable[int]) -> None:
         for i in node_ids:
             for a in nodes[i].attributes:
                 out.update(t for t in attribute_tensors(a.checkpoint_key, present) if t in present)
 
-    tensors_of(c.node_id for c in nodes[0].children if c.local_name == SAVE_COUNTER)
+    add_tensors_of(c.node_id for c in nodes[0].children if c.local_name == SAVE_COUNTER)
     apis = {c.node_id for n in nodes for c in n.children if c.local_name == KERAS_API}
     metrics = [c.node_id for i in apis for c in nodes[i].children if c.local_name in METRIC_EDGES]
-    tensors_of(_beneath(graph, metrics))
+    add_tensors_of(_beneath(graph, metrics))
     state = optimizer_state(graph)
     following = {
         a.checkpoint_key
