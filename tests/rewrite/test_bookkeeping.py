@@ -195,18 +195,28 @@ def _tf1_adam(dtype, prefix: str, save: bool, steps: int = 2) -> dict[str, np.nd
 
 def test_tf1_adam_powers_keep_float32(tmp_path):
     """TF1's AdamOptimizer keeps beta1_power and beta2_power float32 in a float16 graph
-    (it casts them where it uses them): converted, the powers and the step keep their
-    dtype and values, the rest is tf.cast, and the float16 graph restores it."""
+    (it casts them where it uses them): converted (or exported to npz and imported), the
+    powers and the step keep their dtype and values, the rest is tf.cast, and the float16
+    graph restores it."""
     src = str(tmp_path / "f32" / "model.ckpt")
     values = _tf1_adam(tf.float32, src, save=True)
     f16 = _tf1_adam(tf.float16, str(tmp_path / "f16" / "model.ckpt"), save=True)
     assert f16["beta1_power"].dtype == np.float32 and f16["dense/kernel"].dtype == np.float16
-    rc, _, err = in_process("convert", src, f"{tmp_path}/out/", "--dtype", "float16")
-    assert rc == 0, err
-    restored = _tf1_adam(tf.float16, f"{tmp_path}/out/model.ckpt", save=False)
-    assert kept_line(2) in err, err
-    assert restored.keys() == values.keys()
-    for name, value in values.items():
-        want = tf.cast(value, f16[name].dtype).numpy()  # the powers and the step: their own
-        assert restored[name].dtype == want.dtype and restored[name].tobytes() == want.tobytes()
-    assert int(restored["global_step"]) == 2
+    # convert; and import of its float32 npz export (a name-based output, found by name).
+    npz = f"{tmp_path}/model.npz"
+    assert in_process("export", src, npz, "--with-bookkeeping")[0] == 0
+    runs = [
+        ("convert", src, f"{tmp_path}/out/", f"{tmp_path}/out/model.ckpt"),
+        ("import", npz, f"{tmp_path}/imported/model.ckpt", f"{tmp_path}/imported/model.ckpt"),
+    ]
+    for command, given, dst, prefix in runs:
+        rc, _, err = in_process(command, given, dst, "--dtype", "float16")
+        assert rc == 0, err
+        restored = _tf1_adam(tf.float16, prefix, save=False)
+        assert kept_line(2) in err, err
+        assert restored.keys() == values.keys()
+        for name, value in values.items():
+            want = tf.cast(value, f16[name].dtype).numpy()  # the powers and the step: their own
+            got = restored[name]
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (command, name)
+        assert int(restored["global_step"]) == 2

@@ -25,6 +25,7 @@ from tfckpt.errors import (
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
+from tfckpt.format.bookkeeping import tf1_bookkeeping
 from tfckpt.io import paths
 from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
@@ -32,7 +33,7 @@ from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options, Permutes
-from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules
+from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, bookkeeping_kept
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
@@ -204,6 +205,7 @@ def import_(
         seconds=0.0,
         files=[index_filename(prefix)],
         tensors=Records(len(chosen), lambda k: _record(chosen[k], src_store, ruled)),
+        bookkeeping_kept=bookkeeping_kept(chosen.column(4), chosen.column(2)),
     )
     if dry_run:
         return summary
@@ -262,6 +264,10 @@ class _Chosen:
     def __iter__(self) -> Iterator[_Row]:
         return zip(*self._columns)
 
+    def column(self, k: int) -> list:
+        """Field ``k`` of every row (2: the new dtypes, 4: the labels)."""
+        return self._columns[k]
+
 
 _UNSHAPED: _Shaping = (None, None)
 
@@ -280,6 +286,8 @@ def _chosen(
     plain = plain and not naming.maps
     by_dtype = not (policy.keep or policy.rules)
     decided: dict[str, tuple[_dt.DType, str | None]] = {}
+    # The output is name-based: its bookkeeping is found by name, as a TF1 checkpoint's.
+    books = tf1_bookkeeping(i.name for i in ins) if policy.passes_bookkeeping else set()
     for i in ins:
         name = i.name
         if not plain and naming.drop_reason(name) is not None:
@@ -294,7 +302,9 @@ def _chosen(
             )
         seen[new] = name
         dtype = i.dtype
-        if not by_dtype:
+        if name in books:
+            to, by = policy.decide(name, _dt.lookup(dtype), bookkeeping=True)
+        elif not by_dtype:
             to, by = policy.decide(name, _dt.lookup(dtype))
         elif dtype in decided:
             to, by = decided[dtype]
