@@ -155,7 +155,14 @@ def test_library_plan_labels_bookkeeping(runs, tmp_path):
         f"optimizer/{n}/.ATTRIBUTES/VARIABLE_VALUE"
         for n in ("learning_rate", "beta_1", "beta_2", "decay")
     }
-    assert p.to_dict()["bookkeeping_kept"] == {"float32": 4}
+    planned = p.to_dict()
+    assert planned["bookkeeping_kept"] == {"float32": 4}
+    assert {t["name"] for t in planned["tensors"] if t["dtype_by"] == "bookkeeping"} == books
+    rc, shown, err = in_process(
+        "convert", ckpt, f"{tmp_path}/e/", "--dtype", "float16", "--dry-run"
+    )
+    assert rc == 0 and "would keep 4 bookkeeping tensors in float32" in shown, (shown, err)
+    assert not (tmp_path / "e").exists()
     rule = tfckpt.plan(
         ckpt, f"{tmp_path}/b/", cast="float16", dtype_rules=[("optimizer/decay", "bfloat16")]
     )

@@ -162,7 +162,7 @@ class ExportFiles:
 
         Its ``tensors`` records are made when asked for (:class:`~tfckpt.rewrite.engine.Records`).
         """
-        ruled = p.dtype_rule_counts() is not None
+        ruled = p.dtype_rule_counts() is not None or bool(p.bookkeeping_kept())
         t = p.tensors
         rows = array("q")
         for _, outs in self.files:

@@ -185,7 +185,8 @@ def import_(
     if permute:
         options = Options.of(options, permute=[*permute, *options.permute])
     chosen, dropped = _chosen(ins, naming, policy, ShapeRules.of(options))
-    ruled = bool(policy.labels)
+    kept = bookkeeping_kept(chosen.column(4), chosen.column(2))
+    ruled = bool(policy.labels or kept)  # each record says what decided its dtype
     store = storage_for(prefix, storage_options)
     store.check_writable(prefix)
     index_filename = paths.index_filename
@@ -205,7 +206,7 @@ def import_(
         seconds=0.0,
         files=[index_filename(prefix)],
         tensors=Records(len(chosen), lambda k: _record(chosen[k], src_store, ruled)),
-        bookkeeping_kept=bookkeeping_kept(chosen.column(4), chosen.column(2)),
+        bookkeeping_kept=kept,
     )
     if dry_run:
         return summary

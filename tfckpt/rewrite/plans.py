@@ -458,7 +458,7 @@ class Plan:
                     "shape": list(t.info.shape),
                     "bytes_in": t.info.nbytes,
                     "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                    **({"dtype_by": t.dtype_by} if counts is not None or kept else {}),
                     **(
                         {"new_shape": list(t.out_shape), "permute": list(t.perm or []) or None}
                         if t.perm or t.shape is not None
@@ -495,7 +495,7 @@ class Plan:
                     "shape": list(t.info.shape),
                     "averaged": t.averaged,
                     "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                    **({"dtype_by": t.dtype_by} if counts is not None or kept else {}),
                 }
                 for t in self.tensors
             ],

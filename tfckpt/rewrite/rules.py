@@ -97,7 +97,7 @@ class DtypePolicy:
 
     @property
     def passes_bookkeeping(self) -> bool:
-        """Whether ``cast`` passes training bookkeeping by (it casts, and not it)."""
+        """Whether ``cast`` passes training bookkeeping by: a cast without ``cast_bookkeeping``."""
         return self.target is not None and not self.cast_bookkeeping
 
     @property

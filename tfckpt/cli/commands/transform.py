@@ -129,9 +129,10 @@ def options_from(args, **extra) -> Options:
 
 
 def _print_plan(p: Plan) -> None:
-    counts = p.dtype_rule_counts()
+    counts, kept = p.dtype_rule_counts(), p.bookkeeping_kept()
+    labelled = counts is not None or bool(kept)  # a column says what decided each dtype
     rows = [["SOURCE", "NAME", "NEW NAME", "DTYPE", "SHAPE", "BYTES IN", "BYTES OUT"]]
-    if counts is not None:
+    if labelled:
         rows[0].append("DTYPE BY")
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
@@ -148,7 +149,7 @@ def _print_plan(p: Plan) -> None:
                 human_bytes(t.info.nbytes),
                 human_bytes(t.bytes_out),
             ]
-            + ([] if counts is None else [t.dtype_by or "-"])
+            + ([t.dtype_by or "-"] if labelled else [])
         )
     table(rows, right={5, 6})
     for src, name, why in p.dropped:
@@ -156,7 +157,7 @@ def _print_plan(p: Plan) -> None:
     emit()
     for label, n in (counts or {}).items():
         emit(f"dtype {label}: {n} tensors")
-    emit_bookkeeping(p.bookkeeping_kept(), "would keep", err=False)
+    emit_bookkeeping(kept, "would keep", err=False)
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
@@ -472,9 +473,10 @@ def _run_average(args, p) -> int:
         if args.json:
             print_json(p.to_dict())
             return 0
-        counts = p.dtype_rule_counts()
+        counts, kept = p.dtype_rule_counts(), p.bookkeeping_kept()
+        labelled = counts is not None or bool(kept)
         rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "VALUE", "BYTES OUT"]]
-        if counts is not None:
+        if labelled:
             rows[0].append("DTYPE BY")
         for t in p.tensors:
             dtype = (
@@ -484,7 +486,7 @@ def _run_average(args, p) -> int:
             new = "=" if t.new_name == t.name else t.new_name
             rows.append(
                 [t.name, new, dtype, shape_text(t.info.shape), how, human_bytes(t.bytes_out)]
-                + ([] if counts is None else [t.dtype_by or "-"])
+                + ([t.dtype_by or "-"] if labelled else [])
             )
         table(rows, right={5})
         for _, name, why in p.dropped:
@@ -492,6 +494,7 @@ def _run_average(args, p) -> int:
         emit()
         for label, n in (counts or {}).items():
             emit(f"dtype {label}: {n} tensors")
+        emit_bookkeeping(kept, "would keep", err=False)
         weights = " ".join(f"{w:g}" for w in p.weights)
         emit(
             f"{len(p.tensors)} tensors to {p.dst} from {len(p.sources)} sources (weights "
