@@ -9,6 +9,8 @@ them, for the tests of ``dump GRAPH.meta`` and ``check --against``.
   with a signature.
 - :func:`tf_account`: what TensorFlow reports after ``import_meta_graph``.
 - :func:`saver_restore`: a real ``Saver.restore`` of a checkpoint into a graph file's graph.
+- :func:`strip_saver`, :func:`tf1_graph_without_saver`: graphs without a ``saver_def``;
+  :func:`default_saver_meta`: the default Saver ``import_meta_graph`` builds for one.
 
 Every graph is built in its own ``tf.Graph``, so graph-mode state never leaks between them.
 """
@@ -74,6 +76,45 @@ def tf1_graph(directory: Path, *, resource: bool, version: str, sharded: bool = 
             prefix = saver.save(sess, str(directory / "model.ckpt"), global_step=7)
     # A sharded V1 save's prefix is a file pattern; its graph file is named without it.
     return {"meta": str(directory / "model.ckpt-7.meta"), "prefix": prefix}
+
+
+def strip_saver(meta: str, out: str) -> str:
+    """A copy of the graph file ``meta`` without its ``saver_def`` (its save and restore
+    ops stay in the graph), as TensorFlow's own proto writes it."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    proto = meta_graph_pb2.MetaGraphDef.FromString(Path(meta).read_bytes())
+    proto.ClearField("saver_def")
+    Path(out).write_bytes(proto.SerializeToString())
+    return out
+
+
+def tf1_graph_without_saver(directory: Path, *, resource: bool) -> dict:
+    """The graph of :func:`tf1_graph` exported by ``export_meta_graph`` before any Saver
+    exists (no saver_def, no save ops), then saved by a Saver: ``{"meta", "prefix"}``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = str(directory / "graph.meta")
+    with tf.Graph().as_default():
+        _build(resource)
+        proto = v1.train.export_meta_graph(meta)
+        assert not proto.HasField("saver_def")
+        saver = v1.train.Saver()
+        with v1.Session() as sess:
+            sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+            prefix = saver.save(sess, str(directory / "model.ckpt"))
+    return {"meta": meta, "prefix": prefix}
+
+
+def default_saver_meta(meta: str, out: str) -> str | None:
+    """The graph of ``meta`` as ``import_meta_graph`` leaves it, written with the
+    saver_def of the Saver it returned (for a graph without one, the default Saver it
+    built, with its save and restore ops); None when it returned no Saver."""
+    with tf.Graph().as_default():
+        saver = v1.train.import_meta_graph(meta)
+        if saver is None:
+            return None
+        v1.train.export_meta_graph(out, saver_def=saver.saver_def)
+    return out
 
 
 def tf1_saved_model(directory: Path) -> str:
@@ -175,7 +216,13 @@ def saver_restore(meta: str, prefix: str) -> tuple[bool, str]:
     """Restore ``prefix`` with the Saver of the graph in ``meta``, in a fresh graph:
     whether it succeeded, and TensorFlow's message if not."""
     with tf.Graph().as_default():
-        saver = v1.train.import_meta_graph(meta)
+        try:
+            saver = v1.train.import_meta_graph(meta)
+        except (TypeError, ValueError, IndexError, AttributeError, KeyError) as e:
+            # Without a saver_def: the default Saver refused the graph's collections.
+            return False, f"import_meta_graph: {type(e).__name__}: {e}"
+        if saver is None:
+            return False, "import_meta_graph built no Saver"
         with v1.Session() as sess:
             try:
                 saver.restore(sess, prefix)

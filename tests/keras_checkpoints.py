@@ -124,6 +124,24 @@ def inputs(case: str) -> list[np.ndarray]:
     return [rng.normal(size=(5, 3)).astype("float32")]
 
 
+# Comparing predictions made by two frameworks (TensorFlow's Eigen/oneDNN kernels against
+# XLA or NumPy) from weights already shown equal bit for bit: the same float32 function,
+# summed in other orders. Reassociating a sum of n float32 terms moves it by at most
+# n·eps·Σ|terms| (Higham, γ_n); each model here sums at most FAN_IN terms a layer (the
+# LSTM: 6 inputs + 5 state over 4 gates; the CNN: 3·3·4), over at most DEPTH layers or
+# time steps (7 for the LSTM), with activations of the size of the predictions (or 1),
+# and the error of one layer carries through the next ones at most scaled by their weights.
+FAN_IN = 64
+DEPTH = 8
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def prediction_tolerance(want: np.ndarray) -> float:
+    """The absolute tolerance between two float32 evaluations of one model on ``want``'s
+    inputs (see above): ~6e-5 at unit scale; wrong weights or wiring differ by ~1e-1."""
+    return DEPTH * FAN_IN * EPS32 * max(1.0, float(np.abs(want).max()))
+
+
 def _feed(xs):
     return xs[0] if len(xs) == 1 else xs
 

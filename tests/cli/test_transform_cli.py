@@ -404,6 +404,17 @@ def test_error_destination_is_source(src, tmp_path):
     assert_cli_error(
         run_text("merge", src.merge["a"][0], src.tf1, "-o", src.tf1), "destination is a source"
     )
+    # The source's .index names the source, as on the source's side (not X.index.index).
+    assert_cli_error(
+        run_text("convert", src.tf1, f"{src.tf1}.index", "--dtype", "float16", "--overwrite"),
+        "destination is a source",
+    )
+
+
+def test_destination_named_by_its_index(src, tmp_path):
+    ok(run_text("convert", src.tf1, tmp_path / "m.index", "--dtype", "float16"))
+    assert not (tmp_path / "m.index.index").exists()
+    assert set(th.tf_dtypes(tmp_path / "m").values()) == {"float16", "int64"}
 
 
 def test_error_existing_destination(src, tmp_path):
@@ -421,7 +432,7 @@ def test_error_existing_destination(src, tmp_path):
 ERRORS = {
     "bad_include_regex": (
         lambda s: ["select", s.tf1, "{dst}", "--include", "conv/("],
-        ["regular expression"],
+        ["bad include pattern 'conv/('"],
     ),
     "bad_map_regex": (
         lambda s: ["rename", s.tf1, "{dst}", "--map", "(dense=x"],

@@ -6,6 +6,7 @@ and the CLI says why on one line."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -20,6 +21,7 @@ from edit_helpers import tf_values, write_tf1  # noqa: E402
 from s3_helpers import on, proxy, s3, s3_server  # noqa: E402,F401  (fixtures)
 
 from tfckpt.inspection import directories  # noqa: E402
+from tfckpt.rewrite.editing import MAX_VOCAB_BYTES  # noqa: E402
 
 PREFIX = "model.ckpt-2"
 EDIT = ("--set", "global_step=0", "--fill", "emb=ones")
@@ -212,3 +214,62 @@ def test_sigkill_during_in_place_edit_on_s3_leaves_old_or_new(s3, forker, pristi
     else:
         pytest.fail("the in-place edit never completed")
     assert states[0] == "old" and states[-1] == "new" and strays, (states, strays)
+
+
+def _hostile(tmp_path: Path) -> dict[str, Path]:
+    """Things that are no vocabulary or .npy file: a named pipe (no writer: reading it
+    would wait forever), a device without end, a directory; and a regular file over the
+    vocabulary's limit (sparse: no disk used)."""
+    tmp_path.mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "adir").mkdir()
+    with open(tmp_path / "huge.txt", "wb") as f:
+        f.truncate(MAX_VOCAB_BYTES + 1)
+    return {
+        "fifo": tmp_path / "fifo",
+        "zero": Path("/dev/zero"),
+        "dir": tmp_path / "adir",
+        "huge": tmp_path / "huge.txt",
+    }
+
+
+NOT_REGULAR = {
+    "fifo": "not a regular file (a named pipe)",
+    "zero": "not a regular file (a character device)",
+    "dir": "not a regular file (a directory)",
+    "huge": f"more than the limit of {MAX_VOCAB_BYTES}",
+}
+REMAP = ["--remap-rows", "^emb$", "--old-vocab"]
+HOSTILE_EDITS = [  # <path>: the hostile input the case names; <ok>: a good vocabulary
+    *((f"old vocab {k}", [*REMAP, "<path>", "--new-vocab", "<ok>"]) for k in NOT_REGULAR),
+    *((f"new vocab {k}", [*REMAP, "<ok>", "--new-vocab", "<path>"]) for k in NOT_REGULAR),
+    *((f"set {k}", ["--set", "dense/bias=@<path>"]) for k in ("fifo", "zero", "dir")),
+    *((f"add {k}", ["--add", "new=@<path>"]) for k in ("fifo", "zero", "dir")),
+    ("resize 10**12", ["--resize", "^emb$=1000000000000"]),
+]
+
+
+@pytest.mark.parametrize("case, args", HOSTILE_EDITS, ids=[c for c, _ in HOSTILE_EDITS])
+def test_hostile_edit_inputs_are_one_line_and_leave_nothing(pristine, tmp_path, case, args):
+    """Each its own process, bounded by a timeout generous for a loaded machine (a hang is
+    what is tested): one line, exit status 2, the source byte for byte, nothing written."""
+    paths = _hostile(tmp_path / "in")
+    (tmp_path / "in" / "ok.txt").write_text("a\nb\nc\nd\ne\nf\n")
+    paths["ok"] = tmp_path / "in" / "ok.txt"
+    run = tmp_path / "run"
+    shutil.copytree(pristine, run)
+    before = _files(run)
+    inputs = {
+        p.name: p.stat().st_size if p.is_file() else None for p in (tmp_path / "in").iterdir()
+    }
+    key = case.rsplit(" ", 1)[-1]
+    hostile = str(paths.get(key, ""))
+    args = [a.replace("<path>", hostile).replace("<ok>", str(paths["ok"])) for a in args]
+    result = ch.run_text("edit", run / PREFIX, tmp_path / "out" / "m", *args, timeout=60)
+    want = NOT_REGULAR.get(key, "more than the 268435456 an edit takes")
+    line = ch.assert_cli_error(result, want)
+    assert str(paths[key]) in line if key in paths else "--resize" in line
+    assert _files(run) == before
+    assert not (tmp_path / "out").exists()
+    after = {p.name: p.stat().st_size if p.is_file() else None for p in (tmp_path / "in").iterdir()}
+    assert after == inputs

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 SCRIPT = r"""
-import random, signal, threading
+import random, signal, threading, time
 from tfckpt.rewrite.pipeline import WriteBehind, prefetch
 
 class Sink:
@@ -37,15 +37,16 @@ for _ in range(150):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
-for t in alive:
-    t.join(timeout=1)
+deadline = time.monotonic() + 60  # a hang detector, not a speed claim: a loaded machine
+for t in alive:                   # may take its time to schedule the threads' last steps
+    t.join(timeout=max(0.0, deadline - time.monotonic()))
 print(interrupted, failures, sum(t.is_alive() for t in alive))
 """
 
 
 def test_ctrl_c_inside_hand_overs_neither_kills_a_thread_nor_hangs():
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr
     # (stderr may hold CPython's own "Exception ignored in ..." lines: a timer that

@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 import pytest
-from cli_helpers import assert_cli_error, in_process, user_env
+from cli_helpers import assert_cli_error, in_process, run_text, user_env
 
 import tfckpt
 
@@ -291,3 +291,48 @@ def test_copies_of_a_shared_weight_that_differ(tmp_path):
     assert_cli_error(in_process("export", path, tmp_path / "o.safetensors"), "different values")
     with tfckpt.open(f"{path}/b") as layer_b:
         assert layer_b["emb/weight"].tolist() == [1, 5, 1]
+
+
+def test_a_layer_listed_again_and_again_is_read_once(tmp_path):
+    """``layer_names`` repeating one layer: Keras' loader pairs each entry with the model's
+    next layer (a file listing ``d`` twice loads into two layers), so each entry stays one
+    of ``keras_layers``; two million of them are read in time linear in the list, by
+    every command (a generous timeout, no clock in the assertions)."""
+    tf_keras = pytest.importorskip("tf_keras")
+    from tf_keras.src.saving.legacy import hdf5_format
+
+    layers = tf_keras.layers
+    model = tf_keras.Sequential([layers.Input((3,)), layers.Dense(3, name="d")])
+    twice, path = tmp_path / "twice.h5", tmp_path / "repeated.h5"
+    for target, count in ((twice, 2), (path, 2_000_000)):
+        model.save_weights(str(target))
+        with h5py.File(target, "a") as f:
+            del f.attrs["layer_names"]
+            hdf5_format.save_attributes_to_hdf5_group(f, "layer_names", [b"d"] * count)
+    with h5py.File(path) as f:  # Keras' own split of a long list
+        assert "layer_names1" in f.attrs
+    two = tf_keras.Sequential([layers.Input((3,)), layers.Dense(3, name="a"), layers.Dense(3)])
+    two.load_weights(str(twice))
+    want = [w.numpy() for w in model.weights]
+    assert all(np.array_equal(w.numpy(), want[k % 2]) for k, w in enumerate(two.weights))
+    with tfckpt.open(twice) as ckpt:
+        top = ("top_level_model_weights", [])  # tf.keras writes it, empty
+        assert ckpt.keras_layers == [("d", ["d/kernel", "d/bias"])] * 2 + [top]
+        assert ckpt.keys() == ["d/kernel", "d/bias"]
+    for args in (("dump", "--json", path), ("verify", path)):
+        proc = run_text(*args, timeout=600)
+        assert proc.returncode == 0 and not proc.stderr, (args, proc.stderr[-2000:])
+    with tfckpt.open(path) as ckpt:
+        assert len(ckpt.keras_layers) == 2_000_001 and ckpt.keys() == ["d/kernel", "d/bias"]
+        assert np.array_equal(ckpt["d/kernel"], want[0])
+    # A layer's weight_names repeating its weights: each dataset looked up once.
+    with h5py.File(path, "a") as f:
+        group = f["d"]
+        names = [
+            n.encode() for n in hdf5_format.load_attributes_from_hdf5_group(group, "weight_names")
+        ]
+        del group.attrs["weight_names"]
+        hdf5_format.save_attributes_to_hdf5_group(group, "weight_names", names * 500_000)
+    with tfckpt.open(path) as ckpt:
+        assert ckpt.keys() == ["d/kernel", "d/bias"]
+        assert len(ckpt.keras_layers[0][1]) == 1_000_000

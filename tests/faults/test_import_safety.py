@@ -641,3 +641,137 @@ def test_stored_member_read_by_offset_is_checked_against_its_crc(tmp_path):
     tfckpt.import_(src, tmp_path / "ok" / "m", chunk_bytes=1 << 16)
     with tfckpt.open(tmp_path / "ok" / "m") as ckpt:
         assert ckpt["a"].tolist() == list(range(1 << 16))
+
+
+def test_import_destination_named_by_its_index(tmp_path):
+    """``import W out/m.index`` writes ``out/m``, as a source's ``.index`` names its prefix."""
+    src = tmp_path / "w.safetensors"
+    save_file({"a": np.arange(4, dtype=np.float32)}, str(src))
+    assert in_process("import", src, tmp_path / "out" / "m.index")[0] == 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["m.data-00000-of-00001", "m.index"]
+    assert tfckpt.open(str(tmp_path / "out" / "m"))["a"].tolist() == [0, 1, 2, 3]
+
+
+# -- names and shapes a TensorFlow checkpoint cannot hold (issue 37, item 14)
+
+
+def _names_and_shapes(tmp_path) -> dict[str, tuple[Path, str, list[str]]]:
+    """(file, its tensor, fragments of the one error line) of each case; the files are
+    written by the safetensors package and numpy where they write them, by hand where
+    they refuse."""
+    cases = {}
+    st = tmp_path / "empty-name.safetensors"
+    save_file({"": np.ones(2, np.float32)}, str(st))  # the package writes an empty name
+    cases["safetensors empty name"] = (st, "", ["empty name", "--map '^$=NAME'"])
+    npz = tmp_path / "empty-name.npz"
+    np.savez(npz, **{"": np.ones(2, np.float32)})  # the member ".npy"
+    with zipfile.ZipFile(npz) as z:
+        assert z.namelist() == [".npy"]
+    cases["npz empty member name"] = (npz, "", ["empty name"])
+    for label, shape, data in (
+        ("npz negative dimensions", (-2, -3), b"\0" * 24),  # their product fits the bytes
+        ("npz negative and zero", (-1, 0), b""),
+    ):
+        path = tmp_path / f"{label.replace(' ', '-')}.npz"
+        path.write_bytes(_zip_bytes({"x.npy": _npy_raw("<f4", shape, data)}))
+        with pytest.raises(ValueError), np.load(path, allow_pickle=False) as z:
+            z["x"]  # numpy refuses it too
+        cases[label] = (path, "x", ["negative dimension"])
+    deep = tmp_path / "rank-300.safetensors"
+    deep.write_bytes(st_bytes(header({"a": spec("F32", [1] * 300, 0, 4)}), b"\0" * 4))
+    assert package_verdict(deep) is None  # the package opens it
+    cases["safetensors rank 300"] = (deep, "a", ["rank 300", "254"])
+    return cases
+
+
+def test_unstorable_names_and_shapes_are_one_line_errors(tmp_path):
+    for what, (src, tensor, fragments) in _names_and_shapes(tmp_path).items():
+        out = tmp_path / "new" / what.replace(" ", "-") / "m"
+        assert_cli_error(in_process("import", src, out), str(src), f"tensor {tensor!r}", *fragments)
+        assert_cli_error(run_text("import", src, out, "--dry-run"), str(src), *fragments)
+        with pytest.raises(tfckpt.CheckpointError) as e:
+            tfckpt.import_(src, out)
+        assert e.value.path == str(src) and e.value.tensor == tensor, (what, e.value)
+        assert not (tmp_path / "new").exists()
+    # The rename the message gives imports the empty name.
+    src = tmp_path / "empty-name.safetensors"
+    rc, _, err = in_process("import", src, tmp_path / "named" / "m", "--map", "^$=w")
+    assert rc == 0, err
+    with tfckpt.open(tmp_path / "named" / "m") as ckpt:
+        assert ckpt.keys() == ["w"] and ckpt["w"].tolist() == [1.0, 1.0]
+
+
+# What the headers of the fuzz below draw from: names, dtypes and shapes of every kind.
+_NAMES = ["", "a", "a/b", "/", ".", "..", "x" * 300, "é", "\0", "a:0", "../x", " "]
+_ST_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I8": 1, "I64": 8, "U8": 1, "U64": 8}
+_ST_DTYPES.update({"BOOL": 1, "F8_E4M3": 1, "C64": 8, "X": 1})
+_NPY_DESCRS = ["<f4", "<f2", "<i8", "|b1", "|u1", "<c8", "|V4", "<M8[s]", "<U3", "|S3", ">f4"]
+
+
+def _fuzz_safetensors(draw) -> bytes:
+    from hypothesis import strategies as st
+
+    tensors, end = [], 0
+    for name in draw(st.lists(st.sampled_from(_NAMES), min_size=1, max_size=3)):
+        dtype = draw(st.sampled_from(sorted(_ST_DTYPES)))
+        shape = draw(st.lists(st.integers(0, 3), max_size=draw(st.sampled_from([3, 300]))))
+        n = _ST_DTYPES[dtype] * int(np.prod(shape, dtype=object))
+        tensors.append((name, spec(dtype, shape, end, end + n)))
+        end += n
+    text = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in tensors) + "}"
+    return st_bytes(text, b"\1" * end)
+
+
+def _fuzz_npz(draw) -> bytes:
+    from hypothesis import strategies as st
+
+    members = {}
+    names = [n for n in _NAMES if "\0" not in n]  # zipfile cuts a name at NUL
+    for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=3)):
+        descr = draw(st.sampled_from(_NPY_DESCRS))
+        shape = tuple(draw(st.lists(st.integers(-3, 3), max_size=draw(st.sampled_from([3, 70])))))
+        n = np.dtype(descr).itemsize * int(np.prod(shape, dtype=object))
+        extra = draw(st.sampled_from([0, 0, 1]))
+        members[f"{name}.npy"] = _npy_raw(descr, shape, b"\1" * max(0, n + extra))
+    return _zip_bytes(members)
+
+
+def test_fuzzed_names_shapes_and_dtypes_import_or_are_checkpoint_errors(tmp_path):
+    """Safetensors headers and npz members drawn from hostile names, shapes (negative,
+    empty, of rank 300) and dtypes: each imports, and opens, or is a CheckpointError."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    files = st.one_of(
+        st.composite(lambda draw: ("w.safetensors", _fuzz_safetensors(draw)))(),
+        st.composite(lambda draw: ("w.npz", _fuzz_npz(draw)))(),
+    )
+    runs = iter(range(1 << 30))
+
+    @settings(
+        max_examples=150,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(files)
+    def case(drawn):
+        name, data = drawn
+        k = next(runs)
+        src = tmp_path / f"{k}-{name}"
+        src.write_bytes(data)
+        out = tmp_path / f"out{k}" / "m"
+        try:
+            tfckpt.import_(src, out)
+        except tfckpt.CheckpointError as e:
+            assert e.path == str(src), e
+            assert not out.parent.exists()
+            return
+        with tfckpt.open(out) as ckpt:
+            for key in ckpt.keys():
+                ckpt[key]
+
+    del hypothesis
+    case()

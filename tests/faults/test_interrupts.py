@@ -142,7 +142,7 @@ def write(self, data):
         os.kill(os.getpid(), signal.SIGINT)
     return real_write(self, data)
 pipeline.WriteBehind.write = write
-from tfckpt.cli import main
+from tfckpt.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -223,3 +223,42 @@ def test_sigint_at_timed_points(source, tmp_path):
         states.append(_check_interrupted(proc, dst, f"SIGINT {delay} s into the run"))
     # The signal reached the run while it was writing at least once.
     assert "absent" in states, states
+
+
+# The installed `tfckpt` script's own lines (`from tfckpt.__main__ import main`, exit with
+# its status), after a finder that sends this process SIGINT when the program first imports
+# the module named in argv[1]: a real Ctrl-C, arriving while the command line loads.
+INTERRUPT_AT_IMPORT = """
+import os, signal, sys
+
+class InterruptOnImport:
+    def __init__(self, name):
+        self.name = name
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, InterruptOnImport(sys.argv.pop(1)))
+from tfckpt.__main__ import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["tfckpt.cli", "tfckpt.cli.parsers", "tfckpt.io.storage", "tfckpt.cli.commands", "numpy"],
+)
+def test_sigint_while_the_command_line_loads(source, tmp_path, module):
+    """Ctrl-C in the program's first moments, as it imports: no traceback, exit 130."""
+    dst = tmp_path / "out" / "model"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPT_AT_IMPORT, module, *_convert_args(source, dst)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _check_interrupted(proc, dst, f"SIGINT on importing {module}")
+    assert proc.returncode == 130
+    assert not os.path.exists(dst.parent)

@@ -108,9 +108,13 @@ def tf1_table(tmp_path_factory):
         checkpoints = {"as saved": files["prefix"]}
         for vname, (values, parts) in _variants(base).items():
             checkpoints[vname] = _write(str(root / gname / vname.replace(" ", "_")), values, parts)
+        # The same graph without its saver_def: restored by the Saver import_meta_graph
+        # builds then.
+        stripped = gf.strip_saver(files["meta"], str(root / f"{gname}-no-saver-def.meta"))
         for vname, prefix in checkpoints.items():
-            ok, message = gf.saver_restore(files["meta"], prefix)
-            rows.append((gname, vname, files["meta"], prefix, ok, message))
+            for label, meta in ((gname, files["meta"]), (f"{gname} no saver_def", stripped)):
+                ok, message = gf.saver_restore(meta, prefix)
+                rows.append((label, vname, meta, prefix, ok, message))
     saved = gf.tf1_saved_model(root / "saved_model")
     for gname, vname, _, prefix, _, _ in list(rows):
         if gname == "resource-V2" and vname in ("as saved", "missing step", "w in float16"):
@@ -140,6 +144,10 @@ def test_check_predicts_every_saver_restore(tf1_table):
     assert outcomes["reference-V1", "w of another shape"] is False
     assert outcomes["resource-V2", "emb in two other slices"] is True
     assert outcomes["resource-V2", "half stored whole"] is False
+    for g in GRAPHS:  # the default Saver restores as the graph's own did
+        assert {v: ok for (h, v), ok in outcomes.items() if h == g} == {
+            v: ok for (h, v), ok in outcomes.items() if h == f"{g} no saver_def"
+        }
     assert sum(ok for *_, ok, _ in tf1_table) < len(tf1_table) - 8
 
 
@@ -190,6 +198,81 @@ def test_a_castable_dtype_is_fixed_by_the_convert_the_report_gives(tf1_table, tm
     assert rc == 0, err
     assert _check(out, "--against", meta)[0] == 0
     assert gf.saver_restore(meta, out) == (True, "")
+
+
+def _edited(meta: str, out, edit) -> str:
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    proto = meta_graph_pb2.MetaGraphDef.FromString(open(meta, "rb").read())
+    edit(proto)
+    out.write_bytes(proto.SerializeToString())
+    return str(out)
+
+
+def _saveable(value, kind: str = "node_list"):
+    return lambda p: getattr(p.collection_def["saveable_objects"], kind).value.append(value)
+
+
+def _variables_twice(index: int):
+    def edit(p):
+        values = p.collection_def["variables"].bytes_list.value
+        values.append(values[index])
+
+    return edit
+
+
+# Collections of a graph without a saver_def edited as TensorFlow's export could leave
+# them, each judged by import_meta_graph's default Saver.
+SAVERLESS_EDITS = {
+    "as exported": lambda p: None,
+    "saveable_objects of no kind": lambda p: p.collection_def["saveable_objects"],
+    "saveable_objects lists a resource variable's read": _saveable("local/Read/ReadVariableOp:0"),
+    "saveable_objects lists a reference variable's read": _saveable("local/read:0"),
+    "saveable_objects lists a local variable's tensor": _saveable("local:0"),
+    "saveable_objects lists a global variable again": _saveable("w:0"),
+    "saveable_objects lists an operation": _saveable("w"),
+    "saveable_objects lists a tensor not in the graph": _saveable("nothing:0"),
+    "saveable_objects lists a number": _saveable(3, "int64_list"),
+    "saveable_objects lists bytes": _saveable(b"w", "bytes_list"),
+    "a variable listed twice": _variables_twice(0),
+    "a partition listed twice": _variables_twice(-1),
+    "no variables collection": lambda p: p.collection_def.pop("variables"),
+}
+
+
+@pytest.mark.parametrize("resource", [True, False], ids=["resource", "reference"])
+def test_without_a_saver_def_check_follows_import_meta_graph(tmp_path, resource):
+    """A graph without a saver_def, its collections edited: check succeeds exactly where
+    import_meta_graph builds a Saver and it restores the checkpoint; else one error line."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", [2, 3], use_resource=resource)
+        local = v1.get_variable(
+            "local", [2], collections=[v1.GraphKeys.LOCAL_VARIABLES], use_resource=resource
+        )
+        emb = v1.get_variable(
+            "emb", [4, 2], partitioner=v1.fixed_size_partitioner(2), use_resource=resource
+        )
+        meta = str(tmp_path / "graph.meta")
+        v1.train.export_meta_graph(meta)
+        with v1.Session() as sess:
+            sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+            saver = v1.train.Saver(var_list=[w, local, *emb])
+            prefix = saver.save(sess, str(tmp_path / "model.ckpt"))
+    outcomes = {}
+    for what, edit in SAVERLESS_EDITS.items():
+        edited = _edited(meta, tmp_path / f"{what.replace(' ', '_')}.meta", edit)
+        ok, message = gf.saver_restore(edited, prefix)
+        outcomes[what] = ok
+        result = in_process("check", prefix, "--against", edited, "--json")
+        if ok:
+            assert result[0] == 0 and not result[2], (what, result)
+        else:
+            assert_cli_error(result, edited, "no saver_def")
+    # The table holds both outcomes.
+    assert outcomes["as exported"] and not outcomes["a variable listed twice"]
+    assert outcomes["saveable_objects lists a local variable's tensor"] is not resource
+    assert outcomes["saveable_objects lists a resource variable's read"] is resource
 
 
 def test_errors_are_one_line(tf1_table, tmp_path):

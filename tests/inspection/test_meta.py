@@ -92,6 +92,45 @@ def test_what_the_saver_restores_is_what_it_saved(graphs, name):
     assert {r["validate_shape"] for r in restores} == {not GRAPHS[name]["resource"]}
 
 
+@pytest.fixture(scope="module")
+def saverless(graphs, tmp_path_factory):
+    """Graph files without a saver_def: TensorFlow's own with it cleared (their save and
+    restore ops left in the graph), and graphs exported before any Saver existed."""
+    root = tmp_path_factory.mktemp("saverless")
+    out = {}
+    for name in ("resource-V2", "reference-V2"):
+        out[f"{name} stripped"] = gf.strip_saver(graphs[name]["meta"], str(root / f"{name}.meta"))
+    for resource in (True, False):
+        files = gf.tf1_graph_without_saver(root / f"never-{resource}", resource=resource)
+        out[f"{'resource' if resource else 'reference'} never saved"] = files["meta"]
+    return out
+
+
+def test_without_a_saver_def_the_default_saver_of_import_meta_graph(saverless, tmp_path):
+    """What ``import_meta_graph`` restores a graph without a saver_def with: the Saver it
+    builds, written out by TensorFlow with its restore ops, restores what dump lists."""
+    for name, meta in saverless.items():
+        data = dump(meta)
+        built = dump(gf.default_saver_meta(meta, str(tmp_path / "built.meta")))["saver"]
+        saver = data["saver"]
+        assert saver["default"] is True and data["no_saver"] is None, name
+        assert built["default"] is False
+        same = ("version", "sharded", "max_to_keep", "keep_checkpoint_every_n_hours")
+        assert {k: saver[k] for k in same} == {k: built[k] for k in same}, name
+        assert saver["restore_op"] is None and built["restore_op"], name
+
+        def order(r):
+            return r["key"], r["slice"] or ""
+
+        assert sorted(saver["restores"], key=order) == sorted(built["restores"], key=order), name
+        # Local variables are not restored; every global one is, partitions as slices.
+        assert {r["variable"] for r in saver["restores"]} == {
+            v["name"] for v in data["variables"] if "variables" in v["collections"]
+        }
+    rc, out, err = in_process("dump", saverless["resource never saved"])
+    assert rc == 0 and "no saver_def: the default Saver import_meta_graph builds" in out, out
+
+
 def test_saved_model_signatures_as_the_loader_gives_them(graphs):
     case = graphs["saved_model"]
     data = dump(os.path.join(case["dir"], "saved_model.pb"))

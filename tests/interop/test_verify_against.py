@@ -165,3 +165,25 @@ def test_the_command_line(source, tmp_path):
     assert misuse.returncode == 2 and "--preset: for verify --against OUT only" in misuse.stderr
     nothing = run("verify", source, "--against", str(tmp_path))
     assert nothing.returncode == 2 and len(nothing.stderr.splitlines()) == 1
+
+
+def test_a_checkpoint_against_itself(source):
+    """verify writes nothing: a checkpoint checked against itself is what it becomes
+    with no transform (each tensor equal), and not with a cast; named by its prefix or its
+    ``.index``; the source stays byte for byte."""
+    files = {
+        n: open(os.path.join(os.path.dirname(source), n), "rb").read()
+        for n in os.listdir(os.path.dirname(source))
+    }
+    proof = verify_against(source, source)
+    assert proof.ok and proof.checked == len(tfckpt.open(source).keys())
+    for against in (source, source + ".index"):
+        same = run("verify", source, "--against", against)
+        assert same.returncode == 0 and same.stdout.startswith("ok: "), same.stderr
+    cast = run("verify", source, "--against", source, "--dtype", "float16", "--exclude", "vocab")
+    assert cast.returncode == 1 and "Traceback" not in cast.stderr, cast.stderr
+    assert not verify_against(source, source, cast="float16", exclude=["vocab"]).ok
+    assert files == {
+        n: open(os.path.join(os.path.dirname(source), n), "rb").read()
+        for n in os.listdir(os.path.dirname(source))
+    }

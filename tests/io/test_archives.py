@@ -148,7 +148,11 @@ def test_every_command_reads_as_extracted(archives, tree, tmp_path, kind, member
             except tf.errors.UnimplementedError:
                 assert member == "v1"
 
-    for verb in (["convert", "--dtype", "float16"], ["select", "--exclude", "step"]):
+    # (one exclude for every member: some have no step, which the flag allows)
+    for verb in (
+        ["convert", "--dtype", "float16"],
+        ["select", "--exclude", "step", "--allow-unmatched"],
+    ):
         for src, out in ((inside, "in"), (outside, "out")):
             cli(*verb[:1], src, f"{tmp_path / verb[0] / out}/", *verb[1:], "--no-fsync")
         same_files(tmp_path / verb[0] / "in", tmp_path / verb[0] / "out")
@@ -272,6 +276,81 @@ def test_model_zoo_v1_tarball_opens_bare(tree, tmp_path):
     shutil.copy(archive, download)
     assert "format      V1 (tensor slices)" in cli("dump", download)
     assert [r["name"] for r in tfckpt.list_checkpoints(str(download))["checkpoints"]] == []
+
+
+@pytest.fixture(scope="module")
+def keras_h5_dir(tmp_path_factory):
+    """A directory as a tf.keras user leaves it: the model's weights (``save_weights``),
+    its config beside them, no TensorFlow checkpoint."""
+    tf_keras = pytest.importorskip("tf_keras")
+    d = tmp_path_factory.mktemp("keras") / "model"
+    d.mkdir()
+    layers = tf_keras.layers
+    model = tf_keras.Sequential([layers.Input((4,)), layers.Dense(3, name="dense")])
+    model.save_weights(str(d / "model.h5"))
+    (d / "config.json").write_text(model.to_json())
+    return d
+
+
+def _same_outputs(a, b, tmp_path: Path) -> None:
+    """convert of ``a`` and ``b`` writes the same bytes, export the same tensors."""
+    from safetensors import safe_open
+
+    for src, out in ((a, "a"), (b, "b")):
+        cli("convert", src, f"{tmp_path / 'convert' / out}/", "--no-fsync")
+        cli("export", src, tmp_path / "export" / f"{out}.safetensors")
+    same_files(tmp_path / "convert" / "a", tmp_path / "convert" / "b")
+    files = [str(tmp_path / "export" / f"{out}.safetensors") for out in "ab"]
+    with safe_open(files[0], "np") as x, safe_open(files[1], "np") as y:
+        assert x.keys() == y.keys()
+        assert all(x.get_tensor(k).tobytes() == y.get_tensor(k).tobytes() for k in x.keys())
+
+
+@pytest.mark.parametrize("kind", ["directory", *FULL_KINDS])
+def test_one_keras_h5_opens_by_itself(keras_h5_dir, tmp_path, kind):
+    """An archive, or a directory, holding one Keras .h5 and no TensorFlow checkpoint is
+    that file, for every command that reads it (as a source and as check's target)."""
+    file = keras_h5_dir / "model.h5"
+    if kind == "directory":
+        where, inside = keras_h5_dir, str(file)
+    else:
+        where = pack(keras_h5_dir, tmp_path / name_for(kind), kind)
+        inside = f"{where}#model.h5"
+    as_file = lambda text: text.replace(inside, str(file))  # noqa: E731
+    assert as_file(cli("dump", "--json", where)) == cli("dump", "--json", file)
+    assert as_file(cli("stats", "--json", where)) == cli("stats", "--json", file)
+    assert f"ok: {inside}: 2 tensors" in cli("verify", where)
+    cli("diff", where, file)
+    for args in ((where, "--against", file), (file, "--against", where)):
+        data = json.loads(cli("check", *args, "--json"))
+        assert data["ok"] is True, data
+    assert "Keras HDF5: the model that wrote it" in data["target"]
+    with tfckpt.open(where) as ckpt, tfckpt.open(file) as there:
+        assert ckpt.keras_layers == there.keras_layers and ckpt.keys() == there.keys()
+        assert all(ckpt[k].tobytes() == there[k].tobytes() for k in ckpt.keys())
+    _same_outputs(where, file, tmp_path)
+
+
+def test_several_keras_files_are_listed_and_tf_checkpoints_come_first(
+    keras_h5_dir, tf_checkpoints, tmp_path
+):
+    two = tmp_path / "two"
+    shutil.copytree(keras_h5_dir, two)
+    shutil.copy(two / "model.h5", two / "other.h5")
+    assert_cli_error(
+        in_process("dump", two), "the directory holds 2 Keras HDF5 files: model.h5, other.h5"
+    )
+    archive = pack(two, tmp_path / "two.tar.gz", "tar.gz")
+    assert_cli_error(in_process("dump", archive), "the archive holds 2 checkpoints: model.h5")
+    # Beside a TensorFlow checkpoint, a .h5 changes nothing: the checkpoint opens.
+    both = tmp_path / "both"
+    shutil.copytree(keras_h5_dir, both)
+    prefix = Path(tf_checkpoints("tf1_sharded").prefix)
+    for f in prefix.parent.glob(prefix.name + ".*"):
+        shutil.copy(f, both / f.name)
+    for where in (both, pack(both, tmp_path / "both.zip", "zip-stored")):
+        with tfckpt.open(where) as ckpt:
+            assert ckpt.format == "bundle v2" and ckpt.prefix.endswith(prefix.name), where
 
 
 def test_archive_without_checkpoints_says_what_it_holds(tmp_path):

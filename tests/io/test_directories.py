@@ -259,17 +259,22 @@ def test_prune_tf2_run_as_checkpoint_manager_leaves_it(tf2_run, tmp_path):
 
 
 def test_prune_never_follows_a_link_out_of_the_directory(tf2_run, tmp_path):
+    """A link named as a part directory is none (TensorFlow makes no links): it stays,
+    with what it leads to, even when that holds only part files."""
     run = _copy(tf2_run, tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious").write_bytes(b"keep me")
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part-00000-of-00001.index").write_bytes(b"not the run's")
     (run / "ckpt-8_temp").symlink_to(outside, target_is_directory=True)
-    assert {o["kind"] for o in directories.ls(str(run))["orphans"]} == {
-        "part directory of an interrupted save"
-    }
-    directories.prune(str(run), keep_last=TF2_STEPS, min_age=0)  # the link is new
-    assert not os.path.lexists(run / "ckpt-8_temp")
+    (run / "ckpt-9_temp").symlink_to(parts, target_is_directory=True)
+    assert directories.ls(str(run))["orphans"] == []
+    directories.prune(str(run), keep_last=TF2_STEPS, min_age=0)
+    assert os.path.islink(run / "ckpt-8_temp") and os.path.islink(run / "ckpt-9_temp")
     assert (outside / "precious").read_bytes() == b"keep me"
+    assert (parts / "part-00000-of-00001.index").read_bytes() == b"not the run's"
 
 
 def test_prune_tf1_saver_run(tf1_run, tmp_path):
@@ -328,7 +333,7 @@ def killing(name):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, *args, **kwargs)
     setattr(storage.Storage, name, op)
-for name in ("remove", "remove_tree", "replace", "rename_noreplace", "write_new"):
+for name in ("remove", "replace", "rename_noreplace", "write_new"):
     killing(name)
 from tfckpt.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -777,3 +782,213 @@ def test_prune_leaves_a_save_in_progress_alone(tf2_run, tmp_path):
     ch.assert_cli_error(
         ch.in_process("prune", run, "--keep-last", "1", "--min-age", "nan"), "min_age"
     )
+
+
+# ---------------------------------------------------------------- what prune owns
+
+
+def _blocked_save(obstacle, save) -> None:
+    """Run TensorFlow's ``save()`` with a non-empty directory at ``obstacle``, where the save
+    renames a file to: the save fails there, leaving what it wrote before (its real
+    leftovers); the obstacle is removed again."""
+    (obstacle / "x").mkdir(parents=True)
+    with pytest.raises(tf.errors.OpError):
+        save()
+    shutil.rmtree(obstacle)
+
+
+def _foreign(run) -> dict[str, bytes]:
+    """What other programs keep in a run's directory under names like a save's
+    temporaries: prune must leave every one of them alone. Returns their files."""
+    before = _files(run)
+    for d, f in [
+        ("eval_temp", "events.out.tfevents.1.host"),
+        ("tensorboard_temp", "plugins.json"),
+        ("ckpt-8_temp", "notes.txt"),  # a checkpoint's name, but not a part directory
+        ("eval_temp_0123456789abcdef0123456789abcdef", "part-00000-of-00001.index"),
+    ]:
+        (run / d).mkdir()
+        (run / d / f).write_bytes(b"not the run's")
+    (run / "ckpt-8_temp" / "part-00000-of-00001.index").write_bytes(b"y")
+    (run / "x.tempstate123").write_bytes(b"not the run's")
+    (run / "embeddings.index.tempstate5").write_bytes(b"not the run's")
+    (run / "eval.data-00000-of-00001").write_bytes(b"not the run's")
+    (run / "notes.txt.tfckpt-tmp-1-0a1b2c3d").write_bytes(b"not the run's")
+    (run / "checkpoint.tmp0123456789abcdef0123456789abcdef").mkdir()  # a directory
+    (run / "checkpoint.tmp0123456789abcdef0123456789abcdef" / "keep").write_bytes(b"k")
+    return {p: b for p, b in _files(run).items() if p not in before}
+
+
+def _leftovers(data) -> list[str]:
+    return sorted(os.path.basename(o["path"].rstrip("/")) for o in data["orphans"])
+
+
+def test_prune_removes_only_what_the_runs_saves_left(forker, tf2_run, tmp_path):
+    """A CheckpointManager run whose saves TensorFlow left unfinished (a part directory
+    with its shards; one with a data file's ``.tempstate``; a merge half done) and one
+    tfckpt left killed, beside other programs' ``eval_temp/``, ``tensorboard_temp/``,
+    ``x.tempstate123`` ...: ls lists, ``prune --dry-run`` says and prune removes exactly
+    the run's; the others are there byte for byte; TensorFlow restores what is kept."""
+    run = _copy(tf2_run, tmp_path)
+    foreign = _foreign(run)
+    foreign_state = (run / "checkpoint").read_bytes()
+    manager, v = _manager(run, max_to_keep=None)
+    v.assign(_tf2_value(7))
+    # the merge cannot move the shard: ckpt-7_temp/part-00000-of-00001.{index,data-...}
+    _blocked_save(run / "ckpt-7.data-00000-of-00001", lambda: manager.save(checkpoint_number=7))
+    # the part's data cannot be renamed: ckpt-9_temp/part-...data-00000-of-00001.tempstateN
+    part_data = run / "ckpt-9_temp" / "part-00000-of-00001.data-00000-of-00001"
+    _blocked_save(part_data, lambda: manager.save(checkpoint_number=9))
+    # the merged index cannot be written: ckpt-10.data-... and the part's index are left
+    _blocked_save(run / "ckpt-10.index", lambda: manager.save(checkpoint_number=10))
+    assert (run / "checkpoint").read_bytes() == foreign_state  # no failed save listed
+    # tfckpt writing ckpt-11 into the run, killed before its commit
+    ch_args = ("convert", run / f"ckpt-{TF2_STEPS}", run / "ckpt-11", "--dtype", "float16")
+    assert _killed_at(forker, 2, *ch_args) == -signal.SIGKILL
+    tfckpt_left = sorted(n for n in os.listdir(run) if n.startswith("ckpt-11.tfckpt-tmp-"))
+    assert [n.rsplit(".", 1)[1] for n in tfckpt_left] == ["data-0", "index"]
+    tempstate = [p.name for p in (run / "ckpt-9_temp").iterdir()]
+    assert len(tempstate) == 1 and tempstate[0].startswith(f"{part_data.name}.tempstate")
+    owned = sorted(
+        [
+            "ckpt-7_temp",
+            "ckpt-9_temp",
+            "ckpt-10_temp",
+            "ckpt-10.data-00000-of-00001",
+            *tfckpt_left,
+        ]
+    )
+    assert sorted(os.listdir(run / "ckpt-7_temp")) == [
+        "part-00000-of-00001.data-00000-of-00001",
+        "part-00000-of-00001.index",
+    ]
+    assert os.listdir(run / "ckpt-10_temp") == ["part-00000-of-00001.index"]
+
+    assert _leftovers(directories.ls(str(run))) == owned
+    before = _files(run)
+    args = ("prune", run, "--keep-last", "2", "--min-age", "0")
+    rc, out, err = ch.in_process(*args, "--dry-run", "--json")
+    assert rc == 0, err
+    assert _leftovers(json.loads(out)) == owned and _files(run) == before
+    rc, out, err = ch.in_process(*args, "--dry-run")
+    assert (
+        rc == 0
+        and sorted(
+            os.path.basename(line.split(" (")[0].split(" ", 2)[2].rstrip("/"))
+            for line in out.splitlines()
+            if line.startswith("would remove ") and "files)" not in line
+        )
+        == owned
+    )
+    rc, out, err = ch.in_process(*args, "--json")
+    assert rc == 0, err
+    assert _leftovers(json.loads(out)) == owned
+    after = _files(run)
+    assert {p: after.get(p) for p in foreign} == foreign
+    assert (run / "ckpt-8_temp").is_dir() and (run / "eval_temp").is_dir()
+    assert sorted(n for n in os.listdir(run) if n.startswith("ckpt-")) == sorted(
+        ["ckpt-8_temp"]
+        + [f"ckpt-{s}{x}" for s in (5, 6) for x in (".index", ".data-00000-of-00001")]
+    )
+    manager, _ = _manager(run, max_to_keep=2)
+    assert manager.checkpoints == [str(run / "ckpt-5"), str(run / "ckpt-6")]
+    for s in (5, 6):
+        _restores_tf2(str(run / f"ckpt-{s}"), s)
+    # nothing of the run's is left: a second prune removes nothing more
+    again = directories.prune(str(run), keep_last=2, min_age=0)
+    assert again["orphans"] == [] and _files(run) == after
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["saver", "sharded-saver"])
+def test_prune_removes_only_what_a_tf1_savers_saves_left(tf1_run, tmp_path, sharded):
+    """A TF1 Saver's failed saves: beside the prefix (``model.ckpt-800.index.tempstateN``
+    and the data it renamed; ``model.ckpt-900.data-00000-of-00001.tempstateN``), or with
+    ``sharded=True`` its ``model.ckpt-800_temp/`` part directories. prune removes those
+    and leaves the foreign ones."""
+    run = _copy(tf1_run, tmp_path)
+    foreign = _foreign(run)
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=np.zeros(3, np.float32))
+        saver = v1.train.Saver(max_to_keep=None, sharded=sharded)
+        with v1.Session() as sess:
+            sess.run(w.initializer)
+            for step, blocked in ((800, ".index"), (900, ".data-00000-of-00001")):
+                _blocked_save(
+                    run / f"model.ckpt-{step}{blocked}",
+                    lambda step=step: saver.save(
+                        sess, str(run / "model.ckpt"), global_step=step, write_state=False
+                    ),
+                )
+    left = sorted(n for n in os.listdir(run) if n.startswith(("model.ckpt-800", "model.ckpt-900")))
+    if sharded:
+        assert left == [
+            "model.ckpt-800.data-00000-of-00001",  # merged before the index failed
+            "model.ckpt-800_temp",
+            "model.ckpt-900_temp",
+        ], left
+    else:
+        assert [n.split(".tempstate")[0] for n in left] == [
+            "model.ckpt-800.data-00000-of-00001",  # renamed before the index failed
+            "model.ckpt-800.index",
+            "model.ckpt-900.data-00000-of-00001",
+        ], left
+        assert all(".tempstate" in n for n in left[1:])
+    owned = left
+    assert _leftovers(directories.ls(str(run))) == owned
+    result = directories.prune(str(run), keep_last=4, min_age=0)
+    assert _leftovers(result) == owned
+    after = _files(run)
+    assert {p: after.get(p) for p in foreign} == foreign
+    assert tf.train.latest_checkpoint(str(run)) == str(run / "model.ckpt-700")
+    for s in (400, 500, 600, 700):
+        _restores_tf1(str(run / f"model.ckpt-{s}"), s)
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["garbage", "binary", "directory", "fifo"],
+)
+def test_mv_and_cp_of_a_run_whose_state_file_cannot_be_read_change_nothing(
+    tf2_run, tmp_path, state
+):
+    """A run whose state file TensorFlow cannot read (not text protobuf, not UTF-8, a
+    directory, a named pipe) is refused by mv and cp before anything is copied, in one
+    line naming the state file: nothing moves (the state file is never left behind
+    alone), nothing appears at the destination. Repaired, the run moves whole."""
+    run = _copy(tf2_run, tmp_path)
+    good = (run / "checkpoint").read_bytes()
+    (run / "checkpoint").unlink()
+    if state == "garbage":
+        (run / "checkpoint").write_text("model_checkpoint_path: [")
+    elif state == "binary":
+        (run / "checkpoint").write_bytes(b"\xff\xfe\x00model")
+    elif state == "directory":
+        (run / "checkpoint").mkdir()
+        (run / "checkpoint" / "x").write_bytes(b"x")
+    else:
+        os.mkfifo(run / "checkpoint")
+    before = sorted(os.listdir(run))
+    before_files = _files(run)
+    for verb in ("mv", "cp"):
+        dst = tmp_path / f"{verb}-dst"
+        line = ch.assert_cli_error(ch.in_process(verb, run, dst), "state file", "nothing was")
+        assert str(run / "checkpoint") in line
+        assert sorted(os.listdir(run)) == before and _files(run) == before_files
+        assert not dst.exists()
+    with pytest.raises(tfckpt.CheckpointError, match="cannot move the run"):
+        directories.move(str(run), str(tmp_path / "lib-dst"))
+    assert not (tmp_path / "lib-dst").exists() and _files(run) == before_files
+
+    if (run / "checkpoint").is_dir():
+        shutil.rmtree(run / "checkpoint")
+    else:
+        (run / "checkpoint").unlink()
+    (run / "checkpoint").write_bytes(good)
+    dst = tmp_path / "moved"
+    assert ch.in_process("mv", run, dst)[0] == 0
+    assert not run.exists()
+    manager, _ = _manager(dst, max_to_keep=TF2_STEPS)
+    assert manager.latest_checkpoint == str(dst / f"ckpt-{TF2_STEPS}")
+    for s in range(1, TF2_STEPS + 1):
+        _restores_tf2(str(dst / f"ckpt-{s}"), s)

@@ -31,8 +31,9 @@ MiB = 1 << 20
 
 def held_together(parties: int, method: str, match: str):
     """A proxy rule that holds the first ``parties`` matching requests until all of them
-    have arrived (10 s at most: then they fail with a 500 and so does the test)."""
-    barrier = threading.Barrier(parties, timeout=10)
+    have arrived (60 s at most, a hang detector: then they fail with a 500 and so does the
+    test)."""
+    barrier = threading.Barrier(parties, timeout=60)
     seen = [0]
     lock = threading.Lock()
 

@@ -311,3 +311,185 @@ def test_average_graft_flatten_and_listing_with_storage_options(s3, tf_checkpoin
     assert listed["checkpoints"][0]["bytes"] == sum(
         len(b) for b in files(tmp_path / "flat").values()
     )
+
+
+# ------------------------------------------------ every command that writes, both ways
+
+# The commands that only read (what they print is their output), and why.
+READ_ONLY = {"dump", "diff", "verify", "check", "ls", "presets", "completion"}
+# Where a command's parser takes what it writes to (argparse's dest).
+WRITTEN_TO = ("dst", "output", "out", "report", "html")
+
+
+def _written_to() -> set[tuple[str, str]]:
+    """(command, dest) of each place a command of the CLI parser writes to."""
+    import argparse
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = set()
+    for name, p in sub.choices.items():
+        dests = {a.dest for a in p._actions}
+        found |= {(name, d) for d in WRITTEN_TO if d in dests}
+        if "in_place" in dests:
+            found.add((name, "in_place"))
+        if name == "prune":  # rewrites the directory it is given
+            found.add((name, "directory"))
+        assert found & {(name, d) for d in (*WRITTEN_TO, "in_place", "directory")} or (
+            name in READ_ONLY
+        ), f"{name}: neither read-only nor writing anywhere the test knows"
+    return found
+
+
+# (command, dest) -> the command line, from {a}, {b} (checkpoints), {run} (a run's
+# directory), {st} (a safetensors file) and {out} (where it writes).
+COMMANDS = {
+    ("convert", "dst"): "convert {a} {out}/m --dtype float16",
+    ("convert", "report"): "convert {a} {out}/m --dtype float16 --report {out}/r.html",
+    ("rename", "dst"): "rename {a} {out}/m --map v=z",
+    ("select", "dst"): "select {a} {out}/m --include ^v/",
+    ("merge", "output"): "merge {a} {b} -o {out}/m --prefer last",
+    ("graft", "output"): "graft {a} {b} -o {out}/m",
+    ("flatten", "dst"): "flatten {a} {out}/m",
+    ("average", "output"): "average {a} {b} -o {out}/m",
+    ("export", "out"): "export {a} {out}/m.safetensors",
+    ("export", "npz"): "export {a} {out}/m.npz",
+    ("import", "out"): "import {st} {out}/m",
+    ("match", "output"): "match {a} {b} -o {out}/rules.toml",
+    ("edit", "dst"): "edit {a} {out}/m --scale v=2",
+    ("stats", "html"): "stats {a} --html {out}/stats.html",
+    ("cp", "dst"): "cp {a} {out}/m",
+    ("cp", "run"): "cp {run} {out}/run",
+    ("mv", "dst"): "mv {a} {out}/m",
+    ("mv", "run"): "mv {run} {out}/run",
+}
+# Those that write where they read: run on S3 alone.
+IN_PLACE = {
+    ("edit", "in_place"): "edit {a} --in-place --scale v=2",
+    ("prune", "directory"): "prune {run} --keep-last 1 --min-age 0",
+}
+
+
+def test_every_writing_command_is_tested():
+    tested = {(c, "out" if d == "npz" else "dst" if d == "run" else d) for c, d in COMMANDS}
+    assert _written_to() == tested | set(IN_PLACE)
+
+
+@pytest.fixture(scope="module")
+def sources(s3, tmp_path_factory):
+    """A CheckpointManager run of two tiny checkpoints and a safetensors file, written by
+    TensorFlow and safetensors here and put on S3 as they are."""
+    from safetensors.numpy import save_file
+
+    root = tmp_path_factory.mktemp("sources")
+    v = tf.Variable(np.arange(4, dtype=np.float32))
+    w = tf.Variable(np.ones((2, 3), np.float32))
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v, w=w), root / "run", None)
+    for step in (1, 2):
+        v.assign_add(np.full(4, step, np.float32))
+        manager.save(checkpoint_number=step)
+    save_file({"a": np.arange(3, dtype=np.float32)}, str(root / "t.safetensors"))
+    for p in sorted((root / "run").iterdir()):
+        s3.fs.put_file(str(p), f"{BUCKET}/sources/run/{p.name}")
+    s3.fs.put_file(str(root / "t.safetensors"), f"{BUCKET}/sources/t.safetensors")
+    return root
+
+
+def _places(root, run: str) -> dict[str, str]:
+    return {
+        "a": f"{run}/ckpt-1",
+        "b": f"{run}/ckpt-2",
+        "run": run,
+        "st": f"{root}/t.safetensors",
+    }
+
+
+def _local_source(sources, tmp_path) -> dict[str, str]:
+    """Each case's own copy (mv moves it)."""
+    import shutil
+
+    shutil.copytree(sources / "run", tmp_path / "src" / "run")
+    return _places(str(sources), str(tmp_path / "src" / "run"))
+
+
+def _remote_source(s3, name: str) -> dict[str, str]:
+    s3.fs.invalidate_cache()
+    for key in s3.fs.find(f"{BUCKET}/sources/run"):
+        s3.fs.copy(key, key.replace("/sources/run/", f"/{name}/run/"))
+    return _places(f"{s3.url}/sources", f"{s3.url}/{name}/run")
+
+
+def _given(s3) -> list[str]:
+    return [a for k, v in s3.opts.items() for a in ("--storage-option", f"{k}={v}")]
+
+
+def _written(files: dict[str, bytes]) -> dict[str, bytes]:
+    """What two runs of a command must agree on: the bytes of tensor files, the names of
+    the others (a state file, a page or a rules file name the paths they were made with),
+    an npz's arrays (a zip streamed to S3 has data descriptors a local one has not)."""
+    import io
+
+    def arrays(b: bytes):
+        with np.load(io.BytesIO(b)) as z:
+            return {k: (z[k].dtype.str, z[k].shape, z[k].tobytes()) for k in z.files}
+
+    tensors = (".index", ".safetensors", "-of-00001")
+    return {
+        n: arrays(b) if n.endswith(".npz") else b if n.endswith(tensors) else b""
+        for n, b in files.items()
+    }
+
+
+@pytest.mark.parametrize("case", list(COMMANDS), ids="-".join)
+def test_each_writing_command_local_to_s3_and_back(s3, sources, tmp_path, case):
+    """The command run from local files to S3, then from S3 to local files, with the
+    endpoint and credentials given only as --storage-option (nothing else points a client
+    at the server, and a client without them fails). Both write the same tensor files."""
+    line = COMMANDS[case]
+    name = "-".join(case)
+    s3.fs.invalidate_cache()
+    out = f"{s3.url}/to-s3/{name}"
+    argv = line.format(out=out, **_local_source(sources, tmp_path)).split()
+    rc, stdout, err = ch.in_process(*argv, *_given(s3))
+    assert rc == 0, err
+    to_s3 = remote_files(s3, out)
+
+    local = tmp_path / "from-s3"
+    argv = line.format(out=local, **_remote_source(s3, f"src-{name}")).split()
+    rc, stdout, err = ch.in_process(*argv, *_given(s3))
+    assert rc == 0, err
+    from_s3 = {
+        str(p.relative_to(local)).rsplit("/", 1)[-1]: p.read_bytes()
+        for p in sorted(local.rglob("*"))
+        if p.is_file() and p.name != "checkpoint"
+    }
+    assert to_s3 and _written(to_s3) == _written(from_s3)
+    if case[0] == "mv":  # the sources went
+        s3.fs.invalidate_cache()
+        assert not (tmp_path / "src" / "run" / "ckpt-1.index").exists()
+        assert not s3.fs.exists(f"{BUCKET}/src-{name}/run/ckpt-1.index")
+
+
+@pytest.mark.parametrize("case", list(IN_PLACE), ids="-".join)
+def test_each_command_writing_in_place_on_s3(s3, sources, tmp_path, case):
+    """edit --in-place and prune on S3, given the endpoint only as --storage-option: the
+    same result as on a local copy."""
+    import shutil
+
+    name = "-".join(case)
+    remote = _remote_source(s3, f"in-place-{name}")
+    rc, stdout, err = ch.in_process(*IN_PLACE[case].format(**remote).split(), *_given(s3))
+    assert rc == 0, err
+    shutil.copytree(sources / "run", tmp_path / "run")
+    local = _places(str(sources), str(tmp_path / "run"))
+    assert ch.in_process(*IN_PLACE[case].format(**local).split())[0] == 0
+    assert _written(remote_files(s3, remote["run"])) == _written(files(tmp_path / "run"))
+
+
+def test_export_to_s3_without_the_options_fails_here(s3, sources, tmp_path):
+    """The test above can fail: without --storage-option no client reaches the server
+    (nor any other: no credentials), and the command says so in one line."""
+    ch.assert_cli_error(
+        ch.in_process("export", sources / "run" / "ckpt-1", f"{s3.url}/no/m.safetensors"),
+        "NoCredentialsError",
+    )

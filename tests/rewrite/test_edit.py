@@ -173,6 +173,10 @@ def test_edits_above_the_chunk_budget_stay_bounded(tmp_path):
         (["--delete", "^nothing$"], ["no tensor matches"]),
         (["--fill", "emb=1", "--scale", "emb=2"], ["emb", "both edit it"]),
         (["--add", "emb=@x.npy"], ["emb", "exists"]),
+        # an edit and a delete of one tensor (or of a slot the delete takes) conflict
+        (["--set", "emb=0", "--delete", "^emb$"], ["'emb'", "deletes it", "not both"]),
+        (["--delete", "^emb$", "--fill", "emb/Adam=0"], ["'emb/Adam'", "slot of emb"]),
+        (["--resize", "^emb$=8", "--delete", "^emb$"], ["--resize", "deletes it"]),
     ],
 )
 def test_cli_errors_are_one_line(tf1, tmp_path, args, fragments):
@@ -181,6 +185,30 @@ def test_cli_errors_are_one_line(tf1, tmp_path, args, fragments):
     dst = str(tmp_path / "out" / "m")
     ch.assert_cli_error(ch.in_process("edit", tf1, dst, *args), tf1, *fragments)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_destination_named_by_its_index_file(tf1, tmp_path):
+    """A destination's ``.index`` (or data file) names its prefix, as a source's does:
+    never ``X.index.index``; the source's own ``.index`` is the source, refused even with
+    ``--overwrite``, its files byte for byte as they were."""
+    out = tmp_path / "out"
+    rc, _, err = ch.in_process("edit", tf1, out / "m.index", "--set", "global_step=5")
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == ["checkpoint", "m.data-00000-of-00001", "m.index"]
+    assert tf_values(str(out / "m"))["global_step"] == 5
+    rc, _, err = ch.in_process(
+        "edit", tf1, out / "m.data-00000-of-00001", "--set", "global_step=6", "--overwrite"
+    )
+    assert rc == 0 and tf_values(str(out / "m"))["global_step"] == 6, err
+    directory = os.path.dirname(tf1)
+    before = _files(directory)
+    for dst in (tf1 + ".index", tf1, tf1 + ".data-00000-of-00001"):
+        ch.assert_cli_error(
+            ch.in_process("edit", tf1, dst, "--overwrite", "--set", "global_step=0"),
+            "the destination is a source checkpoint",
+            "--in-place",
+        )
+    assert _files(directory) == before
 
 
 def test_npy_with_objects_is_never_unpickled(tf1, tmp_path):

@@ -43,10 +43,12 @@ def vocab(path, tokens) -> str:
     return str(path)
 
 
-def tf_remap(prefix, name, old, new, init, *, axis=0, shape):
+def tf_remap(prefix, name, old, new, init, *, axis=0, shape, n_new=None):
     """What TensorFlow's warm-start ops make of tensor ``name`` (2-D) of ``prefix`` remapped
-    from vocabulary file ``old`` to ``new`` along ``axis``, ``init`` filling new cells."""
-    n_new = sum(1 for _ in open(new, encoding="utf-8"))
+    from vocabulary file ``old`` to ``new`` (``n_new`` tokens: by default its lines) along
+    ``axis``, ``init`` filling new cells."""
+    if n_new is None:
+        n_new = sum(1 for _ in open(new, encoding="utf-8"))
     remap, _ = tf.raw_ops.GenerateVocabRemapping(
         new_vocab_file=new, old_vocab_file=old, new_vocab_offset=0, num_new_vocab=n_new
     )
@@ -180,3 +182,120 @@ def test_cli_errors_are_one_line(tf1, tmp_path, old_tokens, args, fragments):
     dst = str(tmp_path / "out" / "m")
     result = ch.in_process("edit", tf1, dst, *args, "--old-vocab", old, "--new-vocab", new)
     ch.assert_cli_error(result, *fragments)
+
+
+def _lines(tokens, end: bytes = b"\n", last: bytes | None = None) -> bytes:
+    """``tokens`` (str or bytes) one a line, each ended by ``end`` (the last by ``last``)."""
+    raw = [t.encode() if isinstance(t, str) else t for t in tokens]
+    return b"".join(t + end for t in raw[:-1]) + raw[-1] + (end if last is None else last)
+
+
+BOM = b"\xef\xbb\xbf"
+LF_OLD, LF_NEW = _lines(OLD), _lines(NEW)
+
+# Vocabulary files as editors and scripts write them: (old file, new file).
+ACCEPTED = {
+    "crlf old": (_lines(OLD, b"\r\n"), LF_NEW),  # the issue's: every row was zeroed
+    "crlf new": (LF_OLD, _lines(NEW, b"\r\n")),
+    "crlf, no last line end": (_lines(OLD, b"\r\n", b""), _lines(NEW, b"\r\n", b"\r")),
+    "a stray \\r after the last line": (LF_OLD, LF_NEW + b"\r"),
+    "two \\r: one is the token's": (_lines(OLD, b"\r\r\n"), _lines(NEW, b"\r\n")),
+    "bom in old": (BOM + LF_OLD, LF_NEW),
+    "bom in both": (BOM + LF_OLD, BOM + _lines(["a", *NEW[1:]])),
+    "trailing spaces": (_lines([f"{t} " if t in "ac" else t for t in OLD]), LF_NEW),
+    "leading space, tab, blank-looking": (_lines([" a", "b\tc", "c", " ", "e", "f"]), LF_NEW),
+    "bytes that are no UTF-8": (_lines([b"\xe9", *OLD[1:]]), _lines([b"\xe9", *NEW[1:]])),
+}
+REFUSED = {
+    "empty line inside": (_lines(["a", "", "c", "d", "e", "f"]), LF_NEW),
+    "empty line at the end": (LF_OLD, LF_NEW + b"\n"),
+    "empty line at the start": (LF_OLD, b"\n" + LF_NEW),
+    "crlf empty line": (_lines(OLD, b"\r\n"), _lines([*NEW[:3], "", *NEW[3:]], b"\r\n")),
+    "a line of \\r alone": (LF_OLD, b"\r\n" + LF_NEW),
+    "empty file": (LF_OLD, b""),
+}
+
+
+def _tf_mapping(old: str, new: str, n: int) -> list[int]:
+    """``GenerateVocabRemapping``'s row mapping for ``n`` new tokens (it raises for a file
+    it refuses)."""
+    remap, _ = tf.raw_ops.GenerateVocabRemapping(
+        new_vocab_file=new, old_vocab_file=old, new_vocab_offset=0, num_new_vocab=n
+    )
+    return remap.numpy().tolist()
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_vocabulary_files_are_read_as_tensorflow_reads_them(tf1, tmp_path, case):
+    """Line ends, a byte-order mark, spaces, bytes: the rows tfckpt writes are those
+    TensorFlow's remapping ops give on the same files, and TensorFlow's line count is
+    tfckpt's (it takes n tokens and refuses n + 1)."""
+    (tmp_path / "old.txt").write_bytes(ACCEPTED[case][0])
+    (tmp_path / "new.txt").write_bytes(ACCEPTED[case][1])
+    old, new = str(tmp_path / "old.txt"), str(tmp_path / "new.txt")
+    dst = str(tmp_path / "out" / "model.ckpt")
+    args = ["--remap-rows", "^emb$", "--old-vocab", old, "--new-vocab", new]
+    none_kept = case.startswith("two")  # no token of one file is in the other
+    more = ["--allow-no-overlap"] if none_kept else []
+    rc, _, err = ch.in_process("edit", tf1, dst, *args, *more)
+    assert rc == 0, err
+    got = tf_values(dst)["emb"]
+    n = got.shape[0]
+    mapping = _tf_mapping(old, new, n)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="larger than last new vocab"):
+        _tf_mapping(old, new, n + 1)
+    src = tf_values(tf1)["emb"]
+    assert np.array_equal(got, np.stack([src[i] if i >= 0 else np.zeros(4) for i in mapping]))
+    assert np.array_equal(
+        got, tf_remap(tf1, "emb", old, new, np.zeros(4 * mapping.count(-1)), shape=(6, 4), n_new=n)
+    )
+    kept = sum(i >= 0 for i in mapping)
+    assert f"remap: {kept} of {n} rows from the old vocabulary" in err
+    assert ("byte-order mark" in err) == ("bom" in case)
+    if case.startswith("crlf"):
+        assert mapping == [OLD.index(t) if t in OLD else -1 for t in NEW]
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_vocabulary_files_tensorflow_refuses_are_refused(tf1, tmp_path, case):
+    (tmp_path / "old.txt").write_bytes(REFUSED[case][0])
+    (tmp_path / "new.txt").write_bytes(REFUSED[case][1])
+    old, new = str(tmp_path / "old.txt"), str(tmp_path / "new.txt")
+    for n in (5, 6, 7):
+        with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError)):
+            _tf_mapping(old, new, n)
+    dst = tmp_path / "out" / "model.ckpt"
+    args = ["--remap-rows", "^emb$", "--old-vocab", old, "--new-vocab", new]
+    line = ch.assert_cli_error(ch.in_process("edit", tf1, dst, *args))
+    assert ("is empty" in line) and ("line" in line or "empty file" in case), line
+    assert not dst.parent.exists()
+
+
+def test_remap_says_how_many_rows_it_keeps_and_refuses_none(tf1, tmp_path):
+    old = vocab(tmp_path / "old.txt", OLD)
+    none = vocab(tmp_path / "none.txt", ["x", "y", "z", "w", "v", "u"])
+    few = vocab(tmp_path / "few.txt", ["x", "y", "b", "w", "v", "u"])
+    half = vocab(tmp_path / "half.txt", ["x", "a", "b", "w", "c", "u"])
+    dst = tmp_path / "out" / "model.ckpt"
+
+    def edit(new, *more):
+        args = ["--remap-rows", "^emb$", "--old-vocab", old, "--new-vocab", new, *more]
+        return ch.in_process("edit", tf1, dst, *args, "--overwrite")
+
+    line = ch.assert_cli_error(edit(none), "no token of the new vocabulary", "--allow-no-overlap")
+    assert "'x'" in line and "'a'" in line
+    assert not dst.parent.exists()
+    with pytest.raises(tfckpt.CheckpointError, match="allow_no_overlap=True"):
+        tfckpt.edit(tf1, str(dst), remap_rows="^emb$", old_vocab=old, new_vocab=none)
+    rc, _, err = edit(none, "--allow-no-overlap")
+    assert rc == 0 and "remap: 0 of 6 rows from the old vocabulary, 6 new" in err, err
+    assert "warning: remap: only 0 of the 6 tokens" in err
+    assert not tf_values(str(dst))["emb"].any()
+    rc, _, err = edit(few)
+    assert rc == 0 and "remap: 1 of 6 rows" in err and "warning: remap: only 1 of the 6" in err
+    rc, _, err = edit(half, "--dry-run")  # said before anything is written, too
+    assert rc == 0 and "remap: 3 of 6 rows" in err and "warning" not in err, err
+    summary = tfckpt.edit(
+        tf1, str(tmp_path / "py" / "m"), remap_rows="^emb$", old_vocab=old, new_vocab=few
+    )
+    assert any("only 1 of the 6 tokens" in w for w in summary.warnings)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from tfckpt.checkpoint.opening import find_hdf5, open_in
+from tfckpt.checkpoint.opening import find_hdf5, keras_file_within, open_in
 from tfckpt.checkpoint.restoring import Expectation, Finding, Wanted
 from tfckpt.errors import UnsupportedCheckpointError
 from tfckpt.format import dtypes as _dt
@@ -254,7 +254,11 @@ def keras_h5_target(store: Storage, path: str) -> KerasH5Target | None:
     """A Keras 2 HDF5 weights file (or a group in one) as a target; None for any other
     path."""
     if find_hdf5(store, path) is None:
-        return None
+        # A directory or an archive holding one Keras file (and no TF checkpoint) is it.
+        within = keras_file_within(store, path)
+        if within is None:
+            return None
+        store, path = within
     h5 = open_in(store, path)
     if getattr(h5, "keras_layers", None) is None:
         h5.close()

@@ -129,14 +129,17 @@ class HDF5Checkpoint(Checkpoint):
     def _name_all(self, layout: Layout) -> None:
         """Each weight's tensor name: Keras's, less ``:0``; with its layer's in front when
         another weight of that name has another shape or dtype."""
-        by_name: dict[str, list[Weight]] = {}
-        for _, weights in layout.layers:
+        # Each layer once (a repeated entry is the same layer again), each dataset once.
+        distinct = dict(layout.layers)
+        by_name: dict[str, dict[str, Weight]] = {}
+        for weights in distinct.values():
             for w in weights:
-                by_name.setdefault(_plain(w.name), []).append(w)
+                by_name.setdefault(_plain(w.name), {}).setdefault(w.path, w)
         opened: dict[str, Dataset] = {}  # dataset path -> its Dataset
         plain_of: dict[str, str] = {}  # tensor name -> the weight name it stands for
         tensor_of: dict[str, str] = {}  # dataset path -> tensor name
-        for plain, weights in by_name.items():
+        for plain, listed in by_name.items():
+            weights = list(listed.values())
             found = [opened.get(w.path) or self._checked(w, plain) for w in weights]
             opened.update((w.path, d) for w, d in zip(weights, found))
             shared = len({(d.dtype.name, d.shape) for d in found}) == 1
@@ -156,10 +159,10 @@ class HDF5Checkpoint(Checkpoint):
                         )
                     self._copies.setdefault(name, []).append(d)
                 tensor_of[w.path] = name
-        layers = [(name, [tensor_of[w.path] for w in ws]) for name, ws in layout.layers]
-        self.keras_layers = layers
+        named = {name: (name, [tensor_of[w.path] for w in ws]) for name, ws in distinct.items()}
+        self.keras_layers = [named[name] for name, _ in layout.layers]
         # In the order the layers list them, each once.
-        self._names = list(dict.fromkeys(t for _, ts in layers for t in ts))
+        self._names = list(dict.fromkeys(t for _, ts in named.values() for t in ts))
 
     def _checked(self, w: Weight, name: str) -> Dataset:
         try:

@@ -8,7 +8,10 @@ in ``top_level_model_weights``. ``model.save("m.h5")`` puts the same under
 ``model_weights/`` beside ``optimizer_weights/``, a group with ``weight_names`` alone.
 An attribute too long for an HDF5 object header is split into ``layer_names0``,
 ``layer_names1``... One layer's weights may also be another's (a layer shared by
-two, as Hugging Face's heads share the embeddings): each lists it again.
+two, as Hugging Face's heads share the embeddings): each lists it again. A layer
+``layer_names`` lists twice (Keras writes no such file, but its loader pairs each
+entry with the model's next layer) is listed twice, its group read once: reading a
+list is linear in its length, however it repeats.
 
 Only hard links are followed: a soft link, an external link (to another file) or a
 user-defined one is refused where it is met, before anything behind it is opened.
@@ -83,15 +86,18 @@ def read_layout(f: h5py.File, inner: str, path: str) -> Layout:
         layer = "" if inner.rpartition("/")[2] == OPTIMIZER_WEIGHTS else inner.rpartition("/")[2]
         listed = [(layer, _weights(group, layer, where, weights, path))]
         return Layout(where, listed, False, version, backend)
-    layers = []
-    for name in names:
+    # A name listed again is the same layer again (Keras pairs each entry with a model
+    # layer in order): its group is read once, and every entry shares one tuple.
+    read: dict[str, tuple[str, list[Weight]]] = {}
+    for name in dict.fromkeys(names):
         at = _join(where, name)
         layer = _group(_child(group, name, at, path), at, path)
         listed_names = _names(layer, "weight_names", at, path)
         if listed_names is None:
             raise CorruptCheckpointError(f"layer group {at} has no weight_names", path=path)
-        layers.append((name, _weights(layer, name, at, listed_names, path)))
-    if _link_type(group, TOP_LEVEL) is not None and TOP_LEVEL not in names:
+        read[name] = (name, _weights(layer, name, at, listed_names, path))
+    layers = [read[name] for name in names]
+    if _link_type(group, TOP_LEVEL) is not None and TOP_LEVEL not in read:
         at = _join(where, TOP_LEVEL)
         top = _group(_child(group, TOP_LEVEL, at, path), at, path)
         listed_names = _names(top, "weight_names", at, path) or []
@@ -101,7 +107,11 @@ def read_layout(f: h5py.File, inner: str, path: str) -> Layout:
 
 def _weights(group, layer: str, where: str, names: list[str], path: str) -> list[Weight]:
     out = []
+    found: dict[str, Weight] = {}  # a name listed again is the same dataset, looked up once
     for name in names:
+        if name in found:
+            out.append(found[name])
+            continue
         at, node = where, group
         for part in _parts(name, path, f"weight name {name!r} of {where}"):
             if not isinstance(node, h5py.Group):
@@ -112,7 +122,8 @@ def _weights(group, layer: str, where: str, names: list[str], path: str) -> list
             raise CorruptCheckpointError(
                 f"weight {name!r} of {where}: {at} is not a dataset", path=path
             )
-        out.append(Weight(layer, name, at, node))
+        found[name] = Weight(layer, name, at, node)
+        out.append(found[name])
     return out
 
 
@@ -207,19 +218,36 @@ def _read_names(group, name: str, where: str, path: str) -> list[str]:
         return []  # Keras writes an empty list as an empty array of floats
     if value.ndim != 1:
         raise CorruptCheckpointError(f"{what} is not a list of names", path=path)
+    if value.dtype.kind == "S":
+        # Fixed-length strings, as Keras writes them: each distinct name decoded once,
+        # in numpy, however often a hostile list repeats it.
+        distinct, index = np.unique(value, return_inverse=True)
+        names = [_name(item, what, path) for item in distinct.tolist()]
+        return [names[k] for k in index.tolist()]
+    decoded: dict[bytes | str, str] = {}
     out = []
     for item in value.tolist():
-        if isinstance(item, bytes):
-            try:
-                item = item.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CorruptCheckpointError(
-                    f"{what} holds a name that is not UTF-8", path=path
-                ) from None
-        if not isinstance(item, str) or not item:
-            raise CorruptCheckpointError(f"{what} holds {item!r}, not a name", path=path)
-        out.append(item)
+        if not isinstance(item, (bytes, str)):
+            out.append(_name(item, what, path))  # an error
+        elif item in decoded:
+            out.append(decoded[item])
+        else:
+            out.append(decoded.setdefault(item, _name(item, what, path)))
     return out
+
+
+def _name(item, what: str, path: str) -> str:
+    """One element of a names attribute, as text; an error unless a non-empty name."""
+    if isinstance(item, bytes):
+        try:
+            item = item.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptCheckpointError(
+                f"{what} holds a name that is not UTF-8", path=path
+            ) from None
+    if not isinstance(item, str) or not item:
+        raise CorruptCheckpointError(f"{what} holds {item!r}, not a name", path=path)
+    return item
 
 
 def _attr_bytes(obj, name: str) -> int:

@@ -10,7 +10,9 @@ what was resolved, so a path is looked up once.
 An archive (:mod:`tfckpt.io.archives`) opens like a directory: ``ARCHIVE#MEMBER`` as
 that member's path would; the archive itself (its root) opens the one checkpoint it
 holds, or fails listing those it holds (:func:`archive_checkpoints`); a file that is
-an archive by its content, whatever its name, opens as that archive.
+an archive by its content, whatever its name, opens as that archive. An archive or a
+directory holding no TensorFlow checkpoint opens the one Keras HDF5 file it holds
+(``model.h5``, or Hugging Face's sharded TF weights' index).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
         files = resolve_files(store, path, warn=False)
         if files is not None:
             return V1Checkpoint(path, verify=verify, mmap=mmap, storage=store, resolved=files)
+        if store.isdir(normalize(path)):
+            lone = the_keras_file_in(store, store.dir_path(normalize(path)))
+            if lone is not None:
+                return open_in(store, lone, verify=verify, mmap=mmap)
         # Before archives: a PyTorch or Keras zip is no archive of checkpoints.
         why = not_a_checkpoint(store, path)
         if why is not None:
@@ -224,10 +230,78 @@ def archive_checkpoints(store: ArchiveStorage) -> list[str]:
     return found
 
 
+def keras_files(store: Storage, directory: str) -> list[str]:
+    """The Keras HDF5 weights in ``directory``: the index of Hugging Face's sharded TF
+    weights when it holds one (its shards are part of it), else each HDF5 file named
+    as one (``model.h5``, ``.hdf5``...)."""
+    names = sorted(store.listdir(directory))
+    if INDEX_NAME in names:
+        return [store.join(directory, INDEX_NAME)]
+    found = []
+    for name in names:
+        full = store.join(directory, name)
+        if name.lower().endswith(HDF5_SUFFIXES) and store.isfile(full) and is_hdf5(store, full):
+            found.append(full)
+    return found
+
+
+def the_keras_file_in(store: Storage, directory: str) -> str | None:
+    """The Keras HDF5 weights a directory holding no TensorFlow checkpoint (no state
+    file, no ``.index``) holds, when it holds one; None when it holds none; an error
+    listing them when it holds several."""
+    if store.isfile(store.join(directory, paths.STATE_FILENAME)) or paths.bundle_prefixes(
+        store, directory
+    ):
+        return None
+    found = keras_files(store, directory)
+    if len(found) > 1:
+        shown = ", ".join(store.basename(p) for p in found[:SHOWN])
+        more = f" (and {len(found) - SHOWN} more)" if len(found) > SHOWN else ""
+        raise CheckpointNotFoundError(
+            f"the directory holds {len(found)} Keras HDF5 files: {shown}{more}; name one",
+            path=directory,
+        )
+    return found[0] if found else None
+
+
+def keras_file_within(store: Storage, path) -> tuple[Storage, str] | None:
+    """``(storage, file)`` of the one Keras HDF5 file that a directory or an archive
+    holding no TensorFlow checkpoint opens as (see :func:`open_in`); None for any
+    other path, or one that holds several."""
+    p = normalize(path)
+    try:
+        if isinstance(store, ArchiveStorage) and store.is_root(p):
+            inner = store
+        elif store.isdir(p):
+            try:
+                paths.find_prefix(store, p)
+                return None
+            except CheckpointNotFoundError:
+                pass
+            if resolve_files(store, p, warn=False) is not None:
+                return None
+            lone = the_keras_file_in(store, store.dir_path(p))
+            return None if lone is None else (store, lone)
+        else:
+            found_inner = None if not_a_checkpoint(store, p) else archive_at(store, p)
+            if found_inner is None:
+                return None
+            inner = found_inner
+        if archive_checkpoints(inner):
+            return None
+        found = [f for d in inner.directories() for f in keras_files(inner, d)]
+        return (inner, found[0]) if len(found) == 1 else None
+    except CheckpointError:
+        return None
+
+
 def the_checkpoint_in(store: ArchiveStorage) -> str:
-    """The one checkpoint an archive holds (see :func:`archive_checkpoints`); an error
-    listing them when it holds several, or its files when none."""
+    """The one checkpoint an archive holds (see :func:`archive_checkpoints`); when it
+    holds no TensorFlow checkpoint, its one Keras HDF5 file (:func:`keras_files`); an
+    error listing them when it holds several, or its files when none."""
     found = archive_checkpoints(store)
+    if not found:
+        found = [f for d in store.directories() for f in keras_files(store, d)]
     if len(found) == 1:
         return found[0]
     if found:

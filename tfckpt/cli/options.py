@@ -228,6 +228,18 @@ def add_rename_group(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with [[map]] rules: leave out the tensors no rule names (default: error)",
     )
+    add_allow_unmatched(g)
+
+
+def add_allow_unmatched(g: Container) -> None:
+    """``--allow-unmatched``: patterns that match no tensor, and empty outputs, allowed."""
+    g.add_argument(
+        "--allow-unmatched",
+        action="store_true",
+        help="allow a pattern (--include, --exclude, --map, --map-file, --keep-dtype, "
+        "--dtype-rule, or a rules file's) that matches no tensor, and an output that keeps "
+        "none (default: an error naming the pattern and the nearest names)",
+    )
 
 
 def add_write_options(

@@ -57,6 +57,12 @@ _VALIDATE_SHAPE_DEFAULT = {"Assign": True, "AssignVariableOp": False}
 # Ops a restored value passes through on its way to the assignment.
 _PASS_THROUGH = frozenset({"Identity", "IdentityN", "Reshape"})
 _REF_OFFSET = 100  # a DataType above this is the reference type of (type - 100)
+_REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "AutoReloadVariable"})
+
+# The Saver ``import_meta_graph`` builds for a graph without a saver_def (``Saver()``'s
+# defaults), over the variables of these collections.
+DEFAULT_SAVER = SaverDef(version=SaverDef.V2, max_to_keep=5, keep_checkpoint_every_n_hours=10000.0)
+DEFAULT_SAVER_COLLECTIONS = ("variables", "saveable_objects")
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ class MetaGraph:
         self.proto = proto
         self.path = path
         self._nodes: dict[str, NodeDef] | None = None
+        self._default_restores: tuple[list[RestoredValue], str | None] | None = None
 
     @property
     def tags(self) -> list[str]:
@@ -263,7 +270,103 @@ class MetaGraph:
     # --- what the graph holds ------------------------------------------------------
 
     def saver(self) -> SaverDef | None:
-        return self.proto.saver_def if self.proto.HasField("saver_def") else None
+        """The Saver a restore uses: the graph's own ``saver_def``; without one, the
+        default Saver ``import_meta_graph`` builds (:data:`DEFAULT_SAVER`: V2, its op
+        names chosen as it is built, so empty here); None when it builds none
+        (:meth:`no_saver` says why)."""
+        if self.proto.HasField("saver_def"):
+            return self.proto.saver_def
+        return DEFAULT_SAVER if self._default()[1] is None else None
+
+    @property
+    def default_saver(self) -> bool:
+        """Whether the graph has no ``saver_def``, so that a restore goes through the
+        default Saver ``import_meta_graph`` builds over the graph's variables."""
+        return not self.proto.HasField("saver_def")
+
+    def no_saver(self) -> str | None:
+        """Why a graph without a ``saver_def`` gets no Saver from ``import_meta_graph``
+        (no global variable, or collections TensorFlow's ``Saver()`` raises on); None
+        when it gets one."""
+        return None if not self.default_saver else self._default()[1]
+
+    def _default(self) -> tuple[list[RestoredValue], str | None]:
+        if self._default_restores is None:
+            self._default_restores = self._default_saver()
+        return self._default_restores
+
+    def _default_saver(self) -> tuple[list[RestoredValue], str | None]:
+        """What the ``Saver()`` that ``import_meta_graph`` builds without a saver_def
+        restores: the variables of the ``variables`` collection (GLOBAL_VARIABLES) and
+        of ``saveable_objects``, each under its name (a partition under its whole
+        variable's, as its slice), sorted by name; or why TensorFlow builds none."""
+        listed: list[GraphVariable] = []
+        by_name = {v.name: v for v in self.variables()}
+        for key in DEFAULT_SAVER_COLLECTIONS:
+            c = self.proto.collection_def.get(key)
+            kind = None if c is None else c.WhichOneof("kind")
+            if c is None or kind is None:
+                continue  # import_meta_graph skips a collection of no kind
+            if kind == "bytes_list" and key == "variables":
+                defs = self.collection_variables()[key]
+                for d in defs:
+                    v = by_name[_node_name(d.variable_name)]
+                    if v.name not in self.nodes:
+                        return [], f"collection {key!r} names {v.name!r}, not in the graph"
+                    listed.append(v)
+            elif kind == "node_list":
+                for ref in c.node_list.value:
+                    found = self._variable_of(ref)
+                    if found is None:
+                        return [], (
+                            f"collection {key!r} lists {ref!r}, no variable's tensor "
+                            "(TensorFlow's Saver() raises)"
+                        )
+                    listed.append(found)
+            else:
+                return [], f"collection {key!r} holds {kind} values (TensorFlow's Saver() raises)"
+        if not listed:
+            return [], "the graph has no global variable"
+        names: dict[str, bool] = {}  # checkpoint name -> partitioned
+        seen: set[str] = set()
+        out = []
+        for v in listed:
+            key = v.name if v.partition is None else v.partition.full_name
+            if v.name in seen:
+                return [], f"the variable {v.name!r} is listed twice (TensorFlow's Saver() raises)"
+            if names.get(key, v.partition is not None) != (v.partition is not None):
+                return [], f"{key!r} names a variable and a partitioned one (Saver() raises)"
+            seen.add(v.name)
+            names[key] = v.partition is not None
+            full = extents = None
+            if v.partition is not None:
+                full = v.partition.full_shape
+                extents = tuple(zip(v.partition.offset, v.partition.shape))
+            # A reference variable's Assign checks a fully known shape; a resource
+            # variable's AssignVariableOp checks none.
+            validate = not v.resource and v.shape is not None and None not in v.shape
+            out.append(RestoredValue(key, v.dtype, full, extents, v.name, v.shape, validate))
+        out.sort(key=lambda r: (r.key, r.slice or ()))
+        return out, None
+
+    def _variable_of(self, ref: str) -> GraphVariable | None:
+        """The variable a ``saveable_objects`` entry names, as TensorFlow's Saver takes
+        it: a reference variable's tensor, or a resource variable's read; else None."""
+        if ":" not in ref:
+            return None  # an operation, not a tensor
+        node = self.nodes.get(_node_name(ref))
+        if node is None:
+            return None
+        resource = node.op == "ReadVariableOp"
+        if resource:
+            node = self.nodes.get(_node_name(node.input[0])) if node.input else None
+            if node is None or node.op != "VarHandleOp":
+                return None
+        elif node.op not in _REF_VARIABLE_OPS:
+            return None
+        return GraphVariable(
+            node.name, self.node_dtype(node), self.node_shape(node), False, resource, None, ()
+        )
 
     def collection_variables(self) -> dict[str, list[VariableDef]]:
         """The VariableDefs each variable collection lists, in its order."""
@@ -379,9 +482,12 @@ class MetaGraph:
     def restored(self) -> list[RestoredValue]:
         """Every value the Saver's restore op reads, in the order of its restore ops.
 
-        An empty list when the graph has no Saver; a :class:`CorruptCheckpointError`
+        Without a saver_def, what the default Saver ``import_meta_graph`` builds
+        restores (an empty list when it builds none); a :class:`CorruptCheckpointError`
         when the Saver's restore op is not in the graph.
         """
+        if self.default_saver:
+            return self._default()[0]
         saver = self.saver()
         if saver is None or not saver.restore_op_name:
             return []

@@ -805,6 +805,12 @@ def _member_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tupl
             path=path,
             tensor=name,
         )
+    if any(d < 0 for d in shape):  # numpy's read_array_header lets them through
+        raise CorruptCheckpointError(
+            f"npz member: negative dimension in shape {list(shape)[:8]}",
+            path=path,
+            tensor=name,
+        )
     entry = Entry(name, dt.name, tuple(shape))
     # Never inflate more than the header declares: a member's zip size is that, exactly.
     if info.file_size != npy_header + entry.nbytes:

@@ -55,17 +55,20 @@ TargetReader = Callable[[Storage, str], "Target | None"]
 
 
 class SaverTarget:
-    """The Saver of a TF1 graph (a ``.meta`` file, a TF1 SavedModel's MetaGraph)."""
+    """The Saver of a TF1 graph (a ``.meta`` file, a TF1 SavedModel's MetaGraph); of a
+    graph without a ``saver_def``, the default Saver ``import_meta_graph`` builds."""
 
     def __init__(self, graph: MetaGraph, label: str):
         self.graph = graph
         saver = graph.saver()
         if saver is None:
             raise UnsupportedCheckpointError(
-                "the graph has no Saver (no saver_def): nothing says what it restores",
+                "the graph has no saver_def, and import_meta_graph builds no Saver for it: "
+                f"{graph.no_saver()}",
                 path=graph.path,
             )
-        self.label = f"{label} (Saver {saver_version(saver)})"
+        kind = "default Saver" if graph.default_saver else "Saver"
+        self.label = f"{label} ({kind} {saver_version(saver)})"
 
     def close(self) -> None:
         pass

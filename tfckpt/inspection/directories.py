@@ -108,7 +108,12 @@ def _own_data(store: Storage, index: str, data: list[str]) -> tuple[list[str], l
 
 
 def scan(store: Storage, directory: str) -> Scan:
-    """Every checkpoint, leftover and state-file entry of ``directory`` on ``store``."""
+    """Every checkpoint, leftover and state-file entry of ``directory`` on ``store``.
+
+    A leftover is one of this run's: a temporary, part directory or data shard of a
+    save of one of its checkpoint prefixes (see :func:`_owner`); a part directory only
+    while it holds nothing but the parts a save writes. Anything else (``eval_temp/``,
+    a ``x.tempstate1`` of another program) is not the run's, and never listed."""
     try:
         names = sorted(store.listdir(directory))
     except FileNotFoundError:
@@ -117,7 +122,9 @@ def scan(store: Storage, directory: str) -> Scan:
         raise CheckpointNotFoundError("not a directory", path=directory) from None
     join = store.join
     groups: dict[str, dict[str, list[str]]] = {}
-    orphans: list[tuple[str, str]] = []
+    # (path, kind, the prefixes whose save may have left it): kept if the run owns one
+    leftovers: list[tuple[str, str, tuple[str, ...]]] = []
+    part_dirs: list[tuple[str, str]] = []  # (path, prefix)
     stale = set(stale_temporaries(store, directory, lambda name: True))
 
     def group(prefix: str) -> dict[str, list[str]]:
@@ -129,11 +136,12 @@ def scan(store: Storage, directory: str) -> Scan:
             continue
         if dirs.is_tfckpt_temporary(name):
             if path in stale:
-                orphans.append((path, KILLED_TFCKPT))
+                leftovers.append((path, KILLED_TFCKPT, dirs.temporary_prefixes(name)))
             continue  # a live run's: not ours to touch
         kind = dirs.tensorflow_temporary(name)
         if kind is not None:
-            orphans.append((path, f"TensorFlow {kind} of an interrupted save"))
+            kind = f"TensorFlow {kind} of an interrupted save"
+            leftovers.append((path, kind, dirs.temporary_prefixes(name)))
             continue
         data = paths.parse_data_filename(name)
         if name.endswith(".index"):
@@ -142,27 +150,29 @@ def scan(store: Storage, directory: str) -> Scan:
             group(data[0])["data"].append(name)
         elif name.endswith(".meta"):
             group(name[: -len(".meta")])["meta"].append(name)
-        elif dirs.part_directory_prefix(name) is not None and store.isdir(path):
-            orphans.append((path + store.sep, "part directory of an interrupted save"))
+        elif (part := dirs.part_directory_prefix(name)) is not None and store.isdir(path):
+            part_dirs.append((path, part))
         elif (m := SHARD_RE.match(name)) and "?" not in name and is_table_file(store, path):
             group(m["prefix"])["v1"].append(name)
         elif not store.isdir(path) and is_table_file(store, path):
             group(name)["v1"].append(name)
     checkpoints = []
     for prefix, g in groups.items():
-        if dirs.is_part_prefix(prefix):
+        if (part := dirs.part_prefix(prefix)) is not None:
             kind = "part of an interrupted save"
-            orphans += [(join(directory, n), kind) for k in ("index", "data") for n in g[k]]
+            leftovers += [
+                (join(directory, n), kind, (part,)) for k in ("index", "data") for n in g[k]
+            ]
             continue
         if g["index"]:
             own, others = _own_data(store, join(directory, g["index"][0]), g["data"])
-            orphans += [(join(directory, n), OTHER_SAVE) for n in others]
+            leftovers += [(join(directory, n), OTHER_SAVE, (prefix,)) for n in others]
             files, fmt, shards = [*own, *g["meta"], *g["index"]], "V2", len(own)
         elif g["v1"]:
             files, fmt, shards = [*g["meta"], *g["v1"]], "V1", len(g["v1"])
         else:
             kind = DATA_WITHOUT_INDEX
-            orphans += [(join(directory, n), kind) for n in g["data"]]
+            leftovers += [(join(directory, n), kind, (prefix,)) for n in g["data"]]
             continue
         full = [join(directory, f) for f in files]
         c = Stored(join(directory, prefix), prefix, fmt, full, shards)
@@ -176,9 +186,65 @@ def scan(store: Storage, directory: str) -> Scan:
                 c.nbytes += size
         checkpoints.append(c)
     checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, natural_key(c.name)))
-    result = Scan(store, directory, checkpoints, sorted(orphans))
+    result = Scan(store, directory, checkpoints, [])
     _read_state(result)
+    if result.state is None and result.state_error is None and paths.STATE_FILENAME in names:
+        path = join(directory, paths.STATE_FILENAME)
+        result.state_error = f"{path}: the state file is not a regular file"
+    owns = _owner(result)
+    orphans = [
+        (path, kind)
+        for path, kind, prefixes in leftovers
+        if any(owns(p) for p in prefixes) and not store.isdir(path)
+    ]
+    kind = "part directory of an interrupted save"
+    orphans += [
+        (path + store.sep, kind)
+        for path, prefix in part_dirs
+        if owns(prefix) and _holds_only_parts(store, path)
+    ]
+    result.orphans = sorted(orphans)
     return result
+
+
+def _owner(s: Scan):
+    """Whether a prefix (or the state file's name) is one of the run's in ``s``: the name
+    of one of its checkpoints or of a state-file entry, or a later (or earlier) step of
+    one (``ckpt-8`` where ``ckpt-3`` is there: an interrupted save of the same run)."""
+    names = {c.name for c in s.checkpoints}
+    if s.state is not None:
+        state = s.state
+        for entry in [*state.all_model_checkpoint_paths, state.model_checkpoint_path]:
+            name = _entry_name(s.store, s.directory, entry) if entry else None
+            if name is not None:
+                names.add(name)
+    if names or s.state is not None or s.state_error is not None:
+        names.add(paths.STATE_FILENAME)
+    families = {m[1] for n in names if (m := _NUMBERED.fullmatch(n))}
+
+    def owns(prefix: str) -> bool:
+        if prefix in names:
+            return True
+        m = _NUMBERED.fullmatch(prefix)
+        return m is not None and m[1] in families
+
+    return owns
+
+
+_NUMBERED = re.compile(r"(.+-)\d+")  # a prefix numbered by its step: (what precedes the step)
+
+
+def _holds_only_parts(store: Storage, path: str) -> bool:
+    """Whether the directory ``path`` holds only the files a sharded save writes into its
+    part directory (nothing at all, too: a save killed as it began)."""
+    try:
+        entries = store.listdir(path)
+    except OSError:
+        return False
+    where = store.join(store.realpath(store.dirname(path)), store.basename(path))
+    if store.realpath(path) != where:
+        return False  # a link: TensorFlow makes none, and what it leads to is elsewhere
+    return all(dirs.is_part_file(n) and not store.isdir(store.join(path, n)) for n in entries)
 
 
 def _read_state(s: Scan) -> None:
@@ -188,7 +254,11 @@ def _read_state(s: Scan) -> None:
     try:
         s.state = paths.read_state_file(store, s.directory)
     except CheckpointError as e:
-        s.state_error = str(e)
+        s.state_error = " ".join(str(e).split())
+        return
+    except OSError as e:
+        path = store.join(s.directory, paths.STATE_FILENAME)
+        s.state_error = f"{path}: cannot read the state file: {e.strerror or e}"
         return
     state = s.state
     if state is None:
@@ -365,7 +435,10 @@ def prune(
     for c in removed:
         _delete_checkpoint(store, c)
     for path, _ in orphans:
-        dirs.remove(store, path.rstrip(store.sep), tree=path.endswith(store.sep))
+        if path.endswith(store.sep):
+            dirs.remove_part_directory(store, path.rstrip(store.sep))
+        else:
+            dirs.remove(store, path)
     return result
 
 
@@ -450,7 +523,8 @@ def copy(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     ``dst``. Each checkpoint is committed as any output is (data first, the index last);
     a run's state file comes after them, naming the copies as the source's named the
     originals: relative names stay relative, absolute ones into ``src`` point into
-    ``dst`` when both are on one storage. Something already at the destination is an
+    ``dst`` when both are on one storage; a run whose state file cannot be read is refused
+    (nothing copied). Something already at the destination is an
     error unless ``overwrite``: then each checkpoint there is replaced in one step (new
     data under names its old index does not use, then the index), and the state file
     last. Returns ``{"src", "dst", "checkpoints": [{"src", "dst", "bytes"}],
@@ -467,7 +541,9 @@ def move(src, dst, *, overwrite: bool = False, storage_options: StorageOptions |
     ``tfckpt verify`` does), then the source deleted: its state file first (a moved
     checkpoint's entry is taken out of its directory's state file), then each
     checkpoint's index, then its data. Any failure before the deletion leaves the source
-    as it was. Returns what :func:`copy` returns.
+    as it was. A run whose state file cannot be read (or is no regular file) is refused
+    before anything is copied: it would be left behind alone. Returns what :func:`copy`
+    returns.
 
     >>> move("scratch/run7", "s3://bucket/runs/run7")["dst"]
     's3://bucket/runs/run7'
@@ -483,6 +559,14 @@ def _transfer(src, dst, overwrite: bool, storage_options, move: bool) -> dict:
         source = scan(src_store, src_store.dir_path(src))
         if not source.checkpoints:
             raise CheckpointNotFoundError("no checkpoint in directory", path=src)
+        if source.state_error is not None:
+            # Without it the run would go without its state file, which a move leaves
+            # behind alone: the whole run, or nothing.
+            verb, done = ("move", "moved") if move else ("copy", "copied")
+            raise CheckpointError(
+                f"cannot {verb} the run, its state file cannot be read ({source.state_error}); "
+                f"nothing was {done}: repair or remove the state file"
+            )
         wanted = source.checkpoints
         target_dir = dst_store.dir_path(dst)
         run = True

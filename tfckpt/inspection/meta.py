@@ -80,11 +80,17 @@ def meta_graph(path, *, storage_options: StorageOptions | None = None) -> dict:
     "shape", "trainable", "resource", "partition": null or {"full_name", "full_shape",
     "offset", "shape"}, "collections"}], "saver": null or {"filename_tensor",
     "save_tensor", "restore_op", "version", "sharded", "max_to_keep",
-    "keep_checkpoint_every_n_hours", "restores": [{"key", "dtype", "full_shape",
-    "slice", "variable", "shape", "validate_shape"}]}, "collections": [{"name", "kind",
+    "keep_checkpoint_every_n_hours", "default", "restores": [{"key", "dtype",
+    "full_shape", "slice", "variable", "shape", "validate_shape"}]}, "no_saver": null or
+    why there is none, "collections": [{"name", "kind",
     "count", "items"}], "signatures": [{"key", "method_name", "inputs", "outputs"}],
     "placeholders": [{"name", "dtype", "shape", "with_default"}]}``. A shape is null
     when its rank is unknown, a dimension null when its size is.
+
+    A graph without a ``saver_def`` is restored through the Saver ``import_meta_graph``
+    builds then, over the ``variables`` and ``saveable_objects`` collections: its
+    record has ``"default": true`` and null tensor names (TensorFlow names them as it
+    builds it); ``"saver": null`` and ``"no_saver"`` saying why when it builds none.
 
     >>> tfckpt.inspection.meta_graph("train/model.ckpt-900.meta")["saver"]["version"]
     'V2'
@@ -124,6 +130,7 @@ def describe(graph: MetaGraph, path: str) -> dict:
             for v in graph.variables()
         ],
         "saver": _saver(graph),
+        "no_saver": graph.no_saver(),
         "collections": _collections(graph),
         "signatures": [
             {
@@ -157,10 +164,13 @@ def _saver(graph: MetaGraph) -> dict | None:
     saver = graph.saver()
     if saver is None:
         return None
+    # The default Saver's op names are chosen as import_meta_graph builds it.
+    named = not graph.default_saver
     return {
-        "filename_tensor": saver.filename_tensor_name,
-        "save_tensor": saver.save_tensor_name,
-        "restore_op": saver.restore_op_name,
+        "default": graph.default_saver,
+        "filename_tensor": saver.filename_tensor_name if named else None,
+        "save_tensor": saver.save_tensor_name if named else None,
+        "restore_op": saver.restore_op_name if named else None,
         "version": saver_version(saver),
         "sharded": saver.sharded,
         "max_to_keep": saver.max_to_keep,

@@ -33,7 +33,17 @@ from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options, Permutes
 from tfckpt.rewrite.planner import plan
 from tfckpt.rewrite.plans import Plan
-from tfckpt.rewrite.rules import UNMAPPED, NameRules, compile_rules
+from tfckpt.rewrite.rules import (
+    NAME_MAP,
+    RENAME,
+    RENAME_EXACT,
+    UNMAPPED,
+    NameRules,
+    Unmatched,
+    compile_rules,
+)
+
+RENAMES = (RENAME, RENAME_EXACT, NAME_MAP)  # matched on the readable names, before the plan
 
 
 def _format_of(out: str, fmt: str | None) -> str:
@@ -87,15 +97,17 @@ def _export_names(
     keep_keys: bool,
     with_optimizer: bool,
     storage_options: StorageOptions | None,
-) -> Options:
+) -> tuple[Options, list[Unmatched], list[str]]:
     """Options whose renames first make TF2 keys readable, then apply the user's rules,
     name maps and exact map to the readable names (one exact map, for the planner), and which
-    leave the optimizer's state out unless asked to keep it. Sources given as paths are
-    opened with ``storage_options``."""
+    leave the optimizer's state out unless asked to keep it; the rules' patterns that
+    matched no readable name, and those names. Sources given as paths are opened with
+    ``storage_options``."""
     srcs = [sources] if isinstance(sources, str) or not isinstance(sources, Sequence) else sources
     naming = NameRules.of(Options(rename=options.rename, rename_exact=options.rename_exact))
     naming = replace(naming, maps=compile_rules(options.name_map, "name_map"))
     composed: dict[str, str] = {}
+    seen: list[str] = []  # the readable names
     drop = list(options.drop_objects)
     plain = not (options.rename or options.rename_exact or options.name_map)
     for src in srcs:
@@ -108,7 +120,7 @@ def _export_names(
         try:
             if len(srcs) == 1 and plain and OBJECT_GRAPH_KEY not in ckpt:
                 # Every name is its own: no map of 200 000 names to themselves.
-                return options
+                return options, [], []
             readable: dict[str, str] = {}
             if OBJECT_GRAPH_KEY in ckpt:
                 readable, optimizer = tf2_names(ckpt, keep_keys)
@@ -118,14 +130,17 @@ def _export_names(
                     drop += [e for e in sorted(OPTIMIZER_EDGES) if e not in drop]
             for key in ckpt.keys():
                 name = readable.get(key, key)
+                if readable:
+                    seen.append(name)
+                new = naming.map_name(name)
                 # One no name_map rule names is left to the planner, which says so.
-                if naming.maps and name not in naming.exact and not naming.mapped(name):
-                    continue
-                composed[key] = naming.new_name(name)
+                if new is not None:
+                    composed[key] = new
         finally:
             if not given:
                 ckpt.close()
-    return Options.of(options, rename=None, rename_exact=composed, drop_objects=tuple(drop))
+    options = Options.of(options, rename=None, rename_exact=composed, drop_objects=tuple(drop))
+    return options, naming.unmatched(), seen
 
 
 def plan_export(
@@ -169,9 +184,22 @@ def plan_export(
         for s in given
     ]
     try:
-        options = _export_names(opened, options, keep_keys, with_optimizer, storage_options)
-        # The planner's destination is a checkpoint prefix; an export's is its file.
-        p = plan(opened, out, Options.of(options, max_shard_bytes=None), object_graph=False)
+        named, unmatched, seen = _export_names(
+            opened, options, keep_keys, with_optimizer, storage_options
+        )
+        # The planner's destination is a checkpoint prefix; an export's is its file, on
+        # the storage the options given make (the sources' own say nothing of it). The
+        # renames' patterns are checked on the readable names, not by plan().
+        p = plan(
+            opened,
+            out,
+            Options.of(named, max_shard_bytes=None, allow_unmatched=True),
+            storage_options=storage_options,
+            object_graph=False,
+        )
+        p.options = Options.of(p.options, allow_unmatched=options.allow_unmatched)
+        p.unmatched = [u for u in p.unmatched if u[0] not in RENAMES] + unmatched
+        p.check_matched(seen)
     except BaseException:
         for s, ckpt in zip(given, opened):
             if ckpt is not s:
@@ -264,6 +292,7 @@ def export(
     skip_unsupported: bool = False,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Write a checkpoint's tensors to safetensors or npz, streaming, in bounded memory.
@@ -277,7 +306,8 @@ def export(
     tensors are written whole. ``permute``: ``[(regex, axes)]``, the first whose
     regex matches a new name reorders that tensor's axes (``('kernel$', (1, 0))``),
     tile by tile when it exceeds the chunk budget. ``progress(n)`` is called as
-    each ``n`` bytes are written (``bytes_out`` in all). Tensors the format cannot
+    each ``n`` bytes are written (``bytes_out`` in all), ``on_total(bytes_out)`` once
+    before the first. Tensors the format cannot
     hold are an error listing them, or with ``skip_unsupported`` left out (listed
     in ``skipped``), as is training bookkeeping (``save_counter``, ``global_step``)
     unless ``with_bookkeeping`` (or ``with_optimizer``). Names a format cannot hold
@@ -310,6 +340,8 @@ def export(
     try:
         if dry_run:
             return p.output.summary(p)
+        if on_total is not None:
+            on_total(p.output.summary(p).bytes_out)
         summary = execute(p, progress=progress)
     finally:
         close_opened(p, sources)

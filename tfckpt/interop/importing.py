@@ -21,11 +21,13 @@ from tfckpt.checkpoint.writer import ShardWriter
 from tfckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
+    UnsupportedCheckpointError,
     option,
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
 from tfckpt.format.bookkeeping import tf1_bookkeeping
+from tfckpt.format.bundle import MAX_RANK
 from tfckpt.io import paths
 from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
 from tfckpt.io.storage import ReaderFile, Storage, StorageOptions, normalize, storage_for
@@ -33,7 +35,14 @@ from tfckpt.io.temporaries import remove_stale_temporaries
 from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options, Permutes
-from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, bookkeeping_kept
+from tfckpt.rewrite.rules import (
+    ALLOW_UNMATCHED,
+    DtypePolicy,
+    NameRules,
+    ShapeRules,
+    bookkeeping_kept,
+    unmatched_error,
+)
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
 
 
@@ -158,6 +167,7 @@ def import_(
     permute: Permutes = (),
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Read safetensors (one file, or the ``.index.json`` of sharded files) or npz into
@@ -165,7 +175,7 @@ def import_(
 
     ``include``/``exclude``, ``rename``/``rename_exact``, ``cast`` (with
     ``overflow``), ``permute`` (also ``reshape`` and ``squeeze``), ``overwrite`` and
-    ``progress`` apply as in :func:`export`;
+    ``progress`` and ``on_total`` apply as in :func:`export`;
     ``storage_options`` go to fsspec with both URLs.
 
     >>> tfckpt.import_("hf/model.safetensors.index.json", "ckpt/model")
@@ -177,7 +187,7 @@ def import_(
             "import takes no split or concat: import, then convert the checkpoint with them"
         )
     src = normalize(src)
-    prefix = normalize(out_prefix)
+    prefix = paths.output_prefix(normalize(out_prefix))
     src_store = storage_for(src, storage_options)
     ins = stored_tensors(src_store, src)
     naming = NameRules.of(options)
@@ -185,6 +195,17 @@ def import_(
     if permute:
         options = Options.of(options, permute=[*permute, *options.permute])
     chosen, dropped = _chosen(ins, naming, policy, ShapeRules.of(options))
+    if not options.allow_unmatched:
+        names = [(i.name, None) for i in ins]
+        unmatched = naming.unmatched(names) + policy.unmatched(names)
+        if unmatched:
+            raise unmatched_error(unmatched, lambda: (i.name for i in ins), path=src)
+        if not chosen and ins:
+            raise CheckpointError(
+                f"nothing to write: none of the {len(ins)} tensors is kept (use "
+                f"{ALLOW_UNMATCHED} to write it empty)",
+                path=src,
+            )
     kept = bookkeeping_kept(chosen.column(4), chosen.column(2))
     ruled = bool(policy.labels or kept)  # each record says what decided its dtype
     store = storage_for(prefix, storage_options)
@@ -210,6 +231,8 @@ def import_(
     )
     if dry_run:
         return summary
+    if on_total is not None:
+        on_total(summary.bytes_out)
     summary.cast_counts = _write_import(store, prefix, src_store, chosen, options, progress)
     summary.seconds = time.perf_counter() - start
     return summary
@@ -291,10 +314,12 @@ def _chosen(
     books = tf1_bookkeeping(i.name for i in ins) if policy.passes_bookkeeping else set()
     for i in ins:
         name = i.name
-        if not plain and naming.drop_reason(name) is not None:
+        why, new = (None, name) if plain else naming.decide(name)
+        if why is not None:
             dropped += 1
             continue
-        new = name if plain else naming.new_name(name)
+        if not new or len(i.shape) > MAX_RANK:
+            raise _unstorable(i, new)
         if new in seen:
             raise CheckpointError(
                 f"{seen[new]!r} and {name!r} would both be named {new!r}",
@@ -320,6 +345,24 @@ def _chosen(
             )
         chosen.append((i, new, to.name, shaping, by))
     return chosen, dropped
+
+
+def _unstorable(i: _In, new: str) -> CheckpointError:
+    """Why the tensor ``i``, to be named ``new``, cannot be in a TensorFlow checkpoint."""
+    if new:
+        return UnsupportedCheckpointError(
+            f"rank {len(i.shape)}: a TensorFlow checkpoint holds tensors of rank up to {MAX_RANK}",
+            path=i.file,
+            tensor=i.name,
+        )
+    why = f"{i.name!r} would be renamed to ''" if i.name else "a tensor of an empty name"
+    fix = option("rename={'^$': 'NAME'}", "--map '^$=NAME'")
+    return CheckpointError(
+        f"{why}: a TensorFlow checkpoint holds no such name (its empty key is the "
+        f"header); give it one ({fix})",
+        path=i.file,
+        tensor=i.name,
+    )
 
 
 def _write_import(

@@ -74,7 +74,7 @@ def verify_against(
             skip_unsupported=True,  # what the output could not hold is left out, and listed
         )
     else:
-        p = plan(src, path, options, storage_options=storage_options)
+        p = plan(src, path, options, storage_options=storage_options, writes=False)
     try:
         with open_output(store, path, storage_options) as output:
             return compare(p, output, path)

@@ -26,17 +26,29 @@ from tfckpt.io.temporaries import TMP_MARK, temporary_base
 
 COPY_CHUNK = 8 << 20  # bytes read and written at a time by copy_file
 
-# Names TensorFlow writes before a save is complete:
-# - BundleWriter's temporaries of an index or data file (``X.index.tempstate123``);
+# Names TensorFlow writes before a save is complete (as TensorFlow 2.x writes them, seen in
+# tests/io/test_directories.py):
+# - BundleWriter's temporaries of an index or data file (``X.index.tempstate123``,
+#   ``X.data-00000-of-00001.tempstate123``), and TensorSliceWriter's of a V1 file;
 # - file_io.atomic_write_string_to_file's of the state file (``checkpoint.tmp<uuid hex>``);
-# - a sharded save's part directory (``ckpt-3_temp/``, ``model.ckpt-3_temp_<uuid hex>/``),
-#   whose shards MergeV2Checkpoints moves to the prefix.
+# - a sharded save's part directory (``ckpt-3_temp/``, older TensorFlow
+#   ``model.ckpt-3_temp_<uuid hex>/``) holding only the bundles ``part-00000-of-00001``
+#   (their ``.index``, ``.data-00000-of-00001`` and those files' temporaries), whose
+#   shards MergeV2Checkpoints moves to the prefix before deleting the directory.
 _TEMPSTATE_RE = re.compile(r"\.tempstate\d*$")
 _STATE_TMP_RE = re.compile(r"^checkpoint\.tmp[0-9a-f]{32}$")
 _PART_DIR_RE = re.compile(r"^(?P<prefix>.+)_temp(?:_[0-9a-f]{32})?$")
+_PART_FILE_RE = re.compile(
+    r"^part-\d{5}-of-\d{5}\.(?:index|data-\d{5}-of-\d{5})(?:\.tempstate\d*)?$"
+)
 # - on S3, where TensorFlow makes no part directory, the parts beside the prefix
 #   (``ckpt-3.part-00000-of-00001.index`` and its data).
 _S3_PART_RE = re.compile(r"^(?P<prefix>.+)\.part-\d{5}-of-\d{5}$")
+# The files of a checkpoint ``P``: ``P.index``, ``P.meta``, ``P.data-00000-of-00001``; a V1
+# save's ``P`` or ``P-00000-of-00002``.
+_FILE_OF_RE = re.compile(
+    r"^(?P<prefix>.+?)(?:\.index|\.meta|\.data-\d{5}-of-\d{5}|-\d{5}-of-\d{5})$"
+)
 
 
 def tensorflow_temporary(name: str) -> str | None:
@@ -49,16 +61,34 @@ def tensorflow_temporary(name: str) -> str | None:
     return None
 
 
+def temporary_prefixes(name: str) -> tuple[str, ...]:
+    """The checkpoint prefixes (or the state file's name) whose save may have written the
+    temporary ``name`` (TensorFlow's, or tfckpt's: see :func:`tensorflow_temporary` and
+    :func:`is_tfckpt_temporary`): the file it was to become, read as a prefix itself (a
+    V1 file) and as a file of one."""
+    final = name.partition(TMP_MARK)[0] if TMP_MARK in name else _TEMPSTATE_RE.sub("", name)
+    if _STATE_TMP_RE.match(name):
+        final = paths.STATE_FILENAME
+    m = _FILE_OF_RE.match(final)
+    return (final, m["prefix"]) if m else (final,)
+
+
 def part_directory_prefix(name: str) -> str | None:
     """The prefix a sharded save's part directory ``name`` was written for, or None."""
     m = _PART_DIR_RE.match(name)
     return m["prefix"] if m else None
 
 
-def is_part_prefix(name: str) -> bool:
-    """Whether the prefix ``name`` is one of the parts TensorFlow writes beside a prefix on
-    S3 before merging them into it."""
-    return _S3_PART_RE.match(name) is not None
+def is_part_file(name: str) -> bool:
+    """Whether ``name`` is one a sharded save writes into its part directory."""
+    return _PART_FILE_RE.match(name) is not None
+
+
+def part_prefix(name: str) -> str | None:
+    """The prefix whose part ``name`` is, where ``name`` is one of the parts TensorFlow
+    writes beside a prefix on S3 before merging them into it; None otherwise."""
+    m = _S3_PART_RE.match(name)
+    return m["prefix"] if m else None
 
 
 def is_tfckpt_temporary(name: str) -> bool:
@@ -113,17 +143,30 @@ def remove_state_file(store: Storage, directory: str) -> None:
     remove(store, path)
 
 
-def remove(store: Storage, path: str, *, tree: bool = False) -> None:
-    """Delete one file (``tree``: a directory and what it holds); gone already is fine."""
+def remove(store: Storage, path: str) -> None:
+    """Delete one file; gone already is fine."""
     try:
-        if tree:
-            store.remove_tree(path)
-        else:
-            store.remove(path)
+        store.remove(path)
     except FileNotFoundError:
         pass
     except OSError as e:
         raise CheckpointWriteError(f"cannot delete: {e.strerror or e}", path=path) from None
+
+
+def remove_part_directory(store: Storage, path: str) -> None:
+    """Delete a sharded save's part directory: the part files in it (see
+    :func:`is_part_file`), then the directory if nothing is left in it. Whatever else is
+    there (put there since it was looked at) stays, and the directory with it."""
+    try:
+        names = store.listdir(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CheckpointWriteError(f"cannot list: {e.strerror or e}", path=path) from None
+    for name in names:
+        if is_part_file(name):
+            remove(store, store.join(path, name))
+    store.remove_dirs([path])
 
 
 def copy_file(src_store: Storage, src: str, dst_store: Storage, dst: str) -> int:

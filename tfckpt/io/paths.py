@@ -37,6 +37,20 @@ def data_filename(prefix: str, shard: int, num_shards: int) -> str:
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
 
+def output_prefix(path: str) -> str:
+    """The prefix an output path names, taken as a source's is: a prefix, its ``.index``
+    or one of its data files (``out/model.index`` writes ``out/model.index`` and
+    ``out/model.data-*``, not ``out/model.index.index``). A name that would leave no
+    prefix (``out/.index``) is kept."""
+    parsed = parse_data_filename(path)
+    prefix = parsed[0] if parsed is not None else path
+    if parsed is None and path.endswith(".index"):
+        prefix = path[: -len(".index")]
+    if not prefix.replace("\\", "/").rsplit("/", 1)[-1]:
+        return path
+    return prefix
+
+
 def parse_data_filename(path: str) -> tuple[str, int, int] | None:
     """(prefix, shard, num_shards) of a data shard's file name, or None."""
     m = _DATA_RE.match(path)

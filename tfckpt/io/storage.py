@@ -368,24 +368,6 @@ class Storage:
         st = os.stat(path)
         return st.st_size, st.st_mtime
 
-    def remove_tree(self, path: str) -> None:
-        """Delete the directory ``path`` and everything in it (a killed save's part
-        directory); files first, then the directories, innermost first. A link is
-        removed, never followed: what it points to may be outside the directory cleaned."""
-        if os.path.islink(path):
-            os.unlink(path)
-            return
-        for root, dirs, files in os.walk(path, topdown=False):
-            for name in files:
-                os.unlink(os.path.join(root, name))
-            for name in dirs:
-                full = os.path.join(root, name)
-                if os.path.islink(full):
-                    os.unlink(full)
-                else:
-                    os.rmdir(full)
-        os.rmdir(path)
-
     def realpath(self, path: str) -> str:
         return os.path.realpath(path)
 
@@ -747,17 +729,6 @@ class RemoteStorage(Storage):
         if hasattr(when, "timestamp"):
             when = when.timestamp()
         return int(info.get("size") or 0), float(when)
-
-    def remove_tree(self, path: str) -> None:
-        """Delete every object under ``path`` (object stores have no directories)."""
-        self.call(
-            "deleting",
-            path,
-            self.fs.rm,
-            self._strip(path),
-            recursive=True,
-            error=CheckpointWriteError,
-        )
 
     def realpath(self, path: str) -> str:
         """One spelling per object (``memory:///a`` and ``memory://a`` are the same)."""

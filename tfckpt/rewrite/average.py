@@ -308,7 +308,10 @@ def _plan(
     tensors = _planned(srcs, kept, read_from, policy, flat, fixed, books, partitioned_before)
     dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
     # Read each source in file order.
-    return Plan(srcs, dst, tensors.in_file_order(), dropped, graph_bytes, options, store, weights=w)
+    p = Plan(srcs, dst, tensors.in_file_order(), dropped, graph_bytes, options, store, weights=w)
+    p.unmatched = policy.unmatched((n, flat.get(n)) for _, n, _ in dropped)
+    p.check_matched(flat.values())
+    return p
 
 
 def _planned(

@@ -36,6 +36,7 @@ from tfckpt.rewrite.edits import (
     literal_array,
     open_npy,
     parse_init,
+    read_regular,
 )
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
@@ -54,6 +55,11 @@ _NOT_TAKEN = (
     *("squeeze", "split", "concat", "name_map", "dtype_rules", "keep_dtype"),
 )
 
+
+# The largest vocabulary file read (its tokens are held), and the most rows an edit
+# gives an axis (one 8-byte index each is held).
+MAX_VOCAB_BYTES = 256 << 20
+MAX_ROWS = 1 << 28
 
 # A TF1 slot's last name part: the optimizer's name (CamelCase), maybe with _N.
 _TF1_SLOT = re.compile(r"[A-Z][A-Za-z0-9]*(_[0-9]+)?")
@@ -74,6 +80,7 @@ class Edits:
     new_vocab: str | None = None
     init: str = "zeros"
     axis: int = 0
+    allow_no_overlap: bool = False
 
 
 def edit(
@@ -91,6 +98,7 @@ def edit(
     new_vocab: str | None = None,
     init: str = "zeros",
     axis: int = 0,
+    allow_no_overlap: bool = False,
     in_place: bool = False,
     as_tf1: bool = False,
     options: Options | None = None,
@@ -113,8 +121,11 @@ def edit(
       the product in float64, rounded once to the dtype).
     - ``resize={regex: rows or "ROWS[:init]"}``: axis ``axis`` cut or grown to ``rows``.
     - ``remap_rows=[regex, ...]`` with ``old_vocab``, ``new_vocab`` (files, one token a
-      line): indices along ``axis`` reordered by token, new tokens by ``init``, dropped
-      ones removed, as TensorFlow's ``load_and_remap_matrix`` does.
+      line, read as TensorFlow reads them: see :func:`read_vocab`): indices along
+      ``axis`` reordered by token, new tokens by ``init``, dropped ones removed, as
+      TensorFlow's ``load_and_remap_matrix`` does. A new vocabulary none of whose tokens
+      is in the old one is an error unless ``allow_no_overlap``; the summary's
+      ``warnings`` say when fewer than half are.
 
     Resized and remapped variables take their optimizer slots along (TF1 ``VAR/Adam``...,
     TF2 slot variables), whose new rows are zeros. ``init``: ``zeros``, ``mean`` or
@@ -135,6 +146,7 @@ def edit(
         new_vocab,
         init,
         axis,
+        allow_no_overlap,
     )
     p = plan_edit(
         src,
@@ -202,7 +214,9 @@ def _plan(
         raise CheckpointError(f"edit needs a destination, or {flag('in-place')}", path=label)
     else:
         store = destination_storage(dst, srcs, storage_options)
-        dst = resolve_destination(store, dst, srcs, options.overwrite)
+        dst = resolve_destination(
+            store, dst, srcs, options.overwrite, instead=f"write elsewhere, or {flag('in-place')}"
+        )
     if as_tf1:
         s.graph = None
     ed = _Editor(s, label)
@@ -213,7 +227,9 @@ def _plan(
     for pt in ed.added(edits.add):
         planned.append(pt)
     graph = s.graph.serialize() if s.graph is not None else None
-    return finished_plan(srcs, dst, planned, dropped, graph, options, store)
+    p = finished_plan(srcs, dst, planned, dropped, graph, options, store)
+    p.notes, p.warnings = ed.notes, ed.warnings
+    return p
 
 
 def _regexes(patterns: Iterable[str], what: str) -> list[re.Pattern]:
@@ -236,6 +252,9 @@ class _Editor:
         self.flat = source_flat_names(s) if s.graph is not None else {}
         self.by_flat = {f: n for n, f in self.flat.items()}
         self.edited: dict[str, str] = {}  # tensor -> the flag that edits it
+        self.gone: dict[str, str] = {}  # tensor deleted -> why
+        self.notes: list[str] = []  # said with the summary
+        self.warnings: list[str] = []
 
     def err(self, message: str, tensor: str | None = None) -> CheckpointError:
         return CheckpointError(message, path=self.label, tensor=tensor)
@@ -244,6 +263,8 @@ class _Editor:
         """The tensor a flag names: a key, or a TF2 flat name."""
         found = name if name in self.s.ckpt and name != OBJECT_GRAPH_KEY else None
         found = found or self.by_flat.get(name)
+        if found in self.gone:
+            self.not_deleted([found], what)
         if found is None or found not in self.names:
             near = did_you_mean(name, [*self.names, *self.by_flat])
             raise self.err(f"{what}: no tensor {name!r}{near}")
@@ -290,6 +311,7 @@ class _Editor:
                 raise self.err(f"deleting leaves the object graph without {missing[0]!r}")
             self.no_listed_slots_left(tied, gone)
         self.names = [n for n in self.names if n not in gone]
+        self.gone = gone
         return [(self.label, n, why) for n, why in gone.items()]
 
     def no_listed_slots_left(self, tied: Mapping[str, list[str]], gone: Mapping) -> None:
@@ -397,6 +419,11 @@ class _Editor:
             what = f"{flag('resize')} {pattern}"
             if not rows_text.isdigit():
                 raise self.err(f"{what}: takes REGEX=ROWS[:init], not ROWS {rows_text!r}")
+            if int(rows_text) > MAX_ROWS:
+                raise self.err(
+                    f"{what}: {rows_text} rows is more than the {MAX_ROWS} an edit takes "
+                    "along an axis"
+                )
             rx = _regexes([pattern], flag("resize"))[0]
             jobs.append((what, rx, _resizer(int(rows_text)), init or edits.init))
         if edits.remap_rows:
@@ -405,7 +432,9 @@ class _Editor:
                     f"{flag('remap-rows')} needs {flag('old-vocab')} and {flag('new-vocab')}"
                 )
             old_vocab = read_vocab(edits.old_vocab)
-            mapping = vocab_remapping(old_vocab, read_vocab(edits.new_vocab))
+            new_vocab = read_vocab(edits.new_vocab)
+            mapping = vocab_remapping(old_vocab, new_vocab)
+            self.vocab_notes(old_vocab, new_vocab, mapping, edits)
             for rx in _regexes(edits.remap_rows, flag("remap-rows")):
                 what = f"{flag('remap-rows')} {rx.pattern}"
                 jobs.append(
@@ -420,6 +449,7 @@ class _Editor:
             init, std, seed = parse_init(init_text, what)
             hits = [n for n in self.matching(rx, by_name) if n not in self.slots_index()]
             if not hits:
+                self.not_deleted(self.matching(rx, self.gone), what)
                 raise self.err(f"{what}: no variable matches")
             for hit in hits:
                 pt = by_name[hit]
@@ -436,6 +466,46 @@ class _Editor:
                             hit,
                         )
                     self.remap(by_name[slot], Rows(axis, rows), f"{what} (slot of {hit})", "zeros")
+
+    def vocab_notes(
+        self, old: list[bytes], new: list[bytes], mapping: np.ndarray, edits: Edits
+    ) -> None:
+        """How many new rows the old vocabulary gives (a note, a warning under half); an
+        error when it gives none, unless ``edits.allow_no_overlap``."""
+        kept = int(np.count_nonzero(mapping >= 0))
+        what = flag("remap-rows")
+        for path, tokens in ((edits.old_vocab, old), (edits.new_vocab, new)):
+            if tokens[0].startswith(b"\xef\xbb\xbf"):
+                self.warnings.append(
+                    f"remap: {path} begins with a UTF-8 byte-order mark, which is part of "
+                    f"its first token {token_text(tokens[0])!r} (as TensorFlow reads it)"
+                )
+        if kept == 0 and not edits.allow_no_overlap:
+            raise self.err(
+                f"{what}: no token of the new vocabulary {edits.new_vocab} is in the old one "
+                f"{edits.old_vocab} (first tokens {token_text(new[0])!r} and "
+                f"{token_text(old[0])!r}): every row would be new; "
+                f"{option('allow_no_overlap=True', '--allow-no-overlap')} writes it anyway"
+            )
+        self.notes.append(
+            f"remap: {kept} of {len(new)} rows from the old vocabulary, "
+            f"{len(new) - kept} new; {len(old) - kept} old rows dropped"
+        )
+        if 2 * kept < len(new):
+            self.warnings.append(
+                f"remap: only {kept} of the {len(new)} tokens of {edits.new_vocab} are in "
+                f"{edits.old_vocab}: the other rows are new ({edits.init}); are these the "
+                "vocabularies the model was trained and will be used with?"
+            )
+
+    def not_deleted(self, names: Iterable[str], what: str) -> None:
+        """Refuse an edit of a tensor that ``--delete`` removes."""
+        for name in names:
+            raise self.err(
+                f"{what}: the same command deletes it ({self.gone[name]}); edit or delete "
+                "a tensor, not both",
+                name,
+            )
 
     def no_loose_state(
         self, pt: PlannedTensor, axis: int, by_name: Mapping[str, PlannedTensor], what: str
@@ -559,7 +629,7 @@ def _resizer(n: int) -> Callable[[int], np.ndarray]:
     return rows_for
 
 
-def _checked_vocab(old_vocab: list[str], mapping: np.ndarray, path: str, what: str):
+def _checked_vocab(old_vocab: list[bytes], mapping: np.ndarray, path: str, what: str):
     def rows_for(old: int) -> np.ndarray:
         if old != len(old_vocab):
             raise CheckpointError(
@@ -571,32 +641,45 @@ def _checked_vocab(old_vocab: list[str], mapping: np.ndarray, path: str, what: s
     return rows_for
 
 
-def read_vocab(path: str) -> list[str]:
-    """The tokens of a vocabulary file, one a line (as TensorFlow's vocabulary readers
-    take them: the line without its newline); a token twice is an error."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CheckpointError(f"cannot read the vocabulary: {e.strerror or e}", path=path) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CheckpointError("the vocabulary is not UTF-8", path=path) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    seen: dict[str, int] = {}
-    for i, tok in enumerate(lines):
+def read_vocab(path) -> list[bytes]:
+    """The tokens of a vocabulary file as TensorFlow's vocabulary readers take them
+    (``GenerateVocabRemapping``, a ``TextFileInitializer``'s lines): one a line, the
+    line's bytes without its ``\\n`` and one ``\\r`` before it (a Windows line end; a
+    last line may end in either or neither). Spaces, tabs and a UTF-8 byte-order mark
+    are part of a token, as there. An empty line or file, a token twice (TensorFlow
+    refuses it in the old vocabulary, its lookup tables in any), or a file over
+    :data:`MAX_VOCAB_BYTES` are errors."""
+    path = os.fspath(path)
+    lines = read_regular(path, "the vocabulary", MAX_VOCAB_BYTES).split(b"\n")
+    last = lines.pop()  # what follows the last \n: nothing, or a line without one
+    if last.endswith(b"\r"):
+        last = last[:-1]
+    if last:  # one that is empty ends the file, as in TensorFlow
+        lines.append(last)
+    tokens = [t[:-1] if t.endswith(b"\r") else t for t in lines]
+    if not tokens:
+        raise CheckpointError("the vocabulary is empty", path=path)
+    seen: dict[bytes, int] = {}
+    for i, tok in enumerate(tokens):
+        if not tok:
+            raise CheckpointError(
+                f"line {i + 1} is empty (TensorFlow refuses a vocabulary with an empty line)",
+                path=path,
+            )
         if tok in seen:
             raise CheckpointError(
-                f"token {tok!r} is on lines {seen[tok] + 1} and {i + 1}", path=path
+                f"token {token_text(tok)!r} is on lines {seen[tok] + 1} and {i + 1}", path=path
             )
         seen[tok] = i
-    return lines
+    return tokens
 
 
-def vocab_remapping(old: list[str], new: list[str]) -> np.ndarray:
+def token_text(token: bytes) -> str:
+    """A token as a message shows it (bytes that are no UTF-8 escaped)."""
+    return token.decode("utf-8", "backslashreplace")
+
+
+def vocab_remapping(old: Sequence[bytes], new: Sequence[bytes]) -> np.ndarray:
     """For each token of ``new``, its index in ``old``, or -1 (TensorFlow's
     ``generate_vocab_remapping``)."""
     index = {tok: i for i, tok in enumerate(old)}

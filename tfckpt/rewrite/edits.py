@@ -11,15 +11,18 @@ piece holds at most the read budget of elements, whatever the tensor's size.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from tfckpt.errors import CheckpointError, flag
 from tfckpt.format import dtypes as _dt
+from tfckpt.io.storage import open_regular
 from tfckpt.rewrite.pipeline import BufferRing
 
 
@@ -163,8 +166,41 @@ def _quiet():
     return stack
 
 
+@contextlib.contextmanager
+def opened_regular(path, what: str) -> Iterator[BinaryIO]:
+    """``path`` open for reading, refused (with ``what`` in the message) unless it is a
+    regular file: a named pipe would block, a device never end."""
+    try:
+        fd = open_regular(os.fspath(path))
+    except CheckpointError as e:
+        raise CheckpointError(f"{what}: {e.detail}", path=os.fspath(path)) from None
+    except OSError as e:
+        raise CheckpointError(
+            f"{what}: cannot read: {e.strerror or e}", path=os.fspath(path)
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+def read_regular(path, what: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, refused before reading when larger than
+    ``limit``."""
+    with opened_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise CheckpointError(
+                f"{what}: {max(size, len(data))} bytes, more than the limit of {limit}",
+                path=os.fspath(path),
+            )
+    return data
+
+
 def open_npy(path: str, what: str) -> np.ndarray:
-    """The array of the ``.npy`` file ``path``, memory-mapped (never unpickled)."""
+    """The array of the ``.npy`` file ``path``, memory-mapped (never unpickled); refused
+    unless a regular file."""
+    with opened_regular(path, what):
+        pass  # numpy opens it by name (a memory map needs one): known regular first
     try:
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)

@@ -31,7 +31,14 @@ from tfckpt.rewrite.cast import CastCounts, CastCountTable, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import plan
 from tfckpt.rewrite.plans import Plan, Source
-from tfckpt.rewrite.tasks import RunStorage, ShardTask, restore_warnings, run_tasks, shard_tasks
+from tfckpt.rewrite.tasks import (
+    RunStorage,
+    ShardTask,
+    check_backend,
+    restore_warnings,
+    run_tasks,
+    shard_tasks,
+)
 
 
 class Records(Sequence[dict]):
@@ -182,6 +189,10 @@ def execute(
     >>> tfckpt.execute(p, overflow="clip", executor=ThreadPoolExecutor(2))
     """
     options = Options.of(p.options if options is None else options, EXECUTION, **changes)
+    if options.backend != "numpy" and any(
+        map(str.__ne__, p.tensors.infos.dtypes, p.tensors.new_dtype)
+    ):
+        check_backend(options.backend)  # TensorFlow, before anything is written
     stores = RunStorage.of(p, storage_options)
     if p.output is not None:  # files of another format (an export) write themselves
         return p.output.write(p, stores.out, options, progress)
@@ -205,7 +216,7 @@ def execute(
         bytes_out=p.bytes_out,
         seconds=time.perf_counter() - start,
         cast_counts=counts,
-        warnings=restore_warnings(p) + warnings,
+        warnings=restore_warnings(p) + p.warnings + warnings,
         dtype_rules=p.dtype_rule_counts(),
         bookkeeping_kept=p.bookkeeping_kept(),
     )

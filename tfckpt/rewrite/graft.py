@@ -56,7 +56,7 @@ from tfckpt.rewrite.planner import (
     source_flat_names,
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
-from tfckpt.rewrite.rules import NameRules, compile_patterns, compile_rules, new_name
+from tfckpt.rewrite.rules import RENAME_EXACT, NameRules, compile_patterns, compile_rules
 from tfckpt.rewrite.tf1slots import (
     ADAM_BETAS,
     BETA_POWERS,
@@ -113,21 +113,25 @@ def plan_graft(
     naming = NameRules(  # compiled in this order: which bad option is reported first
         renames=compile_rules(options.rename),
         exact=dict(options.rename_exact or {}),
-        includes=compile_patterns(options.include),
-        excludes=compile_patterns(options.exclude),
+        includes=compile_patterns(options.include, "include pattern"),
+        excludes=compile_patterns(options.exclude, "exclude pattern"),
     )
     dropped: list[tuple[str, str, str]] = []
-    found = _found_in_sources(srcs, target, shared, naming, dropped)
+    usable: list[set[str]] = [set()]  # per source, the names its patterns keep
+    found = _found_in_sources(srcs, target, shared, naming, dropped, usable)
     state = optimizer_state(srcs[0].graph) if srcs[0].graph is not None else OptimizerState()
     kept = {t for t in names if tensor_path(t) == SAVE_COUNTER or allow_missing} | state.other
     steps, scales = _place_optimizer_state(
-        srcs, names, found, state, naming, kept, dropped, adam_betas
+        srcs, names, found, state, usable, kept, dropped, adam_betas
     )
     planned = _grafted_tensors(srcs, names, found, options.prefer, kept, steps, dropped)
     for t in planned:
         _scaled(t, scales.get(t.new_name))
     follow_source_layouts(srcs, options)
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    p.unmatched = naming.unmatched((n, None) for _, n, _ in dropped)
+    p.check_matched()
+    return p
 
 
 def _template_tensors(
@@ -201,21 +205,24 @@ def _found_in_sources(
     shared: set[str],
     naming: NameRules,
     dropped: list[tuple[str, str, str]],
+    usable: list[set[str]],
 ) -> dict[str, _Hits]:
     """Per template tensor, the source tensors whose new names find it; those that find
-    none, or that the patterns leave out, listed in ``dropped``."""
+    none, or that the patterns leave out, listed in ``dropped``; per source, the names
+    the patterns keep added to ``usable``."""
     found: dict[str, _Hits] = {}
     for i, s in enumerate(srcs[1:], 1):
         local: dict[str, str] = {}
         flat = source_flat_names(s) if naming.includes or naming.excludes else {}
+        usable.append(set())
         for n in s.ckpt.keys():
             if n == OBJECT_GRAPH_KEY:
                 continue
-            why = naming.drop_reason(n, flat.get(n))
+            why, new = naming.decide(n, flat.get(n))
             if why is not None:
                 dropped.append((s.label, n, why))
                 continue
-            new = naming.new_name(n)
+            usable[i].add(n)
             if new in local:
                 raise CheckpointError(
                     f"{local[new]!r} and {n!r} would both be named {new!r}", path=s.label
@@ -230,21 +237,12 @@ def _found_in_sources(
     return found
 
 
-def _usable_names(srcs: list[Source], naming: NameRules) -> list[set[str]]:
-    """Per source, the names its patterns keep (index 0, the template, has none)."""
-    out: list[set[str]] = [set()]
-    for s in srcs[1:]:
-        flat = source_flat_names(s) if naming.includes or naming.excludes else {}
-        out.append({n for n in s.ckpt.keys() if naming.drop_reason(n, flat.get(n)) is None})
-    return out
-
-
 def _place_optimizer_state(
     srcs: list[Source],
     names: list[str],
     found: dict[str, _Hits],
     state: OptimizerState,
-    naming: NameRules,
+    usable: list[set[str]],
     kept: set[str],
     dropped: list[tuple[str, str, str]],
     betas: tuple[float, float],
@@ -255,7 +253,6 @@ def _place_optimizer_state(
     Adam's powers. Returns key → step count, and key → the factor a slot's values are
     scaled by (a momentum's: -learning_rate). What they take leaves ``dropped``."""
     present = set(names)
-    usable = _usable_names(srcs, naming)
     used: set[tuple[int, str]] = set()
     missing: list[str] = []
     scales: dict[str, float] = {}
@@ -561,8 +558,7 @@ def plan_flatten(
     >>> [t.new_name for t in p.tensors][:2]
     """
     options = Options.of(options, **changes)
-    rules = compile_rules(options.rename)
-    exact = dict(options.rename_exact or {})
+    naming = NameRules([], [], compile_rules(options.rename), dict(options.rename_exact or {}))
     composed: dict[str, str] = {}
     given = isinstance(src, Checkpoint)
     ckpt: Checkpoint = (
@@ -578,7 +574,7 @@ def plan_flatten(
         flat = flat_names(graph, set(ckpt.keys()))
         for key in ckpt.keys():
             if key != OBJECT_GRAPH_KEY:
-                composed[key] = new_name(flat.get(key, key), exact, rules)
+                composed[key] = naming.new_name(flat.get(key, key))
         scales: dict[str, float] = {}
         made: list = []
         if tf1_slots:
@@ -589,9 +585,13 @@ def plan_flatten(
     p = plan(
         src,
         dst,
-        Options.of(options, rename=None, rename_exact=composed),
+        # The renames' patterns are checked here, on the flat names, not by plan().
+        Options.of(options, rename=None, rename_exact=composed, allow_unmatched=True),
         storage_options=storage_options,
     )
+    p.options = Options.of(p.options, allow_unmatched=options.allow_unmatched)
+    p.unmatched = [u for u in p.unmatched if u[0] != RENAME_EXACT] + naming.unmatched()
+    p.check_matched(flat.values())
     p.object_graph = None  # names are all a name-based reader needs
     for t in p.tensors:
         _scaled(t, scales.get(t.name))

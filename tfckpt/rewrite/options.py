@@ -66,6 +66,11 @@ class Options:
       ``match.expand(template)``. Given any, every kept tensor must match one (or
       ``rename_exact``): the others are an error listing them all, or with
       ``allow_unmapped`` left out (dropped as ``'no name_map rule'``).
+    - ``allow_unmatched``: without it (the default) a pattern of ``include``,
+      ``exclude``, ``rename``, ``name_map``, ``keep_dtype`` or ``dtype_rules``, or an
+      old name of ``rename_exact``, that matches no tensor is an error naming it and
+      the nearest names, and so is a plan that keeps none of its sources' tensors.
+      Patterns are RE2's, matched in linear time (see :mod:`tfckpt.rewrite.regex`).
     - ``cast``: target dtype for floating-point tensors; ``cast_from`` narrows
       which source dtypes.
     - ``cast_bookkeeping``: ``cast`` casts training bookkeeping too (metrics' state,
@@ -118,6 +123,7 @@ class Options:
     rename_exact: Mapping[str, str] | None = _plan()
     name_map: RenameRules = _plan(())
     allow_unmapped: bool = _plan(False)
+    allow_unmatched: bool = _plan(False)
     cast: str | None = _plan()
     cast_from: Sequence[str] | None = _plan()
     cast_bookkeeping: bool = _plan(False)

@@ -32,11 +32,12 @@ from tfckpt.format.bundle import TensorInfo
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Member
 from tfckpt.rewrite.plans import PlannedTensor, Source
+from tfckpt.rewrite.regex import Found, Regex
 
 
 @dataclass(frozen=True)
 class SplitRule:
-    regex: re.Pattern
+    regex: Regex
     axis: int
     into: tuple[str, ...]
     sizes: tuple[int, ...] | None
@@ -46,15 +47,12 @@ class SplitRule:
 class ConcatRule:
     new: str
     axis: int
-    first: re.Pattern
+    first: Regex
     others: tuple[str, ...]
 
 
-def _regex(pattern, what: str) -> re.Pattern:
-    try:
-        return re.compile(pattern)
-    except (re.error, TypeError) as e:
-        raise CheckpointError(f"bad {what} pattern {pattern!r}: {e}") from None
+def _regex(pattern, what: str) -> Regex:
+    return Regex.compile(pattern, f"{what} pattern")
 
 
 def _whole(value, what: str) -> int:
@@ -219,7 +217,7 @@ def _assembled(
     return pt.replaced(new_name=new_name, info=info, bytes_out=out, parts=members, sliced=None)
 
 
-def _split(label: str, pt: PlannedTensor, rule: SplitRule, m: re.Match) -> list[PlannedTensor]:
+def _split(label: str, pt: PlannedTensor, rule: SplitRule, m: Found) -> list[PlannedTensor]:
     what = f"split {rule.regex.pattern!r}"
     shape = pt.info.shape
     axis = _checked_axis(rule.axis, shape, what, pt, label)
@@ -279,9 +277,10 @@ def _concat(
             continue
         try:
             new = m.expand(rule.new)
-            patterns = [re.compile(m.expand(t)) for t in rule.others]
+            expanded = [m.expand(t) for t in rule.others]
         except (re.error, IndexError) as e:
             raise CheckpointError(f"{what} on {pt.new_name!r}: {e}") from None
+        patterns = [Regex.compile(t, f"{what} pattern") for t in expanded]
         group = [k]
         for rx in patterns:
             literal = _literal(rx.pattern)

@@ -105,18 +105,29 @@ def destination_storage(
     return store
 
 
-def resolve_destination(store: Storage, dst, sources: list[Source], overwrite: bool) -> str:
-    """The output prefix on ``store``; refuses sources and (without ``overwrite``) existing
-    checkpoints."""
+def resolve_destination(
+    store: Storage,
+    dst,
+    sources: list[Source],
+    overwrite: bool,
+    *,
+    instead: str = "write elsewhere",
+    writes: bool = True,
+) -> str:
+    """The output prefix on ``store`` (``dst``, its ``.index`` or a data file of it: see
+    :func:`~tfckpt.io.paths.output_prefix`); refuses sources (the message says what to
+    do ``instead``) and (without ``overwrite``) existing checkpoints. ``writes=False``: a
+    plan only compared with ``dst`` (``verify --against``), which may be a source."""
     dst = normalize(dst)
     if dst.endswith(("/", os.sep)) or store.isdir(dst):
         dst = store.join(store.dir_path(dst), sources[0].ckpt.stem)
+    else:
+        dst = paths.output_prefix(dst)
     real = store.realpath(dst)
-    for s in sources:
+    for s in sources if writes else ():
         if s.ckpt.storage.realpath(s.ckpt.prefix) == real:
             raise CheckpointError(
-                "the destination is a source checkpoint; write elsewhere "
-                "(sources are never modified)",
+                f"the destination is a source checkpoint; {instead} (sources are never modified)",
                 path=dst,
             )
         if s.ckpt.storage.realpath(s.ckpt.storage.dirname(s.ckpt.prefix)) == store.realpath(
@@ -189,6 +200,7 @@ def plan(
     *,
     storage_options: StorageOptions | None = None,
     object_graph: bool = True,
+    writes: bool = True,
     **changes,
 ) -> Plan:
     """Decide every output tensor from the sources' indexes; reads no tensor data.
@@ -198,6 +210,8 @@ def plan(
     fsspec URLs, opened with ``storage_options``; the output's storage (``Plan.storage``:
     made with them, else with those of the first source opened with some) is kept too.
     ``object_graph=False``: the output keeps no TF2 object graph (an export's files).
+    ``writes=False``: the plan is only compared with an existing ``dst`` (``verify
+    --against``), which may then be a source.
 
     >>> p = tfckpt.plan("train/", "out/", cast="float16", exclude=["/Adam"])
     >>> p.bytes_out, [t.new_name for t in p.tensors][:3]
@@ -208,7 +222,7 @@ def plan(
     srcs = open_sources(sources, storage_options)
     naming = NameRules.of(options)
     store = destination_storage(dst, srcs, storage_options)
-    dst = resolve_destination(store, dst, srcs, options.overwrite)
+    dst = resolve_destination(store, dst, srcs, options.overwrite, writes=writes)
 
     dropped: list[tuple[str, str, str]] = []
     drop_specs = list(options.drop_objects)
@@ -237,7 +251,13 @@ def plan(
     graph_bytes = _merged_graph(srcs, per_source, chosen) if object_graph else None
     follow_source_layouts(srcs, options)
     planned = _planned_tensors(srcs, chosen, policy, flats, fixed, books)
-    return finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    # Each pattern no tensor matched, also among those left out before it was tried.
+    flat_of = {s.label: flats[i] for i, s in enumerate(srcs)}
+    left = [(n, flat_of[label].get(n)) for label, n, _ in dropped]
+    p.unmatched = naming.unmatched(left) + policy.unmatched(left)
+    p.check_matched(n for f in flats for n in f.values())
+    return p
 
 
 def _cut_graph(
@@ -322,12 +342,12 @@ def _kept_tensors(
     for n in names:
         if n in gone:
             continue
-        why = naming.drop_reason(n, flat.get(n))
+        why, new = naming.decide(n, flat.get(n))
         if why is not None:
             dropped.append((s.label, n, why))
             continue
         olds.append(n)
-        news.append(naming.new_name(n))
+        news.append(new)
     if s.graph is None:
         return Kept(olds, news)
     # An attribute stored as several tensors is kept whole or not at all,

@@ -14,13 +14,20 @@ from typing import Any, overload
 import numpy as np
 
 from tfckpt.checkpoint.reader import Checkpoint
+from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
 from tfckpt.format.bundle import Ints, TensorInfo, TensorTable
 from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Member
-from tfckpt.rewrite.rules import DtypePolicy, bookkeeping_kept
+from tfckpt.rewrite.rules import (
+    ALLOW_UNMATCHED,
+    DtypePolicy,
+    Unmatched,
+    bookkeeping_kept,
+    unmatched_error,
+)
 
 
 @dataclass
@@ -402,9 +409,37 @@ class Plan:
     weights: list[float] | None = None  # an average's, one per source
     # An export's files (see tfckpt.interop.export); None: a V2 checkpoint at ``dst``.
     output: Any = field(default=None, repr=False)
+    # What the planner says of it (an edit's rows kept from the old vocabulary), and what
+    # the user must know: execute() adds ``warnings`` to the summary's.
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # The patterns (option, pattern) that matched no tensor: see check_matched.
+    unmatched: list[Unmatched] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
         self.tensors = PlannedTensors.of(self.tensors)
+
+    def check_matched(self, names: Iterable[str] = (), allow: bool | None = None) -> None:
+        """Refuse a plan (unless ``allow``, by default its options' ``allow_unmatched``)
+        with patterns that matched no tensor, naming each and the names nearest it (among
+        the sources' and ``names``), or one that keeps none of its sources' tensors."""
+        if self.options.allow_unmatched if allow is None else allow:
+            return
+        if self.unmatched:
+            raise unmatched_error(
+                self.unmatched,
+                lambda: (n for s in self.sources for n in [*s.ckpt.keys(), *names]),
+                path=self.sources[0].label if len(self.sources) == 1 else None,
+            )
+        if not len(self.tensors) and self.dropped:
+            reasons: dict[str, int] = {}
+            for _, _, why in self.dropped:
+                reasons[why] = reasons.get(why, 0) + 1
+            listed = ", ".join(f"{n} {why}" for why, n in list(reasons.items())[:5])
+            raise CheckpointError(
+                f"nothing to write: none of the {len(self.dropped)} tensors is kept ({listed}); "
+                f"use {ALLOW_UNMATCHED} to write it empty"
+            )
 
     def close(self) -> None:
         """Close the sources (the plan cannot be written after)."""

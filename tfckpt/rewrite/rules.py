@@ -10,15 +10,96 @@ each. They look at names alone; which tensors a source holds is the planner's
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tfckpt.errors import CheckpointError, UnknownDTypeError, option
+from tfckpt.errors import SUGGEST_AMONG, CheckpointError, UnknownDTypeError, option
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CAST_TARGETS, should_cast
 from tfckpt.rewrite.options import Options, Permutes, RenameRules, Reshapes
+from tfckpt.rewrite.regex import Found, Regex
+
+# The options holding patterns (Options' fields), and their flags on the command line.
+INCLUDE, EXCLUDE, RENAME, RENAME_EXACT = "include", "exclude", "rename", "rename_exact"
+NAME_MAP, KEEP_DTYPE, DTYPE_RULE = "name_map", "keep_dtype", "dtype_rules"
+FLAGS = {
+    INCLUDE: "--include",
+    EXCLUDE: "--exclude",
+    RENAME: "--map",
+    RENAME_EXACT: "--map-file",
+    NAME_MAP: "[[map]]",
+    KEEP_DTYPE: "--keep-dtype",
+    DTYPE_RULE: "--dtype-rule",
+}
+ALLOW_UNMATCHED = option("allow_unmatched=True", "--allow-unmatched")
+
+Unmatched = tuple[str, str]  # (the option, as above; the pattern) of a pattern no name matched
+
+
+class Tried:
+    """Patterns of one option, tried on names: which one matches a name first, and which
+    have matched none of the names so far (:meth:`unmatched`).
+
+    Each pattern is tried on each name at most once: after the first match, those that
+    have not matched yet are tried too (whether they ever match is asked of every
+    pattern), the others not.
+    """
+
+    __slots__ = ("what", "patterns", "idle")
+
+    def __init__(self, what: str, patterns: Sequence[Regex]):
+        self.what = what
+        self.patterns = list(patterns)
+        self.idle = set(range(len(self.patterns)))
+
+    def first(self, name: str, flat: str | None = None, how: str = "search") -> int | None:
+        """The index of the first pattern found in ``name`` (or in ``flat``) by ``how``
+        (``'search'``, ``'match'``, ``'fullmatch'``); None when none is."""
+        hit = self.first_found(name, flat, how)
+        return None if hit is None else hit[0]
+
+    def first_found(
+        self, name: str, flat: str | None = None, how: str = "search"
+    ) -> tuple[int, Found] | None:
+        """:meth:`first`, with the match (in ``name``, else in ``flat``)."""
+        out = None
+        idle = self.idle
+        for k, rx in enumerate(self.patterns):
+            if out is not None:
+                if not idle:
+                    break
+                if k not in idle:
+                    continue
+            m = getattr(rx, how)(name)
+            if m is None and flat is not None:
+                m = getattr(rx, how)(flat)
+            if m is not None:
+                idle.discard(k)
+                if out is None:
+                    out = (k, m)
+        return out
+
+    def settle(self, names: Iterable[tuple[str, str | None]], how: str = "search") -> None:
+        """Try the patterns that have matched no name yet on ``names`` ((name, flat name
+        or None) pairs: those the patterns were not tried on), to tell which match none."""
+        if not self.idle:
+            return
+        for name, flat in names:
+            for k in list(self.idle):
+                rx = self.patterns[k]
+                if getattr(rx, how)(name) is not None or (
+                    flat is not None and getattr(rx, how)(flat) is not None
+                ):
+                    self.idle.discard(k)
+            if not self.idle:
+                return
+
+    def unmatched(self) -> list[Unmatched]:
+        """The patterns that have matched no name tried, in order."""
+        return [(self.what, self.patterns[k].pattern) for k in sorted(self.idle)]
 
 
 @dataclass(frozen=True)
@@ -44,11 +125,23 @@ class DtypePolicy:
     >>> policy.decide("bert/LayerNorm/gamma", tfckpt.dtypes.lookup("float32"))
     """
 
-    keep: tuple[tuple[re.Pattern, str], ...] = ()
-    rules: tuple[tuple[re.Pattern, _dt.DType, str], ...] = ()
+    keep: tuple[tuple[Regex, str], ...] = ()
+    rules: tuple[tuple[Regex, _dt.DType, str], ...] = ()
     target: _dt.DType | None = None
     cast_from: frozenset[str] | None = None
     cast_bookkeeping: bool = False
+    # The keep patterns and the rules' patterns, tried: which matched no tensor.
+    tried: tuple[Tried, Tried] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(
+            self,
+            "tried",
+            (
+                Tried(KEEP_DTYPE, [rx for rx, _ in self.keep]),
+                Tried(DTYPE_RULE, [rx for rx, _, _ in self.rules]),
+            ),
+        )
 
     @classmethod
     def of(cls, options: Options) -> DtypePolicy:
@@ -61,7 +154,7 @@ class DtypePolicy:
             from_set = frozenset(_from_dtype(d) for d in options.cast_from)
         keep_specs = options.keep_dtype
         keep = tuple(
-            (_compile(p, f"keep_dtype pattern {p!r}"), f"keep {p}")
+            (_compile(p, "keep_dtype pattern"), f"keep {p}")
             for p in ([keep_specs] if isinstance(keep_specs, str) else keep_specs)
         )
         items = (
@@ -81,7 +174,11 @@ class DtypePolicy:
                 ) from None
             what = f"dtype rule {f'{pattern}={dtype}'!r}"
             rules.append(
-                (_compile(pattern, what), _cast_target(dtype, what), f"rule {pattern}={dtype}")
+                (
+                    _compile(pattern, "dtype rule", repr(f"{pattern}={dtype}")),
+                    _cast_target(dtype, what),
+                    f"rule {pattern}={dtype}",
+                )
             )
         if keep and target is None and not rules:
             raise CheckpointError(
@@ -131,20 +228,35 @@ class DtypePolicy:
         stored dtype) leaves it to keep patterns and rules: ``cast`` passes it by.
         ``bookkeeping=True`` (training bookkeeping) likewise, unless ``cast_bookkeeping``:
         a cast it passes by is labelled :data:`BOOKKEEPING`."""
-        if not dtype.is_floating:
+        keep, rules = self.tried
+        if not dtype.is_floating:  # never cast: matched only to say which patterns match
+            if keep.idle:
+                keep.first(name, flat)
+            if rules.idle:
+                rules.first(name, flat)
             return dtype, None
-        for rx, label in self.keep:
-            if matches(rx, name, flat):
-                return dtype, label
-        for rx, target, label in self.rules:
-            if matches(rx, name, flat):
-                return target, label
+        k = keep.first(name, flat) if self.keep else None
+        r = rules.first(name, flat) if self.rules and (k is None or rules.idle) else None
+        if k is not None:
+            return dtype, self.keep[k][1]
+        if r is not None:
+            return self.rules[r][1], self.rules[r][2]
         if variable and should_cast(dtype, self.target, self.cast_from):
             assert self.target is not None
             if bookkeeping and not self.cast_bookkeeping:
                 return dtype, BOOKKEEPING
             return self.target, "cast"
         return dtype, None
+
+    def unmatched(self, others: Iterable[tuple[str, str | None]] = ()) -> list[Unmatched]:
+        """The keep patterns and rules that matched no tensor: neither one decided nor
+        one of ``others`` ((name, flat name or None) pairs: those left out before)."""
+        keep, rules = self.tried
+        if keep.idle or rules.idle:
+            others = list(others)
+            keep.settle(others)
+            rules.settle(others)
+        return keep.unmatched() + rules.unmatched()
 
 
 BOOKKEEPING = "bookkeeping"  # the label of training bookkeeping a cast passed by
@@ -164,7 +276,7 @@ def bookkeeping_kept(dtype_by: Iterable[str | None], new_dtypes: Iterable[str]) 
     return dict(sorted(out.items()))
 
 
-def matches(rx: re.Pattern, name: str, flat: str | None = None) -> bool:
+def matches(rx: Regex, name: str, flat: str | None = None) -> bool:
     """Whether ``rx`` is found in a source tensor's name or, given, its flat name."""
     return rx.search(name) is not None or (flat is not None and rx.search(flat) is not None)
 
@@ -176,11 +288,8 @@ def _from_dtype(spec) -> str:
         raise UnknownDTypeError(f"{option('cast_from', '--from')}: {e}") from None
 
 
-def _compile(pattern: str, what: str) -> re.Pattern:
-    try:
-        return re.compile(pattern)
-    except (re.error, TypeError) as e:
-        raise CheckpointError(f"bad {what}: {e}") from None
+def _compile(pattern: str, what: str, shown: str | None = None) -> Regex:
+    return Regex.compile(pattern, what, shown)
 
 
 def _cast_target(spec: str, what: str) -> _dt.DType:
@@ -197,7 +306,7 @@ def _cast_target(spec: str, what: str) -> _dt.DType:
     return target
 
 
-def compile_rules(rename: RenameRules | None, what: str = "rename") -> list[tuple[re.Pattern, str]]:
+def compile_rules(rename: RenameRules | None, what: str = "rename") -> list[tuple[Regex, str]]:
     """Rename rules (a mapping or pairs of regex and replacement) compiled, in order.
 
     >>> new_name("dense/kernel", {}, compile_rules({"^dense/": "head/"}))
@@ -206,69 +315,89 @@ def compile_rules(rename: RenameRules | None, what: str = "rename") -> list[tupl
     if rename is None:
         return []
     items = rename.items() if isinstance(rename, Mapping) else rename
-    out = []
-    for pattern, repl in items:
-        try:
-            out.append((re.compile(pattern), repl))
-        except re.error as e:
-            raise CheckpointError(f"bad {what} pattern {pattern!r}: {e}") from None
-    return out
+    return [(Regex.compile(pattern, f"{what} pattern"), repl) for pattern, repl in items]
 
 
-def new_name(name: str, exact: Mapping[str, str], rules: list[tuple[re.Pattern, str]]) -> str:
-    """``name`` renamed: by ``exact`` first, else by the first rule that matches; never to
-    an empty name (every renaming command comes here, so none can write one)."""
+def new_name(
+    name: str,
+    exact: Mapping[str, str],
+    rules: list[tuple[Regex, str]],
+    tried: Tried | None = None,
+) -> str:
+    """``name`` renamed: by ``exact`` first, else by the first rule that matches at its
+    start (``tried``: those rules, tried, to say which matched no name); never to an
+    empty name (every renaming command comes here, so none can write one)."""
     if name in exact:
         if not exact[name]:
             raise CheckpointError("the exact renames give it an empty name", tensor=name)
         return exact[name]
-    for rx, repl in rules:
-        m = rx.match(name)
-        if m:
-            try:
-                new = m.expand(repl) + name[m.end() :]
-            except (re.error, IndexError) as e:
-                raise CheckpointError(
-                    f"rename {rx.pattern!r} -> {repl!r} on {name!r}: {e}"
-                ) from None
-            if not new:
-                raise CheckpointError(
-                    f"rename {rx.pattern!r} -> {repl!r} gives it an empty name", tensor=name
-                )
-            return new
-    return name
+    if not rules:
+        return name
+    hit = None
+    if tried is not None:
+        hit = tried.first_found(name, how="match")
+    else:
+        for k, (rx, _) in enumerate(rules):
+            m = rx.match(name)
+            if m is not None:
+                hit = (k, m)
+                break
+    if hit is None:
+        return name
+    k, m = hit
+    repl = rules[k][1]
+    try:
+        new = m.expand(repl) + name[m.end() :]
+    except (re.error, IndexError) as e:
+        raise CheckpointError(f"rename {m.re.pattern!r} -> {repl!r} on {name!r}: {e}") from None
+    if not new:
+        raise CheckpointError(
+            f"rename {m.re.pattern!r} -> {repl!r} gives it an empty name", tensor=name
+        )
+    return new
 
 
-def compile_patterns(values: Iterable[str] | str | None) -> list[re.Pattern]:
+def compile_patterns(values: Iterable[str] | str | None, what: str = "pattern") -> list[Regex]:
     """Include/exclude/keep patterns (one regex or several) compiled; [] for None."""
     if values is None:
         return []
     if isinstance(values, str):
         values = [values]
-    try:
-        return [re.compile(v) for v in values]
-    except re.error as e:
-        raise CheckpointError(f"bad regular expression: {e}") from None
+    return [Regex.compile(v, what) for v in values]
 
 
 @dataclass(frozen=True)
 class NameRules:
     """A transform's ``include``/``exclude`` patterns and renames, compiled: which source
-    tensors it keeps and what it names them."""
+    tensors it keeps and what it names them. :meth:`unmatched`: the patterns and exact
+    renames that matched no name they were tried on."""
 
-    includes: list[re.Pattern]
-    excludes: list[re.Pattern]
-    renames: list[tuple[re.Pattern, str]]
+    includes: list[Regex]
+    excludes: list[Regex]
+    renames: list[tuple[Regex, str]]
     exact: Mapping[str, str]
-    maps: list[tuple[re.Pattern, str]] = field(default_factory=list)
+    maps: list[tuple[Regex, str]] = field(default_factory=list)
+    # Each option's patterns, tried (see Tried); the exact renames' old names found.
+    tried: dict[str, Tried] = field(init=False, repr=False, compare=False)
+    found: set[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        tried = {
+            INCLUDE: Tried(INCLUDE, self.includes),
+            EXCLUDE: Tried(EXCLUDE, self.excludes),
+            RENAME: Tried(RENAME, [rx for rx, _ in self.renames]),
+            NAME_MAP: Tried(NAME_MAP, [rx for rx, _ in self.maps]),
+        }
+        object.__setattr__(self, "tried", tried)
+        object.__setattr__(self, "found", set())
 
     @classmethod
     def of(cls, options: Options) -> NameRules:
         """The rules of ``options``; of several bad patterns, include's is reported first,
         then exclude's, then rename's, then name_map's."""
         return cls(
-            compile_patterns(options.include),
-            compile_patterns(options.exclude),
+            compile_patterns(options.include, "include pattern"),
+            compile_patterns(options.exclude, "exclude pattern"),
             compile_rules(options.rename),
             dict(options.rename_exact or {}),
             compile_rules(options.name_map, "name_map"),
@@ -283,27 +412,67 @@ class NameRules:
         """Why the patterns leave a source tensor out (``'not included'``, ``'excluded'``,
         :data:`UNMAPPED`), or None when they keep it; a pattern matching ``flat`` (its flat
         name) matches it."""
-        if self.includes and not any(matches(rx, name, flat) for rx in self.includes):
-            return "not included"
-        if self.excludes and any(matches(rx, name, flat) for rx in self.excludes):
-            return "excluded"
-        if self.maps and name not in self.exact and not self.mapped(name):
+        why = self._left_out(name, flat)
+        if why is None and self.maps and name not in self.exact and self._mapped(name) is None:
             return UNMAPPED
+        return why
+
+    def decide(self, name: str, flat: str | None = None) -> tuple[str | None, str]:
+        """Why the patterns leave a source tensor out (see :meth:`drop_reason`) and ``""``,
+        or None and its new name (see :meth:`new_name`), each pattern tried once."""
+        why = self._left_out(name, flat)
+        if why is not None:
+            return why, ""
+        new = self.map_name(name)
+        return (UNMAPPED, "") if new is None else (None, new)
+
+    def _left_out(self, name: str, flat: str | None) -> str | None:
+        if self.exact and name in self.exact:
+            self.found.add(name)
+        if self.includes and self.tried[INCLUDE].first(name, flat) is None:
+            return "not included"
+        if self.excludes and self.tried[EXCLUDE].first(name, flat) is not None:
+            return "excluded"
         return None
 
     def mapped(self, name: str) -> bool:
         """Whether a ``name_map`` rule matches all of ``name``."""
-        return any(rx.fullmatch(name) for rx, _ in self.maps)
+        return self._mapped(name) is not None
+
+    def _mapped(self, name: str) -> tuple[int, Found] | None:
+        return self.tried[NAME_MAP].first_found(name, how="fullmatch")
+
+    def map_name(self, name: str) -> str | None:
+        """``name`` renamed (see :meth:`new_name`), or None when ``name_map`` rules are
+        given and neither one of them nor ``exact`` names it."""
+        if self.maps and name not in self.exact:
+            m = self._mapped(name)
+            return None if m is None else _expanded(m[1], self.maps[m[0]][1])
+        return self.new_name(name)
 
     def new_name(self, name: str) -> str:
         """``name`` renamed (see :func:`new_name`): by ``exact``, else by the first
         ``name_map`` rule matching all of it, else by the rename rules."""
+        if self.exact and name in self.exact:
+            self.found.add(name)
         if self.maps and name not in self.exact:
-            for rx, template in self.maps:
-                m = rx.fullmatch(name)
-                if m:
-                    return _expanded(m, template, name)
-        return new_name(name, self.exact, self.renames)
+            m = self._mapped(name)
+            if m is not None:
+                return _expanded(m[1], self.maps[m[0]][1])
+        return new_name(name, self.exact, self.renames, self.tried[RENAME])
+
+    def unmatched(self, others: Iterable[tuple[str, str | None]] = ()) -> list[Unmatched]:
+        """The patterns, in the order of the options, and the exact renames' old names
+        that matched no name: neither one they were tried on nor one of ``others``
+        ((name, flat name or None) pairs: the names left out before they were tried)."""
+        tried = self.tried
+        if tried[EXCLUDE].idle or tried[RENAME].idle or tried[NAME_MAP].idle:
+            others = list(others)
+            tried[EXCLUDE].settle(others)
+            tried[RENAME].settle(((n, None) for n, _ in others), "match")
+            tried[NAME_MAP].settle(((n, None) for n, _ in others), "fullmatch")
+        out = [u for t in tried.values() for u in t.unmatched()]
+        return out + [(RENAME_EXACT, old) for old in self.exact if old not in self.found]
 
 
 UNMAPPED = "no name_map rule"  # the drop reason of a tensor no name_map rule names
@@ -324,7 +493,8 @@ def check_mapped(dropped: Iterable[tuple[str, str, str]], options: Options) -> N
         )
 
 
-def _expanded(m: re.Match, template: str, name: str) -> str:
+def _expanded(m: Found, template: str) -> str:
+    name = m.string
     try:
         new = m.expand(template)
     except (re.error, IndexError) as e:
@@ -336,6 +506,59 @@ def _expanded(m: re.Match, template: str, name: str) -> str:
             f"name_map {m.re.pattern!r} -> {template!r} gives it an empty name", tensor=name
         )
     return new
+
+
+def given_patterns(options: Options) -> set[Unmatched]:
+    """Every (option, pattern) of ``options`` that :meth:`NameRules.unmatched` and
+    :meth:`DtypePolicy.unmatched` may name: to tell a caller's from rules added to them."""
+    out: set[Unmatched] = set()
+    for what in (INCLUDE, EXCLUDE, KEEP_DTYPE):
+        value = getattr(options, what) or ()
+        out |= {(what, p) for p in ([value] if isinstance(value, str) else value)}
+    for what in (RENAME, NAME_MAP, DTYPE_RULE):
+        value = getattr(options, what) or ()
+        out |= {(what, p) for p, _ in (value.items() if isinstance(value, Mapping) else value)}
+    return out | {(RENAME_EXACT, old) for old in options.rename_exact or {}}
+
+
+def unmatched_error(
+    unmatched: Sequence[Unmatched], names: Callable[[], Iterable[str]], path: str | None = None
+) -> CheckpointError:
+    """The error for patterns that matched no tensor (``names``: those they could have
+    matched, for the nearest), each named with its option."""
+    candidates: list[str] = []
+    for n in names():
+        candidates.append(n)
+        if len(candidates) > SUGGEST_AMONG:
+            candidates = []
+            break
+    unique = list(dict.fromkeys(candidates))
+    parts = []
+    for what, pattern in unmatched:
+        part = f"{option(what, FLAGS[what])} {pattern!r} matches no tensor"
+        near = _nearest(pattern, unique)
+        if near:
+            part += f" (nearest: {', '.join(repr(n) for n in near)})"
+        if "\\|" in pattern:
+            part += (
+                " (\\| is a literal | in a regex, likely a Markdown table's escape: "
+                "write | for 'or')"
+            )
+        parts.append(part)
+    return CheckpointError(
+        "; ".join(parts) + f" (use {ALLOW_UNMATCHED} if that is meant)", path=path
+    )
+
+
+def _nearest(pattern: str, names: list[str]) -> list[str]:
+    """Up to three of ``names`` nearest ``pattern`` read as text (difflib's measure),
+    each alternative of it (``a|b``) on its own."""
+    text = re.sub(r"\\(.)", r"\1", pattern).strip("^$")
+    out: list[str] = []
+    for word in dict.fromkeys([text, *text.strip("()").split("|")]):
+        if word:
+            out += difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    return list(dict.fromkeys(out))[:3]
 
 
 def _axes(text: str) -> tuple[int, ...]:
@@ -384,10 +607,9 @@ class Permuter:
     def __init__(self, rules: Permutes):
         self.rules = []
         for rx, perm in rules:
+            compiled = Regex.compile(rx, "permute pattern")
             try:
-                self.rules.append((re.compile(rx), tuple(operator.index(a) for a in perm)))
-            except re.error as e:
-                raise CheckpointError(f"bad --permute pattern {rx!r}: {e}") from None
+                self.rules.append((compiled, tuple(operator.index(a) for a in perm)))
             except TypeError:
                 raise CheckpointError(
                     f"--permute {rx!r}: the axes must be whole numbers, not {perm!r}"
@@ -420,8 +642,8 @@ class ShapeRules:
     """
 
     permuter: Permuter
-    reshapes: tuple[tuple[re.Pattern, tuple[int, ...]], ...] = ()
-    squeezes: tuple[re.Pattern, ...] = ()
+    reshapes: tuple[tuple[Regex, tuple[int, ...]], ...] = ()
+    squeezes: tuple[Regex, ...] = ()
 
     @classmethod
     def of(cls, options: Options) -> ShapeRules:
@@ -429,7 +651,7 @@ class ShapeRules:
         return cls(
             Permuter(options.permute),
             tuple(_reshape_rule(rx, shape) for rx, shape in _pairs(options.reshape, "reshape")),
-            tuple(compile_patterns(options.squeeze)),
+            tuple(compile_patterns(options.squeeze, "squeeze pattern")),
         )
 
     def __bool__(self) -> bool:
@@ -461,7 +683,7 @@ def _pairs(rules: Reshapes, what: str) -> list[tuple[str, Sequence[int]]]:
         raise CheckpointError(f"{what} rules are (regex, shape) pairs, not {rules!r}") from None
 
 
-def _reshape_rule(rx: str, shape: Sequence[int]) -> tuple[re.Pattern, tuple[int, ...]]:
+def _reshape_rule(rx: str, shape: Sequence[int]) -> tuple[Regex, tuple[int, ...]]:
     try:
         dims = tuple(operator.index(d) for d in shape)
     except TypeError:
@@ -470,7 +692,7 @@ def _reshape_rule(rx: str, shape: Sequence[int]) -> tuple[re.Pattern, tuple[int,
         ) from None
     if dims.count(-1) > 1 or any(d < -1 for d in dims):
         raise CheckpointError(f"reshape {rx!r}: sizes >= 0 and at most one -1, not {list(dims)}")
-    return _compile(rx, f"reshape pattern {rx!r}"), dims
+    return _compile(rx, "reshape pattern"), dims
 
 
 def _fit(

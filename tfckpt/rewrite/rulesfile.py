@@ -39,9 +39,11 @@ the library) bundles what would otherwise be many flags::
     dtype = "bfloat16"
 
 With ``[[map]]`` rules every kept tensor must be named by one (or by ``rename_exact``)
-unless ``allow_unmapped = true``. Keys mean what the :class:`~tfckpt.Options` fields of
-the same names mean; an unknown key, or a value of the wrong kind, is an error naming
-the file and the key.
+unless ``allow_unmapped = true``. A pattern (or an old name of ``rename_exact``) that
+matches no tensor is an error unless ``allow_unmatched = true``. Keys mean what the
+:class:`~tfckpt.Options` fields of the same names mean; an unknown key, or a value of
+the wrong kind, is an error naming the file and the key. A file that is not a regular
+file, is larger than 64 MiB or nests deeper than 32 is refused unread.
 """
 
 from __future__ import annotations
@@ -57,11 +59,18 @@ else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
 from tfckpt.errors import CheckpointError
+from tfckpt.io.storage import open_regular
 from tfckpt.rewrite.options import Options
 
 # Top-level keys taken as they are: lists of strings, and single values of a type.
 _LISTS = ("include", "exclude", "drop_objects", "keep_dtype", "squeeze", "cast_from")
-_SCALARS = {"cast": str, "allow_unmapped": bool, "cast_bookkeeping": bool, "description": str}
+_SCALARS = {
+    "cast": str,
+    "allow_unmapped": bool,
+    "allow_unmatched": bool,
+    "cast_bookkeeping": bool,
+    "description": str,
+}
 # Tables of rules: (Options field, the keys of one rule, which key holds the value).
 _RULES = {
     "map": ("name_map", "to"),
@@ -81,13 +90,69 @@ def load_rules(path) -> dict[str, Any]:
     """
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        fd = open_regular(path)  # not a pipe or a device: /dev/zero never ends
     except OSError as e:
         raise CheckpointError(f"cannot read the rules file: {e.strerror}", path=path) from None
+    except CheckpointError as e:
+        raise CheckpointError(f"cannot read the rules file: {e.detail}", path=path) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_RULES_BYTES + 1)
+    except OSError as e:
+        raise CheckpointError(f"cannot read the rules file: {e.strerror}", path=path) from None
+    if len(raw) > MAX_RULES_BYTES:
+        raise CheckpointError(
+            f"not a rules file: larger than {MAX_RULES_BYTES >> 20} MiB", path=path
+        )
+    try:
+        text = raw.decode("utf-8")
+        if _depth(text) > MAX_DEPTH:
+            raise CheckpointError(
+                f"not a rules file: its arrays and tables nest deeper than {MAX_DEPTH}",
+                path=path,
+            )
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"not a TOML rules file: not UTF-8 ({e.reason})", path=path) from None
     except tomllib.TOMLDecodeError as e:
         raise CheckpointError(f"not a TOML rules file: {e}", path=path) from None
+    except RecursionError:  # what _depth's count missed: nesting deeper than Python's stack
+        raise CheckpointError(
+            f"not a rules file: its arrays and tables nest deeper than {MAX_DEPTH}", path=path
+        ) from None
     return rules_from(data, path)
+
+
+MAX_RULES_BYTES = 64 << 20  # a rules file larger than this is refused unread
+MAX_DEPTH = 32  # inline arrays and tables nested deeper than this are refused unparsed
+
+
+def _depth(text: str) -> int:
+    """How deep the inline arrays and tables of a TOML ``text`` may nest, at most: its
+    brackets counted outside strings and comments (a table header's too, which only
+    overcounts by one)."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        elif c == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "\"'":
+            quote = text[i : i + 3] if text[i : i + 3] in ('"""', "'''") else c
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j):
+                j += 2 if c == '"' and text[j] == "\\" else 1
+            i = j + len(quote)
+            continue
+        i += 1
+    return deepest
 
 
 def rules_from(data: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -231,7 +296,7 @@ def with_rules(options: Options, rules: Mapping[str, Any]) -> Options:
             changes[key] = {**value, **(mine or {})}
         elif key == "cast":
             changes[key] = mine if mine is not None else value
-        elif key in ("allow_unmapped", "cast_bookkeeping"):
+        elif key in ("allow_unmapped", "allow_unmatched", "cast_bookkeeping"):
             changes[key] = mine or value
     return Options.of(options, **changes)
 

@@ -51,6 +51,12 @@ def _tf_converter(backend: str):
     return tf_cast.converter()
 
 
+def check_backend(backend: str) -> None:
+    """Load what ``backend`` needs (TensorFlow, for ``'tf'`` and ``'auto'``) before
+    anything is written: a missing one is a CheckpointError then, not in a task."""
+    _tf_converter(backend)
+
+
 class TaskItems(Sequence[TaskItem]):
     """A shard task's items, made one at a time as they are read: most are rows of the
     plan's columns (a whole tensor as it is), the others items kept whole (a slice, a

@@ -59,15 +59,24 @@ def print_meta(data: dict) -> None:
     emit()
     saver = data["saver"]
     if saver is None:
-        emit("saver       none")
+        why = data.get("no_saver")
+        emit(
+            f"saver       none (no saver_def; import_meta_graph builds none: {why})"
+            if why
+            else "saver       none"
+        )
     else:
         emit(
             f"saver       {saver['version']}{', sharded' if saver['sharded'] else ''}, "
             f"max_to_keep {saver['max_to_keep']}: restores {len(saver['restores'])} values"
         )
-        emit(f"  filename  {saver['filename_tensor']}")
-        emit(f"  save      {saver['save_tensor']}")
-        emit(f"  restore   {saver['restore_op']}")
+        if saver["default"]:
+            emit("  (no saver_def: the default Saver import_meta_graph builds over the")
+            emit("   variables and saveable_objects collections)")
+        else:
+            emit(f"  filename  {saver['filename_tensor']}")
+            emit(f"  save      {saver['save_tensor']}")
+            emit(f"  restore   {saver['restore_op']}")
     if data["collections"]:
         emit()
         rows = [["COLLECTION", "KIND", "COUNT", "ITEMS"]]

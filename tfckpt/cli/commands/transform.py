@@ -109,6 +109,9 @@ def options_from(args, **extra) -> Options:
     fields["allow_unmapped"] = getattr(args, "allow_unmapped", False) or given.pop(
         "allow_unmapped", False
     )
+    fields["allow_unmatched"] = getattr(args, "allow_unmatched", False) or given.pop(
+        "allow_unmatched", False
+    )
     fields["cast"] = args.dtype if args.dtype is not None else given.pop("cast", None)
     fields["cast_from"] = (
         args.cast_from.split(",") if args.cast_from else given.pop("cast_from", None)
@@ -278,6 +281,7 @@ def _run_plan(args, p: Plan) -> int:
             storage_options=args.storage_options,
             checkpoints=[s.ckpt.prefix for s in p.sources] + [p.dst],
         )
+        report.check_available()  # matplotlib, before the checkpoint is written
         # The cast tensors whose values are the source's, only rounded: what the page
         # compares (a reshaped, permuted or edited tensor has no element-wise pair).
         pairs = [
@@ -356,6 +360,7 @@ def cmd_edit(args) -> int:
         new_vocab=args.new_vocab,
         init=args.init,
         axis=args.axis,
+        allow_no_overlap=args.allow_no_overlap,
     )
     if not any(
         (
@@ -396,6 +401,11 @@ def cmd_edit(args) -> int:
     if not args.dry_run:
         edited = sum(t.edit is not None for t in p.tensors)
         emit(f"  {edited} tensors edited or added", err=True)
+    for note in p.notes:
+        emit(f"  {note}", err=True)
+    if args.dry_run:  # a run's are the summary's
+        for warning in p.warnings:
+            emit(f"tfckpt: warning: {warning}", err=True)
     return rc
 
 
@@ -447,6 +457,7 @@ def cmd_average(args) -> int:
         keep_dtype=args.keep_dtype or (),
         dtype_rules=_dtype_rules(args),
         cast_bookkeeping=args.cast_bookkeeping,
+        allow_unmatched=args.allow_unmatched,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,
         overflow=args.overflow,
@@ -560,13 +571,21 @@ def cmd_export(args) -> int:
     if args.dry_run:
         sm = run(dry_run=True)
     else:
-        # The bar's total is what a dry run says will be written: asked only for a terminal.
-        total = run(dry_run=True).bytes_out if sys.stderr.isatty() else 0
-        update, close = _progress(total)
+        # The bar starts once planned, with the bytes to write: one plan, each pattern
+        # matched once.
+        bar: dict = {}
+
+        def start(total: int) -> None:
+            bar["update"], bar["close"] = _progress(total)
+
+        def update(n: int) -> None:
+            if bar.get("update") is not None:
+                bar["update"](n)
+
         try:
-            sm = run(progress=update)
+            sm = run(progress=update, on_total=start)
         finally:
-            close()
+            bar.get("close", lambda: None)()
     if args.json:
         print_json(sm.to_dict())
     if not (args.json and args.dry_run):

@@ -19,7 +19,8 @@ def add_ls(sub: Subparsers) -> None:
         "list a directory's checkpoints and leftovers",
         "Every checkpoint in DIR (V2 and V1; TF1 model.ckpt-N and TF2 ckpt-N): step, time, "
         "size (index and data), shards, whether the state file lists it; and the leftovers "
-        "of interrupted saves (data without an index, temporaries, part directories) and "
+        "of interrupted saves of its checkpoint prefixes (data without an index, "
+        "temporaries, part directories holding only parts) and "
         "state-file entries naming checkpoints that are not there.",
     )
     p.add_argument("directory", metavar="DIR", help="a run's directory (local or a URL)")
@@ -35,8 +36,11 @@ def add_prune(sub: Subparsers) -> None:
         "delete old checkpoints and leftovers; rewrite the state file",
         "Keep the N newest numbered checkpoints of DIR (and the steps --keep-every-steps "
         "and --keep name); delete every file of the others and the leftovers of "
-        "interrupted saves; rewrite the state file as tf.train.CheckpointManager "
-        "(max_to_keep=N) leaves it, the other kept checkpoints preserved for good. The "
+        "interrupted saves of DIR's own checkpoint prefixes (TensorFlow's PREFIX_temp/ "
+        "part directories holding only parts, *.tempstate files, data without an index, "
+        "killed tfckpt runs' temporaries; never eval_temp/ or other programs' files); "
+        "rewrite the state file as tf.train.CheckpointManager (max_to_keep=N) leaves it, "
+        "the other kept checkpoints preserved for good. The "
         "state file is written before anything is deleted. Checkpoints whose name ends "
         "in no step are kept. A leftover written less than --min-age seconds ago may "
         "be a save in progress: it stays, and so does the checkpoint it is part of.",
@@ -96,5 +100,6 @@ def add_mv(sub: Subparsers) -> None:
         "move a checkpoint or a whole run: copy, verify, then delete the source",
         "As cp, then every copied checkpoint verified (each tensor's checksum read back) "
         "before the source is deleted (its state file first, then each index, then the "
-        "data). A failure before that leaves the source as it was.",
+        "data). A failure before that leaves the source as it was; a run whose state "
+        "file cannot be read is refused before anything is copied.",
     )

@@ -63,9 +63,11 @@ def add_check(sub: Subparsers) -> None:
         "checkpoint CKPT into TARGET would succeed: every value TARGET restores that CKPT "
         "lacks, every dtype and shape mismatch (and whether a cast fixes it), partitioned "
         "tensors whose stored slices cannot give what TARGET reads, and what CKPT holds "
-        "that nothing reads. TARGET: a TF1 graph (.meta: what its Saver restores), a "
+        "that nothing reads. TARGET: a TF1 graph (.meta: what its Saver restores; "
+        "without a saver_def, the default Saver import_meta_graph builds), a "
         "SavedModel directory, a Keras .h5 file (what model.load_weights(CKPT) does in "
-        "the model that wrote it), or a checkpoint standing for the program that wrote it.",
+        "the model that wrote it; or a directory or archive holding one), or a "
+        "checkpoint standing for the program that wrote it.",
     )
     p.add_argument("path", metavar="CKPT", help="the checkpoint to restore")
     p.add_argument("--against", required=True, metavar="TARGET", help="what restores it")

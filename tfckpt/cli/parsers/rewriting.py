@@ -198,6 +198,7 @@ def add_average(sub: Subparsers) -> None:
         "averages (TF1: v/ExponentialMovingAverage; TF2: a Keras optimizer's use_ema)",
     )
     opt.add_dtype_options(p, dtype_help="write floating-point tensors in this dtype")
+    opt.add_allow_unmatched(p)
     opt.add_overflow(
         p, "means beyond the output dtype's range: fail (default), clip, or keep IEEE inf"
     )
@@ -409,6 +410,11 @@ def add_edit(sub: Subparsers) -> None:
         default="zeros",
         metavar="INIT",
         help="new rows of --remap-rows: zeros (default), mean, normal:STD:SEED",
+    )
+    r.add_argument(
+        "--allow-no-overlap",
+        action="store_true",
+        help="remap even when no token of --new-vocab is in --old-vocab (every row new)",
     )
     r.add_argument("--axis", type=int, default=0, help="the axis of rows (default 0)")
     o = p.add_argument_group("output")

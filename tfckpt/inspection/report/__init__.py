@@ -33,6 +33,7 @@ from tfckpt.io.storage import StorageOptions, normalize, storage_for
 __all__ = [
     "DEFAULT_TOP",
     "bands",
+    "check_available",
     "check_destination",
     "conversion_report",
     "render_html",
@@ -45,6 +46,16 @@ __all__ = [
 def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
     """The HTML page of a report's data; see :func:`tfckpt.inspection.report.page.render_html`.
     Raises :class:`~tfckpt.errors.CheckpointError` when matplotlib is not installed."""
+    return _page().render_html(data, top=top)
+
+
+def check_available() -> None:
+    """Refuse a report before any work (a conversion's writing first) when matplotlib
+    cannot be imported: :class:`~tfckpt.errors.CheckpointError`, as :func:`render_html`."""
+    _page()
+
+
+def _page():
     try:
         from tfckpt.inspection.report import page
     except ImportError as e:
@@ -53,7 +64,7 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
         raise CheckpointError(
             "an HTML report needs matplotlib: pip install 'tfckpt[report]'"
         ) from None
-    return page.render_html(data, top=top)
+    return page
 
 
 def check_destination(

@@ -29,6 +29,7 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.plans import Plan
+from tfckpt.rewrite.rules import given_patterns
 from tfckpt.rewrite.rulesfile import with_rules
 
 PRESETS: dict[str, Preset] = {
@@ -135,20 +136,30 @@ def plan_preset(
                 chosen, config, where, out_dir, output_config, storage_options, config_values
             )
             made, arch = chosen.from_source(shapes, release)
-    opts = with_rules(Options.of(options, **changes), chosen.rules())
+    given = Options.of(options, **changes)
+    # A preset's rules name what a family's releases may hold, not all of them: only the
+    # caller's patterns must match a tensor (checked below).
+    opts = with_rules(Options.of(given, allow_unmatched=True), chosen.rules())
     if made is not None:
         opts = with_rules(opts, made)
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
     p = _plan_pt(src, out, opts, storage_options)
-    if made is not None:
-        return p, chosen, arch
-    arch = chosen.architecture(_shapes(p))
-    unused = chosen.unused.get(arch, ())
-    if unused:  # planned again without them
+    if made is None:
+        arch = chosen.architecture(_shapes(p))
+        unused = chosen.unused.get(arch, ())
+        if unused:  # planned again without them
+            close_opened(p, src)
+            opts = with_rules(opts, {"exclude": list(unused)})
+            p = _plan_pt(src, out, opts, storage_options)
+    mine = given_patterns(given)
+    p.unmatched = [u for u in p.unmatched if u in mine]
+    p.options = Options.of(p.options, allow_unmatched=given.allow_unmatched)
+    try:
+        p.check_matched()
+    except BaseException:
         close_opened(p, src)
-        opts = with_rules(opts, {"exclude": list(unused)})
-        p = _plan_pt(src, out, opts, storage_options)
+        raise
     return p, chosen, arch
 
 
@@ -193,6 +204,7 @@ def export_preset(
     dry_run: bool = False,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     **changes,
 ) -> Summary:
     """Export ``src`` with a preset into ``out_dir``: ``config.json`` and
@@ -247,6 +259,8 @@ def export_preset(
         if dry_run:
             summary = p.output.summary(p)
         else:
+            if on_total is not None:
+                on_total(p.output.summary(p).bytes_out)
             summary = execute(p, progress=progress)
             if verify:
                 notes.append(_verified(p, out_dir))
