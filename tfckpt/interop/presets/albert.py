@@ -9,6 +9,7 @@ from tfckpt.errors import CheckpointError
 from tfckpt.interop.presets.family import (
     Preset,
     Shapes,
+    check_heads,
     check_layers,
     check_shapes,
     check_sizes,
@@ -69,11 +70,7 @@ def _albert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict
     out["hidden_act"] = _ALBERT_ACTIVATIONS[act]
     out["layer_norm_eps"] = 1e-12  # the release's LayerNorm epsilon
     hidden, embedding = config["hidden_size"], config["embedding_size"]
-    if hidden % config["num_attention_heads"]:
-        raise CheckpointError(
-            f"hidden_size {hidden} is not a multiple of num_attention_heads "
-            f"{config['num_attention_heads']}"
-        )
+    check_heads(config, "hidden_size", "num_attention_heads")
     if _MAPPING not in shapes:
         # The release projects only when the widths differ; transformers always does.
         raise CheckpointError(

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, check_sizes
+from tfckpt.interop.presets.family import (
+    Preset,
+    Shapes,
+    check_heads,
+    check_layers,
+    check_shapes,
+    check_sizes,
+)
 
 _LAYERS = "electra.encoder.layer."
 _EMBEDDINGS = ("word", "position", "token_type")
@@ -83,11 +90,8 @@ def _electra_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dic
     if network == "generator" and act != "gelu":
         # transformers' generator head always applies gelu; the release's, hidden_act.
         raise CheckpointError(f"hidden_act {act!r}: transformers' ELECTRA generator takes gelu")
-    hidden, heads = settings["hidden_size"], settings["num_attention_heads"]
-    if hidden % heads:
-        raise CheckpointError(
-            f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
-        )
+    check_heads(settings, "hidden_size", "num_attention_heads")
+    hidden = settings["hidden_size"]
     check_shapes(
         shapes,
         {

@@ -173,6 +173,16 @@ def _t5_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     inner = _need(shapes, _QUERY)[0]
     gated = _WI_0 in shapes
     d_ff = _need(shapes, _WI_0 if gated else _WI)[0]
+    for name, size in (
+        (_EMBEDDING, vocab),
+        (_EMBEDDING, d_model),
+        (_BIAS, buckets),
+        (_BIAS, heads),
+    ):
+        if size < 1:
+            raise CheckpointError(f"{name} has the shape {list(shapes[name])}: no size may be 0")
+    if inner < 1 or d_ff < 1:
+        raise CheckpointError(f"{_QUERY} or the feed-forward's weights have a size of 0")
     if inner % heads:
         raise CheckpointError(f"{_QUERY} has {inner} rows, not a multiple of {heads} heads")
     layers = [
