@@ -30,7 +30,6 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("transformers")
 
 import albert_release  # noqa: E402
-import bert_release  # noqa: E402
 import electra_release  # noqa: E402
 import gpt2_release  # noqa: E402
 import t5_release  # noqa: E402
@@ -92,7 +91,10 @@ def set_config(directory: str, name: str, **changes) -> str:
 
 
 BERT_FILE_CASES = {
-    "heads 0": ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, not 0"),
+    "heads 0": (
+        {"num_attention_heads": 0},
+        "num_attention_heads must be a positive integer, not 0",
+    ),
     "heads not dividing": (
         {"num_attention_heads": 3},
         "hidden_size 16 is not a multiple of num_attention_heads 3",

@@ -271,7 +271,8 @@ def export_preset(
             # Checked as transformers' config class and model take it, before any write.
             config_json = validation.config_json(chosen.translate(release, shapes, arch))
         except CheckpointError as e:
-            raise CheckpointError(e.detail + _given(e.detail, config_values), path=config_path)
+            detail = e.detail + _given(e.detail, config_values)
+            raise CheckpointError(detail, path=config_path) from None
         out_dir = p.storage.dirname(p.output.out)
         target = p.storage.join(out_dir, "config.json")
         if not p.options.overwrite and p.storage.exists(target):
