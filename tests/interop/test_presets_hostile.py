@@ -236,11 +236,18 @@ def test_the_verification_loads_the_written_config_with_transformers(bert_dir, t
         ({"num_attention_heads": 3}, "refuses the model of the config: ValueError: The hidden"),
         ({"hidden_size": "16"}, "refuses the config: StrictDataclassFieldValidationError"),
     ]
+    ckpt = os.path.join(bert_dir, "bert_model.ckpt")
+    rc, stdout, stderr = in_process("verify", ckpt, "--against", out, "--preset", "hf-bert")
+    assert rc == 0 and stdout.startswith("ok: "), (stdout, stderr)
+    assert "config.json: transformers" in stderr
     for change, message in edits:
         (out / "config.json").write_text(json.dumps({**good, **change}))
         with pytest.raises(tfckpt.CheckpointError, match=message) as e:
             verify_config(store, str(out))
         assert e.value.path == config and "\n" not in str(e.value)
+        # tfckpt verify --against: every tensor equal, but the directory is not loadable.
+        rc, stdout, stderr = in_process("verify", ckpt, "--against", out, "--preset", "hf-bert")
+        assert rc == 1 and not stdout.startswith("ok: ") and "transformers refuses" in stderr
     (out / "config.json").write_text(json.dumps({**good, "hidden_dropout_prob": float("nan")}))
     with pytest.raises(tfckpt.CheckpointError, match="NaN is not a number JSON has"):
         verify_config(store, str(out))
