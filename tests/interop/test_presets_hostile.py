@@ -190,6 +190,17 @@ def test_other_families_refuse_heads_sizes_and_non_finite_numbers(tmp_path):
     t5 = tmp_path / "t5"
     t5.mkdir()
     tfckpt.save(t5_release.weights("t5.1.1"), str(t5 / "model.ckpt"))
+    # No heads: the attention bias [heads, buckets] of shape [0, 32] (once a division by 0).
+    headless = dict(t5_release.weights("t5.1.1"))
+    for name in [n for n in headless if n.endswith("relative_attention_bias")]:
+        headless[name] = headless[name][:0]
+    tfckpt.save(headless, str(t5 / "headless.ckpt"))
+    (t5 / "operative_config.gin").write_text(t5_release.gin_config("t5.1.1"))
+    refused(
+        str(t5),
+        [str(t5 / "headless.ckpt"), "--preset", "hf-t5"],
+        "relative_attention_bias.weight has the shape [32, 0]: no size may be 0",
+    )
     gin = t5_release.gin_config("t5.1.1") + "\ndropout_rate = 1e999\n"  # a float: infinity
     (t5 / "operative_config.gin").write_text(gin)
     refused(

@@ -15,6 +15,7 @@ from tfckpt.interop.presets.family import (
     check_sizes,
     label_maps,
     require,
+    shown,
 )
 
 _GROUPS = "albert.encoder.albert_layer_groups."
@@ -66,7 +67,9 @@ def _albert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict
     out.setdefault("inner_group_num", 1)
     act = str(config.get("hidden_act", "gelu")).lower()  # the release lowercases it
     if act not in _ALBERT_ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_ALBERT_ACTIVATIONS)}")
+        raise CheckpointError(
+            f"hidden_act {shown(act)}: not one of {', '.join(_ALBERT_ACTIVATIONS)}"
+        )
     out["hidden_act"] = _ALBERT_ACTIVATIONS[act]
     out["layer_norm_eps"] = 1e-12  # the release's LayerNorm epsilon
     hidden, embedding = config["hidden_size"], config["embedding_size"]

@@ -15,6 +15,7 @@ from tfckpt.interop.presets.family import (
     check_sizes,
     label_maps,
     require,
+    shown,
 )
 
 
@@ -58,7 +59,7 @@ def _bert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     out.update({k: config[k] for k in _BERT_KEYS if k in config})
     act = config.get("hidden_act", "gelu")
     if act not in _BERT_ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_BERT_ACTIVATIONS)}")
+        raise CheckpointError(f"hidden_act {shown(act)}: not one of {', '.join(_BERT_ACTIVATIONS)}")
     out["hidden_act"] = _BERT_ACTIVATIONS[act]
     out["layer_norm_eps"] = 1e-12  # the release's LayerNorm epsilon
     check_shapes(

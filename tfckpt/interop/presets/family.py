@@ -111,6 +111,12 @@ class Preset:
         return self.recognises is not None and self.recognises(names)
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` as an error shows it: at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
     """An error when the config gives a tensor another shape than the checkpoint."""
     for name, shape in want.items():
@@ -145,7 +151,7 @@ def check_sizes(config: Mapping[str, Any], keys) -> None:
     for key in keys:
         value = config.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CheckpointError(f"{key} must be a positive integer, not {value!r}")
+            raise CheckpointError(f"{key} must be a positive integer, not {shown(value)}")
 
 
 def check_heads(config: Mapping[str, Any], hidden: str, heads: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import MAX_CONFIG_BYTES, MAX_DEPTH
+from tfckpt.interop.presets.family import MAX_CONFIG_BYTES, MAX_DEPTH, shown
 
 # What each setting is, by transformers' config class of each model type: a size (a
 # positive int), a rate (a number from 0 to 1, or None where the class allows it), a
@@ -130,15 +130,15 @@ def _checked(key: str, value: Any, kind: str) -> Any:
         return value
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == _SIZE and not (number and isinstance(value, int) and value >= 1):
-        raise CheckpointError(f"{key} must be a positive integer, not {value!r}")
+        raise CheckpointError(f"{key} must be a positive integer, not {shown(value)}")
     if kind == _RATE and not (number and 0 <= value <= 1):
-        raise CheckpointError(f"{key} must be a rate from 0 to 1, not {value!r}")
+        raise CheckpointError(f"{key} must be a rate from 0 to 1, not {shown(value)}")
     if kind == _FLOAT:
         if not number:
-            raise CheckpointError(f"{key} must be a number, not {value!r}")
+            raise CheckpointError(f"{key} must be a number, not {shown(value)}")
         return float(value)
     if kind == _STR and not isinstance(value, str):
-        raise CheckpointError(f"{key} must be a string, not {value!r}")
+        raise CheckpointError(f"{key} must be a string, not {shown(value)}")
     return value
 
 
@@ -166,7 +166,9 @@ def _check_values(config: Mapping[str, Any]) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise CheckpointError(f"{where or 'the config'} has a key {key!r}: not text")
+                    raise CheckpointError(
+                        f"{where or 'the config'} has a key {shown(key)}: not text"
+                    )
                 stack.append((f"{where}.{key}" if where else key, item, depth + 1))
         else:
             stack.extend((f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value))
