@@ -369,8 +369,8 @@ def test_a_config_transformers_refuses_is_refused_before_anything_is_written(wri
     ]
     for change, message in cases:
         (copy / "config.json").write_text(json.dumps({**good, **change}))
-        before = {p.name: p.read_bytes() for p in copy.iterdir()}
+        before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
         proc = in_process("export", copy / "tf_model.h5", out, "--preset", "hf-tf2")
         assert_cli_error(proc, str(copy / "config.json"), message)
         assert not out.exists()
-        assert {p.name: p.read_bytes() for p in copy.iterdir()} == before
+        assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
