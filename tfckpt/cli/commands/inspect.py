@@ -530,4 +530,6 @@ def _verify_against(args) -> int:
             f"equal bit for bit to what {proof.source} becomes; every source tensor written "
             f"or left out by a rule ({len(proof.left_out)} left out)"
         )
+        if proof.config_note:
+            emit(f"tfckpt: note: {proof.config_note}", err=True)
     return 0 if proof.ok else 1

@@ -536,7 +536,7 @@ def cmd_export(args) -> int:
         raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
     options = options_from(args)
     if args.command == "export" and args.preset:
-        from tfckpt.interop.presets import export_preset
+        from tfckpt.interop.presets import config_values, export_preset
 
         run = functools.partial(
             export_preset,
@@ -545,7 +545,7 @@ def cmd_export(args) -> int:
             args.preset,
             options,
             config=args.config,
-            config_values=_config_values(args.config_value),
+            config_values=config_values(args.config_value),
             verify=args.verify,
             storage_options=args.storage_options,
         )
@@ -591,20 +591,6 @@ def cmd_export(args) -> int:
     if not (args.json and args.dry_run):
         _print_export(sm, args.dry_run)
     return 0
-
-
-def _config_values(given: list[str]) -> dict:
-    """``--config-value KEY=VALUE``s: VALUE as JSON where it is one, else as text."""
-    out = {}
-    for item in given:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise CheckpointError(f"--config-value {item!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = json.loads(text)
-        except ValueError:
-            out[key.strip()] = text
-    return out
 
 
 def _print_export(sm, dry_run: bool) -> None:
