@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -348,3 +349,28 @@ def test_a_hostile_index_is_a_clean_error(written, tmp_path):
         with pytest.raises(tfckpt.CheckpointError, match=fragment):
             tfckpt.open(d)
         assert_cli_error(in_process("dump", d), fragment)
+
+
+def test_a_config_transformers_refuses_is_refused_before_anything_is_written(written, tmp_path):
+    """config.json is copied: it is checked as transformers' classes take it (heads, sizes,
+    finite numbers), then loaded by transformers itself, before a byte is written."""
+    from cli_helpers import assert_cli_error, in_process
+
+    copy = tmp_path / "bert"
+    shutil.copytree(written / "bert-mlm", copy)
+    good = json.loads((copy / "config.json").read_text())
+    out = tmp_path / "hf"
+    cases = [
+        ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, not 0"),
+        ({"num_attention_heads": 3}, "hidden_size 16 is not a multiple of num_attention_heads 3"),
+        ({"layer_norm_eps": float("nan")}, "NaN is not a number JSON has"),
+        # Past the checks of the presets' own: transformers' BertConfig takes an int or None.
+        ({"pad_token_id": "zero"}, "transformers refuses the config.json made of it"),
+    ]
+    for change, message in cases:
+        (copy / "config.json").write_text(json.dumps({**good, **change}))
+        before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+        proc = in_process("export", copy / "tf_model.h5", out, "--preset", "hf-tf2")
+        assert_cli_error(proc, str(copy / "config.json"), message)
+        assert not out.exists()
+        assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before

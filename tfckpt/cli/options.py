@@ -113,8 +113,8 @@ def add_filter(p: Container) -> None:
 def add_dtype_options(
     g: Container, *, dtype_help: str = "cast floating-point tensors to this dtype"
 ) -> None:
-    """``--dtype``, ``--from``, ``--keep-dtype`` and ``--dtype-rule``: which tensors are
-    written in which floating-point dtype."""
+    """``--dtype``, ``--from``, ``--keep-dtype``, ``--dtype-rule`` and
+    ``--cast-bookkeeping``: which tensors are written in which floating-point dtype."""
     g.add_argument("--dtype", type=dtype_name, metavar="DTYPE", help=f"{dtype_help}: {DTYPE_NAMES}")
     g.add_argument(
         "--from",
@@ -136,6 +136,14 @@ def add_dtype_options(
         action="append",
         help="cast floating-point tensors whose source name (TF2: key or model path) matches "
         "to DTYPE (repeatable; the first matching rule wins, before --dtype)",
+    )
+    g.add_argument(
+        "--cast-bookkeeping",
+        action="store_true",
+        help="--dtype casts training bookkeeping too (metrics' state, an optimizer's step, "
+        "learning rate and other hyperparameters, save_counter, global_step, TF1 Adam's "
+        "beta1_power/beta2_power), which otherwise keeps its dtype as TensorFlow keeps it "
+        "in a model of any dtype",
     )
 
 

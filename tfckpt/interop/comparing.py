@@ -50,6 +50,9 @@ class Proof:
     unexpected: list[str] = field(default_factory=list)  # output names no source makes
     unaccounted: list[tuple[str, str]] = field(default_factory=list)  # (source name, why)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (source name, rule)
+    # A model directory's config.json: why transformers does not load it (a preset's).
+    config_problems: list[str] = field(default_factory=list)
+    config_note: str | None = None  # what loading it found, where it was loaded
 
     @property
     def ok(self) -> bool:
@@ -57,8 +60,9 @@ class Proof:
 
     @property
     def written_ok(self) -> bool:
-        """Every tensor written is what it should be (and none is missing)."""
-        return not (self.mismatched or self.missing or self.unexpected)
+        """Every tensor written is what it should be (and none is missing), and the
+        config, where one was checked, loads."""
+        return not (self.mismatched or self.missing or self.unexpected or self.config_problems)
 
     def problems(self, *, unaccounted: bool = True) -> list[str]:
         """One line per finding that makes the proof fail (``unaccounted=False``: but
@@ -67,6 +71,7 @@ class Proof:
             [f"{self.against}: {name}: {how}" for name, how in self.mismatched]
             + [f"{self.against}: {name}: missing" for name in self.missing]
             + [f"{self.against}: {name}: no source tensor makes it" for name in self.unexpected]
+            + self.config_problems
             + [
                 f"{self.source}: {name}: not in the output ({why})"
                 for name, why in (self.unaccounted if unaccounted else [])
@@ -85,6 +90,8 @@ class Proof:
             "unexpected": self.unexpected,
             "unaccounted": [{"name": n, "why": w} for n, w in self.unaccounted],
             "left_out": [{"name": n, "why": w} for n, w in self.left_out],
+            "config_problems": self.config_problems,
+            "config": self.config_note,
         }
 
 

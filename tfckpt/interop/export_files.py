@@ -32,6 +32,7 @@ from tfckpt.rewrite.cast import CastCountTable, check_overflow
 from tfckpt.rewrite.engine import Records, Summary
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors
+from tfckpt.rewrite.rules import bookkeeping_kept
 from tfckpt.rewrite.streaming import ProgressSink, TaskItem, stream_items
 from tfckpt.rewrite.tasks import task_item
 from tfckpt.version import __version__
@@ -161,7 +162,7 @@ class ExportFiles:
 
         Its ``tensors`` records are made when asked for (:class:`~tfckpt.rewrite.engine.Records`).
         """
-        ruled = p.dtype_rule_counts() is not None
+        ruled = p.dtype_rule_counts() is not None or bool(p.bookkeeping_kept())
         t = p.tensors
         rows = array("q")
         for _, outs in self.files:
@@ -201,6 +202,7 @@ class ExportFiles:
             + ([self.index] if self.index else []),
             tensors=Records(len(rows), record),
             skipped=self.skipped,
+            bookkeeping_kept=bookkeeping_kept(pick(t.dtype_by), pick(t.new_dtype)),
         )
 
     def write(self, p: Plan, store: Storage, options: Options, progress=None) -> Summary:

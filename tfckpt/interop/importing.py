@@ -26,6 +26,7 @@ from tfckpt.errors import (
 )
 from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
+from tfckpt.format.bookkeeping import tf1_bookkeeping
 from tfckpt.format.bundle import MAX_RANK
 from tfckpt.io import paths
 from tfckpt.io.commit import bundle_commit, commit_shards, new_shard_paths
@@ -39,6 +40,7 @@ from tfckpt.rewrite.rules import (
     DtypePolicy,
     NameRules,
     ShapeRules,
+    bookkeeping_kept,
     unmatched_error,
 )
 from tfckpt.rewrite.streaming import BundleSink, ProgressSink, TaskItem, stream_items
@@ -204,7 +206,8 @@ def import_(
                 f"{ALLOW_UNMATCHED} to write it empty)",
                 path=src,
             )
-    ruled = bool(policy.labels)
+    kept = bookkeeping_kept(chosen.column(4), chosen.column(2))
+    ruled = bool(policy.labels or kept)  # each record says what decided its dtype
     store = storage_for(prefix, storage_options)
     store.check_writable(prefix)
     index_filename = paths.index_filename
@@ -224,6 +227,7 @@ def import_(
         seconds=0.0,
         files=[index_filename(prefix)],
         tensors=Records(len(chosen), lambda k: _record(chosen[k], src_store, ruled)),
+        bookkeeping_kept=kept,
     )
     if dry_run:
         return summary
@@ -284,6 +288,10 @@ class _Chosen:
     def __iter__(self) -> Iterator[_Row]:
         return zip(*self._columns)
 
+    def column(self, k: int) -> list:
+        """Field ``k`` of every row (2: the new dtypes, 4: the labels)."""
+        return self._columns[k]
+
 
 _UNSHAPED: _Shaping = (None, None)
 
@@ -302,6 +310,8 @@ def _chosen(
     plain = plain and not naming.maps
     by_dtype = not (policy.keep or policy.rules)
     decided: dict[str, tuple[_dt.DType, str | None]] = {}
+    # The output is name-based: its bookkeeping is found by name, as a TF1 checkpoint's.
+    books = tf1_bookkeeping(i.name for i in ins) if policy.passes_bookkeeping else set()
     for i in ins:
         name = i.name
         why, new = (None, name) if plain else naming.decide(name)
@@ -318,7 +328,9 @@ def _chosen(
             )
         seen[new] = name
         dtype = i.dtype
-        if not by_dtype:
+        if name in books:
+            to, by = policy.decide(name, _dt.lookup(dtype), bookkeeping=True)
+        elif not by_dtype:
             to, by = policy.decide(name, _dt.lookup(dtype))
         elif dtype in decided:
             to, by = decided[dtype]

@@ -12,6 +12,7 @@ from tfckpt.errors import CheckpointError
 from tfckpt.interop.comparing import TENSOR_FILES, Proof, compare, open_output, output_path
 from tfckpt.interop.export import close_opened, plan_export
 from tfckpt.interop.presets import plan_preset
+from tfckpt.interop.presets.loading import verify_config
 from tfckpt.io.storage import StorageOptions, normalize, storage_for
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import plan
@@ -39,7 +40,10 @@ def verify_against(
     ``out`` is a model directory (its ``model.safetensors.index.json`` or
     ``model.safetensors``), safetensors files, an npz or a checkpoint; an export's
     ``keep_keys``, ``with_optimizer`` and ``with_bookkeeping`` as it was given them.
-    Reads every tensor of both in bounded chunks; writes nothing.
+    Reads every tensor of both in bounded chunks; writes nothing. With ``preset``, the
+    directory's ``config.json`` is loaded by transformers too
+    (:func:`~tfckpt.interop.presets.loading.verify_config`): a config it refuses fails
+    the proof (``config_problems``).
 
     >>> proof = verify_against("bert/bert_model.ckpt", "hf/", preset="hf-bert")
     >>> proof.ok, proof.checked, proof.mismatched, proof.unaccounted
@@ -77,6 +81,12 @@ def verify_against(
         p = plan(src, path, options, storage_options=storage_options, writes=False)
     try:
         with open_output(store, path, storage_options) as output:
-            return compare(p, output, path)
+            proof = compare(p, output, path)
     finally:
         close_opened(p, src)
+    if preset is not None:  # the model directory's config, as transformers loads it
+        try:
+            proof.config_note = verify_config(store, store.dirname(path)).note()
+        except CheckpointError as e:
+            proof.config_problems.append(e.message)
+    return proof

@@ -36,6 +36,7 @@ from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.planner import (
+    bookkeeping_tensors,
     bytes_out_column,
     destination_storage,
     fixed_dtype_tensors,
@@ -290,6 +291,7 @@ def _plan(
     newest = srcs[-1]
     # Lookup tables and other saveables: values in an order of their own, not averaged.
     fixed = fixed_dtype_tensors(newest)
+    books = bookkeeping_tensors(newest) if policy.passes_bookkeeping else set()
     partitioned_before = _check_agree(srcs, fixed)
     # The destination's name inside a directory is the newest source's.
     store = destination_storage(dst, srcs, storage_options)
@@ -303,7 +305,7 @@ def _plan(
         read_from.update(_ema_pairs(newest, names, gone))
     graph_bytes = _output_graph(newest, names, options.drop_objects, gone)
     kept = [new for new in names if new not in gone.why]
-    tensors = _planned(srcs, kept, read_from, policy, flat, fixed, partitioned_before)
+    tensors = _planned(srcs, kept, read_from, policy, flat, fixed, books, partitioned_before)
     dropped = [(newest.label, n, gone.why[n]) for n in names if n in gone.why]
     # Read each source in file order.
     p = Plan(srcs, dst, tensors.in_file_order(), dropped, graph_bytes, options, store, weights=w)
@@ -319,6 +321,7 @@ def _planned(
     policy: DtypePolicy,
     flat: dict[str, str],
     fixed: set[str],
+    books: set[str],
     partitioned_before: set[str],
 ) -> PlannedTensors:
     """The output tensors ``kept`` (each read from ``read_from``'s name), as columns:
@@ -338,11 +341,14 @@ def _planned(
     new_dtypes: list[_dt.DType] = []
     for k, (new, name) in enumerate(zip(kept, infos.dtypes)):
         dtype, variable = dtypes[name], new not in fixed
-        decided = by_dtype.get(name) if variable and not patterned else None
+        alone = variable and not patterned and new not in books  # its dtype decides
+        decided = by_dtype.get(name) if alone else None
         if decided is None:
             # By the variable's name: with use_ema its value is read from its shadow's.
-            decided = policy.decide(new, dtype, flat.get(new), variable=variable)
-            if variable and not patterned:
+            decided = policy.decide(
+                new, dtype, flat.get(new), variable=variable, bookkeeping=new in books
+            )
+            if alone:
                 by_dtype[name] = decided
         new_dtypes.append(decided[0])
         out.dtype_by.append(decided[1])

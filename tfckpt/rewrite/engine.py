@@ -102,6 +102,8 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
     # Tensors per keep_dtype pattern and dtype rule, when the plan has any.
     dtype_rules: dict[str, int] | None = None
+    # Per dtype, the training bookkeeping kept in it that the cast would have cast.
+    bookkeeping_kept: dict[str, int] = field(default_factory=dict)
     # An export's or an import's: the files, one record per tensor, what was left out.
     files: list[str] | None = None
     tensors: Sequence[dict] | None = None  # a list, or Records made on demand
@@ -118,6 +120,7 @@ class Summary:
                 "bytes_out": self.bytes_out,
                 "seconds": self.seconds,
                 "overflow": self.counted("overflow"),
+                **({"bookkeeping_kept": self.bookkeeping_kept} if self.bookkeeping_kept else {}),
             }
         d = {
             k: getattr(self, k)
@@ -137,6 +140,8 @@ class Summary:
             d[what] = self.counted(what)
         if self.dtype_rules is not None:
             d["dtype_rules"] = self.dtype_rules
+        if self.bookkeeping_kept:
+            d["bookkeeping_kept"] = self.bookkeeping_kept
         return d
 
     def counted(self, what: str) -> dict[str, int]:
@@ -213,6 +218,7 @@ def execute(
         cast_counts=counts,
         warnings=restore_warnings(p) + p.warnings + warnings,
         dtype_rules=p.dtype_rule_counts(),
+        bookkeeping_kept=p.bookkeeping_kept(),
     )
 
 

@@ -73,6 +73,11 @@ class Options:
       Patterns are RE2's, matched in linear time (see :mod:`tfckpt.rewrite.regex`).
     - ``cast``: target dtype for floating-point tensors; ``cast_from`` narrows
       which source dtypes.
+    - ``cast_bookkeeping``: ``cast`` casts training bookkeeping too (metrics' state,
+      an optimizer's step, learning rate and other hyperparameters, ``save_counter``,
+      TF1's ``global_step`` and Adam's ``beta1_power``/``beta2_power``; see
+      :mod:`tfckpt.format.bookkeeping`), which by default keeps its dtype, as TensorFlow
+      keeps it in a model of any dtype. Keep patterns and rules apply to it either way.
     - ``keep_dtype``: regexes (``re.search`` on source names): matching tensors keep
       their dtype whatever the other cast options say.
     - ``dtype_rules``: ordered ``{regex: dtype}`` (or pairs), ``re.search`` on source
@@ -121,6 +126,7 @@ class Options:
     allow_unmatched: bool = _plan(False)
     cast: str | None = _plan()
     cast_from: Sequence[str] | None = _plan()
+    cast_bookkeeping: bool = _plan(False)
     keep_dtype: str | Sequence[str] = _plan(())
     dtype_rules: DtypeRules = _plan(())
     permute: Permutes = _plan(())

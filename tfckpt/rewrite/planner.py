@@ -20,6 +20,7 @@ from tfckpt.checkpoint.opening import open_checkpoint, open_in
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.errors import PREFER_ARGS, CheckpointError, option
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.bookkeeping import tf1_bookkeeping, tf2_bookkeeping
 from tfckpt.format.bundle import TensorInfo, TensorTable
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors, renamed_key
 from tfckpt.format.tf2names import VARIABLE_VALUE, flat_names
@@ -74,6 +75,21 @@ def fixed_dtype_tensors(source: Source) -> set[str]:
         if n.endswith(keys) and n[: -len(keys)] + values in present:
             out |= {n, n[: -len(keys)] + values}
     return out
+
+
+def bookkeeping_tensors(source: Source) -> set[str]:
+    """The tensors of ``source`` that are training bookkeeping (metrics' state, an
+    optimizer's step and hyperparameters, save and step counters), which ``cast`` passes
+    by unless ``cast_bookkeeping``: by its object graph in a TF2 source, by name in a TF1
+    one (see :mod:`tfckpt.format.bookkeeping`).
+
+    >>> sorted(bookkeeping_tensors(open_sources("keras/variables/variables", None)[0]))[:2]
+    ['keras_api/metrics/0/count/.ATTRIBUTES/VARIABLE_VALUE', 'keras_api/metrics/0/total/...']
+    """
+    ckpt = source.ckpt
+    if source.graph is None:
+        return tf1_bookkeeping(ckpt.keys())
+    return tf2_bookkeeping(source.graph, set(ckpt.keys()), lambda t: ckpt.info(t).shape == ())
 
 
 def destination_storage(
@@ -220,6 +236,7 @@ def plan(
     patterned = bool(naming.includes or naming.excludes or policy.labels)
     flats = [source_flat_names(s) if patterned else {} for s in srcs]
     fixed = [fixed_dtype_tensors(s) if policy.target is not None else set() for s in srcs]
+    books = [bookkeeping_tensors(s) if policy.passes_bookkeeping else set() for s in srcs]
     matched: set[str] = set()  # the drop specs some source's graph has
     per_source: list[Kept] = []  # the names and new names of each one's kept tensors
     for i, s in enumerate(srcs):
@@ -233,7 +250,7 @@ def plan(
     chosen = _choose_by_name(srcs, per_source, options.prefer, dropped)
     graph_bytes = _merged_graph(srcs, per_source, chosen) if object_graph else None
     follow_source_layouts(srcs, options)
-    planned = _planned_tensors(srcs, chosen, policy, flats, fixed)
+    planned = _planned_tensors(srcs, chosen, policy, flats, fixed, books)
     p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
     # Each pattern no tensor matched, also among those left out before it was tried.
     flat_of = {s.label: flats[i] for i, s in enumerate(srcs)}
@@ -434,9 +451,11 @@ def _planned_tensors(
     policy: DtypePolicy,
     flats: list[dict[str, str]],
     fixed: list[set[str]],
+    books: list[set[str]],
 ) -> PlannedTensors:
     """The chosen tensors with their infos, and the dtype ``policy`` writes each in
-    (``fixed``: per source, the tensors ``cast`` passes by), as columns."""
+    (``fixed``: per source, the tensors ``cast`` passes by; ``books``: its training
+    bookkeeping), as columns."""
     out = PlannedTensors()
     out.source, out.name, out.new_name = chosen
     if out.new_name is out.name:  # columns of their own: a row's new name may change
@@ -467,9 +486,13 @@ def _planned_tensors(
     new_dtypes, dtype_by = [], []
     for i, old, dtype in zip(out.source, out.name, infos.dtypes):
         decided = by_dtype[dtype]
-        if decided is None or old in fixed[i]:
+        if decided is None or old in fixed[i] or old in books[i]:
             decided = policy.decide(
-                old, _dt.lookup(dtype), flats[i].get(old), variable=old not in fixed[i]
+                old,
+                _dt.lookup(dtype),
+                flats[i].get(old),
+                variable=old not in fixed[i],
+                bookkeeping=old in books[i],
             )
         new_dtypes.append(decided[0])
         dtype_by.append(decided[1])

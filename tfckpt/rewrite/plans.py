@@ -21,7 +21,13 @@ from tfckpt.format.objectgraph import ObjectGraph
 from tfckpt.io.storage import Storage
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.permute import Member
-from tfckpt.rewrite.rules import ALLOW_UNMATCHED, DtypePolicy, Unmatched, unmatched_error
+from tfckpt.rewrite.rules import (
+    ALLOW_UNMATCHED,
+    DtypePolicy,
+    Unmatched,
+    bookkeeping_kept,
+    unmatched_error,
+)
 
 
 @dataclass
@@ -464,10 +470,16 @@ class Plan:
         None when the plan has neither."""
         return DtypePolicy.of(self.options).counts(self.tensors.dtype_by)
 
+    def bookkeeping_kept(self) -> dict[str, int]:
+        """Per dtype, the tensors of training bookkeeping the cast passes by (see
+        :func:`~tfckpt.rewrite.rules.bookkeeping_kept`); {} when none."""
+        return bookkeeping_kept(self.tensors.dtype_by, self.tensors.new_dtype)
+
     def to_dict(self) -> dict:
         if self.weights is not None:
             return self._average_dict()
         counts = self.dtype_rule_counts()
+        kept = self.bookkeeping_kept()
         return {
             "dst": self.dst,
             "sources": [s.label for s in self.sources],
@@ -481,7 +493,7 @@ class Plan:
                     "shape": list(t.info.shape),
                     "bytes_in": t.info.nbytes,
                     "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                    **({"dtype_by": t.dtype_by} if counts is not None or kept else {}),
                     **(
                         {"new_shape": list(t.out_shape), "permute": list(t.perm or []) or None}
                         if t.perm or t.shape is not None
@@ -498,11 +510,13 @@ class Plan:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
+            **({"bookkeeping_kept": kept} if kept else {}),
         }
 
     def _average_dict(self) -> dict:
         """An average's plan: its weights, and which tensors are averaged or copied."""
         counts = self.dtype_rule_counts()
+        kept = self.bookkeeping_kept()
         return {
             "dst": self.dst,
             "sources": [s.label for s in self.sources],
@@ -516,7 +530,7 @@ class Plan:
                     "shape": list(t.info.shape),
                     "averaged": t.averaged,
                     "bytes_out": t.bytes_out,
-                    **({"dtype_by": t.dtype_by} if counts is not None else {}),
+                    **({"dtype_by": t.dtype_by} if counts is not None or kept else {}),
                 }
                 for t in self.tensors
             ],
@@ -525,6 +539,7 @@ class Plan:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
+            **({"bookkeeping_kept": kept} if kept else {}),
         }
 
 

@@ -113,9 +113,13 @@ class DtypePolicy:
     Only floating-point tensors are ever cast; others keep their dtype whatever
     matches them. ``cast`` casts only variables (see
     :func:`~tfckpt.rewrite.planner.fixed_dtype_tensors`): a lookup table's keys and
-    values keep their dtype unless a keep pattern or a rule matches them.
+    values keep their dtype unless a keep pattern or a rule matches them. Nor does it
+    cast training bookkeeping (see :mod:`tfckpt.format.bookkeeping`) unless
+    ``cast_bookkeeping``: a metric's count stays as it is unless a keep pattern or a rule
+    matches it.
     :meth:`decide` gives the dtype and the label of what decided it: ``'keep REGEX'``,
-    ``'rule REGEX=DTYPE'``, ``'cast'``, or None (unchanged, nothing applied).
+    ``'rule REGEX=DTYPE'``, ``'cast'``, :data:`BOOKKEEPING` (kept, that the cast
+    would have cast), or None (unchanged, nothing applied).
 
     >>> policy = DtypePolicy.of(Options(cast="float16", keep_dtype=["LayerNorm"]))
     >>> policy.decide("bert/LayerNorm/gamma", tfckpt.dtypes.lookup("float32"))
@@ -125,6 +129,7 @@ class DtypePolicy:
     rules: tuple[tuple[Regex, _dt.DType, str], ...] = ()
     target: _dt.DType | None = None
     cast_from: frozenset[str] | None = None
+    cast_bookkeeping: bool = False
     # The keep patterns and the rules' patterns, tried: which matched no tensor.
     tried: tuple[Tried, Tried] = field(init=False, repr=False, compare=False)
 
@@ -180,7 +185,17 @@ class DtypePolicy:
                 f"{option('keep_dtype', '--keep-dtype')} keeps nothing: no "
                 f"{option('cast', '--dtype')} and no {option('dtype_rules', '--dtype-rule')} given"
             )
-        return cls(keep, tuple(rules), target, from_set)
+        if options.cast_bookkeeping and target is None:
+            raise CheckpointError(
+                f"{option('cast_bookkeeping', '--cast-bookkeeping')} casts nothing: no "
+                f"{option('cast', '--dtype')} given"
+            )
+        return cls(keep, tuple(rules), target, from_set, bool(options.cast_bookkeeping))
+
+    @property
+    def passes_bookkeeping(self) -> bool:
+        """Whether ``cast`` passes training bookkeeping by: a cast without ``cast_bookkeeping``."""
+        return self.target is not None and not self.cast_bookkeeping
 
     @property
     def labels(self) -> list[str]:
@@ -199,12 +214,20 @@ class DtypePolicy:
         return counts
 
     def decide(
-        self, name: str, dtype: _dt.DType, flat: str | None = None, *, variable: bool = True
+        self,
+        name: str,
+        dtype: _dt.DType,
+        flat: str | None = None,
+        *,
+        variable: bool = True,
+        bookkeeping: bool = False,
     ) -> tuple[_dt.DType, str | None]:
         """The dtype a tensor named ``name`` (in its source) of ``dtype`` is written in,
         and the label of what decided it; a pattern matching ``flat`` (its flat name)
         matches it too. ``variable=False`` (a tensor TensorFlow restores only in its
-        stored dtype) leaves it to keep patterns and rules: ``cast`` passes it by."""
+        stored dtype) leaves it to keep patterns and rules: ``cast`` passes it by.
+        ``bookkeeping=True`` (training bookkeeping) likewise, unless ``cast_bookkeeping``:
+        a cast it passes by is labelled :data:`BOOKKEEPING`."""
         keep, rules = self.tried
         if not dtype.is_floating:  # never cast: matched only to say which patterns match
             if keep.idle:
@@ -220,6 +243,8 @@ class DtypePolicy:
             return self.rules[r][1], self.rules[r][2]
         if variable and should_cast(dtype, self.target, self.cast_from):
             assert self.target is not None
+            if bookkeeping and not self.cast_bookkeeping:
+                return dtype, BOOKKEEPING
             return self.target, "cast"
         return dtype, None
 
@@ -232,6 +257,23 @@ class DtypePolicy:
             keep.settle(others)
             rules.settle(others)
         return keep.unmatched() + rules.unmatched()
+
+
+BOOKKEEPING = "bookkeeping"  # the label of training bookkeeping a cast passed by
+
+
+def bookkeeping_kept(dtype_by: Iterable[str | None], new_dtypes: Iterable[str]) -> dict[str, int]:
+    """Per dtype, the tensors kept in it as training bookkeeping that the cast would have
+    cast (labelled :data:`BOOKKEEPING` in ``dtype_by``), from a plan's columns.
+
+    >>> bookkeeping_kept(["cast", "bookkeeping", None], ["float16", "float32", "int64"])
+    {'float32': 1}
+    """
+    out: dict[str, int] = {}
+    for by, dtype in zip(dtype_by, new_dtypes):
+        if by == BOOKKEEPING:
+            out[dtype] = out.get(dtype, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def matches(rx: Regex, name: str, flat: str | None = None) -> bool:

@@ -33,6 +33,7 @@ the library) bundles what would otherwise be many flags::
     # dtypes
     cast = "float16"
     keep_dtype = ["LayerNorm"]
+    cast_bookkeeping = false   # true: cast casts metrics, optimizer steps... too
     [[dtype]]
     match = "embeddings"
     dtype = "bfloat16"
@@ -63,7 +64,13 @@ from tfckpt.rewrite.options import Options
 
 # Top-level keys taken as they are: lists of strings, and single values of a type.
 _LISTS = ("include", "exclude", "drop_objects", "keep_dtype", "squeeze", "cast_from")
-_SCALARS = {"cast": str, "allow_unmapped": bool, "allow_unmatched": bool, "description": str}
+_SCALARS = {
+    "cast": str,
+    "allow_unmapped": bool,
+    "allow_unmatched": bool,
+    "cast_bookkeeping": bool,
+    "description": str,
+}
 # Tables of rules: (Options field, the keys of one rule, which key holds the value).
 _RULES = {
     "map": ("name_map", "to"),
@@ -289,7 +296,7 @@ def with_rules(options: Options, rules: Mapping[str, Any]) -> Options:
             changes[key] = {**value, **(mine or {})}
         elif key == "cast":
             changes[key] = mine if mine is not None else value
-        elif key in ("allow_unmapped", "allow_unmatched"):
+        elif key in ("allow_unmapped", "allow_unmatched", "cast_bookkeeping"):
             changes[key] = mine or value
     return Options.of(options, **changes)
 

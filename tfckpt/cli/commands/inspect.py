@@ -483,6 +483,7 @@ _AGAINST_ONLY = (
     "--dtype",
     "--keep-dtype",
     "--dtype-rule",
+    "--cast-bookkeeping",
     "--include",
     "--exclude",
     "--drop-object",
@@ -529,4 +530,6 @@ def _verify_against(args) -> int:
             f"equal bit for bit to what {proof.source} becomes; every source tensor written "
             f"or left out by a rule ({len(proof.left_out)} left out)"
         )
+        if proof.config_note:
+            emit(f"tfckpt: note: {proof.config_note}", err=True)
     return 0 if proof.ok else 1

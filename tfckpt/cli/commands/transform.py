@@ -116,6 +116,9 @@ def options_from(args, **extra) -> Options:
     fields["cast_from"] = (
         args.cast_from.split(",") if args.cast_from else given.pop("cast_from", None)
     )
+    fields["cast_bookkeeping"] = getattr(args, "cast_bookkeeping", False) or given.pop(
+        "cast_bookkeeping", False
+    )
     return Options(
         **fields,
         prefer=getattr(args, "prefer", None),  # verify --against: no output options
@@ -129,9 +132,10 @@ def options_from(args, **extra) -> Options:
 
 
 def _print_plan(p: Plan) -> None:
-    counts = p.dtype_rule_counts()
+    counts, kept = p.dtype_rule_counts(), p.bookkeeping_kept()
+    labelled = counts is not None or bool(kept)  # a column says what decided each dtype
     rows = [["SOURCE", "NAME", "NEW NAME", "DTYPE", "SHAPE", "BYTES IN", "BYTES OUT"]]
-    if counts is not None:
+    if labelled:
         rows[0].append("DTYPE BY")
     for t in p.tensors:
         dtype = t.info.dtype if not t.cast else f"{t.info.dtype}->{t.new_dtype}"
@@ -148,7 +152,7 @@ def _print_plan(p: Plan) -> None:
                 human_bytes(t.info.nbytes),
                 human_bytes(t.bytes_out),
             ]
-            + ([] if counts is None else [t.dtype_by or "-"])
+            + ([t.dtype_by or "-"] if labelled else [])
         )
     table(rows, right={5, 6})
     for src, name, why in p.dropped:
@@ -156,6 +160,7 @@ def _print_plan(p: Plan) -> None:
     emit()
     for label, n in (counts or {}).items():
         emit(f"dtype {label}: {n} tensors")
+    emit_bookkeeping(kept, "would keep", err=False)
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
@@ -187,8 +192,21 @@ def _print_summary(sm: Summary) -> None:
             emit(f"  {total} values {label} in {len(hit)} tensors", err=True)
     for rule, n in (sm.dtype_rules or {}).items():
         emit(f"  dtype {rule}: {n} tensors", err=True)
+    emit_bookkeeping(sm.bookkeeping_kept, "  kept")
     for warning in sm.warnings:
         emit(f"tfckpt: warning: {warning}", err=True)
+
+
+def emit_bookkeeping(kept: dict[str, int], verb: str, err: bool = True) -> None:
+    """One line per dtype of the training bookkeeping a cast passed by (see
+    :func:`~tfckpt.rewrite.rules.bookkeeping_kept`)."""
+    for dtype, n in kept.items():
+        plural = "s" if n != 1 else ""
+        emit(
+            f"{verb} {n} bookkeeping tensor{plural} in {dtype} (metrics, optimizer state "
+            "but slots, counters; --cast-bookkeeping casts them too)",
+            err=err,
+        )
 
 
 def _progress(total: int):
@@ -438,6 +456,7 @@ def cmd_average(args) -> int:
         cast_from=args.cast_from.split(",") if args.cast_from else None,
         keep_dtype=args.keep_dtype or (),
         dtype_rules=_dtype_rules(args),
+        cast_bookkeeping=args.cast_bookkeeping,
         allow_unmatched=args.allow_unmatched,
         max_shard_bytes=args.max_shard_bytes,
         overwrite=args.overwrite,
@@ -465,9 +484,10 @@ def _run_average(args, p) -> int:
         if args.json:
             print_json(p.to_dict())
             return 0
-        counts = p.dtype_rule_counts()
+        counts, kept = p.dtype_rule_counts(), p.bookkeeping_kept()
+        labelled = counts is not None or bool(kept)
         rows = [["NAME", "NEW NAME", "DTYPE", "SHAPE", "VALUE", "BYTES OUT"]]
-        if counts is not None:
+        if labelled:
             rows[0].append("DTYPE BY")
         for t in p.tensors:
             dtype = (
@@ -477,7 +497,7 @@ def _run_average(args, p) -> int:
             new = "=" if t.new_name == t.name else t.new_name
             rows.append(
                 [t.name, new, dtype, shape_text(t.info.shape), how, human_bytes(t.bytes_out)]
-                + ([] if counts is None else [t.dtype_by or "-"])
+                + ([t.dtype_by or "-"] if labelled else [])
             )
         table(rows, right={5})
         for _, name, why in p.dropped:
@@ -485,6 +505,7 @@ def _run_average(args, p) -> int:
         emit()
         for label, n in (counts or {}).items():
             emit(f"dtype {label}: {n} tensors")
+        emit_bookkeeping(kept, "would keep", err=False)
         weights = " ".join(f"{w:g}" for w in p.weights)
         emit(
             f"{len(p.tensors)} tensors to {p.dst} from {len(p.sources)} sources (weights "
@@ -515,7 +536,7 @@ def cmd_export(args) -> int:
         raise CheckpointError(f"{args.command} runs here with numpy: no --executor or --backend")
     options = options_from(args)
     if args.command == "export" and args.preset:
-        from tfckpt.interop.presets import export_preset
+        from tfckpt.interop.presets import config_values, export_preset
 
         run = functools.partial(
             export_preset,
@@ -524,7 +545,7 @@ def cmd_export(args) -> int:
             args.preset,
             options,
             config=args.config,
-            config_values=_config_values(args.config_value),
+            config_values=config_values(args.config_value),
             verify=args.verify,
             storage_options=args.storage_options,
         )
@@ -572,20 +593,6 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _config_values(given: list[str]) -> dict:
-    """``--config-value KEY=VALUE``s: VALUE as JSON where it is one, else as text."""
-    out = {}
-    for item in given:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise CheckpointError(f"--config-value {item!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = json.loads(text)
-        except ValueError:
-            out[key.strip()] = text
-    return out
-
-
 def _print_export(sm, dry_run: bool) -> None:
     if dry_run:
         ruled = any("dtype_by" in t for t in sm.tensors)
@@ -606,6 +613,9 @@ def _print_export(sm, dry_run: bool) -> None:
         f"{sm.dropped} dropped, {human_bytes(sm.bytes_out)}"
         + ("" if dry_run else f", {sm.seconds:.2f} s"),
         err=True,
+    )
+    emit_bookkeeping(
+        sm.bookkeeping_kept, "tfckpt: note: would keep" if dry_run else "tfckpt: note: kept"
     )
     for name, reason in sm.skipped:
         emit(f"tfckpt: note: left out {name}: {reason}", err=True)

@@ -249,14 +249,16 @@ def add_export(sub: Subparsers) -> None:
         action="append",
         default=[],
         help="with --preset: a setting of the release's config, over its file's (VALUE "
-        "read as JSON where it is, else as text); repeatable",
+        "read as JSON where it is, else as text; NaN, Infinity and nesting past 32 levels "
+        "refused); repeatable",
     )
     g.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="with --preset: skip reading the output back and comparing every tensor, bit "
-        "for bit, with what the preset makes of SRC",
+        help="with --preset: skip loading config.json with transformers (before and after "
+        "the write), reading the output back and comparing every tensor, bit for bit, with "
+        "what the preset makes of SRC",
     )
     g.add_argument("--format", choices=("safetensors", "npz"), help="default: from OUT's name")
     g.add_argument("--keep-keys", action="store_true", help="TF2: keep the full checkpoint keys")

@@ -15,7 +15,7 @@ them; every tensor the rules do not name is an error listing them all.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,8 +23,8 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError, did_you_mean, option
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, t5
-from tfckpt.interop.presets.family import Preset
+from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, loading, t5, validation
+from tfckpt.interop.presets.family import MAX_CONFIG_BYTES, Preset, Refused, parse_json
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
@@ -90,9 +90,11 @@ def release_config(
         if config is None and not where.isfile(path):
             continue
         try:
-            data = preset.read(where.read_bytes(path))
+            data = preset.read(_read_bounded(where, path))
         except OSError as e:
             raise CheckpointError(f"cannot read the config: {e.strerror}", path=path) from None
+        except Refused as e:
+            raise CheckpointError(f"the config is refused: {e}", path=path) from None
         except ValueError as e:
             raise CheckpointError(f"the config cannot be read: {e}", path=path) from None
         return path, {**data, **(values or {})}
@@ -103,6 +105,40 @@ def release_config(
         "beside the checkpoint, or --config, or its settings with --config-value)",
         path=directory,
     )
+
+
+def _read_bounded(store: Storage, path: str) -> bytes:
+    """A config file's bytes; :class:`Refused` past :data:`MAX_CONFIG_BYTES`, found from
+    its size before it is read."""
+    reader = store.open_reader(path)  # refuses what is not a regular file
+    try:
+        size = reader.size
+    finally:
+        reader.close()
+    if size > MAX_CONFIG_BYTES:
+        raise Refused(f"it is {size} bytes; a config is at most {MAX_CONFIG_BYTES >> 20} MiB")
+    data = store.read_bytes(path)
+    if len(data) > MAX_CONFIG_BYTES:  # it grew
+        raise Refused(f"a config is at most {MAX_CONFIG_BYTES >> 20} MiB")
+    return data
+
+
+def config_values(given: list[str]) -> dict[str, Any]:
+    """``--config-value KEY=VALUE``s as settings: VALUE as JSON where it is JSON (nested
+    at most :data:`~tfckpt.interop.presets.family.MAX_DEPTH` levels, its numbers
+    finite: an error otherwise), else as text."""
+    out = {}
+    for item in given:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise CheckpointError(f"--config-value {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = parse_json(text)
+        except Refused as e:
+            raise CheckpointError(f"--config-value {key.strip()}: {e}") from None
+        except ValueError:
+            out[key.strip()] = text
+    return out
 
 
 def plan_preset(
@@ -244,9 +280,11 @@ def export_preset(
             chosen, config, store, directory or ".", storage_options, config_values
         )
         try:
-            translated = chosen.translate(release, shapes, arch)
+            # Checked as transformers' config class and model take it, before any write.
+            config_json = validation.config_json(chosen.translate(release, shapes, arch))
         except CheckpointError as e:
-            raise CheckpointError(e.detail, path=config_path) from None
+            detail = e.detail + _given(e.detail, config_values)
+            raise CheckpointError(detail, path=config_path) from None
         out_dir = p.storage.dirname(p.output.out)
         target = p.storage.join(out_dir, "config.json")
         if not p.options.overwrite and p.storage.exists(target):
@@ -254,20 +292,32 @@ def export_preset(
                 f"the output already exists (use {option('overwrite=True', '--overwrite')})",
                 path=target,
             )
-        p.output.extra = ((target, (json.dumps(translated, indent=2) + "\n").encode()),)
+        p.output.extra = ((target, config_json),)
         notes = [f"preset {preset}: {chosen.name} ({arch})"]
         if dry_run:
             summary = p.output.summary(p)
         else:
+            if verify:  # transformers' own verdict on the config, before anything is written
+                loading.load_config(config_json, config_path, made_of=True)
             if on_total is not None:
                 on_total(p.output.summary(p).bytes_out)
             summary = execute(p, progress=progress)
             if verify:
                 notes.append(_verified(p, out_dir))
+                notes.append(loading.verify_config(p.storage, out_dir).note())
     finally:
         close_opened(p, src)
     summary.warnings += notes
     return summary
+
+
+def _given(detail: str, values: Mapping[str, Any] | None) -> str:
+    """Which of the settings ``values`` an error's ``detail`` names: they were given, not
+    read from the config file."""
+    named = [k for k in values or () if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", detail)]
+    if not named:
+        return ""
+    return f" (set by {option('config_values', '--config-value')} {', '.join(named)})"
 
 
 def _verified(p: Plan, out_dir: str) -> str:

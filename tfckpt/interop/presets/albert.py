@@ -9,11 +9,13 @@ from tfckpt.errors import CheckpointError
 from tfckpt.interop.presets.family import (
     Preset,
     Shapes,
+    check_heads,
     check_layers,
     check_shapes,
     check_sizes,
     label_maps,
     require,
+    shown,
 )
 
 _GROUPS = "albert.encoder.albert_layer_groups."
@@ -65,15 +67,13 @@ def _albert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict
     out.setdefault("inner_group_num", 1)
     act = str(config.get("hidden_act", "gelu")).lower()  # the release lowercases it
     if act not in _ALBERT_ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_ALBERT_ACTIVATIONS)}")
+        raise CheckpointError(
+            f"hidden_act {shown(act)}: not one of {', '.join(_ALBERT_ACTIVATIONS)}"
+        )
     out["hidden_act"] = _ALBERT_ACTIVATIONS[act]
     out["layer_norm_eps"] = 1e-12  # the release's LayerNorm epsilon
     hidden, embedding = config["hidden_size"], config["embedding_size"]
-    if hidden % config["num_attention_heads"]:
-        raise CheckpointError(
-            f"hidden_size {hidden} is not a multiple of num_attention_heads "
-            f"{config['num_attention_heads']}"
-        )
+    check_heads(config, "hidden_size", "num_attention_heads")
     if _MAPPING not in shapes:
         # The release projects only when the widths differ; transformers always does.
         raise CheckpointError(

@@ -9,10 +9,13 @@ from tfckpt.errors import CheckpointError
 from tfckpt.interop.presets.family import (
     Preset,
     Shapes,
+    check_heads,
     check_layers,
     check_shapes,
+    check_sizes,
     label_maps,
     require,
+    shown,
 )
 
 
@@ -50,11 +53,13 @@ _BERT_ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu", "tanh": "tanh"}
 
 def _bert_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     require(config, _BERT_KEYS[:5], "the BERT config")
+    check_sizes(config, (*_BERT_KEYS[:5], "max_position_embeddings", "type_vocab_size"))
+    check_heads(config, "hidden_size", "num_attention_heads")
     out: dict[str, Any] = {"architectures": [arch], "model_type": "bert"}
     out.update({k: config[k] for k in _BERT_KEYS if k in config})
     act = config.get("hidden_act", "gelu")
     if act not in _BERT_ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_BERT_ACTIVATIONS)}")
+        raise CheckpointError(f"hidden_act {shown(act)}: not one of {', '.join(_BERT_ACTIVATIONS)}")
     out["hidden_act"] = _BERT_ACTIVATIONS[act]
     out["layer_norm_eps"] = 1e-12  # the release's LayerNorm epsilon
     check_shapes(

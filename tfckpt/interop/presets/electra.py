@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, check_sizes
+from tfckpt.interop.presets.family import (
+    Preset,
+    Shapes,
+    check_heads,
+    check_layers,
+    check_shapes,
+    check_sizes,
+    shown,
+)
 
 _LAYERS = "electra.encoder.layer."
 _EMBEDDINGS = ("word", "position", "token_type")
@@ -79,15 +87,16 @@ def _electra_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dic
     check_sizes(settings, _KEYS[:8])
     act = str(settings["hidden_act"]).lower()  # the release lowercases it
     if act not in _ELECTRA_ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {act!r}: not one of {', '.join(_ELECTRA_ACTIVATIONS)}")
+        raise CheckpointError(
+            f"hidden_act {shown(act)}: not one of {', '.join(_ELECTRA_ACTIVATIONS)}"
+        )
     if network == "generator" and act != "gelu":
         # transformers' generator head always applies gelu; the release's, hidden_act.
-        raise CheckpointError(f"hidden_act {act!r}: transformers' ELECTRA generator takes gelu")
-    hidden, heads = settings["hidden_size"], settings["num_attention_heads"]
-    if hidden % heads:
         raise CheckpointError(
-            f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            f"hidden_act {shown(act)}: transformers' ELECTRA generator takes gelu"
         )
+    check_heads(settings, "hidden_size", "num_attention_heads")
+    hidden = settings["hidden_size"]
     check_shapes(
         shapes,
         {

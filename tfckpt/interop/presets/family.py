@@ -8,7 +8,9 @@ config into the ``config.json`` transformers reads.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +22,50 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 Shapes = Mapping[str, tuple[int, ...]]  # new name -> shape written
 
 
+# A release's config is a few kilobytes (one with a label map for every class of
+# ImageNet-21k, a megabyte), nested a few levels deep.
+MAX_CONFIG_BYTES = 8 << 20
+MAX_DEPTH = 32
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+class Refused(ValueError):
+    """Text that is JSON, but not what a config may hold (too deep, not a finite number)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise Refused(f"{text} is not a finite number")
+    return value
+
+
+def _constant(name: str):
+    raise Refused(f"{name} is not a number JSON has (a config holds finite numbers)")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """JSON ``text``, with what a config may not hold refused (:class:`Refused`): nesting
+    deeper than :data:`MAX_DEPTH` (looked for before parsing, which would otherwise
+    recurse as deep), ``NaN``, ``Infinity`` and numbers too large for a float. Other
+    errors are ``json``'s ``ValueError``."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_CONFIG_BYTES:
+            raise Refused(f"larger than {MAX_CONFIG_BYTES >> 20} MiB")
+        text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
+    depth = 0
+    for bracket in _BRACKETS.finditer(_STRINGS.sub('""', text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise Refused(f"nested deeper than {MAX_DEPTH} levels")
+    return json.loads(text, parse_float=_finite, parse_constant=_constant)
+
+
 def read_json(data: bytes) -> dict[str, Any]:
-    """A JSON config file's object (``ValueError`` when it is not one)."""
-    value = json.loads(data)
+    """A JSON config file's object (``ValueError`` when it is not one; :class:`Refused`
+    when it holds what a config may not: see :func:`parse_json`)."""
+    value = parse_json(data)
     if not isinstance(value, dict):
         raise ValueError("the config must be a JSON object")
     return value
@@ -68,6 +111,12 @@ class Preset:
         return self.recognises is not None and self.recognises(names)
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` as an error shows it: at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_shapes(shapes: Shapes, want: Mapping[str, tuple[int, ...]]) -> None:
     """An error when the config gives a tensor another shape than the checkpoint."""
     for name, shape in want.items():
@@ -102,7 +151,16 @@ def check_sizes(config: Mapping[str, Any], keys) -> None:
     for key in keys:
         value = config.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CheckpointError(f"{key} must be a positive integer, not {value!r}")
+            raise CheckpointError(f"{key} must be a positive integer, not {shown(value)}")
+
+
+def check_heads(config: Mapping[str, Any], hidden: str, heads: str) -> None:
+    """An error when ``config[heads]`` does not divide ``config[hidden]`` (both checked
+    positive integers): the attention splits the hidden size into equal heads."""
+    if config[hidden] % config[heads]:
+        raise CheckpointError(
+            f"{hidden} {config[hidden]} is not a multiple of {heads} {config[heads]}"
+        )
 
 
 def label_maps(labels: int) -> dict[str, dict]:

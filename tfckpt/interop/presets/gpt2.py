@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tfckpt.interop.presets.family import Preset, Shapes, check_layers, check_shapes, require
+from tfckpt.interop.presets.family import (
+    Preset,
+    Shapes,
+    check_heads,
+    check_layers,
+    check_shapes,
+    check_sizes,
+    require,
+)
 
 # hparams.json's keys, by transformers' GPT2Config names.
 _GPT2_KEYS = {
@@ -19,6 +27,8 @@ _GPT2_KEYS = {
 
 def _gpt2_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     require(config, _GPT2_KEYS, "the GPT-2 hparams")
+    check_sizes(config, _GPT2_KEYS)
+    check_heads(config, "n_embd", "n_head")
     out: dict[str, Any] = {"architectures": [arch], "model_type": "gpt2"}
     out.update({new: config[old] for old, new in _GPT2_KEYS.items()})
     # The release's model.py: gelu's tanh approximation, layer norm epsilon 1e-5.

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_shapes
+from tfckpt.interop.presets.family import Preset, Shapes, check_shapes, shown
 from tfckpt.interop.presets.ginfile import Macro, read_gin
 
 # Where the setting is bound, first found first (keys without their module path:
@@ -102,7 +102,7 @@ def _lookup(config: Mapping[str, Any], keys) -> tuple[str, Any] | None:
 def _whole(found: tuple[str, Any]) -> int:
     key, value = found
     if not isinstance(value, int) or isinstance(value, bool):
-        raise CheckpointError(f"{key} = {value!r}: expected a whole number")
+        raise CheckpointError(f"{key} = {shown(value)}: expected a whole number")
     return value
 
 
@@ -123,13 +123,15 @@ def _feed_forward(config: Mapping[str, Any], gated: bool) -> str:
     if given is not None:
         proj = given[1]
         if not isinstance(proj, str) or not re.fullmatch(r"(gated-)?[a-z_]+", proj):
-            raise CheckpointError(f"feed_forward_proj = {proj!r}: expected e.g. relu, gated-gelu")
+            raise CheckpointError(
+                f"feed_forward_proj = {shown(proj)}: expected e.g. relu, gated-gelu"
+            )
     else:
         found = _lookup(config, _ACTIVATION)
         other = _lookup(config, _DECODER_ACTIVATION)
         if found is not None and other is not None and found[1] != other[1]:
             raise CheckpointError(
-                f"{found[0]} = {found[1]!r} but {other[0]} = {other[1]!r}: transformers' "
+                f"{found[0]} = {shown(found[1])} but {other[0]} = {shown(other[1])}: transformers' "
                 "T5 has one activation for both"
             )
         if found is None and gated:
@@ -155,7 +157,7 @@ def _activation(key: str, value) -> str:
         table, act = {}, None
     if act not in table:
         raise CheckpointError(
-            f"{key} = {value!r}: transformers' T5 takes one of {', '.join(_ACTIVATIONS)}, "
+            f"{key} = {shown(value)}: transformers' T5 takes one of {', '.join(_ACTIVATIONS)}, "
             "or one of them and 'linear' (gated)"
         )
     return table[act]
@@ -173,6 +175,11 @@ def _t5_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     inner = _need(shapes, _QUERY)[0]
     gated = _WI_0 in shapes
     d_ff = _need(shapes, _WI_0 if gated else _WI)[0]
+    for name in (_EMBEDDING, _BIAS):
+        if 0 in shapes[name]:
+            raise CheckpointError(f"{name} has the shape {list(shapes[name])}: no size may be 0")
+    if inner < 1 or d_ff < 1:
+        raise CheckpointError(f"{_QUERY} or the feed-forward's weights have a size of 0")
     if inner % heads:
         raise CheckpointError(f"{_QUERY} has {inner} rows, not a multiple of {heads} heads")
     layers = [
@@ -209,13 +216,13 @@ def _t5_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
         found = _lookup(config, _WHERE[setting])
         if found is not None:
             if not isinstance(found[1], (int, float)) or isinstance(found[1], bool):
-                raise CheckpointError(f"{found[0]} = {found[1]!r}: expected a number")
+                raise CheckpointError(f"{found[0]} = {shown(found[1])}: expected a number")
             out[setting] = found[1]
     found = _lookup(config, _WHERE["tie_word_embeddings"])
     if found is not None and found[1] is not tied:
         has = "has no" if tied else "has its own"
         raise CheckpointError(
-            f"{found[0]} = {found[1]!r} disagrees with the checkpoint, which {has} "
+            f"{found[0]} = {shown(found[1])} disagrees with the checkpoint, which {has} "
             "decoder/logits/kernel"
         )
     _check_complete(shapes, out)
