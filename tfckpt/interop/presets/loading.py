@@ -1,24 +1,29 @@
 """A ``config.json`` loaded by transformers itself: the proof that a model directory's
 config is one transformers takes.
 
-:func:`load_config` runs the installed transformers in a process of its own (its imports,
+:func:`load_config` asks the installed transformers, in a process of its own (its imports,
 logging and threads stay out of this one; a config that makes it hang or crash cannot
-take this process with it): ``AutoConfig.from_pretrained`` on a directory holding the
-file, the config class's own ``validate()``, then, where PyTorch is installed, the
-architecture the config names built on PyTorch's ``meta`` device (no memory for weights),
-which is where a model refuses what its config class let through (a hidden size the
-heads do not divide). Remote code is never run, nothing is downloaded. The answer for the
-same bytes is kept for the rest of the process.
+take this process with it), what it makes of a config: the class ``AutoConfig`` picks for
+its ``model_type``, made from the JSON as ``AutoConfig.from_pretrained`` makes it
+(``from_dict``), the config class's own ``validate()``, then, where PyTorch is installed,
+the architecture the config names built on PyTorch's ``meta`` device (no memory for
+weights), which is where a model refuses what its config class let through (a hidden
+size the heads do not divide). Remote code is never run, nothing is downloaded.
+
+The process is started on the first question and answers every later one (one line of
+JSON each way), so transformers and PyTorch are imported once a run, however many
+configs it checks; the answer for the same bytes is kept for the rest of the process.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
+import queue
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -28,47 +33,129 @@ from tfckpt.io.storage import Storage
 
 TIMEOUT_S = 600  # transformers and PyTorch import in seconds; a loaded machine, in minutes
 
-# Run as ``python -c`` in a directory holding config.json; writes result.json there.
-_LOADER = """
-import json, sys
+# Run as ``python -c``: one question a line on stdin (a config's JSON text), one answer a
+# line of JSON on its stdout; whatever transformers prints goes to stderr.
+_WORKER = """
+import json, os, sys
+del sys.path[0]  # the working directory: nothing of the caller's is imported
+answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
 def answer(**result):
-    with open("result.json", "w") as f:
-        json.dump(result, f)
-    sys.exit(0)
+    answers.write(json.dumps(result) + "\\n")
+    answers.flush()
 try:
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 except ImportError:
-    answer(absent="transformers")
-def refused(stage, e):
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    answer(refused=text if len(text) <= 300 else text[:297] + "...", stage=stage)
-try:
-    config = transformers.AutoConfig.from_pretrained(
-        ".", local_files_only=True, trust_remote_code=False
-    )
-    if hasattr(config, "validate"):
-        config.validate()
-except Exception as e:
-    refused("config", e)
-version = transformers.__version__
-found = dict(version=version, config=type(config).__name__)
-names = getattr(config, "architectures", None) or []
-if len(names) != 1 or not isinstance(names[0], str):
-    answer(refused=f"architectures is {names!r}: it names no one class", stage="model", **found)
+    transformers = None
 try:
     import torch
 except ImportError:
-    answer(**found)
-model = getattr(transformers, names[0], None)
-if not isinstance(model, type):
-    answer(refused=f"transformers {version} has no class {names[0]}", stage="model", **found)
-try:
-    with torch.device("meta"):
-        model(config)
-except Exception as e:
-    refused("model", e)
-answer(built=names[0], **found)
+    torch = None
+def refused(stage, e, **found):
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return dict(refused=text if len(text) <= 300 else text[:297] + "...", stage=stage, **found)
+def judge(text):
+    try:
+        data = json.loads(text)
+        kind = data.get("model_type") if isinstance(data, dict) else None
+        if kind not in CONFIG_MAPPING:
+            raise ValueError(f"no config class for model_type {kind!r}")
+        config = CONFIG_MAPPING[kind].from_dict(data)
+        if hasattr(config, "validate"):
+            config.validate()
+    except Exception as e:
+        return refused("config", e)
+    version = transformers.__version__
+    found = dict(version=version, config=type(config).__name__)
+    names = getattr(config, "architectures", None) or []
+    if len(names) != 1 or not isinstance(names[0], str):
+        why = f"architectures is {names!r}: it names no one class"
+        return dict(refused=why, stage="model", **found)
+    if torch is None:
+        return found
+    model = getattr(transformers, names[0], None)
+    if not isinstance(model, type):
+        why = f"transformers {version} has no class {names[0]}"
+        return dict(refused=why, stage="model", **found)
+    try:
+        with torch.device("meta"):
+            model(config)
+    except Exception as e:
+        return refused("model", e, **found)
+    return dict(built=names[0], **found)
+for line in sys.stdin:
+    answer(**(judge(line) if transformers is not None else dict(absent="transformers")))
 """
+
+
+class _Worker:
+    """The process running :data:`_WORKER`, and the threads reading its two pipes."""
+
+    def __init__(self):
+        env = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TRANSFORMERS_VERBOSITY="error",
+            TF_CPP_MIN_LOG_LEVEL="3",
+            PYTHONIOENCODING="utf-8",
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        self.answers: queue.Queue[str | None] = queue.Queue()
+        self.printed: collections.deque[str] = collections.deque(maxlen=20)
+        for stream, take in ((self.proc.stdout, self.answers.put), (self.proc.stderr, None)):
+            threading.Thread(target=self._read, args=(stream, take), daemon=True).start()
+
+    def _read(self, stream, take) -> None:
+        for line in stream:
+            if take is not None:
+                take(line)
+            else:
+                self.printed.append(line.strip())
+        if take is not None:
+            take(None)  # the process has ended
+
+    def ask(self, text: str, path: str) -> dict:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(text + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return self._stopped(path)
+        try:
+            line = self.answers.get(timeout=TIMEOUT_S)
+        except queue.Empty:
+            self.stop()
+            raise CheckpointError(
+                f"transformers did not load the config within {TIMEOUT_S} s", path=path
+            ) from None
+        if line is None:
+            return self._stopped(path)
+        return json.loads(line)
+
+    def _stopped(self, path: str) -> dict:
+        self.stop()
+        last = next((x for x in reversed(self.printed) if x), "no output")
+        raise CheckpointError(
+            f"transformers stopped while loading the config (exit {self.proc.returncode}): "
+            f"{last[:300]}",
+            path=path,
+        )
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 @dataclass(frozen=True)
@@ -94,7 +181,8 @@ class Loaded:
 
 
 _ANSWERS: dict[bytes, Loaded] = {}  # by the config's SHA-256
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # one question at a time to the one worker
+_WORKERS: list[_Worker] = []  # the running worker, once started
 
 
 def load_config(data: bytes, path: str, made_of: bool = False) -> Loaded:
@@ -104,45 +192,24 @@ def load_config(data: bytes, path: str, made_of: bool = False) -> Loaded:
     key = hashlib.sha256(data).digest()
     with _LOCK:
         known = _ANSWERS.get(key)
-    if known is not None:
-        return known
-    with tempfile.TemporaryDirectory(prefix="tfckpt-config-") as tmp:
-        with open(os.path.join(tmp, "config.json"), "wb") as f:
-            f.write(data)
-        env = dict(
-            os.environ,
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            TRANSFORMERS_VERBOSITY="error",
-            TF_CPP_MIN_LOG_LEVEL="3",
-        )
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", _LOADER],
-                cwd=tmp,  # the directory loaded; nothing of the caller's on sys.path
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
+        if known is not None:
+            return known
+        try:  # one line: the JSON text again, without its line breaks
+            text = json.dumps(json.loads(data.decode("utf-8")), allow_nan=False)
+        except (ValueError, RecursionError) as e:
             raise CheckpointError(
-                f"transformers did not load the config within {TIMEOUT_S} s", path=path
+                f"the config is no JSON transformers reads: {e}", path=path
             ) from None
-        except OSError as e:
-            raise CheckpointError(f"cannot run transformers: {e.strerror}", path=path) from None
+        if not _WORKERS or _WORKERS[0].proc.poll() is not None:
+            try:
+                _WORKERS[:] = [_Worker()]
+            except OSError as e:
+                raise CheckpointError(f"cannot run transformers: {e.strerror}", path=path) from None
         try:
-            with open(os.path.join(tmp, "result.json"), "rb") as f:
-                result = json.loads(f.read())
-        except (OSError, ValueError):
-            last = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[
-                -1
-            ]
-            raise CheckpointError(
-                f"transformers stopped while loading the config (exit {done.returncode}): "
-                f"{last[:300]}",
-                path=path,
-            ) from None
+            result = _WORKERS[0].ask(text, path)
+        except CheckpointError:
+            _WORKERS.clear()
+            raise
     if "refused" in result:
         what = "the config.json made of it" if made_of else "the config"
         if result["stage"] == "model":
