@@ -30,8 +30,11 @@ $(VENV)/.installed-lint: pyproject.toml | $(PY)
 demo: $(VENV)/.installed-base
 	$(PY) -m tfckpt.demo demo-out
 
+# Two worker processes, each a whole test file at a time (its fixtures built once): the
+# suite waits on TensorFlow, transformers and servers as much as it computes, so two
+# keep both cores of a 2-core machine busy (10.5 min there, against 19 min in one).
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # Lint, formatting, types and the layer contracts; the settings live in pyproject.toml. All
 # four run, so one pass reports every finding; any of them failing fails the target.
