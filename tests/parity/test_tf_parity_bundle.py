@@ -271,13 +271,19 @@ def test_variant_shapes_and_slices(tmp_path):
 # ---------------------------------------------------------------- variants: damage
 
 
+DAMAGED_VARIANT = "checksum|malformed variant|bytes follow|varint|cannot fit|past the end|element"
+
+
 @pytest.mark.parametrize("where", [0.5, 0.99])
 def test_flipped_variant_byte_is_corrupt(named_variants, tmp_path, where):
     src = named_variants["prefix"]
     assert verify(src)["problems"] == []  # the intact source is fine...
     bad = _flip(src, tmp_path / "bad", "input/iterator", where)
-    with tfckpt.open(bad) as ckpt:  # ...one inverted byte is not
-        with pytest.raises(tfckpt.CorruptCheckpointError, match="checksum mismatch") as e:
+    # ...one inverted byte is not: a checksum that differs, or, where the byte lands in an
+    # element's length (the iterator's state TensorFlow writes differs run to run), framing
+    # that no longer adds up: both corruption, named.
+    with tfckpt.open(bad) as ckpt:
+        with pytest.raises(tfckpt.CorruptCheckpointError, match=DAMAGED_VARIANT) as e:
             ckpt.read_bytes("input/iterator")
         assert "input/iterator" in str(e.value)
         assert ckpt.read_bytes("state/list")  # the other variant is untouched
@@ -287,7 +293,7 @@ def test_flipped_variant_byte_is_corrupt(named_variants, tmp_path, where):
         tf.raw_ops.RestoreV2(
             prefix=bad, tensor_names=["input/iterator"], shape_and_slices=[""], dtypes=[tf.variant]
         )
-    with tfckpt.open(bad, verify=False) as ckpt, pytest.raises(ValueError, match="checksum"):
+    with tfckpt.open(bad, verify=False) as ckpt, pytest.raises(ValueError, match=DAMAGED_VARIANT):
         tfckpt.BundleWriter(str(tmp_path / "w" / "w")).add_raw(
             "x", "variant", ckpt.info("input/iterator").shape, ckpt.read_bytes("input/iterator")
         )
