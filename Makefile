@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 
-.PHONY: demo test check docs protos clean bench
+.PHONY: demo test test-core check docs protos clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +17,18 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 # Plus tensorflow-cpu and the test tools.
 # tf-keras (Keras 2) is installed without its dependencies: it asks for the full `tensorflow`
 # package, which would overwrite tensorflow-cpu's files; the release matching TF's is taken.
+TF_KERAS = "tf-keras==$$($(PY) -c 'from importlib.metadata import version; print(version("tensorflow-cpu").rsplit(".", 1)[0])').*"
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PIP) install -e ".[dev]"
-	$(PIP) install --no-deps "tf-keras==$$($(PY) -c 'from importlib.metadata import version; print(version("tensorflow-cpu").rsplit(".", 1)[0])').*"
-	touch $@ $(VENV)/.installed-base $(VENV)/.installed-lint $(VENV)/.installed-docs
+	$(PIP) install --no-deps $(TF_KERAS)
+	touch $@ $(VENV)/.installed-base $(VENV)/.installed-lint $(VENV)/.installed-docs $(VENV)/.installed-core
+
+# tensorflow-cpu, tf-keras and the test tools without PyTorch, transformers, JAX or a
+# browser: what `make test-core` runs.
+$(VENV)/.installed-core: pyproject.toml | $(PY)
+	$(PIP) install -e ".[tf,remote,dask,h5,report,test-core]"
+	$(PIP) install --no-deps $(TF_KERAS)
+	touch $@ $(VENV)/.installed-base
 
 # The package plus the pinned linters (ruff, mypy, protobuf stubs).
 $(VENV)/.installed-lint: pyproject.toml | $(PY)
@@ -35,6 +43,11 @@ demo: $(VENV)/.installed-base
 # keep both cores of a 2-core machine busy (10.5 min there, against 19 min in one).
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -n 2 --dist loadfile
+
+# The format, engine, storage and TensorFlow parity tests: the suite less what is marked as
+# needing transformers with PyTorch (hf), Keras 3 on JAX (jax) or Chromium (browser).
+test-core: $(VENV)/.installed-core
+	TFCKPT_TEST_CORE=1 $(PY) -m pytest -n 2 --dist loadfile -m "not hf and not jax and not browser"
 
 # Lint, formatting, types and the layer contracts; the settings live in pyproject.toml. All
 # four run, so one pass reports every finding; any of them failing fails the target.

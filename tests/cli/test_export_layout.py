@@ -83,6 +83,7 @@ def test_a_plain_export_claims_no_framework(sources, tmp_path):
     assert "format" not in meta and meta["producer"].startswith("tfckpt ")
 
 
+@pytest.mark.hf
 def test_a_preset_export_says_pytorch_and_transformers_loads_it(tmp_path):
     prefix = str(tmp_path / "src" / "bert_model.ckpt")
     tfckpt.save(bert_release.weights("classifier"), prefix)

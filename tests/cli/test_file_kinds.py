@@ -56,6 +56,7 @@ def tflite(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.hf
 def test_dump_open_and_load_weights_say_what_the_file_is(files):
     for path, fragments in files.items():
         assert_cli_error(in_process("dump", path), path, "not a TensorFlow checkpoint", *fragments)
@@ -72,6 +73,7 @@ def test_tflite(tflite):
         tfckpt.open(tflite)
 
 
+@pytest.mark.hf
 def test_nothing_is_unpickled(files, monkeypatch):
     """Recognised by magic bytes alone: an unpickler that fails the test is never called."""
 

@@ -370,6 +370,7 @@ def _check_table(rows: list, stats_json: dict) -> None:
             assert got == ("–" if cast is None else cast[key]), (name, key)
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("kind", ["stats", "convert"])
 def test_page_in_chromium(browser, pages, kind):
     from selenium.webdriver.common.by import By

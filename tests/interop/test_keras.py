@@ -24,6 +24,7 @@ import tfckpt
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tf_keras")
 pytest.importorskip("jax")
+pytestmark = pytest.mark.jax
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]  # the shared helpers

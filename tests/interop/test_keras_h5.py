@@ -15,6 +15,8 @@ from cli_helpers import run_role
 
 import tfckpt
 
+pytestmark = pytest.mark.jax
+
 pytest.importorskip("tf_keras")
 pytest.importorskip("jax")
 h5py = pytest.importorskip("h5py")

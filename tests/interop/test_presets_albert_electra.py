@@ -31,6 +31,8 @@ import bert_release  # noqa: E402
 import electra_release  # noqa: E402
 import gpt2_release  # noqa: E402
 
+pytestmark = pytest.mark.hf
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -29,6 +29,8 @@ pytest.importorskip("torch")
 import bert_release  # noqa: E402
 import gpt2_release  # noqa: E402
 
+pytestmark = pytest.mark.hf
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HEADS = {

@@ -25,6 +25,8 @@ import tfckpt
 from tfckpt.interop.presets import export_preset, find
 from tfckpt.interop.presets.hf_tf2 import architecture, pytorch_name, source_rules
 
+pytestmark = pytest.mark.hf
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tensorflow")
 pytest.importorskip("tf_keras")

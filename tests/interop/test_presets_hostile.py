@@ -34,6 +34,8 @@ import electra_release  # noqa: E402
 import gpt2_release  # noqa: E402
 import t5_release  # noqa: E402
 
+pytestmark = pytest.mark.hf
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEEP = "[" * 100_000 + "]" * 100_000  # json.loads recurses once a level
 

@@ -28,6 +28,8 @@ pytest.importorskip("torch")
 
 import t5_release  # noqa: E402
 
+pytestmark = pytest.mark.hf
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASS = "T5ForConditionalGeneration"
 
