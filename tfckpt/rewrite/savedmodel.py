@@ -91,7 +91,9 @@ class SavedModelOutput:
             name = head + sep
             top[name] = top.get(name, 0) + (1 if sep and rest and not rest.endswith("/") else 0)
         words = [
-            f"{name} ({n} file{'s' if n != 1 else ''})" if name.endswith("/") else name
+            (f"{name} ({n} file{'s' if n != 1 else ''})" if n else f"{name} (empty)")
+            if name.endswith("/")
+            else name
             for name, n in top.items()
         ]
         return ", ".join(words)
