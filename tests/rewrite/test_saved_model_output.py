@@ -191,8 +191,14 @@ def test_rewrites_that_keep_dtypes_and_shapes_write_a_loadable_saved_model(
 @pytest.mark.parametrize(
     "argv,fragment",
     [
-        (["convert", "{src}", "{out}/", "--dtype", "float16"], "w/.ATTRIBUTES/VARIABLE_VALUE: float32 -> float16"),
-        (["select", "{src}", "{out}/", "--exclude", "^big/"], "big/.ATTRIBUTES/VARIABLE_VALUE: left out"),
+        (
+            ["convert", "{src}", "{out}/", "--dtype", "float16"],
+            "w/.ATTRIBUTES/VARIABLE_VALUE: float32 -> float16",
+        ),
+        (
+            ["select", "{src}", "{out}/", "--exclude", "^big/"],
+            "big/.ATTRIBUTES/VARIABLE_VALUE: left out",
+        ),
         (["convert", "{src}", "{out}/", "--reshape", "^w/=2,3"], "shape [3, 2] -> [2, 3]"),
         (["edit", "{src}", "{out}/", "--resize", "^big/=8"], "shape [16384] -> [8]"),
         (["edit", "{src}", "{out}/", "--delete", "^b/"], "b/.ATTRIBUTES/VARIABLE_VALUE: left out"),
@@ -410,3 +416,52 @@ def test_a_tf1_saved_model_restores_by_name(tmp_path):
     proc = ch.run("rename", src, f"{tmp_path}/renamed/", "--map", "^dense/=layer/")
     ch.assert_cli_error(proc, "dense/w: renamed layer/w (a TF1 graph restores by name)")
     assert digest(src) == before
+
+
+def test_an_object_store_destination_is_refused_unless_checkpoint_only(sm):
+    """An object store cannot rename a directory into place: the SavedModel is refused
+    there, its variables alone are written as any checkpoint is."""
+    src, _ = sm
+    url = f"memory://sm38-{os.getpid()}/out/"
+    with pytest.raises(tfckpt.CheckpointError, match=r"object store.*checkpoint_only=True"):
+        tfckpt.convert(str(src), url, "float32")
+    summary = tfckpt.convert(str(src), url, "float32", checkpoint_only=True)
+    assert summary.saved_model is None and summary.dst == url + "variables"
+    assert "not a SavedModel" in summary.notes[0]
+    with tfckpt.open(summary.dst) as c:
+        assert len(c.keys()) == 5  # four variables and the object graph
+
+
+# Killed (SIGKILL) as its variables are committed inside the stage.
+KILLED_IN_STAGE = """
+import os, signal, sys
+def kill_at_index(fn):
+    def call(src, dst, *a, **k):
+        if os.fspath(dst).endswith("variables.index"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(src, dst, *a, **k)
+    return call
+os.link, os.replace, os.rename = map(kill_at_index, (os.link, os.replace, os.rename))
+from tfckpt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_run_leaves_no_saved_model_and_the_next_run_clears_its_stage(sm, tmp_path):
+    import subprocess
+    import sys
+
+    src, _ = sm
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_STAGE, "convert", str(src), f"{out}/"],
+        env=ch.user_env(),
+    )
+    assert proc.returncode == -9
+    assert not out.exists()
+    stages = temporaries(tmp_path)
+    assert len(stages) == 1 and (tmp_path / stages[0] / "variables").is_dir(), stages
+    rc, _, err = in_process("convert", src, f"{out}/")
+    assert rc == 0, err
+    assert temporaries(tmp_path) == []
+    assert int(served(out)["steps"]) == 7
