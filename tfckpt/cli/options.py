@@ -270,8 +270,9 @@ def add_chunk_bytes(
     )
 
 
-def add_output_group(p: argparse.ArgumentParser) -> None:
-    """The transforms' "output" group: conflicts, shards, durability, dry runs, executors."""
+def add_output_group(p: argparse.ArgumentParser) -> Container:
+    """The transforms' "output" group: conflicts, shards, durability, dry runs, executors;
+    the group."""
     g = p.add_argument_group("output")
     g.add_argument(
         "--prefer",
@@ -288,15 +289,29 @@ def add_output_group(p: argparse.ArgumentParser) -> None:
         "scheduler dask://HOST:PORT (default: here, one after another)",
     )
     add_chunk_bytes(shared)
+    return g
 
 
-def add_transform_options(p: argparse.ArgumentParser) -> None:
-    """Every transform option, in the groups cast, select, rename, values and output."""
+def add_transform_options(p: argparse.ArgumentParser, *, checkpoint_only: bool = False) -> None:
+    """Every transform option, in the groups cast, select, rename, values and output
+    (with ``--checkpoint-only`` for the commands that take one source)."""
     add_cast_group(p)
     add_select_group(p)
     add_rename_group(p)
     add_values_group(p)
-    add_output_group(p)
+    g = add_output_group(p)
+    if checkpoint_only:
+        add_checkpoint_only(g)
+
+
+def add_checkpoint_only(g: Container) -> None:
+    """``--checkpoint-only``: a SavedModel's variables alone, not a SavedModel."""
+    g.add_argument(
+        "--checkpoint-only",
+        action="store_true",
+        help="from a SavedModel directory to a directory: write its variables alone, as a "
+        "checkpoint (DST/variables), not a SavedModel",
+    )
 
 
 def add_values_group(p: argparse.ArgumentParser) -> None:

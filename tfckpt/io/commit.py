@@ -18,6 +18,7 @@ operations go through :mod:`tfckpt.io.storage`.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -33,7 +34,7 @@ from tfckpt.format.entryrows import EntryRows, merge_rows
 from tfckpt.format.slices import check_slice_cover
 from tfckpt.io import paths
 from tfckpt.io.storage import Storage
-from tfckpt.io.temporaries import TMP_MARK, temporary_base
+from tfckpt.io.temporaries import TMP_MARK, stale_temporaries, temporary_base
 
 
 class Commit:
@@ -250,6 +251,96 @@ def discard(store: Storage, files: Sequence[str]) -> None:
             store.remove(path)
         except (OSError, CheckpointError):
             pass
+
+
+class DirectoryCommit:
+    """One directory made visible at once (a SavedModel): built whole under a temporary
+    name beside it (:attr:`stage`), then renamed into place, the rename being the commit.
+
+    A destination that is not there is taken only if it still is not (another run's
+    output is refused, never replaced). An empty directory there is replaced in one step
+    (swapped with the stage, then removed: one that filled meanwhile is swapped back and
+    refused). With ``overwrite`` a directory there is swapped with the new one in one
+    step (Linux; elsewhere see :meth:`~tfckpt.io.storage.Storage.exchange`), then
+    removed: until the commit the old directory is untouched, so a failure leaves it as
+    it was. Local storage only (object stores cannot rename a directory).
+
+    >>> c = DirectoryCommit(LOCAL, "out/sm", overwrite=False)
+    >>> write_everything_under(c.stage); c.publish()
+    """
+
+    def __init__(self, store: Storage, final: str, *, overwrite: bool, durable: bool = True):
+        if not store.atomic_rename:
+            raise CheckpointWriteError(
+                "a directory output is renamed into place whole, and this storage cannot "
+                "rename one",
+                path=final,
+            )
+        self.store, self.final = store, final
+        self.overwrite, self.durable = overwrite, durable
+        parent = store.dirname(final) or "."
+        for stale in stale_temporaries(store, parent, lambda name: name == store.basename(final)):
+            if store.isdir(stale):
+                store.remove_tree(stale)  # a killed run's stage
+        self._made: list[str] = []
+        self._done = False
+        try:
+            self._made = store.makedirs(parent) if store.dirname(final) else []
+            self.stage = temporary_base(final)
+            self._made.insert(0, self.stage)
+            store.makedirs(self.stage)
+        except OSError as e:
+            self.store.remove_dirs(self._made)
+            raise CheckpointWriteError(
+                f"cannot create directory: {e.strerror or e}", path=final
+            ) from None
+
+    def publish(self) -> None:
+        """Move the stage into place: the commit. A destination another run made meanwhile
+        (or, without ``overwrite``, one no longer empty) is a :class:`CheckpointWriteError`,
+        and nothing there changes."""
+        store, final = self.store, self.final
+        try:
+            if not store.exists(final):
+                store.rename_dir_noreplace(self.stage, final)
+                self._done = True
+            else:
+                store.exchange(self.stage, final)
+                self._done = True
+                if not self.overwrite:  # the stage holds what was there: empty, or else
+                    try:
+                        store.remove_dirs([self.stage])
+                        if store.exists(self.stage):
+                            raise FileExistsError(errno.ENOTEMPTY, "not empty", final)
+                    except BaseException:
+                        store.exchange(self.stage, final)
+                        self._done = False
+                        raise
+        except FileExistsError:
+            raise CheckpointWriteError(
+                "another run wrote here meanwhile (pass overwrite to replace it)", path=final
+            ) from None
+        except OSError as e:
+            raise CheckpointWriteError(
+                f"cannot move the output into place: {e.strerror or e}", path=final
+            ) from None
+        if self.durable:
+            store.fsync_dir(store.dirname(final) or ".")
+        # What it replaced now has the stage's name: removed (an interrupt here leaves it
+        # to the next run's clean-up of stale temporaries).
+        store.remove_tree(self.stage)
+        self._made = []
+
+    def committed(self) -> bool:
+        return self._done
+
+    def discard(self) -> None:
+        """After a failure before the commit: the stage and what it holds, and the
+        directories made for it that are empty (best effort)."""
+        if not self._done:
+            self.store.remove_tree(self.stage)
+        self.store.remove_dirs(self._made[1:])  # the stage's parents, when still empty
+        self._made = []
 
 
 # ---------------------------------------------------------------- checkpoints

@@ -44,7 +44,9 @@ import mmap
 import os
 import posixpath
 import re
+import shutil
 import stat
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -313,6 +315,42 @@ class Storage:
                 pass
             raise
 
+    def rename_dir_noreplace(self, src: str, dst: str) -> None:
+        """Rename the directory ``src`` to ``dst`` only if nothing has that name:
+        ``FileExistsError`` otherwise (Linux's ``renameat2``; elsewhere the name is
+        checked, then renamed: only an empty directory made in between is replaced)."""
+        if _renameat2(src, dst, _RENAME_NOREPLACE):
+            return
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, "exists", dst)
+        try:
+            os.rename(src, dst)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise FileExistsError(errno.EEXIST, "exists", dst) from None
+            raise
+
+    def exchange(self, a: str, b: str) -> None:
+        """Swap the names of ``a`` and ``b`` (directories or files), in one step on Linux
+        (``renameat2``'s ``RENAME_EXCHANGE``). Elsewhere, or on a file system without it,
+        in three renames through a name beside ``b``: ``b`` is missing for a moment, but
+        what it held is never lost (put back when the second rename fails)."""
+        if _renameat2(a, b, _RENAME_EXCHANGE):
+            return
+        aside = f"{b}.tfckpt-old-{os.getpid()}-{os.urandom(4).hex()}"
+        os.rename(b, aside)
+        try:
+            os.rename(a, b)
+        except BaseException:
+            os.rename(aside, b)
+            raise
+        os.rename(aside, a)
+
+    def remove_tree(self, path: str) -> None:
+        """Delete the directory ``path`` and all it holds (best effort: what cannot be
+        removed stays)."""
+        shutil.rmtree(path, ignore_errors=True)
+
     def makedirs(self, path: str) -> list[str]:
         """Create directory ``path`` and its missing parents; those created, innermost
         first. On failure, the ones created are removed again."""
@@ -507,6 +545,45 @@ def _sync_file_range():
 
 _SYNC_FILE_RANGE_WRITE = 2
 
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2  # renameat2's flags (linux/fs.h)
+_AT_FDCWD = -100
+_RENAMEAT2: list = []  # [renameat2 or None] once looked up
+
+
+def _load_renameat2():
+    """The C library's ``renameat2`` (Linux, glibc 2.28 on); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+def _renameat2(src: str, dst: str, flags: int) -> bool:
+    """``renameat2(src, dst, flags)``: True when done; False when neither the system nor
+    the file system offers it (the caller does it another way); ``OSError`` otherwise
+    (``FileExistsError`` for a name taken under ``RENAME_NOREPLACE``)."""
+    if not _RENAMEAT2:
+        _RENAMEAT2.append(_load_renameat2())
+    fn = _RENAMEAT2[0]
+    if fn is None:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
+
+
 LOCAL = Storage()
 
 
@@ -679,6 +756,15 @@ class RemoteStorage(Storage):
 
     def rename_noreplace(self, src: str, dst: str) -> None:
         raise CheckpointWriteError("object stores cannot rename without replacing", path=src)
+
+    def rename_dir_noreplace(self, src: str, dst: str) -> None:
+        raise CheckpointWriteError("object stores cannot rename a directory", path=src)
+
+    def exchange(self, a: str, b: str) -> None:
+        raise CheckpointWriteError("object stores cannot rename a directory", path=a)
+
+    def remove_tree(self, path: str) -> None:
+        raise CheckpointWriteError("not removing a tree of objects", path=path)
 
     def makedirs(self, path: str) -> list[str]:
         return []  # object stores have no directories

@@ -48,6 +48,7 @@ from tfckpt.rewrite.planner import (
     source_flat_names,
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
+from tfckpt.rewrite.savedmodel import check_saved_model, saved_model_output, source_saved_model
 
 # Options edit does not take: it writes each tensor in its own dtype, shape and name.
 _NOT_TAKEN = (
@@ -183,7 +184,7 @@ def plan_edit(
             raise CheckpointError(f"edit does not take the option {name}")
     srcs = open_sources([src], storage_options)
     try:
-        return _plan(srcs, dst, edits, options, in_place, as_tf1, storage_options)
+        return _plan(srcs, dst, edits, options, in_place, as_tf1, storage_options, src)
     except BaseException:
         srcs[0].ckpt.close()
         raise
@@ -197,9 +198,11 @@ def _plan(
     in_place: bool,
     as_tf1: bool,
     storage_options: StorageOptions | None,
+    given=None,
 ) -> Plan:
     s = srcs[0]
     label = s.ckpt.prefix
+    sm = None
     if in_place:
         if dst is not None:
             raise CheckpointError(f"{flag('in-place')} takes no destination", path=label)
@@ -214,9 +217,17 @@ def _plan(
         raise CheckpointError(f"edit needs a destination, or {flag('in-place')}", path=label)
     else:
         store = destination_storage(dst, srcs, storage_options)
-        dst = resolve_destination(
-            store, dst, srcs, options.overwrite, instead=f"write elsewhere, or {flag('in-place')}"
-        )
+        sm = saved_model_output(given, srcs, dst, store, options)
+        if sm is not None:
+            dst = sm.variables_prefix(store)
+        else:
+            dst = resolve_destination(
+                store,
+                dst,
+                srcs,
+                options.overwrite,
+                instead=f"write elsewhere, or {flag('in-place')}",
+            )
     if as_tf1:
         s.graph = None
     ed = _Editor(s, label)
@@ -229,6 +240,9 @@ def _plan(
     graph = s.graph.serialize() if s.graph is not None else None
     p = finished_plan(srcs, dst, planned, dropped, graph, options, store)
     p.notes, p.warnings = ed.notes, ed.warnings
+    p.saved_model = sm
+    p.from_saved_model = None if in_place else source_saved_model(given, srcs)
+    check_saved_model(p)
     return p
 
 

@@ -9,6 +9,7 @@ tensors through in bounded chunks and commits the output atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from tfckpt.errors import (
 )
 from tfckpt.io import paths
 from tfckpt.io.commit import (
+    DirectoryCommit,
     bundle_commit,
     commit_shards,
     merge_entries,
@@ -31,6 +33,7 @@ from tfckpt.rewrite.cast import CastCounts, CastCountTable, check_overflow
 from tfckpt.rewrite.options import EXECUTION, Options, RenameRules
 from tfckpt.rewrite.planner import plan
 from tfckpt.rewrite.plans import Plan, Source
+from tfckpt.rewrite.savedmodel import saved_model_notes
 from tfckpt.rewrite.tasks import (
     RunStorage,
     ShardTask,
@@ -108,6 +111,10 @@ class Summary:
     files: list[str] | None = None
     tensors: Sequence[dict] | None = None  # a list, or Records made on demand
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # A SavedModel's directory, when one was written around the checkpoint ``dst`` (see
+    # tfckpt.rewrite.savedmodel); what was written, and how to use it.
+    saved_model: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         if self.files is not None:
@@ -136,6 +143,10 @@ class Summary:
                 "warnings",
             )
         }
+        if self.saved_model is not None:
+            d["saved_model"] = self.saved_model
+        if self.notes:
+            d["notes"] = self.notes
         for what in ("overflow", "to_zero", "subnormal"):
             d[what] = self.counted(what)
         if self.dtype_rules is not None:
@@ -197,15 +208,19 @@ def execute(
     if p.output is not None:  # files of another format (an export) write themselves
         return p.output.write(p, stores.out, options, progress)
     start = time.perf_counter()
-    tasks = shard_tasks(p, options, stores=stores)
     # Run here with the plan's storage, the tasks read the sources the plan has open.
     opened = None
     if options.executor is None and storage_options is None:
         opened = {i: s.ckpt for i, s in enumerate(p.sources) if readable_as_opened(s.ckpt)}
-    counts = run_and_commit(
-        stores.out, p.dst, tasks, options, bool(p.options.overwrite), progress, opened
-    )
-    warnings = state_file_warnings(stores.out, p.dst, p.sources)
+    if p.saved_model is not None:
+        counts = write_saved_model(p, stores, options, progress, opened)
+        warnings = []
+    else:
+        tasks = shard_tasks(p, options, stores=stores)
+        counts = run_and_commit(
+            stores.out, p.dst, tasks, options, bool(p.options.overwrite), progress, opened
+        )
+        warnings = state_file_warnings(stores.out, p.dst, p.sources)
     return Summary(
         p.dst,
         kept=len(p.tensors),
@@ -219,7 +234,36 @@ def execute(
         warnings=restore_warnings(p) + p.warnings + warnings,
         dtype_rules=p.dtype_rule_counts(),
         bookkeeping_kept=p.bookkeeping_kept(),
+        saved_model=None if p.saved_model is None else p.saved_model.directory,
+        notes=saved_model_notes(p),
     )
+
+
+def write_saved_model(
+    p: Plan,
+    stores: RunStorage,
+    options: Options,
+    progress: Callable[[int], None] | None,
+    opened: Mapping[int, Checkpoint] | None,
+) -> CastCountTable:
+    """Write the plan's SavedModel (see :mod:`tfckpt.rewrite.savedmodel`): the whole
+    directory under a temporary name, its variables the plan's checkpoint, the source's
+    other files copied; then renamed into place (:class:`DirectoryCommit`). A failure
+    leaves nothing, and what was at the destination as it was."""
+    sm = p.saved_model
+    assert sm is not None
+    out = stores.out
+    commit = DirectoryCommit(out, sm.directory, overwrite=sm.replaces, durable=options.durable)
+    try:
+        staged = dataclasses.replace(p, dst=sm.variables_prefix(out, commit.stage))
+        tasks = shard_tasks(staged, options, stores=stores)
+        counts = run_and_commit(out, staged.dst, tasks, options, False, progress, opened)
+        sm.copy_into(out, commit.stage)
+        commit.publish()
+    except BaseException:
+        commit.discard()
+        raise
+    return counts
 
 
 def run_and_commit(

@@ -98,7 +98,10 @@ class Options:
       ``permute`` (see :mod:`tfckpt.rewrite.pieces`); not for a TF2 output.
     - ``prefer``: which source wins a name present in several (default: error).
     - ``max_shard_bytes``: re-shard; by default the sources' shard layout is kept.
-    - ``overwrite``: replace an existing checkpoint at the destination.
+    - ``overwrite``: replace an existing checkpoint (or SavedModel) at the destination.
+    - ``checkpoint_only``: from a SavedModel directory to a directory, write its variables
+      alone, as a checkpoint (``DST/variables``), not a SavedModel (see
+      :mod:`tfckpt.rewrite.savedmodel`).
 
     How to write it (used by :func:`tfckpt.execute`):
 
@@ -137,6 +140,7 @@ class Options:
     prefer: Prefer | None = _plan()
     max_shard_bytes: int | None = _plan()
     overwrite: bool = _plan(False)
+    checkpoint_only: bool = _plan(False)
 
     overflow: OverflowPolicy = _execution("error")
     chunk_bytes: int = _execution(MEMORY_BUDGET)

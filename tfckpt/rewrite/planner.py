@@ -31,6 +31,7 @@ from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.pieces import assemble
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, check_mapped
+from tfckpt.rewrite.savedmodel import check_saved_model, saved_model_output, source_saved_model
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -222,7 +223,11 @@ def plan(
     srcs = open_sources(sources, storage_options)
     naming = NameRules.of(options)
     store = destination_storage(dst, srcs, storage_options)
-    dst = resolve_destination(store, dst, srcs, options.overwrite, writes=writes)
+    sm = saved_model_output(sources, srcs, dst, store, options) if writes else None
+    if sm is not None:
+        dst = sm.variables_prefix(store)
+    else:
+        dst = resolve_destination(store, dst, srcs, options.overwrite, writes=writes)
 
     dropped: list[tuple[str, str, str]] = []
     drop_specs = list(options.drop_objects)
@@ -252,6 +257,8 @@ def plan(
     follow_source_layouts(srcs, options)
     planned = _planned_tensors(srcs, chosen, policy, flats, fixed, books)
     p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    p.saved_model, p.from_saved_model = sm, source_saved_model(sources, srcs)
+    check_saved_model(p)
     # Each pattern no tensor matched, also among those left out before it was tried.
     flat_of = {s.label: flats[i] for i, s in enumerate(srcs)}
     left = [(n, flat_of[label].get(n)) for label, n, _ in dropped]

@@ -9,7 +9,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from tfckpt.rewrite.rules import (
     bookkeeping_kept,
     unmatched_error,
 )
+
+if TYPE_CHECKING:
+    from tfckpt.rewrite.savedmodel import SavedModelOutput
 
 
 @dataclass
@@ -415,6 +418,11 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     # The patterns (option, pattern) that matched no tensor: see check_matched.
     unmatched: list[Unmatched] = field(default_factory=list, repr=False)
+    # A SavedModel written around the checkpoint (see tfckpt.rewrite.savedmodel): the
+    # checkpoint's final prefix is ``dst``; and the SavedModel directory the one source
+    # was given as (whatever is written).
+    saved_model: SavedModelOutput | None = None
+    from_saved_model: str | None = None
 
     def __post_init__(self):
         self.tensors = PlannedTensors.of(self.tensors)
@@ -511,6 +519,7 @@ class Plan:
             "bytes_out": self.bytes_out,
             **({"dtype_rules": counts} if counts is not None else {}),
             **({"bookkeeping_kept": kept} if kept else {}),
+            **({"saved_model": self.saved_model.to_dict()} if self.saved_model else {}),
         }
 
     def _average_dict(self) -> dict:

@@ -124,6 +124,7 @@ def options_from(args, **extra) -> Options:
         prefer=getattr(args, "prefer", None),  # verify --against: no output options
         max_shard_bytes=getattr(args, "max_shard_bytes", None),
         overwrite=getattr(args, "overwrite", False),
+        checkpoint_only=getattr(args, "checkpoint_only", False),
         overflow=args.overflow,
         chunk_bytes=args.chunk_bytes,
         durable=getattr(args, "durable", True),
@@ -161,6 +162,20 @@ def _print_plan(p: Plan) -> None:
     for label, n in (counts or {}).items():
         emit(f"dtype {label}: {n} tensors")
     emit_bookkeeping(kept, "would keep", err=False)
+    sm = p.saved_model
+    if sm is not None:
+        left = f"; {', '.join(sm.left_out)} left out" if sm.left_out else ""
+        verb = "replacing the one there" if sm.replaces else "new"
+        emit(
+            f"SavedModel {sm.directory} ({verb}): {sm.described() or 'no other file'} "
+            f"copied from {sm.source}{left}"
+        )
+    else:
+        from tfckpt.rewrite.savedmodel import bare_checkpoint_note
+
+        note = bare_checkpoint_note(p)
+        if note is not None:
+            emit(f"note: {note}")
     emit(
         f"{len(p.tensors)} tensors to {p.dst}, {human_bytes(p.bytes_in)} in, "
         f"{human_bytes(p.bytes_out)} out, {len(p.dropped)} dropped"
@@ -175,8 +190,9 @@ def _print_plan(p: Plan) -> None:
 
 
 def _print_summary(sm: Summary) -> None:
+    what = sm.dst if sm.saved_model is None else f"SavedModel {sm.saved_model}"
     emit(
-        f"wrote {sm.dst}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
+        f"wrote {what}: {sm.kept} tensors kept, {sm.dropped} dropped, {sm.renamed} renamed, "
         f"{sm.cast} cast; {human_bytes(sm.bytes_in)} in, {human_bytes(sm.bytes_out)} out, "
         f"{sm.seconds:.2f} s",
         err=True,
@@ -193,6 +209,8 @@ def _print_summary(sm: Summary) -> None:
     for rule, n in (sm.dtype_rules or {}).items():
         emit(f"  dtype {rule}: {n} tensors", err=True)
     emit_bookkeeping(sm.bookkeeping_kept, "  kept")
+    for note in sm.notes:
+        emit(f"tfckpt: note: {note}", err=True)
     for warning in sm.warnings:
         emit(f"tfckpt: warning: {warning}", err=True)
 
@@ -386,6 +404,7 @@ def cmd_edit(args) -> int:
         chunk_bytes=args.chunk_bytes,
         durable=args.durable,
         overwrite=args.overwrite,
+        checkpoint_only=args.checkpoint_only,
         max_shard_bytes=args.max_shard_bytes,
     )
     p = plan_edit(

@@ -13,7 +13,10 @@ if TYPE_CHECKING:
     from tfckpt.cli.parsers.base import Subparsers
 
 SRC_HELP = "the checkpoint: a prefix, its .index, or a directory (its latest checkpoint)"
-DST_HELP = "the output prefix, or a directory (the source's name is kept)"
+DST_HELP = (
+    "the output prefix, or a directory (the source's name is kept; from a SavedModel "
+    "directory, a SavedModel)"
+)
 
 
 def add_convert(sub: Subparsers) -> None:
@@ -28,7 +31,7 @@ def add_convert(sub: Subparsers) -> None:
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     p.add_argument("dst", metavar="DST", help=DST_HELP)
-    opt.add_transform_options(p)
+    opt.add_transform_options(p, checkpoint_only=True)
     g = p.add_argument_group("report")
     g.add_argument(
         "--report",
@@ -52,7 +55,7 @@ def add_rename(sub: Subparsers) -> None:
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     p.add_argument("dst", metavar="DST", help=DST_HELP)
-    opt.add_transform_options(p)
+    opt.add_transform_options(p, checkpoint_only=True)
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -66,7 +69,7 @@ def add_select(sub: Subparsers) -> None:
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     p.add_argument("dst", metavar="DST", help=DST_HELP)
-    opt.add_transform_options(p)
+    opt.add_transform_options(p, checkpoint_only=True)
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -81,7 +84,7 @@ def add_merge(sub: Subparsers) -> None:
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="the checkpoints to join")
     p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
-    opt.add_transform_options(p)
+    opt.add_transform_options(p, checkpoint_only=True)
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -421,6 +424,7 @@ def add_edit(sub: Subparsers) -> None:
     r.add_argument("--axis", type=int, default=0, help="the axis of rows (default 0)")
     o = p.add_argument_group("output")
     opt.add_write_options(o, shard_help="re-shard the output (default: keep the source's shards)")
+    opt.add_checkpoint_only(o)
     opt.add_plan_output(o)
     opt.add_chunk_bytes(o)
     p.set_defaults(func="transform.cmd_edit", executor=None)
