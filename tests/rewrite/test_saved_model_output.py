@@ -465,3 +465,33 @@ def test_a_killed_run_leaves_no_saved_model_and_the_next_run_clears_its_stage(sm
     assert rc == 0, err
     assert temporaries(tmp_path) == []
     assert int(served(out)["steps"]) == 7
+
+
+@pytest.mark.parametrize(
+    "argv,whose",
+    [
+        (
+            ["merge", "{src}", "{src2}", "-o", "{out}", "--prefer", "last"],
+            "made of the variables of the SavedModels",
+        ),
+        (["average", "{src}", "{src2}", "-o", "{out}"], "made of the variables of the SavedModels"),
+        (["graft", "{src}", "{src2}", "-o", "{out}"], "made of the variables of the SavedModels"),
+        (["flatten", "{src}", "{out}"], "the variables of the SavedModel"),
+    ],
+)
+def test_every_rewrite_of_saved_models_into_a_checkpoint_says_what_it_wrote(
+    sm, tmp_path, argv, whose
+):
+    """A rewrite of several SavedModels (merge, average, graft) or one that drops the
+    object graph (flatten) writes a checkpoint to a prefix, and says so."""
+    src, _ = sm
+    src2 = tmp_path / "src2"
+    shutil.copytree(src, src2)
+    out = tmp_path / "out" / "model"
+    args = [a.format(src=src, src2=src2, out=out) for a in argv]
+    rc, _, err = in_process(*args)
+    assert rc == 0, err
+    note = next(line for line in err.splitlines() if line.startswith("tfckpt: note:"))
+    assert note.startswith(f"tfckpt: note: {out} is {whose}"), note
+    assert "not a SavedModel" in note and f"tf.train.Checkpoint(model).read('{out}')" in note
+    assert (tmp_path / "out" / "model.index").is_file()

@@ -46,6 +46,7 @@ from tfckpt.rewrite.planner import (
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensors, Source
 from tfckpt.rewrite.rules import DtypePolicy
+from tfckpt.rewrite.savedmodel import source_saved_models
 
 EMA_SUFFIX = "/ExponentialMovingAverage"  # TF1: the shadow of variable v is v + EMA_SUFFIX
 KERAS_EMA_LIST = "_model_variables_moving_average"  # TF2: a Keras optimizer's shadows
@@ -267,11 +268,14 @@ def plan_average(
         directory = str(sources)
         # The checkpoints the state file names are on the storage of its directory.
         store = storage_for(normalize(directory), storage_options)
-        srcs = open_sources(newest_checkpoints(store, directory, last), None, store=store)
+        sources = newest_checkpoints(store, directory, last)
+        srcs = open_sources(sources, None, store=store)
     else:
         srcs = open_sources(sources, storage_options)
     try:
-        return _plan(srcs, dst, options, weights, use_ema, storage_options)
+        p = _plan(srcs, dst, options, weights, use_ema, storage_options)
+        p.from_saved_models = source_saved_models(sources, srcs)
+        return p
     except BaseException:
         for s in srcs:
             s.ckpt.close()

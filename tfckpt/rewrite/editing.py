@@ -48,7 +48,7 @@ from tfckpt.rewrite.planner import (
     source_flat_names,
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
-from tfckpt.rewrite.savedmodel import check_saved_model, saved_model_output, source_saved_model
+from tfckpt.rewrite.savedmodel import check_saved_model, saved_model_output, source_saved_models
 
 # Options edit does not take: it writes each tensor in its own dtype, shape and name.
 _NOT_TAKEN = (
@@ -241,7 +241,8 @@ def _plan(
     p = finished_plan(srcs, dst, planned, dropped, graph, options, store)
     p.notes, p.warnings = ed.notes, ed.warnings
     p.saved_model = sm
-    p.from_saved_model = None if in_place else source_saved_model(given, srcs)
+    p.writes_saved_models = True
+    p.from_saved_models = [] if in_place else source_saved_models(given, srcs)
     check_saved_model(p)
     return p
 

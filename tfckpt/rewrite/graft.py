@@ -57,6 +57,7 @@ from tfckpt.rewrite.planner import (
 )
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 from tfckpt.rewrite.rules import RENAME_EXACT, NameRules, compile_patterns, compile_rules
+from tfckpt.rewrite.savedmodel import source_saved_models
 from tfckpt.rewrite.tf1slots import (
     ADAM_BETAS,
     BETA_POWERS,
@@ -129,6 +130,7 @@ def plan_graft(
         _scaled(t, scales.get(t.new_name))
     follow_source_layouts(srcs, options)
     p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
+    p.from_saved_models = source_saved_models([template, *sources], srcs)
     p.unmatched = naming.unmatched((n, None) for _, n, _ in dropped)
     p.check_matched()
     return p

@@ -31,7 +31,7 @@ from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.pieces import assemble
 from tfckpt.rewrite.plans import Plan, PlannedTensor, PlannedTensors, Source
 from tfckpt.rewrite.rules import DtypePolicy, NameRules, ShapeRules, check_mapped
-from tfckpt.rewrite.savedmodel import check_saved_model, saved_model_output, source_saved_model
+from tfckpt.rewrite.savedmodel import check_saved_model, saved_model_output, source_saved_models
 
 SAVE_COUNTER = "save_counter"  # the bookkeeping child every tf.train.Checkpoint.save() adds
 
@@ -257,7 +257,8 @@ def plan(
     follow_source_layouts(srcs, options)
     planned = _planned_tensors(srcs, chosen, policy, flats, fixed, books)
     p = finished_plan(srcs, dst, planned, dropped, graph_bytes, options, store)
-    p.saved_model, p.from_saved_model = sm, source_saved_model(sources, srcs)
+    p.saved_model, p.writes_saved_models = sm, True
+    p.from_saved_models = source_saved_models(sources, srcs)
     check_saved_model(p)
     # Each pattern no tensor matched, also among those left out before it was tried.
     flat_of = {s.label: flats[i] for i, s in enumerate(srcs)}

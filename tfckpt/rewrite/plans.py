@@ -419,10 +419,11 @@ class Plan:
     # The patterns (option, pattern) that matched no tensor: see check_matched.
     unmatched: list[Unmatched] = field(default_factory=list, repr=False)
     # A SavedModel written around the checkpoint (see tfckpt.rewrite.savedmodel): the
-    # checkpoint's final prefix is ``dst``; and the SavedModel directory the one source
-    # was given as (whatever is written).
+    # checkpoint's final prefix is ``dst``; the SavedModel directories sources were given
+    # as (whatever is written); whether this rewrite could have written a SavedModel.
     saved_model: SavedModelOutput | None = None
-    from_saved_model: str | None = None
+    from_saved_models: list[str] = field(default_factory=list)
+    writes_saved_models: bool = False
 
     def __post_init__(self):
         self.tensors = PlannedTensors.of(self.tensors)

@@ -120,10 +120,17 @@ def saved_model_directory(src, ckpt: Checkpoint) -> str | None:
 
 def source_saved_model(sources, srcs: list[Source]) -> str | None:
     """The SavedModel directory of a rewrite's one source, given as one; else None."""
+    found = source_saved_models(sources, srcs)
+    return found[0] if len(found) == 1 and len(srcs) == 1 else None
+
+
+def source_saved_models(sources, srcs: list[Source]) -> list[str]:
+    """The SavedModel directories among a rewrite's sources, each given as one."""
     given = [sources] if isinstance(sources, (str, os.PathLike, Checkpoint)) else list(sources)
-    if len(srcs) != 1 or len(given) != 1:
-        return None
-    return saved_model_directory(given[0], srcs[0].ckpt)
+    if len(given) != len(srcs):
+        return []
+    found = (saved_model_directory(g, s.ckpt) for g, s in zip(given, srcs))
+    return [d for d in found if d is not None]
 
 
 def is_directory_destination(store: Storage, dst) -> bool:
@@ -311,16 +318,27 @@ def check_saved_model(p: Plan) -> None:
 
 
 def bare_checkpoint_note(p: Plan) -> str | None:
-    """What a checkpoint written from a SavedModel's variables is, and how to use it;
-    None when the source is no SavedModel or the output is one."""
-    if p.saved_model is not None or p.from_saved_model is None:
+    """What a checkpoint written from SavedModels' variables is, and how to use it; None
+    when no source is a SavedModel or the output is one."""
+    if p.saved_model is not None or not p.from_saved_models:
         return None
+    one = len(p.from_saved_models) == 1
+    whose = (
+        f"the variables of the SavedModel {p.from_saved_models[0]} alone"
+        if one
+        else f"made of the variables of the SavedModels {', '.join(p.from_saved_models)}"
+    )
     return (
-        f"{p.dst} is the variables of the SavedModel {p.from_saved_model} alone, a "
-        "checkpoint, not a SavedModel: restore it into a model built in Python "
-        f"(tf.train.Checkpoint(model).read({p.dst!r}), or tfckpt.restore, which casts); "
-        "a directory as the destination, without --checkpoint-only (checkpoint_only=True), "
-        "writes a SavedModel where the variables keep their dtypes and shapes"
+        f"{p.dst} is {whose}, a checkpoint, not a SavedModel: restore it into a model built "
+        f"in Python (tf.train.Checkpoint(model).read({p.dst!r}), or tfckpt.restore, which "
+        "casts)"
+        + (
+            "; a directory as the destination, without --checkpoint-only "
+            "(checkpoint_only=True), writes a SavedModel where the variables keep their "
+            "dtypes and shapes"
+            if one and p.writes_saved_models
+            else ""
+        )
     )
 
 
