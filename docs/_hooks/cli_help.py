@@ -177,30 +177,57 @@ def _names(action: argparse.Action) -> str:
     return ", ".join(_option(o) for o in action.option_strings)
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], kind: str) -> str:
+def _table(
+    head: tuple[str, ...], rows: list[tuple[str, ...]], kind: str, marked: list[bool] | None = None
+) -> str:
     cells = "".join(f"<th>{h}</th>" for h in head)
-    body = "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    marks = marked or [False] * len(rows)
+    body = "\n".join(
+        ("<tr data-essential>" if mark else "<tr>")
+        + "".join(f"<td>{c}</td>" for c in row)
+        + "</tr>"
+        for row, mark in zip(rows, marks)
+    )
     return (
         f'<table data-cli="{kind}">\n<thead><tr>{cells}</tr></thead>\n'
         f"<tbody>\n{body}\n</tbody>\n</table>"
     )
 
 
-def options_table(group: Group) -> str:
-    """One group's table: Option | Argument | Default | Description."""
+def essential(command: str) -> set[str] | None:
+    """The flags ``tfckpt COMMAND --help`` shows (the rest only ``--help-all``), as the
+    command line says (``tfckpt.cli.parsers.option_rows``); None where it does not say,
+    its help showing every option."""
+    try:
+        from tfckpt.cli.parsers import option_rows
+    except ImportError:
+        return None
+    return {flag for row in option_rows(command) if row.essential for flag in row.flags}
+
+
+def options_table(group: Group, shown: set[str] | None = None) -> str:
+    """One group's table: Option | Argument | Default | Description; the rows of the
+    options in ``shown`` marked (``data-essential``, drawn in bold)."""
     if group.title == "Arguments":
         rows = [(_names(a), _description(a)) for a in group.actions]
         return _table(("Argument", "Description"), rows, "arguments")
     rows = [(_names(a), _argument(a), _default(a), _description(a)) for a in group.actions]
-    return _table(("Option", "Argument", "Default", "Description"), rows, "options")
+    marked = [bool(shown and shown & set(a.option_strings)) for a in group.actions]
+    return _table(("Option", "Argument", "Default", "Description"), rows, "options", marked)
 
 
 def command_markdown(command: str) -> str:
     """The usage line, then a heading and a table per group of options."""
     parts = [f"```text\n{usage(command)}\n```"]
+    shown = essential(command)
+    if shown:
+        parts.append(
+            f"The options in bold are those `tfckpt {command} --help` shows; "
+            f"`tfckpt {command} --help-all` shows them all, as these tables do."
+        )
     for g in groups(command):
         title = g.title + (" (shared)" if g.shared and "shared" not in g.title else "")
-        parts += [f"### {title}", options_table(g)]
+        parts += [f"### {title}", options_table(g, shown)]
     return "\n\n".join(parts)
 
 

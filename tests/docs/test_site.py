@@ -99,7 +99,9 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
 def _first_cells(page_html: str) -> list[str]:
     """The text of the first cell of each row of the page's options and arguments tables."""
     cells = []
-    for table in re.findall(r'<table data-cli="(?:options|arguments)">(.*?)</table>', page_html, re.S):
+    for table in re.findall(
+        r'<table data-cli="(?:options|arguments)">(.*?)</table>', page_html, re.S
+    ):
         for cell in re.findall(r"<tr>\s*<td>(.*?)</td>", table, re.S):
             cells.append(html.unescape(re.sub(r"<[^>]+>", "", cell)))
     return cells

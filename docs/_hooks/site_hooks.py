@@ -1,8 +1,8 @@
 """MkDocs hook: what the site takes from the repository at build time, and what makes it work
 opened from files.
 
-- The release, ``tfckpt.__version__``, as ``config.extra.release`` (the header shows it; Material keeps
-  ``extra.version`` for its version selector).
+- The release, ``tfckpt.__version__``, as ``config.extra.release`` (the header shows it;
+  Material keeps ``extra.version`` for its version selector).
 - ``<!-- readme: HEADING -->`` in a page becomes the README's section of that heading, its
   links made relative to the page: the home page's "I want to …" table is the README's.
 - In a table row, ``\\|`` inside a code span is GitHub's escape for ``|``: GitHub shows
@@ -42,10 +42,15 @@ def readme_section(readme: str, heading: str) -> str:
     return "\n".join(lines[start + 1 : end]).strip()
 
 
-def relink(text: str, repo_url: str | None) -> str:
-    """README's links, relative to the repository's root, made relative to the docs' root:
-    ``docs/x.md`` becomes ``x.md``, another file of the repository its page at the
-    repository (or is left as it is without ``repo_url``)."""
+def relink(text: str, repo_url: str | None, page_dir: str = "") -> str:
+    """README's links, relative to the repository's root, made relative to a page in
+    ``page_dir`` of the docs: ``docs/x.md`` becomes ``x.md`` (from the docs' root), another
+    file of the repository its page at the repository (or is left as it is without
+    ``repo_url``).
+
+    >>> relink("[a](docs/tutorials/a.md) [b](Makefile)", "https://host/r", "commands")
+    '[a](../tutorials/a.md) [b](https://host/r/blob/main/Makefile)'
+    """
 
     def fix(m: re.Match) -> str:
         target = m[2]
@@ -53,7 +58,8 @@ def relink(text: str, repo_url: str | None) -> str:
             return m[0]
         path = posixpath.normpath(target)
         if path.startswith("docs/"):
-            return f"{m[1]}{path[len('docs/') :]}{m[3]}"
+            inside = posixpath.relpath(path[len("docs/") :], page_dir or ".")
+            return f"{m[1]}{inside}{m[3]}"
         if repo_url:
             return f"{m[1]}{repo_url.rstrip('/')}/blob/main/{path}{m[3]}"
         return m[0]
@@ -87,7 +93,7 @@ def on_page_markdown(markdown, page, config, files):
     def include(m: re.Match) -> str:
         readme = Path(config.config_file_path).parent / "README.md"
         section = readme_section(readme.read_text(encoding="utf-8"), m[1])
-        return relink(section, config.repo_url)
+        return relink(section, config.repo_url, posixpath.dirname(page.file.src_uri))
 
     return unescape_table_pipes(_README_MARK.sub(include, markdown))
 
