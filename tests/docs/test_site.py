@@ -136,7 +136,11 @@ def _readme_rows() -> list[str]:
     section = re.search(r"^## I want to …\n(.*?)(?=^## )", text, re.S | re.M)
     assert section, "README.md has no '## I want to …' section"
     rows = [line for line in section[1].splitlines() if line.startswith("|")]
-    return [row.strip("|").split("|")[0].strip() for row in rows[2:]]  # header, rule
+    cells = [row.strip("|").split("|")[0].strip() for row in rows[2:]]  # header, rule
+    # As the page shows them: a link's text, no code or emphasis marks.
+    return [
+        re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", c).replace("`", "").replace("**", "") for c in cells
+    ]
 
 
 def test_no_escaped_pipe_shows_in_a_table(site):
@@ -232,6 +236,16 @@ return [...document.querySelectorAll('article .md-typeset__scrollwrap')]
   .filter(w => w.scrollWidth > w.clientWidth + 1)
   .map(w => w.textContent.slice(0, 80));
 """
+
+
+def test_every_command_page_fits(site, browser):
+    """The options tables of every command fit the text column, no row scrolling sideways."""
+    pages = sorted((site / "commands").glob("*.html"))
+    assert len(pages) > 20
+    for page in pages:
+        _open(browser, site, str(page.relative_to(site)))
+        assert browser.execute_script(OVERFLOW) == [], page.name
+        assert browser.execute_script(SCROLLING_TABLES) == [], page.name
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))
