@@ -68,6 +68,17 @@ def browser():
         yield driver
 
 
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where the screenshots go: the test's temporary folder, or TFCKPT_SITE_SHOTS=DIR for
+    a person to look at."""
+    where = os.environ.get("TFCKPT_SITE_SHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        return Path(where)
+    return tmp_path_factory.mktemp("screenshots")
+
+
 def _config() -> dict:
     import yaml
 
@@ -249,7 +260,7 @@ def test_every_command_page_fits(site, browser):
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))
-def test_page_fits_and_has_no_empty_section(site, browser, name, tmp_path_factory):
+def test_page_fits_and_has_no_empty_section(site, browser, name, shots):
     _open(browser, site, PAGES[name])
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe
@@ -261,9 +272,10 @@ def test_page_fits_and_has_no_empty_section(site, browser, name, tmp_path_factor
     sections = browser.execute_script(SECTIONS)
     assert [title for title, filled in sections if not filled] == []
     # The whole page (up to 8000 pixels of it), for a person to look at, and not blank.
-    shots = tmp_path_factory.mktemp("screenshots")
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(1280, min(height, 8000))
+    height, chrome = browser.execute_script(
+        "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
+    )
+    browser.set_window_size(1280, min(height, 8000) + chrome)
     png = browser.get_screenshot_as_png()
     (shots / f"{name}.png").write_bytes(png)
     assert browser_helpers.not_blank(png) > 20
