@@ -5,7 +5,9 @@ line. ``<!-- cli-help: -->`` (no command) gives the commands and the top-level o
 Every option the parser holds is listed, whatever its ``--help`` shows: the table reads the
 parser's actions, not the help text. The command's own groups come first (its arguments,
 its options, the groups only it has), then the groups it shares with other commands (the
-rewriting options, the options every command takes), each under a heading of its own.
+rewriting options, the options every command takes), each under a heading of its own, and
+the help options last. Where the command line says which options its short ``--help``
+shows (``tfckpt.cli.parsers.option_rows``), those are drawn in bold.
 
 The tables are HTML, not Markdown: an option's help may hold ``|`` (a regular expression),
 which a Markdown table would take for a cell boundary or show escaped.
