@@ -2,7 +2,7 @@
 folder, opened from its files in headless Chromium (tests/browser_helpers.py).
 
 The home page, a tutorial, a command page and the API reference are screenshot (kept in
-the test's temporary folder) and checked: nothing wider than the page, no block running out
+the test's temporary folder, or TFCKPT_SITE_SHOTS=DIR) and checked: nothing wider than the page, no block running out
 of the text column, no heading without content under it. The header has the tabs, the
 repository link and the release; the home page's "I want to …" table is README.md's; each
 command page lists every option its parser has, in tables; search works from file://.
@@ -82,11 +82,7 @@ def shots(tmp_path_factory) -> Path:
 def _config() -> dict:
     import yaml
 
-    class Loader(yaml.SafeLoader):  # mkdocs.yml's !!python/name tags, if any, as text
-        pass
-
-    Loader.add_multi_constructor("", lambda loader, suffix, node: None)
-    return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)
+    return yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
 
 
 def _open(browser, site: Path, page: str) -> None:
