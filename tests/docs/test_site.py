@@ -23,6 +23,8 @@ import pytest
 
 import tfckpt
 
+pytestmark = pytest.mark.browser
+
 ROOT = Path(__file__).resolve().parents[2]
 TABS = ["Get started", "Tutorials", "Commands", "Presets", "Reference"]
 PAGES = {  # screenshot name: the page, as the site writes it
