@@ -100,7 +100,7 @@ def test_a_page_is_one_terminal(tmp_path):
         tmp_path,
         "```console\n"
         "$ export GREETING='hello  there'\n"
-        '$ printf \'%s|\' "$GREETING" a#b > greeting.txt   # a comment, to bash\n'
+        "$ printf '%s|' \"$GREETING\" a#b > greeting.txt   # a comment, to bash\n"
         "$ sleep 300 > /dev/null 2>&1 &\n"
         "$ echo $! > sleeper.pid\n"
         "```\n\n"

@@ -13,12 +13,16 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import docs_examples
 import docs_setups
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the package's own dependency there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
