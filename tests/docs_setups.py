@@ -5,9 +5,11 @@ run in a fresh copy of that setup's directory. The setups:
 
 - ``none``: an empty directory (the page makes what it uses, as the Getting started page
   does with TensorFlow);
-- ``demo``: ``train/model.ckpt-7``, the demo's float32 TF1-style training checkpoint
-  (``python -m tfckpt.demo``'s tensors: two conv layers with batch norm, a dense head,
-  Adam slots, ``global_step``), written by tfckpt (byte for byte what SaveV2 writes);
+- ``demo``: what ``make demo`` writes, made by the command its recipe runs (``python -m
+  tfckpt.demo demo-out``, read from the Makefile): ``demo-out/model.ckpt-7``, a float32
+  TF1-style training checkpoint (two conv layers with batch norm, a dense head, Adam
+  slots, ``global_step``; byte for byte what SaveV2 writes), and ``demo-out/fp16/``, its
+  float16 copy without the Adam slots;
 - ``tf``: the demo's files plus checkpoints TensorFlow writes in one process of its own
   (``python tests/docs_setups.py tf DIR``), listed in :func:`write_tf`;
 - ``releases``: tiny research releases under the released files' names, written by
@@ -21,21 +23,42 @@ imports TensorFlow.
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 SETUPS = ("none", "demo", "tf", "releases")
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo_command() -> list[str]:
+    """The command ``make demo`` runs, read from the Makefile's ``demo`` recipe, with this
+    interpreter for ``$(PY)`` (the virtual environment's Python there)."""
+    lines = (ROOT / "Makefile").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("demo:"))
+    recipe = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.strip())
+    if len(recipe) != 1 or not recipe[0].startswith("$(PY) "):
+        raise ValueError(f"the Makefile's demo recipe is not one `$(PY) ...` line: {recipe}")
+    return [sys.executable, *shlex.split(recipe[0].removeprefix("$(PY) "))]
+
 
 def write_demo(root: Path) -> None:
-    """``train/model.ckpt-7`` with its state file, as ``make demo`` writes it."""
-    import tfckpt
-    from tfckpt.demo import example_tensors
-
-    tfckpt.save(example_tensors(), str(root / "train" / "model.ckpt-7"))
-    (root / "train" / "checkpoint").write_text(
-        'model_checkpoint_path: "model.ckpt-7"\nall_model_checkpoint_paths: "model.ckpt-7"\n'
+    """What ``make demo`` writes, written by the command it runs, in ``root``."""
+    done = subprocess.run(
+        demo_command(),
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    if done.returncode:
+        raise RuntimeError(f"{demo_command()} exited {done.returncode}:\n{done.stderr[-4000:]}")
 
 
 def write_tf(root: Path) -> None:

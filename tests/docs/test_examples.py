@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,11 @@ from pathlib import Path
 import docs_examples
 import docs_setups
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the package's own dependency there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +61,110 @@ def test_runnable_blocks_exist():
     """The examples test tests something: most pages have examples that run."""
     runnable = sum(len(docs_examples.spec_of(_parse(n))["blocks"]) for n in PAGES)
     assert runnable >= 80
+
+
+def test_no_code_holds_an_escaped_pipe():
+    """No code on any page holds `\\|`, and no table's code span a `|`: pasted from the
+    file or from a rendering that keeps the backslash, `'^(a1\\|b1)/'` matches nothing."""
+    found = []
+    for name in PAGES:
+        found += docs_examples.escaped_pipes((ROOT / name).read_text(encoding="utf-8"), name)
+    assert not found, "\n".join(found)
+
+
+def test_readme_task_table_is_run_as_pasted():
+    """The README's "I want to …" table is one of its runnable blocks: every code span of
+    its command column is a command run as it reads, an API name, or one word."""
+    page = _parse("README.md")
+    tables = [b for b in page.blocks if b.lang == docs_examples.TABLE]
+    assert len(tables) == 1 and tables[0].skip is None
+    spans = docs_examples.table_spans(tables[0].text)
+    kinds = [docs_examples.span_kind(span) for _, span in spans]
+    assert None not in kinds, [s for (_, s), k in zip(spans, kinds) if k is None]
+    assert kinds.count("command") >= 20  # every row has one
+    rows = {k for k, _ in spans}
+    assert len(rows) == len(tables[0].text.splitlines()) - 2
+    assert tables[0].where in [b["where"] for b in docs_examples.spec_of(page)["blocks"]]
+
+
+# The words a page's examples use for its inputs: the top-level entries of its setup's
+# directory (tests/docs_setups.py), and what the page's prose must say about each.
+INPUTS = {
+    "demo": {"demo-out": "make demo"},
+    "tf": {
+        "demo-out": "make demo",
+        **{name: None for name in ("A", "B", "run", "tf1", "tf2", "v1", "keras")},
+    },
+}
+
+
+def _prose(text: str) -> str:
+    """A page without its fenced blocks and its task tables."""
+    out, fence = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        elif not fence and not line.lstrip().startswith("|"):
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_pages_state_their_input():
+    """A page whose examples use a file of its setup names it in its prose (`A/model.ckpt`,
+    `run/`...), and a page on what `make demo` writes says so: a reader knows what to
+    have before pasting."""
+    missing = []
+    for name in PAGES:
+        page = _parse(name)
+        used = "\n".join(b["text"] for b in docs_examples.spec_of(page)["blocks"])
+        prose = _prose((ROOT / name).read_text(encoding="utf-8"))
+        for entry, needs in INPUTS.get(page.setup, {}).items():
+            if not re.search(rf"(?<![\w./#-]){re.escape(entry)}/", used):
+                continue
+            if not re.search(rf"`{re.escape(entry)}/[^`]*`", prose):
+                missing.append(f"{name}: uses {entry}/ without naming it in its prose")
+            if needs and needs not in prose:
+                missing.append(f"{name}: uses {entry}/ without saying it is what `{needs}` writes")
+    assert not missing, "\n".join(missing)
+
+
+def _extras() -> dict[str, list[str]]:
+    """pyproject.toml's extras: {name: the distributions each installs}."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = data["project"]["optional-dependencies"]
+    return {
+        name: [re.match(r"[A-Za-z0-9_.-]+(\[[^\]]*\])?", r)[0] for r in reqs]
+        for name, reqs in extras.items()
+    }
+
+
+def test_every_extra_is_listed_with_what_it_installs():
+    """The README's install block and Getting started's table list every extra of
+    pyproject.toml, in the form that works in a clone (`pip install '.[report]'`), each
+    with the distributions it installs."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## Install")
+    install = readme[start : readme.index("\n## ", start + 1)]
+    table = {}
+    for line in (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8").splitlines():
+        cells = docs_examples.table_cells(line) if line.startswith("| `") else []
+        if len(cells) == 3:
+            table[cells[0].strip("`")] = cells[1]
+    missing = []
+    for name, dists in _extras().items():
+        if name not in table:
+            missing.append(f"getting-started.md: no row for the extra {name!r}")
+        if name != "dev" and f"pip install '.[{name}]'" not in install:
+            missing.append(f"README.md: no `pip install '.[{name}]'`")
+        if name == "dev":
+            included = re.search(r"\[(.*)\]", dists[0])[1].split(",")
+            dists = [f"`{n}`" for n in included]
+        for dist in dists:
+            if dist.lower() not in table.get(name, "").lower():
+                missing.append(f"getting-started.md: the {name!r} row does not name {dist}")
+            if name not in ("dev",) and dist.lower() not in install.lower():
+                missing.append(f"README.md: the {name!r} line does not name {dist}")
+    assert not missing, "\n".join(missing)
 
 
 def _setup(name: str, root: Path) -> subprocess.Popen | None:
