@@ -499,6 +499,18 @@ def uses_transformers(page: Page) -> bool:
     )
 
 
+def markers(page: Page) -> set[str]:
+    """The suite's markers (pyproject.toml) for what the page's examples need beyond
+    `make test-core`'s packages: transformers or PyTorch (``hf``), JAX (``jax``)."""
+    text = "\n".join(b.text for b in page.blocks if b.skip is None)
+    found = set()
+    if uses_transformers(page) or re.search(r"\b(import|from) torch\b", text):
+        found.add("hf")
+    if re.search(r"KERAS_BACKEND\W+jax\b|\b(import|from) jax\b", text):
+        found.add("jax")
+    return found
+
+
 def spec_of(page: Page) -> dict:
     """The blocks to run (and the files to write), in order, for :func:`run`."""
     return {
