@@ -451,6 +451,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.jax
 def test_keras_model_checked_as_load_weights_loads(tmp_path):
     import subprocess
     import sys

@@ -1053,7 +1053,12 @@ class KillLastTaskWorker:
         return f
 
 
-def settle(client, timeout=30.0) -> None:
+# How long a killed worker's replacement may take to join: a nanny starts a Python process
+# that imports tfckpt and numpy, seconds on an idle machine, over a minute on a loaded one.
+WORKER_START_S = 300
+
+
+def settle(client, timeout=120.0) -> None:
     """Wait until no task is running anywhere on the cluster."""
     deadline = time.monotonic() + timeout
     while any(client.processing().values()):
@@ -1084,7 +1089,7 @@ def test_dask_worker_killed_mid_run(dask_cluster, cases, tmp_path, dst_kind, req
         else:
             assert not (tmp_path / "out").exists()
     finally:
-        client.wait_for_workers(2, timeout=60)  # the nanny restarts it for the next tests
+        client.wait_for_workers(2, timeout=WORKER_START_S)  # the nanny restarts it for the next tests
 
 
 class LoseFirstResult:
@@ -1137,4 +1142,4 @@ def test_dask_result_lost_with_its_worker_is_recomputed(
         assert got == reference("max_shard_policy", max_shard_bytes=600)
     finally:
         settle(client)
-        client.wait_for_workers(2, timeout=60)
+        client.wait_for_workers(2, timeout=WORKER_START_S)
