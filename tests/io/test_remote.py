@@ -1089,7 +1089,8 @@ def test_dask_worker_killed_mid_run(dask_cluster, cases, tmp_path, dst_kind, req
         else:
             assert not (tmp_path / "out").exists()
     finally:
-        client.wait_for_workers(2, timeout=WORKER_START_S)  # the nanny restarts it for the next tests
+        # The nanny restarts it for the next tests.
+        client.wait_for_workers(2, timeout=WORKER_START_S)
 
 
 class LoseFirstResult:
