@@ -87,6 +87,7 @@ _KINDS: dict[str, dict[str, str]] = {
         "feed_forward_proj": _STR,
     },
 }
+_KINDS["mt5"] = _KINDS["t5"]  # MT5Config: T5Config's settings
 # Settings the class allows to be None (its default, or "derived from the others").
 _NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers"}
 # (hidden size, heads): the attention splits the one into the other's number of parts.
