@@ -28,6 +28,7 @@ from tfckpt.interop.presets import (
     bert,
     electra,
     gpt2,
+    gpt_neo,
     hf_tf2,
     loading,
     t5,
@@ -49,6 +50,7 @@ PRESETS: dict[str, Preset] = {
         electra.PRESET,
         electra.GENERATOR_PRESET,
         gpt2.PRESET,
+        gpt_neo.PRESET,
         t5.PRESET,
         hf_tf2.PRESET,
     )
