@@ -160,6 +160,8 @@ def write_releases(root: Path) -> None:
     - ``models/124M/model.ckpt`` and ``hparams.json``: GPT-2 (tests/gpt2_release.py);
     - ``t5.1.1-base/model.ckpt-1000000`` and ``t5-small/model.ckpt-1000000``, each with its
       ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
+    - ``GPT3_XL/model.ckpt-362000`` and the run's ``config.json``: GPT-Neo
+      (tests/gpt_neo_release.py, variant ``adam``);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -170,6 +172,7 @@ def write_releases(root: Path) -> None:
     import bert_release
     import electra_release
     import gpt2_release
+    import gpt_neo_release
     import t5_release
     from transform_helpers import save_v2
 
@@ -193,6 +196,9 @@ def write_releases(root: Path) -> None:
     for variant, name in (("t5.1.1", "t5.1.1-base"), ("t5", "t5-small")):
         save(root / name / "model.ckpt-1000000", t5_release.weights(variant))
         (root / name / "operative_config.gin").write_text(t5_release.gin_config(variant))
+    neo = root / "GPT3_XL"
+    save(neo / "model.ckpt-362000", gpt_neo_release.weights("adam"))
+    (neo / "config.json").write_text(json.dumps(gpt_neo_release.config("adam"), indent=4))
     _write_hf_tf2(root)
 
 

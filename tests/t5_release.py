@@ -15,7 +15,11 @@ attention, padding by sequence id, tied logits scaled by d_model**-0.5), saved a
 embedding, norms named layer_norm / final_layer_norm, a config from before
 DenseReluDense took an activation). ``t5.1.1``: gated-gelu feed-forward, logits of
 their own (decoder/logits/kernel), norms named rms_norm, heads*d_kv != d_model and a
-deeper decoder.
+deeper decoder. ``t5.1.1.lm100k``: the LM-adapted T5.1.1 (trained on from T5.1.1's
+checkpoint: the same layout, its gin naming the checkpoint it started from). ``mt5``
+(google-research/multilingual-t5) and ``byt5`` (google-research/byt5): T5.1.1's
+layout with mT5's vocabulary of 250 112 rows and ByT5's of 384, ByT5's encoder three
+times as deep as its decoder; their gins name their pretraining mixtures.
 """
 
 from __future__ import annotations
@@ -35,7 +39,20 @@ VARIANTS = {
         vocab=64, d_model=16, d_ff=24, heads=4, d_kv=6, layers=2, decoder_layers=3,
         gated=True, tied=False, norm="rms_norm", final_norm="rms_norm",
     ),
+    "t5.1.1.lm100k": dict(
+        vocab=64, d_model=16, d_ff=40, heads=2, d_kv=8, layers=2, decoder_layers=2,
+        gated=True, tied=False, norm="rms_norm", final_norm="rms_norm",
+    ),
+    "mt5": dict(
+        vocab=250_112, d_model=8, d_ff=12, heads=2, d_kv=4, layers=2, decoder_layers=2,
+        gated=True, tied=False, norm="rms_norm", final_norm="rms_norm",
+    ),
+    "byt5": dict(
+        vocab=384, d_model=16, d_ff=24, heads=4, d_kv=4, layers=3, decoder_layers=1,
+        gated=True, tied=False, norm="rms_norm", final_norm="rms_norm",
+    ),
 }  # fmt: skip
+MIXTURES = {"mt5": "mc4", "byt5": "byt5_mc4"}  # the READMEs' pretraining tasks
 BUCKETS, MAX_DISTANCE, EPSILON = 32, 128, 1e-6
 # Long enough for relative positions past the exact buckets; the second row is padded.
 INPUT_IDS = np.array(
@@ -60,7 +77,7 @@ def gin_config(variant: str) -> str:
     c = VARIANTS[variant]
     macros = (
         f"d_ff = {c['d_ff']}\nd_kv = {c['d_kv']}\nd_model = {c['d_model']}\n"
-        f"dropout_rate = {0.1 if variant == 't5' else 0.0}\nMIXTURE_NAME = 'c4_v020_unsupervised'\n"
+        f"dropout_rate = {0.1 if variant == 't5' else 0.0}\nMIXTURE_NAME = '{MIXTURES.get(variant, 'c4_v020_unsupervised')}'\n"
         f"num_heads = {c['heads']}\nnum_layers = {c['layers']}\n"
     )
     text = [
@@ -114,6 +131,11 @@ def gin_config(variant: str) -> str:
             f"{stack}/Unitransformer.shared_embedding_and_softmax_weights = {c['tied']}\n"
         )
     text.append("run.sequence_length = {'inputs': 512, 'targets': 114}\nrun.train_steps = 1000\n")
+    if variant == "t5.1.1.lm100k":
+        text.append(
+            "run.init_checkpoint = "
+            "'gs://t5-data/pretrained_models/t5.1.1.small/model.ckpt-1000000'\n"
+        )
     if variant != "t5":
         text.append("sublayer_rms_norm.epsilon = 1e-06\nsublayer_rms_norm.name = 'rms_norm'\n")
     return "\n".join(text)

@@ -23,13 +23,23 @@ from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError, did_you_mean, option
 from tfckpt.interop.comparing import compare, open_output
 from tfckpt.interop.export import close_opened, plan_export
-from tfckpt.interop.presets import albert, bert, electra, gpt2, hf_tf2, loading, t5, validation
+from tfckpt.interop.presets import (
+    albert,
+    bert,
+    electra,
+    gpt2,
+    gpt_neo,
+    hf_tf2,
+    loading,
+    t5,
+    validation,
+)
 from tfckpt.interop.presets.family import MAX_CONFIG_BYTES, Preset, Refused, parse_json
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.plans import Plan
-from tfckpt.rewrite.rules import given_patterns
+from tfckpt.rewrite.rules import UNMAPPED, given_patterns
 from tfckpt.rewrite.rulesfile import with_rules
 
 PRESETS: dict[str, Preset] = {
@@ -40,6 +50,7 @@ PRESETS: dict[str, Preset] = {
         electra.PRESET,
         electra.GENERATOR_PRESET,
         gpt2.PRESET,
+        gpt_neo.PRESET,
         t5.PRESET,
         hf_tf2.PRESET,
     )
@@ -180,14 +191,14 @@ def plan_preset(
         opts = with_rules(opts, made)
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
-    p = _plan_pt(src, out, opts, storage_options)
+    p = _planned(chosen, src, out, opts, storage_options)
     if made is None:
         arch = chosen.architecture(_shapes(p))
         unused = chosen.unused.get(arch, ())
         if unused:  # planned again without them
             close_opened(p, src)
             opts = with_rules(opts, {"exclude": list(unused)})
-            p = _plan_pt(src, out, opts, storage_options)
+            p = _planned(chosen, src, out, opts, storage_options)
     mine = given_patterns(given)
     p.unmatched = [u for u in p.unmatched if u in mine]
     p.options = Options.of(p.options, allow_unmatched=given.allow_unmatched)
@@ -197,6 +208,24 @@ def plan_preset(
         close_opened(p, src)
         raise
     return p, chosen, arch
+
+
+def _planned(
+    chosen: Preset, src, out: str, opts: Options, storage_options: StorageOptions | None
+) -> Plan:
+    """:func:`_plan_pt`, a tensor the preset's rules do not name refused as one the
+    family's model in transformers has no place for (the error names the preset)."""
+    try:
+        return _plan_pt(src, out, opts, storage_options)
+    except CheckpointError as e:
+        if UNMAPPED not in e.detail:
+            raise
+        reason = ", which transformers' model of this family has no place for"
+        refused = CheckpointError(f"{chosen.name}: {e.detail}{reason}", path=e.path)
+        # The command line's spelling of the options the message names, kept.
+        cli_detail = e.cli_message[len(e.message) - len(e.detail) :]
+        refused.cli_message = refused.message.replace(e.detail, cli_detail)
+        raise refused from None
 
 
 def _plan_pt(src, out: str, opts: Options, storage_options: StorageOptions | None) -> Plan:

@@ -1,5 +1,13 @@
-"""hf-t5: Mesh TensorFlow T5 and T5.1.1 (model.ckpt-N, operative_config.gin) to
-T5ForConditionalGeneration.
+"""hf-t5: Mesh TensorFlow T5, T5.1.1 and their descendants (model.ckpt-N,
+operative_config.gin) to T5ForConditionalGeneration or MT5ForConditionalGeneration.
+
+The descendants share T5.1.1's names and layouts: the LM-adapted T5.1.1 (t5.1.1.lm100k),
+mT5 (google-research/multilingual-t5) and ByT5 (google-research/byt5). mT5 and ByT5 are
+told apart by their vocabulary sizes, the only mark their checkpoints carry: mT5's
+SentencePiece model of 250 000 pieces and 100 sentinels padded to 250 112 rows, ByT5's
+3 special ids, 256 bytes and 125 sentinels (384 rows). An untied mT5 becomes
+MT5ForConditionalGeneration (``model_type`` ``mt5``, tokenizer T5Tokenizer); ByT5 a T5
+whose tokenizer is ByT5Tokenizer (as Google's own ports on the Hugging Face Hub are).
 
 The checkpoint's shapes fix most of the model (vocabulary, widths, heads, layers, gated
 feed-forward or not, tied logits or not); the operative config adds what shapes cannot
@@ -18,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfckpt.errors import CheckpointError
-from tfckpt.interop.presets.family import Preset, Shapes, check_shapes, shown
+from tfckpt.interop.presets.family import Preset, Shapes, shown
 from tfckpt.interop.presets.ginfile import Macro, read_gin
 
 # Where the setting is bound, first found first (keys without their module path:
@@ -72,6 +80,21 @@ _BIAS = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 _QUERY = "encoder.block.0.layer.0.SelfAttention.q.weight"
 _WI = "encoder.block.0.layer.1.DenseReluDense.wi.weight"
 _WI_0 = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight"
+_LM_HEAD = "lm_head.weight"
+
+# Vocabulary sizes of releases whose checkpoints look like T5.1.1's (see the module's text).
+MT5_VOCAB = 250_112
+BYT5_VOCAB = 384
+T5 = "T5ForConditionalGeneration"
+MT5 = "MT5ForConditionalGeneration"
+
+
+def _architecture(shapes: Shapes) -> str:
+    """MT5ForConditionalGeneration for an untied model of mT5's vocabulary, else T5's.
+    (MT5's class never scales the decoder's output by d_model**-0.5, which a tied Mesh
+    TF model does: a tied one stays a T5, which does.)"""
+    vocab = tuple(shapes.get(_EMBEDDING, (0,)))[:1]
+    return MT5 if vocab == (MT5_VOCAB,) and _LM_HEAD in shapes else T5
 
 
 def _short(key: str) -> str:
@@ -186,10 +209,10 @@ def _t5_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
         len({n.split(".")[2] for n in shapes if n.startswith(f"{stack}.block.")})
         for stack in ("encoder", "decoder")
     ]
-    tied = "lm_head.weight" not in shapes
+    tied = _LM_HEAD not in shapes
     out: dict[str, Any] = {
         "architectures": [arch],
-        "model_type": "t5",
+        "model_type": "mt5" if arch == MT5 else "t5",
         "vocab_size": _agree(config, "vocab_size", vocab, f"{_EMBEDDING}'s {vocab} rows"),
         "d_model": _agree(config, "d_model", d_model, f"{_EMBEDDING}'s {d_model} columns"),
         "num_heads": _agree(config, "num_heads", heads, f"{_BIAS}'s {heads} columns"),
@@ -212,6 +235,10 @@ def _t5_config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
         "eos_token_id": 1,
         "decoder_start_token_id": 0,
     }
+    if arch == MT5:
+        out["tokenizer_class"] = "T5Tokenizer"
+    elif vocab == BYT5_VOCAB:
+        out["tokenizer_class"] = "ByT5Tokenizer"
     for setting in ("layer_norm_epsilon", "dropout_rate"):
         found = _lookup(config, _WHERE[setting])
         if found is not None:
@@ -238,7 +265,20 @@ def _check_complete(shapes: Shapes, c: Mapping[str, Any]) -> None:
         raise CheckpointError(
             f"the checkpoint lacks {', '.join(missing[:3])}{more}, which a T5 of this config has"
         )
-    check_shapes(shapes, want)
+    for name, shape in want.items():
+        if tuple(shapes[name]) == shape:
+            continue
+        if ".block." in name:
+            why = (
+                "the first encoder block's sizes make it: transformers' T5 has the same sizes "
+                "(heads, d_kv, d_ff) in every layer, which a release with wider layers "
+                "(t5.1.n4w10) has not"
+            )
+        else:
+            why = f"{_EMBEDDING}'s make it: transformers' T5 takes d_model and vocab_size from it"
+        raise CheckpointError(
+            f"{name} has the shape {list(shapes[name])}, not {list(shape)} as {why}"
+        )
 
 
 def _t5_shapes(c: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -270,11 +310,12 @@ def _t5_shapes(c: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 PRESET = Preset(
     "hf-t5",
-    "Mesh TensorFlow T5 and T5.1.1 (google-research/text-to-text-transfer-transformer) "
-    "to transformers' T5ForConditionalGeneration",
+    "Mesh TensorFlow T5, T5.1.1, LM-adapted T5.1.1, mT5 and ByT5 "
+    "(google-research/text-to-text-transfer-transformer, multilingual-t5, byt5) to "
+    "transformers' T5ForConditionalGeneration or MT5ForConditionalGeneration",
     ("encoder/block_000/layer_000/SelfAttention/relative_attention_bias",),
     ("operative_config.gin",),
-    lambda shapes: "T5ForConditionalGeneration",
+    _architecture,
     _t5_config,
     read=read_gin,
 )

@@ -87,14 +87,33 @@ _KINDS: dict[str, dict[str, str]] = {
         "feed_forward_proj": _STR,
     },
 }
+_KINDS["mt5"] = _KINDS["t5"]  # MT5Config: T5Config's settings
+_KINDS["gpt_neo"] = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "max_position_embeddings",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "window_size",
+        ),
+        _SIZE,
+    ),
+    "intermediate_size": _SIZE,  # or None: 4 * hidden_size
+    **dict.fromkeys(("resid_dropout", "embed_dropout", "attention_dropout"), _RATE),
+    **dict.fromkeys(("layer_norm_epsilon", "initializer_range"), _FLOAT),
+    "activation_function": _STR,
+}
 # Settings the class allows to be None (its default, or "derived from the others").
-_NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers"}
+_NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers", "intermediate_size"}
 # (hidden size, heads): the attention splits the one into the other's number of parts.
 _HEADS = {
     "bert": ("hidden_size", "num_attention_heads"),
     "albert": ("hidden_size", "num_attention_heads"),
     "electra": ("hidden_size", "num_attention_heads"),
     "gpt2": ("n_embd", "n_head"),
+    "gpt_neo": ("hidden_size", "num_heads"),
 }
 _MAX_VALUES = 1_000_000  # strings, numbers, lists and objects in one config
 
