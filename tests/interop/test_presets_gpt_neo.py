@@ -27,6 +27,8 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.hf
+
 import gpt_neo_release  # noqa: E402
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
