@@ -183,7 +183,10 @@ class Parser(argparse.ArgumentParser):
         finally:
             positional.nargs = nargs
         given = getattr(namespace, positional.dest, None)
-        if given is not None and namespace.output is not None:
+        # A word left over stood where DST goes (argparse fills an optional positional
+        # in the first run of words, so `SRC -o X Y` leaves Y over).
+        stray = flagged and any(not e.startswith("-") for e in extras)
+        if (given is not None or stray) and namespace.output is not None:
             self.error(
                 f"the output given twice, as {positional.metavar} and as "
                 f"{'/'.join(flag.option_strings)}: give one"
