@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -141,9 +142,11 @@ class Parser(argparse.ArgumentParser):
         """One line: the error, and where the help is."""
         if self.output_alias is not None and "arguments are required" in message:
             positional, flag = self.output_alias
-            message = message.replace(
-                str(positional.metavar),
+            message = re.sub(
+                rf"\b{re.escape(str(positional.metavar))}\b",
                 f"{positional.metavar} (or {'/'.join(flag.option_strings)})",
+                message,
+                count=1,
             )
         # Through emit: the message may quote what was typed, control characters too.
         emit(f"tfckpt: error: {message} (see {self.prog} --help)", err=True)
