@@ -4,7 +4,9 @@ the command line."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 # Private-use characters around an option's two spellings in a message (never in a name
 # tfckpt writes into one: those reach messages through repr or as paths).
@@ -44,6 +46,82 @@ def did_you_mean(word: str, candidates) -> str:
         return ""
     found = difflib.get_close_matches(word, names, n=1, cutoff=0.75)
     return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs tfckpt's optional dependencies ``extra`` (``"report"``,
+    ``"tf"``...) where the user is, for an error to quote:
+
+    - tfckpt run from a source checkout (the directory above this package holds a
+      pyproject.toml naming the project tfckpt: an editable install, or the checkout on
+      ``PYTHONPATH``): ``pip install -e 'CHECKOUT[extra]'``;
+    - installed from a checkout's directory (its distribution's ``direct_url.json``,
+      PEP 610, names that directory): ``pip install 'CHECKOUT[extra]'``;
+    - otherwise (a release): ``pip install 'tfckpt[extra]'``.
+
+    CHECKOUT is ``.`` where it is the current directory.
+
+    >>> install_hint("report").startswith("pip install ")
+    True
+    """
+    import shlex
+
+    found = _checkout()
+    if found is None:
+        return f"pip install 'tfckpt[{extra}]'"
+    root, editable = found
+    try:
+        here = "." if os.path.samefile(root, os.getcwd()) else str(root)
+    except OSError:  # the current directory is gone
+        here = str(root)
+    return "pip install " + ("-e " if editable else "") + shlex.quote(f"{here}[{extra}]")
+
+
+def _checkout() -> tuple[str, bool] | None:
+    """The source checkout tfckpt runs from or was installed from, and whether it runs
+    from it (editable); None for a release."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(package)
+    if _names_tfckpt(root):
+        return root, True
+    import json
+    from importlib import metadata
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    try:
+        dist = metadata.distribution("tfckpt")
+        text = dist.read_text("direct_url.json")
+        installed = os.path.abspath(str(dist.locate_file("tfckpt/errors.py")))
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    if not text or installed != os.path.abspath(__file__):
+        return None  # not this copy's record
+    try:
+        record = json.loads(text)
+        url, info = record["url"], record.get("dir_info")
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(info, dict) or not url.startswith("file://"):
+        return None  # a wheel, an archive or a VCS URL: installed as a release is
+    source = url2pathname(urlparse(url).path)
+    if not _names_tfckpt(source):
+        return None
+    return source, bool(info.get("editable"))
+
+
+def _names_tfckpt(directory: str) -> bool:
+    """Whether ``directory`` holds a pyproject.toml of the project tfckpt."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the same parser, before it joined the standard library
+        import tomli as tomllib
+    try:
+        with open(os.path.join(directory, "pyproject.toml"), "rb") as f:
+            project = tomllib.load(f).get("project")
+    except (OSError, ValueError):
+        return False
+    return isinstance(project, dict) and project.get("name") == "tfckpt"
 
 
 def spelt(text: str, *, cli: bool = False) -> str:

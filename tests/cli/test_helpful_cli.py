@@ -138,7 +138,7 @@ def test_bare_tfckpt_lists_the_commands():
 
 
 def test_command_help_shows_its_own_arguments_first():
-    rc, out, _ = in_process("convert", "--help")
+    rc, out, _ = in_process("convert", "--help-all")
     assert rc == 0
     assert out.splitlines()[0] == "usage: tfckpt convert [options] SRC DST"
     # Positionals have help; --dtype comes before the shared options, which come last.

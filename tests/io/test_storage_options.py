@@ -316,7 +316,7 @@ def test_average_graft_flatten_and_listing_with_storage_options(s3, tf_checkpoin
 # ------------------------------------------------ every command that writes, both ways
 
 # The commands that only read (what they print is their output), and why.
-READ_ONLY = {"dump", "diff", "verify", "check", "ls", "presets", "completion"}
+READ_ONLY = {"dump", "diff", "verify", "check", "ls", "presets", "completion", "help"}
 # Where a command's parser takes what it writes to (argparse's dest).
 WRITTEN_TO = ("dst", "output", "out", "report", "html")
 
@@ -330,6 +330,8 @@ def _written_to() -> set[tuple[str, str]]:
     found = set()
     for name, p in sub.choices.items():
         dests = {a.dest for a in p._actions}
+        if getattr(p, "output_alias", None) is not None:
+            dests.discard("output")  # -o/--output: another name of the positional's place
         found |= {(name, d) for d in WRITTEN_TO if d in dests}
         if "in_place" in dests:
             found.add((name, "in_place"))

@@ -20,7 +20,12 @@ from __future__ import annotations
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.v1 import V1Checkpoint
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file, resolve_files
-from tfckpt.errors import CheckpointError, CheckpointNotFoundError, UnsupportedCheckpointError
+from tfckpt.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    UnsupportedCheckpointError,
+    install_hint,
+)
 from tfckpt.format.filekinds import HEAD_BYTES, FileKind, identify
 from tfckpt.format.h5chunks import SIGNATURE, superblock_offsets
 from tfckpt.format.hfindex import INDEX_NAME, INDEX_SUFFIX
@@ -151,7 +156,7 @@ def _open_hdf5(
         if e.name != "h5py":
             raise
         raise UnsupportedCheckpointError(
-            "an HDF5 file (Keras weights): reading it needs h5py (pip install 'tfckpt[h5]')",
+            f"an HDF5 file (Keras weights): reading it needs h5py ({install_hint('h5')})",
             path=found[0],
         ) from None
     if sharded:

@@ -23,11 +23,12 @@ import threading
 import traceback
 import warnings
 
-from tfckpt.cli.display import emit
+from tfckpt.cli.display import emit, print_script
 from tfckpt.cli.options import parse_size
 from tfckpt.cli.parsers import COMMANDS
 from tfckpt.cli.parsers.base import DEBUG_HELP, Parser, finish
-from tfckpt.errors import CheckpointError, CheckpointPathWarning
+from tfckpt.cli.parsers.helptext import format_help
+from tfckpt.errors import CheckpointError, CheckpointPathWarning, did_you_mean
 from tfckpt.io.storage import check_options
 from tfckpt.rewrite import collector
 from tfckpt.version import __version__
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfckpt",
         usage="%(prog)s [--version] [--debug] COMMAND ...",
         description="Read, inspect and rewrite TensorFlow checkpoints directly from their files.",
-        epilog="tfckpt COMMAND --help shows a command's arguments and examples",
+        epilog="tfckpt help COMMAND (or tfckpt COMMAND --help) shows a command's options and "
+        "examples; --help-all every option",
     )
     parser.add_argument("--version", action="version", version=f"tfckpt {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -174,6 +176,36 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _help(parser: argparse.ArgumentParser, topic: str | None, *, everything: bool) -> int:
+    """``tfckpt help [COMMAND] [--all]``."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if topic is None:
+        parser.print_help()
+        return 0
+    if topic not in sub.choices:
+        hint = did_you_mean(topic, list(sub.choices)) or " (tfckpt help lists the commands)"
+        emit(f"tfckpt: error: no command {topic!r}{hint}", err=True)
+        return EXIT_ERROR
+    command = sub.choices[topic]
+    print_script(format_help(command, everything=everything))
+    return 0
+
+
+def _warn_memory_output(args: argparse.Namespace) -> None:
+    """A ``memory://`` output lives in this process: say so, before it is written."""
+    output = getattr(args, getattr(args, "output_arg", "") or "", None)
+    if (
+        isinstance(output, str)
+        and output.startswith("memory://")
+        and not getattr(args, "dry_run", False)
+    ):
+        emit(
+            f"tfckpt: warning: {output} is this process's memory: it is gone when the command "
+            "ends (to keep the output, write to a directory, file:// or an object store)",
+            err=True,
+        )
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):
@@ -181,6 +213,9 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return EXIT_ERROR
     args = parser.parse_args(argv)
+    if args.command == "help":
+        return _help(parser, args.topic, everything=args.all)
+    _warn_memory_output(args)
     try:
         # Checked once, here; their errors (and the library's, later) name --storage-option.
         args.storage_options = check_options(

@@ -141,8 +141,9 @@ def print_json_text(parts: str | Iterable[str]) -> None:
 
 
 def print_script(text: str) -> None:
-    """Print a script the command line made itself from its own parser (a completion
-    script): lines kept as they are, as the shell must read them."""
+    """Print a script or text the command line made itself from its own parser (a
+    completion script, a command's help): lines kept as they are, as the shell must
+    read them."""
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 

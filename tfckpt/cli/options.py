@@ -8,7 +8,9 @@ passes its own help text; name, type, default and destination stay the same ever
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+from collections.abc import Iterator
 
 from tfckpt.format import dtypes as _dt
 from tfckpt.rewrite.cast import CAST_TARGETS, OVERFLOW_POLICIES
@@ -38,6 +40,56 @@ def _parse_size_or_zero(text: str) -> int:
 
 SHARED = "shared options"
 
+# Markers on a parser's actions (attributes argparse leaves alone): whether an option is
+# one many commands share (the transform groups, storage, debug) rather than the
+# command's own, and whether a command's short --help shows it. Every option stays a
+# real action of the parser: --help-all, completion and the docs' tables list it.
+SHARED_MARK = "tfckpt_shared"
+ESSENTIAL_MARK = "tfckpt_essential"
+
+COMMON = ("--dtype", "--include", "--exclude", "--overwrite", "--dry-run")
+"""The shared options a command's short help shows (where the command has them): the
+ones people use most. Each command's own options are shown too; the rest are behind
+``--help-all``."""
+
+
+@contextlib.contextmanager
+def shared(p: Container) -> Iterator[None]:
+    """Mark the options added inside the block as shared ones (see :data:`COMMON`)."""
+    start = len(p._actions)  # a group's list is its parser's
+    yield
+    for action in p._actions[start:]:
+        setattr(action, SHARED_MARK, True)
+
+
+def is_shared(action: argparse.Action) -> bool:
+    """Whether ``action`` is an option many commands share rather than the command's own."""
+    return bool(getattr(action, SHARED_MARK, False))
+
+
+def is_essential(action: argparse.Action) -> bool:
+    """Whether a command's short help shows ``action``: as :func:`brief` set it, else a
+    positional, a command's own option, or a shared one in :data:`COMMON`."""
+    marked = getattr(action, ESSENTIAL_MARK, None)
+    if marked is not None:
+        return bool(marked)
+    if isinstance(action, argparse._HelpAction) or getattr(action, "help_all", False):
+        return False  # the short help's last line names them
+    if not action.option_strings or not is_shared(action):
+        return True
+    return any(o in COMMON for o in action.option_strings)
+
+
+def brief(p: argparse.ArgumentParser, *, show: tuple = (), hide: tuple = ()) -> None:
+    """A command's own judgement of its short help: the options (by flag) it shows
+    beyond :func:`is_essential`'s, and those it leaves to ``--help-all``."""
+    for flags, shown in ((show, True), (hide, False)):
+        for flag in flags:
+            found = [a for a in p._actions if flag in a.option_strings]
+            if not found:
+                raise ValueError(f"{p.prog}: no option {flag}")
+            setattr(found[0], ESSENTIAL_MARK, shown)
+
 
 def shared_group(p: argparse.ArgumentParser) -> Container:
     """The group of options a command shares with the others (storage, debug, who runs
@@ -64,7 +116,7 @@ def dtype_name(text: str) -> str:
     return dtype.name
 
 
-DTYPE_NAMES = "float16 (half, fp16), bfloat16 (bf16), float32, float64, float8_e4m3fn, float8_e5m2"
+DTYPE_NAMES = "float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2"
 
 
 def add_storage_option(p: Container) -> None:
@@ -80,6 +132,30 @@ def add_storage_option(p: Container) -> None:
         "are typed, a dotted KEY sets a nested one, e.g. anon=true, "
         "endpoint_url=http://127.0.0.1:9000, client_kwargs.region_name=eu-west-1",
     )
+
+
+OUTPUT_FLAGS = ("-o", "--output")
+
+
+def add_output(
+    p: argparse.ArgumentParser, dest: str, metavar: str, help: str, *, optional: bool = False
+) -> None:
+    """The output of a command that writes, named either way: the positional ``dest``
+    (``metavar``) or ``-o/--output``; :class:`tfckpt.cli.parsers.base.Parser` takes one
+    of the two (both, or neither where one is needed, is an error) into ``dest``.
+    ``optional``: neither is needed either (``edit --in-place``)."""
+    positional = p.add_argument(dest, metavar=metavar, nargs="?" if optional else None, help=help)
+    flag = p.add_argument(
+        *OUTPUT_FLAGS, dest="output", metavar=metavar, help=f"the same as {metavar}: give either"
+    )
+    p.output_alias = (positional, flag)  # type: ignore[attr-defined]  # read by Parser
+    p.set_defaults(output_arg=dest)
+
+
+def add_output_option(p: Container, help: str, metavar: str = "DST", **kwargs) -> None:
+    """``-o/--output``: the output of a command that takes several sources."""
+    p.add_argument(*OUTPUT_FLAGS, dest="output", metavar=metavar, help=help, **kwargs)
+    p.set_defaults(output_arg="output")
 
 
 def add_json(p: Container, help: str = "machine-readable output") -> None:
@@ -181,8 +257,8 @@ def add_cast_group(p: argparse.ArgumentParser) -> None:
 
 def add_drop_object(
     g: Container,
-    help: str = "TF2: cut this object from the object graph, with everything only it "
-    "reaches (a bare name anywhere, or a path a/b/c from the root)",
+    help: str = "TF2: cut this object (a name, or a path a/b/c from the root) and all "
+    "that only it reaches from the object graph",
 ) -> None:
     """``--drop-object``: TF2 objects cut from the object graph."""
     g.add_argument("--drop-object", metavar="NAME_OR_PATH", action="append", help=help)
@@ -201,7 +277,7 @@ def add_select_group(p: argparse.ArgumentParser) -> None:
         "--exclude",
         metavar="REGEX",
         action="append",
-        help="drop tensors whose name matches (repeatable, after --include)",
+        help="drop matching tensors (repeatable; after --include)",
     )
     add_drop_object(g)
 
@@ -213,8 +289,8 @@ def add_rename_group(p: argparse.ArgumentParser) -> None:
         "--map",
         metavar="OLD=NEW",
         action="append",
-        help="rename: regex OLD matched at the start of names, replaced by NEW "
-        "(back-references allowed); first matching rule wins",
+        help="rename: regex OLD at the start of names becomes NEW (\\1 allowed); the "
+        "first matching rule wins",
     )
     g.add_argument("--map-file", metavar="F.json", help="exact renames as a JSON object")
     g.add_argument(
@@ -294,14 +370,16 @@ def add_output_group(p: argparse.ArgumentParser) -> Container:
 
 def add_transform_options(p: argparse.ArgumentParser, *, checkpoint_only: bool = False) -> None:
     """Every transform option, in the groups cast, select, rename, values and output
-    (with ``--checkpoint-only`` for the commands that take one source)."""
-    add_cast_group(p)
-    add_select_group(p)
-    add_rename_group(p)
-    add_values_group(p)
-    g = add_output_group(p)
-    if checkpoint_only:
-        add_checkpoint_only(g)
+    (with ``--checkpoint-only`` for the commands that take one source), marked
+    :func:`shared`."""
+    with shared(p):
+        add_cast_group(p)
+        add_select_group(p)
+        add_rename_group(p)
+        add_values_group(p)
+        g = add_output_group(p)
+        if checkpoint_only:
+            add_checkpoint_only(g)
 
 
 def add_checkpoint_only(g: Container) -> None:

@@ -50,7 +50,12 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from tfckpt.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
+from tfckpt.errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    install_hint,
+)
 
 RETRIES_ENV = "TFCKPT_REMOTE_RETRIES"
 TIMEOUT_ENV = "TFCKPT_REMOTE_TIMEOUT"
@@ -628,7 +633,7 @@ class RemoteStorage(Storage):
             import fsspec
         except ImportError:
             raise CheckpointError(
-                "URLs need fsspec: pip install 'tfckpt[remote]' (and the "
+                f"URLs need fsspec: {install_hint('remote')} (and the "
                 "file system's package, e.g. s3fs or gcsfs)",
                 path=url,
             ) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, install_hint
 
 
 def tensorflow():
@@ -13,6 +13,6 @@ def tensorflow():
         import tensorflow as tf
     except ImportError as e:
         raise CheckpointError(
-            f"TensorFlow is needed for this; install it with pip install 'tfckpt[tf]' ({e})"
+            f"TensorFlow is needed for this; install it with {install_hint('tf')} ({e})"
         ) from None
     return tf

@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tfckpt.cli.display import emit, human_bytes, print_json, shape_text, table
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, install_hint
 from tfckpt.format.orderedcode import encode_name
 from tfckpt.rewrite.options import Options
 from tfckpt.rewrite.pieces import parse_concats, parse_splits
@@ -260,7 +260,7 @@ def _executor(spec: str | None):
             from dask.distributed import Client
         except ImportError:
             raise CheckpointError(
-                "--executor dask:// needs Dask: pip install 'tfckpt[dask]'"
+                f"--executor dask:// needs Dask: {install_hint('dask')}"
             ) from None
         try:
             client = Client(
@@ -349,7 +349,32 @@ def cmd_transform(args) -> int:
     sources = args.sources if args.command == "merge" else [args.src]
     dst = args.output if args.command == "merge" else args.dst
     options = options_from(args, backend=args.backend, tf_threshold=args.tf_threshold)
-    return _run_plan(args, plan(sources, dst, options, storage_options=args.storage_options))
+    rc = _run_plan(args, plan(sources, dst, options, storage_options=args.storage_options))
+    if args.command == "convert" and not any(getattr(args, flag) for flag in TRANSFORM_FLAGS):
+        verb = "would copy" if args.dry_run else "copied"
+        emit(
+            f"tfckpt: note: {verb} without casting (no --dtype); to cast, add e.g. --dtype float16",
+            err=True,
+        )
+    return rc
+
+
+# The flags that make convert more than a copy (their args' names).
+TRANSFORM_FLAGS = (
+    "dtype",
+    "dtype_rule",
+    "rules",
+    "include",
+    "exclude",
+    "drop_object",
+    "map",
+    "map_file",
+    "split",
+    "concat",
+    "permute",
+    "reshape",
+    "squeeze",
+)
 
 
 def _pairs(items: list[str], flag: str, sep: str = "=") -> dict[str, str]:

@@ -5,6 +5,10 @@ share in :mod:`~tfckpt.cli.parsers.base`.
 
 The options several commands share come from :mod:`tfckpt.cli.options`; each builder
 names the function that runs its command (``func``, see :mod:`tfckpt.cli.commands`).
+
+A command's ``--help`` is short, ``--help-all`` (and ``tfckpt help COMMAND --all``) the
+whole (:mod:`~tfckpt.cli.parsers.helptext`); :func:`option_rows` gives a command's options
+as rows for the docs' tables.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tfckpt.cli.parsers.base import add_help
 from tfckpt.cli.parsers.completion import add_completion
 from tfckpt.cli.parsers.directories import (
     add_cp,
@@ -19,6 +24,7 @@ from tfckpt.cli.parsers.directories import (
     add_mv,
     add_prune,
 )
+from tfckpt.cli.parsers.helptext import OptionRow, option_rows
 from tfckpt.cli.parsers.inspecting import (
     add_check,
     add_diff,
@@ -68,4 +74,7 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_cp,
     add_mv,
     add_completion,
+    add_help,
 )
+
+__all__ = ["COMMANDS", "OptionRow", "option_rows"]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from tfckpt.cli import options as opt
 from tfckpt.cli.display import emit
+from tfckpt.cli.parsers import helptext
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -129,13 +131,72 @@ the copy is verified (every checksum read back) before the source is deleted""",
 class Parser(argparse.ArgumentParser):
     """argparse's parser, but a bad command line is one line on stderr (exit status 2), as
     every other error of the command line is, and a value not among the choices gets the
-    nearest one suggested: never a usage block."""
+    nearest one suggested: never a usage block. A command's ``--help`` is its short help,
+    ``--help-all`` the whole (:mod:`~tfckpt.cli.parsers.helptext`); a command whose output
+    is a positional also takes it as ``-o/--output`` (:func:`tfckpt.cli.options.add_output`)."""
+
+    output_alias: tuple[argparse.Action, argparse.Action] | None = None
+    short_help = False  # a command's parser: --help is the short help
 
     def error(self, message: str) -> NoReturn:
         """One line: the error, and where the help is."""
+        if self.output_alias is not None and "arguments are required" in message:
+            positional, flag = self.output_alias
+            message = re.sub(
+                rf"\b{re.escape(str(positional.metavar))}\b",
+                f"{positional.metavar} (or {'/'.join(flag.option_strings)})",
+                message,
+                count=1,
+            )
         # Through emit: the message may quote what was typed, control characters too.
         emit(f"tfckpt: error: {message} (see {self.prog} --help)", err=True)
         sys.exit(2)
+
+    def format_help(self) -> str:
+        """A command's short help (its own options and the common ones); any other
+        parser's whole help."""
+        return helptext.format_help(self, everything=not self.short_help)
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but arguments no parser took are reported by the command's
+        parser (its help, not the top level's, is where to look)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = next(
+                (a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None
+            )
+            command = getattr(namespace, "command", None)
+            where = sub.choices.get(command, self) if sub is not None and command else self
+            where.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse's; with an output alias, one of DST and ``-o DST`` into DST's place."""
+        if self.output_alias is None:
+            return super().parse_known_args(args, namespace)
+        positional, flag = self.output_alias
+        args = list(sys.argv[1:] if args is None else args)
+        before = args[: args.index("--")] if "--" in args else args
+        flagged = any(_names_output(a) for a in before)
+        nargs = positional.nargs
+        if flagged:  # DST is then not needed (and if it is given too, an error below)
+            positional.nargs = "?"
+        try:
+            namespace, extras = super().parse_known_args(args, namespace)
+        finally:
+            positional.nargs = nargs
+        given = getattr(namespace, positional.dest, None)
+        # A word left over stood where DST goes (argparse fills an optional positional
+        # in the first run of words, so `SRC -o X Y` leaves Y over).
+        stray = flagged and any(not e.startswith("-") for e in extras)
+        if (given is not None or stray) and namespace.output is not None:
+            self.error(
+                f"the output given twice, as {positional.metavar} and as "
+                f"{'/'.join(flag.option_strings)}: give one"
+            )
+        if given is None:
+            setattr(namespace, positional.dest, namespace.output)
+        return namespace, extras
 
     def _check_value(self, action: argparse.Action, value) -> None:
         # Overrides argparse's check (a private method, stable since Python 3.2) for its
@@ -149,8 +210,17 @@ class Parser(argparse.ArgumentParser):
         raise argparse.ArgumentError(action, f"{what} {value!r}{hint}")
 
 
+def _names_output(arg: str) -> bool:
+    """Whether a word of the command line is ``-o``/``--output`` (``-oX``, ``--output=X``,
+    an abbreviation ``--out``)."""
+    if arg.startswith("--"):
+        return len(arg) > 3 and "--output".startswith(arg.partition("=")[0])
+    return arg.startswith("-o")
+
+
 def command(sub: Subparsers, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    """A command's parser, with its examples and the options every command takes."""
+    """A command's parser, with its examples and the options every command takes.
+    ``description``: paragraphs apart by a blank line; the short help shows the first."""
     p = sub.add_parser(
         name,
         help=help,
@@ -158,24 +228,49 @@ def command(sub: Subparsers, name: str, help: str, description: str) -> argparse
         epilog=EXAMPLES[name],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.short_help = True  # type: ignore[attr-defined]  # a Parser
+    p.add_argument("--help-all", action=helptext.HelpAll, help="show every option, and exit")
     g = opt.shared_group(p)
-    opt.add_storage_option(g)
-    # Here too, not only before the command: `tfckpt dump x --debug` works. Unset when
-    # not given, so that `tfckpt --debug dump x` keeps the top-level value.
-    g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    with opt.shared(g):
+        opt.add_storage_option(g)
+        # Here too, not only before the command: `tfckpt dump x --debug` works. Unset when
+        # not given, so that `tfckpt --debug dump x` keeps the top-level value.
+        g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return p
 
 
 DEBUG_HELP = "show tracebacks on errors"
 
 
+def add_help(sub: Subparsers) -> None:
+    """``tfckpt help [COMMAND] [--all]``: what ``tfckpt [COMMAND] --help`` shows."""
+    p = sub.add_parser(
+        "help",
+        help="show a command's help (tfckpt help COMMAND)",
+        description="Show the help of COMMAND (with --all: every option), or without "
+        "one, the list of commands.",
+    )
+    p.add_argument("topic", metavar="COMMAND", nargs="?", help="the command")
+    p.add_argument("--all", action="store_true", help="every option (as COMMAND --help-all)")
+    p.set_defaults(func="help")
+
+
 def finish(sub: Subparsers) -> None:
     """Each command's parser as its help shows it: a short usage line, its positionals
-    and its own options first, then the options every command (or every transform)
-    shares under their own heading."""
+    and its own options first, then the groups of options several commands share, the
+    options every command shares last under their own heading."""
     for p in sub.choices.values():
         groups = p._action_groups  # argparse keeps the groups' order only here
-        groups.sort(key=lambda g: g.title == opt.SHARED)
+        first = groups[:2]  # positionals, then options
+
+        def rank(g, first=first) -> int:
+            if g.title == opt.SHARED:
+                return 3
+            if g in first:
+                return 0
+            return 1 if any(not opt.is_shared(a) for a in g._group_actions) else 2
+
+        groups.sort(key=rank)
         positionals = [a for a in p._actions if not a.option_strings]
         usage = [argparse.HelpFormatter(p.prog)._format_args(a, a.dest) for a in positionals]
         p.usage = " ".join(["%(prog)s [options]", *usage])

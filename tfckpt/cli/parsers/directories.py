@@ -18,7 +18,7 @@ def add_ls(sub: Subparsers) -> None:
         "ls",
         "list a directory's checkpoints and leftovers",
         "Every checkpoint in DIR (V2 and V1; TF1 model.ckpt-N and TF2 ckpt-N): step, time, "
-        "size (index and data), shards, whether the state file lists it; and the leftovers "
+        "size (index and data), shards, whether the state file lists it.\n\nAlso the leftovers "
         "of interrupted saves of its checkpoint prefixes (data without an index, "
         "temporaries, part directories holding only parts) and "
         "state-file entries naming checkpoints that are not there.",
@@ -35,12 +35,13 @@ def add_prune(sub: Subparsers) -> None:
         "prune",
         "delete old checkpoints and leftovers; rewrite the state file",
         "Keep the N newest numbered checkpoints of DIR (and the steps --keep-every-steps "
-        "and --keep name); delete every file of the others and the leftovers of "
-        "interrupted saves of DIR's own checkpoint prefixes (TensorFlow's PREFIX_temp/ "
-        "part directories holding only parts, *.tempstate files, data without an index, "
-        "killed tfckpt runs' temporaries; never eval_temp/ or other programs' files); "
-        "rewrite the state file as tf.train.CheckpointManager (max_to_keep=N) leaves it, "
-        "the other kept checkpoints preserved for good. The "
+        "and --keep name); delete the others and the leftovers of interrupted saves.\n\n"
+        "The leftovers are those of interrupted saves of DIR's own checkpoint prefixes "
+        "(TensorFlow's PREFIX_temp/ part directories holding only parts, *.tempstate "
+        "files, data without an index, killed tfckpt runs' temporaries; never eval_temp/ "
+        "or other programs' files). The state file is rewritten as "
+        "tf.train.CheckpointManager (max_to_keep=N) leaves it, the other kept checkpoints "
+        "preserved for good. The "
         "state file is written before anything is deleted. Checkpoints whose name ends "
         "in no step are kept. A leftover written less than --min-age seconds ago may "
         "be a save in progress: it stays, and so does the checkpoint it is part of.",
@@ -68,9 +69,7 @@ def add_prune(sub: Subparsers) -> None:
 def _add_transfer(sub: Subparsers, name: str, help: str, description: str) -> None:
     p = command(sub, name, help, description)
     p.add_argument("src", metavar="SRC", help="a checkpoint prefix, or a run's directory")
-    p.add_argument(
-        "dst", metavar="DST", help="the new prefix, or a directory (for a run: its new directory)"
-    )
+    opt.add_output(p, "dst", "DST", "the new prefix, or a directory (for a run: its new directory)")
     p.add_argument(
         "--overwrite",
         action="store_true",

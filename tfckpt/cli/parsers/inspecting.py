@@ -59,15 +59,15 @@ def add_check(sub: Subparsers) -> None:
         sub,
         "check",
         "predict whether a restore would succeed",
-        "Say, from the files alone and before TensorFlow runs, whether restoring the "
-        "checkpoint CKPT into TARGET would succeed: every value TARGET restores that CKPT "
-        "lacks, every dtype and shape mismatch (and whether a cast fixes it), partitioned "
-        "tensors whose stored slices cannot give what TARGET reads, and what CKPT holds "
-        "that nothing reads. TARGET: a TF1 graph (.meta: what its Saver restores; "
-        "without a saver_def, the default Saver import_meta_graph builds), a "
-        "SavedModel directory, a Keras .h5 file (what model.load_weights(CKPT) does in "
-        "the model that wrote it; or a directory or archive holding one), or a "
-        "checkpoint standing for the program that wrote it.",
+        "Say, from the files alone and before TensorFlow runs, whether restoring the checkpoint "
+        "CKPT into TARGET would succeed.\n\n"
+        "The report names every value TARGET restores that CKPT lacks, every dtype and shape "
+        "mismatch (and whether a cast fixes it), partitioned tensors whose stored slices cannot "
+        "give what TARGET reads, and what CKPT holds that nothing reads. TARGET: a TF1 graph "
+        "(.meta: what its Saver restores; without a saver_def, the default Saver import_meta_graph "
+        "builds), a SavedModel directory, a Keras .h5 file (what model.load_weights(CKPT) does in "
+        "the model that wrote it; or a directory or archive holding one), or a checkpoint "
+        "standing for the program that wrote it.",
     )
     p.add_argument("path", metavar="CKPT", help="the checkpoint to restore")
     p.add_argument("--against", required=True, metavar="TARGET", help="what restores it")
@@ -176,9 +176,15 @@ def add_verify(sub: Subparsers) -> None:
     g.add_argument("--with-optimizer", action="store_true", help="as export was given it")
     g.add_argument("--with-bookkeeping", action="store_true", help="as export was given it")
     opt.add_chunk_bytes(g)
-    opt.add_cast_group(p)
-    opt.add_select_group(p)
-    opt.add_rename_group(p)
-    opt.add_values_group(p)
+    with opt.shared(p):
+        opt.add_cast_group(p)
+        opt.add_select_group(p)
+        opt.add_rename_group(p)
+        opt.add_values_group(p)
     opt.add_json(p)
+    opt.brief(
+        p,
+        show=("--rules",),
+        hide=("--keep-keys", "--with-optimizer", "--with-bookkeeping", "--chunk-bytes"),
+    )
     p.set_defaults(func="inspect.cmd_verify")

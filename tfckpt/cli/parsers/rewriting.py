@@ -25,22 +25,22 @@ def add_convert(sub: Subparsers) -> None:
         sub,
         "convert",
         "cast floating-point tensors to another dtype",
-        "Write a copy of SRC with floating-point tensors cast, e.g. float32 -> float16. "
+        "Write a copy of SRC with floating-point tensors cast, e.g. float32 -> float16.\n\n"
         "Without --dtype, a plain copy: the way to turn a V1 checkpoint into a V2 one. "
         "Accepts every transform option.",
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
-    p.add_argument("dst", metavar="DST", help=DST_HELP)
+    opt.add_output(p, "dst", "DST", DST_HELP)
     opt.add_transform_options(p, checkpoint_only=True)
     g = p.add_argument_group("report")
     g.add_argument(
         "--report",
         metavar="FILE",
-        help="after the conversion, write a self-contained HTML page of what the cast did "
-        "to each tensor: values over the target's ranges, relative errors (needs the "
-        "report extra: matplotlib); replaced only with --overwrite",
+        help="also write an HTML page of what the cast did to each tensor (needs the "
+        "report extra: matplotlib; replaced only with --overwrite)",
     )
     opt.add_report_top(g)
+    opt.brief(p, hide=("--report-top",))
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -54,8 +54,9 @@ def add_rename(sub: Subparsers) -> None:
         "restore still finds every value.",
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
-    p.add_argument("dst", metavar="DST", help=DST_HELP)
+    opt.add_output(p, "dst", "DST", DST_HELP)
     opt.add_transform_options(p, checkpoint_only=True)
+    opt.brief(p, show=("--map", "--map-file", "--rules"))
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -68,8 +69,9 @@ def add_select(sub: Subparsers) -> None:
         "Write a copy of SRC with only the selected tensors.",
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
-    p.add_argument("dst", metavar="DST", help=DST_HELP)
+    opt.add_output(p, "dst", "DST", DST_HELP)
     opt.add_transform_options(p, checkpoint_only=True)
+    opt.brief(p, show=("--drop-object",))
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -83,8 +85,9 @@ def add_merge(sub: Subparsers) -> None:
         "joined at the root.",
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="the checkpoints to join")
-    p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
+    opt.add_output_option(p, DST_HELP, required=True)
     opt.add_transform_options(p, checkpoint_only=True)
+    opt.brief(p, show=("--prefer",))
     p.set_defaults(func="transform.cmd_transform")
 
 
@@ -94,23 +97,21 @@ def add_graft(sub: Subparsers) -> None:
         sub,
         "graft",
         "fill a TF2 template with values found by name (TF1 -> TF2)",
-        "Write a checkpoint with TEMPLATE's object graph, keys, dtypes and shapes (TEMPLATE: "
-        "a TF2 checkpoint of the target model, e.g. freshly initialised); each value comes "
-        "from the SRC tensor whose name, after --map, equals the template tensor's key or "
-        "path (the key without /.ATTRIBUTES/VARIABLE_VALUE; a slot variable also as "
-        "VARIABLE_PATH/SLOT_NAME). Shapes must match; floating-point values are cast to "
-        "the template's dtype. A template tensor without a source is an error, except "
-        "save_counter (taken from the first source that has one). TF2 sources are matched "
-        "by their keys. A template's Adam, momentum SGD, Adagrad, RMSprop or Ftrl slots "
-        "come from the TF1 slots VAR/Adam and VAR/Adam_1, VAR/Momentum (times "
-        "-learning_rate), VAR/Adagrad, VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and "
-        "VAR/Ftrl_1 of the tensor that fills their "
-        "variable, its step count from "
-        "global_step or Adam's beta1_power and beta2_power.",
+        "Write a checkpoint with TEMPLATE's object graph, keys, dtypes and shapes (TEMPLATE: a TF2 "
+        "checkpoint of the target model, e.g. freshly initialised); each value comes from the SRC "
+        "tensor whose name, after --map, equals the template tensor's key or path.\n\n"
+        "A template tensor's path is its key without /.ATTRIBUTES/VARIABLE_VALUE; a slot "
+        "variable's also VARIABLE_PATH/SLOT_NAME. Shapes must match; floating-point values are "
+        "cast to the template's dtype. A template tensor without a source is an error, except "
+        "save_counter (taken from the first source that has one). TF2 sources are matched by their "
+        "keys. A template's Adam, momentum SGD, Adagrad, RMSprop or Ftrl slots come from the TF1 "
+        "slots VAR/Adam and VAR/Adam_1, VAR/Momentum (times -learning_rate), VAR/Adagrad, "
+        "VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and VAR/Ftrl_1 of the tensor that fills their "
+        "variable, its step count from global_step or Adam's beta1_power and beta2_power.",
     )
     p.add_argument("template", metavar="TEMPLATE", help="a TF2 checkpoint of the target model")
     p.add_argument("sources", nargs="+", metavar="SRC", help="the checkpoints to join")
-    p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
+    opt.add_output_option(p, DST_HELP, required=True)
     opt.add_transform_options(p)
     p.add_argument(
         "--allow-missing",
@@ -125,6 +126,7 @@ def add_graft(sub: Subparsers) -> None:
         help="the TF1 AdamOptimizer's beta1,beta2 (default 0.9,0.999): the step count "
         "of a source without global_step comes from its beta1_power and beta2_power",
     )
+    opt.brief(p, show=("--map",), hide=("--adam-betas",))
     p.set_defaults(func="transform.cmd_graft")
 
 
@@ -142,21 +144,20 @@ def add_flatten(sub: Subparsers) -> None:
         sub,
         "flatten",
         "write a TF2 checkpoint as a name-based one (TF2 -> TF1)",
-        "Write SRC without its object graph, each tensor named by its path (the key "
-        "without /.ATTRIBUTES/VARIABLE_VALUE; other attributes PATH/ATTRIBUTE), slot "
-        "variables VARIABLE_PATH/SLOT_NAME, as a TF1 Saver names them. --map applies to "
-        "these names. Accepts every transform option.",
+        "Write SRC without its object graph, each tensor named by its path, as a TF1 "
+        "Saver names them; --map applies to these names.\n\n"
+        "A path is the key without /.ATTRIBUTES/VARIABLE_VALUE (other attributes: "
+        "PATH/ATTRIBUTE), a slot variable's VARIABLE_PATH/SLOT_NAME. Accepts every "
+        "transform option.",
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
-    p.add_argument("dst", metavar="DST", help=DST_HELP)
+    opt.add_output(p, "dst", "DST", DST_HELP)
     opt.add_transform_options(p)
     p.add_argument(
         "--tf1-slots",
         action="store_true",
-        help="name a TF2/Keras Adam's, momentum SGD's, Adagrad's, RMSprop's or Ftrl's "
-        "state as TF1's optimizers do: VAR/Adam and VAR/Adam_1, VAR/Momentum, VAR/Adagrad, "
-        "VAR/RMSProp and VAR/RMSProp_1, or VAR/Ftrl and VAR/Ftrl_1 (VAR: the variable's "
-        "new name), global_step, and an Adam's beta1_power and beta2_power",
+        help="name a TF2/Keras optimizer's state as TF1's optimizers do: VAR/Adam, "
+        "VAR/Adam_1, VAR/Momentum... (VAR: the variable's new name), global_step",
     )
     p.add_argument(
         "--adam-betas",
@@ -165,6 +166,7 @@ def add_flatten(sub: Subparsers) -> None:
         metavar="B1,B2",
         help="the optimizer's beta_1,beta_2 for --tf1-slots' powers (default 0.9,0.999)",
     )
+    opt.brief(p, show=("--map", "--drop-object"), hide=("--adam-betas",))
     p.set_defaults(func="transform.cmd_flatten")
 
 
@@ -175,13 +177,14 @@ def add_average(sub: Subparsers) -> None:
         sub,
         "average",
         "the element-wise mean of several checkpoints",
-        "Write the (weighted) mean of every floating-point tensor of the SRCs, summed in "
+        "Write the (weighted) mean of every floating-point tensor of the SRCs.\n\n"
+        "The mean is summed in "
         "float64 chunk by chunk and rounded to each tensor's dtype (or --dtype); integer, "
         "bool and string tensors (and a TF2 object graph) come from the newest source, the "
         "last given. Names, dtypes and shapes must agree.",
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="oldest first (with --last: DIR)")
-    p.add_argument("-o", "--output", required=True, metavar="DST", help=DST_HELP)
+    opt.add_output_option(p, DST_HELP, required=True)
     p.add_argument(
         "--last",
         type=int,
@@ -215,6 +218,20 @@ def add_average(sub: Subparsers) -> None:
         p, "memory budget for tensor data in flight, all sources together (default 64M)"
     )
     opt.add_plan_output(p)
+    opt.brief(
+        p,
+        hide=(
+            "--from",
+            "--keep-dtype",
+            "--dtype-rule",
+            "--cast-bookkeeping",
+            "--allow-unmatched",
+            "--max-shard-bytes",
+            "--no-fsync",
+            "--chunk-bytes",
+            "--json",
+        ),
+    )
     p.set_defaults(func="transform.cmd_average")
 
 
@@ -225,26 +242,25 @@ def add_export(sub: Subparsers) -> None:
         "export",
         "write the tensors to safetensors or npz",
         "Stream the tensors of SRC into OUT.safetensors (sharded with --max-shard-bytes, "
-        "as Hugging Face does) or OUT.npz, in bounded memory. TF2 keys become readable "
+        "as Hugging Face does) or OUT.npz, in bounded memory.\n\n"
+        "TF2 keys become readable "
         "and the optimizer's state is left out unless asked for. Accepts every "
         "transform option; --map and --map-file apply to the readable names.",
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
-    p.add_argument(
-        "out", metavar="OUT", help="OUT.safetensors or OUT.npz; with --preset, a directory"
-    )
+    opt.add_output(p, "out", "OUT", "OUT.safetensors or OUT.npz; with --preset, a directory")
     opt.add_transform_options(p)
     g = p.add_argument_group("export")
     g.add_argument(
         "--preset",
         metavar="NAME",
-        help="write a directory Hugging Face transformers loads (config.json and "
-        "model.safetensors) with a family's rules: auto, or one 'tfckpt presets' lists",
+        help="write a directory transformers loads, by a family's rules: auto, or one "
+        "'tfckpt presets' lists",
     )
     g.add_argument(
         "--config",
         metavar="F.json",
-        help="with --preset: the release's config file (default: found beside SRC)",
+        help="with --preset: the release's config (default: beside SRC)",
     )
     g.add_argument(
         "--config-value",
@@ -276,6 +292,16 @@ def add_export(sub: Subparsers) -> None:
         action="store_true",
         help="leave out tensors the format cannot hold (with a note) instead of failing",
     )
+    opt.brief(
+        p,
+        hide=(
+            "--config-value",
+            "--no-verify",
+            "--format",
+            "--with-bookkeeping",
+            "--skip-unsupported",
+        ),
+    )
     p.set_defaults(func="transform.cmd_export")
 
 
@@ -291,8 +317,9 @@ def add_import(sub: Subparsers) -> None:
     p.add_argument(
         "src", metavar="IN", help="a .safetensors file, a .safetensors.index.json, or an .npz"
     )
-    p.add_argument("out", metavar="OUT_PREFIX", help="the new checkpoint's prefix")
+    opt.add_output(p, "out", "OUT_PREFIX", "the new checkpoint's prefix")
     opt.add_transform_options(p)
+    opt.brief(p, show=("--map", "--permute"))
     p.set_defaults(func="transform.cmd_export")
 
 
@@ -317,7 +344,7 @@ def add_match(sub: Subparsers) -> None:
         "suggest a rules file that maps a checkpoint onto another layout",
         "Pair the tensors of the checkpoint SRC with the names of TARGET by shape (transposed "
         "and size-1 axes too), name, block number and order, reading indexes and headers "
-        "only. Prints each pair with its confidence and what is left over; with -o writes "
+        "only.\n\nPrints each pair with its confidence and what is left over; with -o writes "
         "the rules file to review, then to pass to export, convert or rename --rules.",
     )
     p.add_argument("src", metavar="SRC", help="the checkpoint whose tensors are to be renamed")
@@ -348,15 +375,14 @@ def add_edit(sub: Subparsers) -> None:
         sub,
         "edit",
         "set, fill, scale, add, delete, resize or remap tensors",
-        "Write SRC with some tensors changed, to DST or over SRC (--in-place, committed "
-        "atomically: the old checkpoint stays whole until the new one is in place). Names "
+        "Write SRC with some tensors changed, to DST or over SRC (--in-place).\n\n"
+        "--in-place commits atomically: the old checkpoint stays whole until the new one "
+        "is in place. Names "
         "are checkpoint keys or TF2 flat names; REGEX patterns are searched in them. "
         "Resized and remapped variables take their optimizer slots along (new rows zero).",
     )
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
-    p.add_argument(
-        "dst", metavar="DST", nargs="?", help="output prefix or directory (or --in-place)"
-    )
+    opt.add_output(p, "dst", "DST", "output prefix or directory (or --in-place)", optional=True)
     p.add_argument("--in-place", action="store_true", help="replace SRC atomically")
     g = p.add_argument_group("values")
     pair = "NAME=VALUE"
@@ -365,8 +391,8 @@ def add_edit(sub: Subparsers) -> None:
         action="append",
         metavar=pair,
         default=[],
-        help="a literal (number, true/false, JSON list) of the tensor's shape, or "
-        "@FILE.npy; cast to its dtype without loss (repeatable)",
+        help="a literal of the tensor's shape (a number, true/false, a JSON list) or "
+        "@FILE.npy, cast without loss",
     )
     g.add_argument(
         "--add",
@@ -380,7 +406,7 @@ def add_edit(sub: Subparsers) -> None:
         action="append",
         metavar="REGEX",
         default=[],
-        help="delete matching tensors; TF2: their objects and slots go too",
+        help="delete matching tensors (TF2: their objects, slots)",
     )
     g.add_argument("--fill", action="append", metavar="NAME=zeros|ones|VALUE", default=[])
     g.add_argument(
@@ -388,7 +414,7 @@ def add_edit(sub: Subparsers) -> None:
         action="append",
         metavar="NAME=FACTOR",
         default=[],
-        help="multiply a floating-point tensor (in float64, rounded once)",
+        help="multiply a floating-point tensor (in float64)",
     )
     g.add_argument(
         "--as-tf1", action="store_true", help="write no TF2 object graph (a name-based checkpoint)"
@@ -406,10 +432,10 @@ def add_edit(sub: Subparsers) -> None:
         action="append",
         metavar="REGEX",
         default=[],
-        help="reorder --axis by token from --old-vocab to --new-vocab",
+        help="reorder --axis by token: --old-vocab to --new-vocab",
     )
-    r.add_argument("--old-vocab", metavar="FILE")
-    r.add_argument("--new-vocab", metavar="FILE")
+    r.add_argument("--old-vocab", metavar="FILE", help="the tokens of the rows now, one a line")
+    r.add_argument("--new-vocab", metavar="FILE", help="the tokens of the rows wanted, one a line")
     r.add_argument(
         "--init",
         default="zeros",
@@ -427,4 +453,21 @@ def add_edit(sub: Subparsers) -> None:
     opt.add_checkpoint_only(o)
     opt.add_plan_output(o)
     opt.add_chunk_bytes(o)
+    opt.brief(
+        p,
+        hide=(
+            "--fill",
+            "--as-tf1",
+            "--old-vocab",
+            "--new-vocab",
+            "--init",
+            "--allow-no-overlap",
+            "--axis",
+            "--max-shard-bytes",
+            "--no-fsync",
+            "--json",
+            "--chunk-bytes",
+            "--checkpoint-only",
+        ),
+    )
     p.set_defaults(func="transform.cmd_edit", executor=None)

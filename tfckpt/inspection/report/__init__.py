@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfckpt.errors import CheckpointError
+from tfckpt.errors import CheckpointError, install_hint
 from tfckpt.inspection.report.data import (
     DEFAULT_TOP,
     bands,
@@ -62,7 +62,7 @@ def _page():
         if e.name is None or not e.name.startswith("matplotlib"):
             raise
         raise CheckpointError(
-            "an HTML report needs matplotlib: pip install 'tfckpt[report]'"
+            f"an HTML report needs matplotlib: {install_hint('report')}"
         ) from None
     return page
 
