@@ -217,7 +217,11 @@ def plan_export(
     for row, (name, new_name, new_dtype) in enumerate(rows):
         if name in BOOKKEEPING and not keep_bookkeeping:
             left_out.append(
-                (new_name, "training bookkeeping, not a weight (with_bookkeeping keeps it)")
+                (
+                    new_name,
+                    "training bookkeeping, not a weight "
+                    "(--with-bookkeeping or with_bookkeeping=True keeps it)",
+                )
             )
             continue
         why = tfiles.unstorable_name(fmt, new_name) if check_names else None
