@@ -157,6 +157,8 @@ def write_releases(root: Path) -> None:
       pretraining with its Adam moments (tests/bert_release.py; 2 layers, hidden 16);
     - ``albert_base/model.ckpt-best`` and ``albert_config.json`` (tests/albert_release.py);
     - ``electra_base/model.ckpt`` with its state file (tests/electra_release.py);
+    - ``chinese_roformer_L-12_H-768_A-12/bert_model.ckpt`` and ``bert_config.json``:
+      RoFormer's masked LM (tests/roformer_release.py);
     - ``models/124M/model.ckpt`` and ``hparams.json``: GPT-2 (tests/gpt2_release.py);
     - ``t5.1.1-base/model.ckpt-1000000`` and ``t5-small/model.ckpt-1000000``, each with its
       ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
@@ -173,6 +175,7 @@ def write_releases(root: Path) -> None:
     import electra_release
     import gpt2_release
     import gpt_neo_release
+    import roformer_release
     import t5_release
     from transform_helpers import save_v2
 
@@ -190,6 +193,9 @@ def write_releases(root: Path) -> None:
     electra = root / "electra_base"
     save(electra / electra_release.FILE, electra_release.weights())
     (electra / "checkpoint").write_text(f'model_checkpoint_path: "{electra_release.FILE}"\n')
+    rof = root / "chinese_roformer_L-12_H-768_A-12"
+    save(rof / roformer_release.FILE, roformer_release.weights("mlm"))
+    (rof / "bert_config.json").write_text(json.dumps(roformer_release.CONFIGS["mlm"], indent=2))
     gpt2 = root / "models" / "124M"
     save(gpt2 / "model.ckpt", gpt2_release.weights())
     (gpt2 / "hparams.json").write_text(json.dumps(gpt2_release.HPARAMS))

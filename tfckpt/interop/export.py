@@ -12,11 +12,14 @@ export last. The way back is :mod:`tfckpt.interop.importing`.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+
+import numpy as np
 
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.checkpoint.reader import Checkpoint
@@ -24,11 +27,14 @@ from tfckpt.errors import (
     CheckpointError,
     option,
 )
+from tfckpt.format import dtypes as _dt
 from tfckpt.format import tensorfiles as tfiles
+from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.objectgraph import OBJECT_GRAPH_KEY, ObjectGraph, attribute_tensors
 from tfckpt.format.tf2names import BOOKKEEPING, OPTIMIZER_EDGES, VALUE_SUFFIX, cut_optimizer_edges
 from tfckpt.interop.export_files import ExportFiles, ExportRows, file_names
 from tfckpt.io.storage import StorageOptions, normalize
+from tfckpt.rewrite.edits import Literal
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options, Permutes
 from tfckpt.rewrite.planner import plan
@@ -38,6 +44,7 @@ from tfckpt.rewrite.rules import (
     RENAME,
     RENAME_EXACT,
     UNMAPPED,
+    DtypePolicy,
     NameRules,
     Unmatched,
     compile_rules,
@@ -155,12 +162,15 @@ def plan_export(
     with_optimizer: bool = False,
     with_bookkeeping: bool = False,
     skip_unsupported: bool = False,
+    made: Mapping[str, np.ndarray] | None = None,
     **changes,
 ) -> Plan:
     """Decide an export from the indexes alone (see :func:`export`): the transform's
     :class:`~tfckpt.rewrite.plans.Plan`, whose ``output`` is the files
     (:class:`ExportFiles`) on the storage of the plan (``plan.storage``);
-    :func:`~tfckpt.execute` writes it.
+    :func:`~tfckpt.execute` writes it. ``made``: tensors no source stores, by their
+    output names, written as given after the sources' (cast as ``cast`` casts a
+    variable): a preset's computed tables.
 
     >>> p = plan_export("bert/bert_model.ckpt", "hf/model.safetensors", cast="float16")
     >>> tfckpt.execute(p).files
@@ -200,6 +210,7 @@ def plan_export(
         p.options = Options.of(p.options, allow_unmatched=options.allow_unmatched)
         p.unmatched = [u for u in p.unmatched if u[0] not in RENAMES] + unmatched
         p.check_matched(seen)
+        _add_made(p, made or {}, out)
     except BaseException:
         for s, ckpt in zip(given, opened):
             if ckpt is not s:
@@ -266,6 +277,25 @@ def plan_export(
     unmapped = [(n, f"{why}: left out") for _, n, why in p.dropped if why == UNMAPPED]
     skipped += left_out + unmapped
     return replace(p, output=ExportFiles(fmt, out, files, index, skipped, protected))
+
+
+def _add_made(p: Plan, made: Mapping[str, np.ndarray], out: str) -> None:
+    """``made``'s tensors as rows of ``p``'s tensors, each its own value (a literal the
+    engine streams as it streams an edit's)."""
+    policy = DtypePolicy.of(p.options)
+    taken = set(p.tensors.new_name) if made else set()
+    for name, value in made.items():
+        if name in taken:
+            raise CheckpointError("a source tensor already has this name", path=out, tensor=name)
+        arr = np.ascontiguousarray(value)
+        dtype = _dt.lookup(arr.dtype)
+        shape = tuple(int(n) for n in arr.shape)
+        new_dtype, by = policy.decide(name, dtype)
+        info = TensorInfo(name, dtype.name, shape, arr.nbytes, 0, 0, None)
+        bytes_out = math.prod(shape) * new_dtype.fixed_itemsize
+        p.tensors.add(
+            0, name, name, info, new_dtype.name, bytes_out, dtype_by=by, edit=Literal(arr.tobytes())
+        )
 
 
 def _groups(outs: ExportRows, limit: int | None) -> list[ExportRows]:

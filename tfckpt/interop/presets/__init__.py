@@ -15,6 +15,7 @@ them; every tensor the rules do not name is an error listing them all.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,10 +32,17 @@ from tfckpt.interop.presets import (
     gpt_neo,
     hf_tf2,
     loading,
+    roformer,
     t5,
     validation,
 )
-from tfckpt.interop.presets.family import MAX_CONFIG_BYTES, Preset, Refused, parse_json
+from tfckpt.interop.presets.family import (
+    MAX_CONFIG_BYTES,
+    Preset,
+    Refused,
+    parse_json,
+    read_json,
+)
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
@@ -49,6 +57,7 @@ PRESETS: dict[str, Preset] = {
         albert.PRESET,
         electra.PRESET,
         electra.GENERATOR_PRESET,
+        roformer.PRESET,
         gpt2.PRESET,
         gpt_neo.PRESET,
         t5.PRESET,
@@ -162,6 +171,7 @@ def plan_preset(
     config_values: Mapping[str, Any] | None = None,
     output_config: bool = False,
     storage_options: StorageOptions | None = None,
+    written_config: Mapping[str, Any] | None = None,
     **changes,
 ) -> tuple[Plan, Preset, str]:
     """The export plan of ``src`` into ``out_dir``'s ``model.safetensors`` with a
@@ -171,7 +181,10 @@ def plan_preset(
 
     A preset that makes its rules from the source (``hf-tf2``) reads the config here:
     ``config`` and ``config_values`` as for :func:`export_preset`; with ``output_config``,
-    the ``config.json`` an export wrote into ``out_dir`` when none is beside the source."""
+    the ``config.json`` an export wrote into ``out_dir`` when none is beside the source.
+    A preset that computes tensors the release does not store (``made``) makes them of
+    ``written_config`` (the ``config.json`` it writes), or with ``output_config`` of the
+    one in ``out_dir``; without either they are not planned."""
     with open_checkpoint(src, storage_options=storage_options) as ckpt:
         names = ckpt.keys()
         chosen = find(preset, names)
@@ -191,14 +204,17 @@ def plan_preset(
         opts = with_rules(opts, made)
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
-    p = _planned(chosen, src, out, opts, storage_options)
+    p = _plan_pt(chosen, src, out, opts, storage_options)
     if made is None:
         arch = chosen.architecture(_shapes(p))
         unused = chosen.unused.get(arch, ())
-        if unused:  # planned again without them
+        if chosen.made is not None and written_config is None and output_config:
+            written_config = _written_config(out_dir, storage_options)
+        computed = chosen.made(written_config) if chosen.made and written_config else {}
+        if unused or computed:  # planned again without them, or with the computed ones
             close_opened(p, src)
-            opts = with_rules(opts, {"exclude": list(unused)})
-            p = _planned(chosen, src, out, opts, storage_options)
+            opts = with_rules(opts, {"exclude": list(unused)}) if unused else opts
+            p = _plan_pt(chosen, src, out, opts, storage_options, computed)
     mine = given_patterns(given)
     p.unmatched = [u for u in p.unmatched if u in mine]
     p.options = Options.of(p.options, allow_unmatched=given.allow_unmatched)
@@ -210,30 +226,54 @@ def plan_preset(
     return p, chosen, arch
 
 
-def _planned(
-    chosen: Preset, src, out: str, opts: Options, storage_options: StorageOptions | None
+def _plan_pt(
+    chosen: Preset,
+    src,
+    out: str,
+    opts: Options,
+    storage_options: StorageOptions | None,
+    made=None,
 ) -> Plan:
-    """:func:`_plan_pt`, a tensor the preset's rules do not name refused as one the
-    family's model in transformers has no place for (the error names the preset)."""
-    try:
-        return _plan_pt(src, out, opts, storage_options)
-    except CheckpointError as e:
-        if UNMAPPED not in e.detail:
-            raise
-        reason = ", which transformers' model of this family has no place for"
-        refused = CheckpointError(f"{chosen.name}: {e.detail}{reason}", path=e.path)
-        # The command line's spelling of the options the message names, kept.
-        cli_detail = e.cli_message[len(e.message) - len(e.detail) :]
-        refused.cli_message = refused.message.replace(e.detail, cli_detail)
-        raise refused from None
-
-
-def _plan_pt(src, out: str, opts: Options, storage_options: StorageOptions | None) -> Plan:
     """The export plan into ``out``, its tensors in a PyTorch model's layouts (the
-    preset's rules): its safetensors metadata says so, as PyTorch's writers do."""
-    p = plan_export(src, out, opts, storage_options=storage_options, format="safetensors")
+    preset's rules) with the tensors it computes (``made``): its safetensors metadata
+    says so, as PyTorch's writers do. What the rules refuse (a tensor none names) is
+    said as the preset's refusal."""
+    try:
+        p = plan_export(
+            src, out, opts, storage_options=storage_options, format="safetensors", made=made
+        )
+    except CheckpointError as e:
+        if type(e) is not CheckpointError:  # a file not found, or damaged: not the rules'
+            raise
+        raise _refused_by(chosen.name, e) from None
     p.output.framework = "pt"
     return p
+
+
+def _refused_by(name: str, e: CheckpointError) -> CheckpointError:
+    """``e`` said as preset ``name``'s refusal (on the command line too); a tensor no
+    rule names, as one the family's model in transformers has no place for."""
+    where = e.message[: len(e.message) - len(e.detail)]  # "path: tensor 'x': "
+    reason = ", which transformers' model of this family has no place for"
+    reason = reason if UNMAPPED in e.detail else ""
+    out = CheckpointError(f"{name}: {e.detail}{reason}", path=e.path, tensor=e.tensor)
+    out.cli_message = f"{where}{name}: {e.cli_message[len(where) :]}{reason}"
+    return out
+
+
+def _written_config(out_dir: str, storage_options) -> dict | None:
+    """The ``config.json`` an export wrote into ``out_dir`` (None where there is none),
+    read as :func:`~tfckpt.interop.presets.loading.verify_config` reads it."""
+    store = storage_for(out_dir, storage_options)
+    path = store.join(out_dir, "config.json")
+    if not store.isfile(path):
+        return None
+    try:
+        return read_json(_read_bounded(store, path))
+    except OSError as e:
+        raise CheckpointError(f"cannot read the config: {e.strerror}", path=path) from None
+    except ValueError as e:  # Refused too
+        raise CheckpointError(f"the config cannot be read: {e}", path=path) from None
 
 
 def _source_config(
@@ -311,15 +351,28 @@ def export_preset(
         try:
             # Checked as transformers' config class and model take it, before any write.
             config_json = validation.config_json(chosen.translate(release, shapes, arch))
-        except CheckpointError as e:
+        except CheckpointError as e:  # said as the preset's refusal
             detail = e.detail + _given(e.detail, config_values)
-            raise CheckpointError(detail, path=config_path) from None
+            raise CheckpointError(f"{chosen.name}: {detail}", path=config_path) from None
         out_dir = p.storage.dirname(p.output.out)
         target = p.storage.join(out_dir, "config.json")
         if not p.options.overwrite and p.storage.exists(target):
             raise CheckpointError(
                 f"the output already exists (use {option('overwrite=True', '--overwrite')})",
                 path=target,
+            )
+        if chosen.made is not None:  # planned again with the tensors it computes
+            close_opened(p, src)
+            p, chosen, arch = plan_preset(
+                src,
+                out_dir,
+                chosen.name,
+                options,
+                config=config,
+                config_values=config_values,
+                storage_options=storage_options,
+                written_config=json.loads(config_json),
+                **changes,
             )
         p.output.extra = ((target, config_json),)
         notes = [f"preset {preset}: {chosen.name} ({arch})"]

@@ -89,4 +89,6 @@ PRESET = Preset(
     _bert_config,
     # run_squad's checkpoints keep the pretraining's pooler, which these lack.
     {a: ("^bert/pooler/",) for a in ("BertForQuestionAnswering", "BertForMaskedLM")},
+    # RoFormer's (and NEZHA's) releases have BERT's names less these.
+    requires=("bert/embeddings/position_embeddings",),
 )

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tfckpt.errors import CheckpointError
 from tfckpt.rewrite.rulesfile import load_rules
 
@@ -94,6 +96,14 @@ class Preset:
     from_source: (
         Callable[[Mapping[str, tuple[int, ...]], Mapping[str, Any]], tuple[dict, str]] | None
     ) = None
+    # Names every source of the family holds besides a marker: what tells it from a
+    # family whose names are a subset of its own (RoFormer's: BERT's, less the
+    # position embeddings).
+    requires: tuple[str, ...] = ()
+    # Tensors the transformers model holds that the release computes rather than stores
+    # (RoFormer's sinusoidal position table), made from the written config.json's
+    # settings: {new name: float32 array}.
+    made: Callable[[Mapping[str, Any]], dict[str, np.ndarray]] | None = None
 
     @property
     def rules_file(self) -> str:
@@ -106,6 +116,8 @@ class Preset:
     def knows(self, names: list[str]) -> bool:
         """Whether the source ``names`` are of this preset's family."""
         present = set(names)
+        if any(r not in present for r in self.requires):
+            return False
         if any(m in present for m in self.markers):
             return True
         return self.recognises is not None and self.recognises(names)

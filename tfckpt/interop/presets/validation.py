@@ -58,6 +58,7 @@ _KINDS: dict[str, dict[str, str]] = {
         "summary_last_dropout": _RATE,
         "summary_type": _STR,
     },
+    "roformer": {**_BERT_LIKE, "embedding_size": _SIZE},
     "gpt2": {
         **dict.fromkeys(("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"), _SIZE),
         "n_inner": _SIZE,  # or None: 4 * n_embd
@@ -112,6 +113,7 @@ _HEADS = {
     "bert": ("hidden_size", "num_attention_heads"),
     "albert": ("hidden_size", "num_attention_heads"),
     "electra": ("hidden_size", "num_attention_heads"),
+    "roformer": ("hidden_size", "num_attention_heads"),
     "gpt2": ("n_embd", "n_head"),
     "gpt_neo": ("hidden_size", "num_heads"),
 }
