@@ -10,14 +10,20 @@ any size is small. No plotting library is needed here.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.errors import CheckpointError
 from tfckpt.format import dtypes as _dt
-from tfckpt.inspection.diff import compare_values
+from tfckpt.format.natural import in_natural_order
+from tfckpt.inspection.diff import compare_chunks, compare_values
 from tfckpt.inspection.histograms import Log2Histogram
-from tfckpt.inspection.stats import CAST_CHECK_TARGETS, stats
+from tfckpt.inspection.reading import stored_chunks
+from tfckpt.inspection.sampling import SAMPLE_VALUES, Sample
+from tfckpt.inspection.stats import CAST_CHECK_TARGETS, SampledHistogram, describe, stats
+from tfckpt.rewrite.cast import CastCounts
 
 # What a cast does to a value, from the largest loss to none: the order of the summary.
 EFFECTS = (
@@ -25,7 +31,7 @@ EFFECTS = (
     ("to_zero", "became zero"),
     ("subnormal", "became subnormal (fewer significant bits)"),
 )
-FORMAT = 1  # of the embedded data; bumped when a key changes meaning
+FORMAT = 2  # of the embedded data; bumped when a key changes meaning
 DEFAULT_TOP = 12  # tensors drawn; the table lists all
 # The comparison works on float64 copies of both sides, their difference and the ratio:
 # about 40 bytes per float32 element of a chunk. Its results do not depend on where the
@@ -60,21 +66,31 @@ def stats_report(
     *,
     filter: str | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    sample: int = SAMPLE_VALUES,
 ) -> dict:
     """The data of ``tfckpt stats --html``: what casting every floating-point tensor of
     ``ckpt`` to ``target`` would do.
 
     ``{"format", "kind": "stats", "source", "output": None, "stats", "histograms",
     "errors": {}, "bands", "tensors"}``: ``stats`` is :func:`~tfckpt.inspection.stats` exactly (what
-    ``tfckpt stats --json`` prints), ``histograms`` each tensor's log2 histogram,
-    ``bands`` the target's ranges (:func:`bands`), ``tensors`` one record per tensor
-    (name, target, what it loses), the most affected first.
+    ``tfckpt stats --json`` prints), ``histograms`` each tensor's log2 histogram (of at
+    most ``sample`` of its values: a tensor with more is sampled, and its histogram says
+    ``"sample"``, how many; :mod:`~tfckpt.inspection.sampling`), ``bands`` the target's
+    ranges (:func:`bands`), ``tensors`` one record per tensor (name, target, what it
+    loses), the most affected first.
 
     >>> with tfckpt.open("train/model.ckpt-7") as ckpt:
     ...     data = stats_report(ckpt, "float16")
     """
     targets = _targets([target])
-    data = stats(ckpt, filter=filter, chunk_bytes=chunk_bytes, targets=targets, histograms=True)
+    data = stats(
+        ckpt,
+        filter=filter,
+        chunk_bytes=chunk_bytes,
+        targets=targets,
+        histograms=True,
+        sample=sample,
+    )
     histograms = {
         t["name"]: t.pop("log2_histogram") for t in data["tensors"] if "log2_histogram" in t
     }
@@ -88,6 +104,8 @@ def conversion_report(
     pairs: Sequence[tuple[str, str, str]] | None = None,
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    counts: Mapping[str, CastCounts] | None = None,
+    sample: int = SAMPLE_VALUES,
 ) -> dict:
     """The data of ``tfckpt convert --report``: what the cast from ``src`` to ``dst`` did.
 
@@ -97,34 +115,81 @@ def conversion_report(
     tensor, :func:`~tfckpt.inspection.compare_values` of the output against the source
     (the relative error is ``|out - src| / |src|``, the numbers ``tfckpt diff DST SRC``
     gives) with ``rel_histogram``, the log2 histogram of the relative errors.
+
+    A tensor of at most ``sample`` values is read whole: its record is ``stats``' and its
+    errors ``diff``'s, exactly. A larger one is sampled
+    (:class:`~tfckpt.inspection.sampling.Sample`: the same positions of the source and
+    the output, ``sample`` values in all): its histograms, errors and, with ``counts``,
+    its statistics are those of the sample and say ``"sample"`` (how many values).
+    ``counts``: the conversion's own counts of what the cast did to each tensor (a
+    :class:`~tfckpt.rewrite.engine.Summary`'s ``cast_counts``, by output name), exact,
+    so the source is not read whole again; without them, a sampled tensor's statistics
+    and counts come from a streaming pass over all its values, as ``stats``'.
     """
     if pairs is None:
         pairs = _cast_pairs(src, dst)
     targets = _targets(sorted({t for _, _, t in pairs}))
-    data = stats(src, chunk_bytes=chunk_bytes, targets=targets, histograms=True)
-    histograms = {
-        t["name"]: t.pop("log2_histogram") for t in data["tensors"] if "log2_histogram" in t
-    }
-    errors = {}
     pairs = [(a, b, t) for a, b, t in pairs if _comparable(src.info(a), dst.info(b))]
-    for name, new_name, _ in pairs:
-        hist = Log2Histogram()
-        result = compare_values(
-            dst,
-            src,
-            new_name,
-            name,
-            chunk_bytes=min(chunk_bytes, COMPARE_CHUNK_BYTES),
-            rel_histogram=hist,
-        )
-        errors[name] = {**result, "rel_histogram": hist.result()}
     cast = {name: (target, new_name) for name, new_name, target in pairs}
+    records, histograms, errors = [], {}, {}
+    for name in in_natural_order(src.keys()):
+        info = src.info(name)
+        target, new_name = cast.get(name, (None, None))
+        picked = Sample(info.stored_elements if info.partial else info.size, sample)
+        given = counts.get(new_name) if counts is not None and new_name else None
+        if picked.whole or (target and given is None) or (not target and counts is None):
+            # Every value read, as stats reads them; the histogram of the sample.
+            hist = SampledHistogram(picked)
+            rec = describe(info, lambda: stored_chunks(src, name, chunk_bytes), targets, hist)
+            values = None
+        else:  # the conversion counted the cast: only the sample is read
+            values = _sample_values(picked, src, name)
+            rec = describe(info, lambda: [values], (), Log2Histogram())
+            rec["sample"] = picked.values
+            if given is not None:
+                rec["cast"] = {target: _counts(given)}
+        if "log2_histogram" in rec:
+            histograms[name] = rec.pop("log2_histogram")
+            if not picked.whole:
+                histograms[name]["sample"] = picked.values
+        records.append(rec)
+        if not target:
+            continue
+        hist = Log2Histogram()
+        if picked.whole:
+            result = compare_values(
+                dst,
+                src,
+                new_name,
+                name,
+                chunk_bytes=min(chunk_bytes, COMPARE_CHUNK_BYTES),
+                rel_histogram=hist,
+            )
+            errors[name] = {**result, "rel_histogram": hist.result()}
+        else:
+            if values is None:
+                values = _sample_values(picked, src, name)
+            out = _sample_values(picked, dst, new_name)
+            result = compare_chunks([(out, values)], rel_histogram=hist)
+            rel = {**hist.result(), "sample": picked.values}
+            errors[name] = {**result, "rel_histogram": rel, "sample": picked.values}
+    data = {"prefix": src.prefix, "tensors": records}
     rows = []
-    for t in data["tensors"]:
+    for t in records:
         target, output = cast.get(t["name"], (None, None))
         rows.append(_row(t, target, output, errors.get(t["name"])))
     used = sorted({t for _, _, t in pairs})
     return _assemble("convert", src.prefix, dst.prefix, data, histograms, errors, rows, used)
+
+
+def _sample_values(picked: Sample, ckpt: Checkpoint, name: str) -> np.ndarray:
+    """The sampled values of ``name``, in one array (of at most the sample's size)."""
+    runs = list(picked.read(ckpt, name))
+    return runs[0] if len(runs) == 1 else np.concatenate(runs)
+
+
+def _counts(c: CastCounts) -> dict:
+    return {"overflow": c.overflow, "to_zero": c.to_zero, "subnormal": c.subnormal}
 
 
 def _targets(wanted: Sequence[str]) -> tuple[str, ...]:
