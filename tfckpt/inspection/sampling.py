@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
+from tfckpt.format import dtypes as _dt
 from tfckpt.inspection.reading import stored_chunks
 
 SAMPLE_VALUES = 1 << 16  # values per tensor a report histograms, at most
@@ -77,30 +78,43 @@ class Sample:
     ) -> Iterator[np.ndarray]:
         """The sampled elements of tensor ``name``, a run at a time: positioned reads of
         the runs where the reader has them (no checksum covers a part of a tensor:
-        callers read values that were checked, as a conversion's output and source),
-        else picked from the stored chunks. The whole tensor is streamed in chunks."""
+        callers read values that were checked, as a conversion's output and source; of
+        a tensor saved in slices, of its slices or of the rows a run meets), else picked
+        from the stored chunks, as is a tensor taken whole."""
         read_elements = getattr(ckpt, "read_elements", None)
-        if self.whole or read_elements is None:
-            pos = 0
-            for chunk in stored_chunks(ckpt, name, chunk_bytes):
-                picked = self.pick(chunk, pos)
-                pos += len(chunk)
-                if len(picked):
-                    yield picked
-            return
-        info = ckpt.info(name)
-        if not info.partial:
+        read_region = getattr(ckpt, "read_region", None)
+        info = ckpt.info(name) if not self.whole else None
+        if info is not None and not info.partial and not info.slices and read_elements:
             for start, count in self.runs():
                 yield read_elements(name, start, count)
             return
-        # A pre-sliced tensor: its stored slices one after another, as stored_chunks
-        # orders them; a run may span two of them.
-        parts = [(p.extents, p.stored_elements) for p in ckpt.slice_info(name) if p.extents is not None]
-        parts.sort(key=lambda ps: [(s, -1 if n is None else n) for s, n in ps[0]])
-        for start, count in self.runs():
-            base = 0
-            for extents, size in parts:
-                a, b = max(start, base), min(start + count, base + size)
-                if a < b:
-                    yield read_elements(name, a - base, b - a, extents)
-                base += size
+        if info is not None and info.partial and read_elements:
+            # The stored slices one after another, as stored_chunks orders them; a run
+            # may span two of them.
+            parts = [(p.extents, p.stored_elements) for p in ckpt.slice_info(name)]
+            parts = [(e, n) for e, n in parts if e is not None]
+            parts.sort(key=lambda ps: [(s, -1 if n is None else n) for s, n in ps[0]])
+            for start, count in self.runs():
+                base = 0
+                for extents, size in parts:
+                    a, b = max(start, base), min(start + count, base + size)
+                    if a < b:
+                        yield read_elements(name, a - base, b - a, extents)
+                    base += size
+            return
+        row = int(np.prod(info.shape[1:], dtype=np.int64)) if info is not None else 0
+        itemsize = _dt.lookup(info.dtype).fixed_itemsize if info is not None else 0
+        if info is not None and info.shape and read_region and row * itemsize <= chunk_bytes:
+            # Saved in slices that cover it: the rows each run meets, read as a region.
+            rest = tuple((0, int(d), 1) for d in info.shape[1:])
+            for start, count in self.runs():
+                r0, r1 = start // row, (start + count - 1) // row + 1
+                rows = read_region(name, ((r0, r1 - r0, 1), *rest)).reshape(-1)
+                yield rows[start - r0 * row : start - r0 * row + count]
+            return
+        pos = 0
+        for chunk in stored_chunks(ckpt, name, chunk_bytes):
+            picked = self.pick(chunk, pos)
+            pos += len(chunk)
+            if len(picked):
+                yield picked

@@ -52,7 +52,7 @@ def stats(
             n = info.stored_elements if info.partial else info.size
             hist = SampledHistogram(Sample(n, sample) if sample else None)
         out.append(
-            describe(info, lambda: stored_chunks(ckpt, name, chunk_bytes), targets, hist)
+            describe(info, lambda n=name: stored_chunks(ckpt, n, chunk_bytes), targets, hist)
         )
     return {"prefix": ckpt.prefix, "tensors": out}
 

@@ -2,9 +2,12 @@
 and after a conversion the relative error of each cast tensor (``compare_values``, the
 numbers of ``tfckpt diff DST SRC``) with a histogram of it.
 
-Everything is counted in one streaming pass per tensor and side, in bounded chunks; a
-tensor's histogram holds one counter per binary exponent, so the data of a checkpoint of
-any size is small. No plotting library is needed here.
+Everything is counted in bounded chunks; a tensor's histogram holds one counter per
+binary exponent, so the data of a checkpoint of any size is small. A histogram counts at
+most :data:`~tfckpt.inspection.sampling.SAMPLE_VALUES` values of a tensor (a sample,
+the same on every run, of a larger one), so the report's own work per tensor is bounded;
+what a cast does to the values (overflow, zero, subnormal) is counted over every value,
+in ``stats``' pass or in the conversion's. No plotting library is needed here.
 """
 
 from __future__ import annotations
@@ -137,14 +140,21 @@ def conversion_report(
         target, new_name = cast.get(name, (None, None))
         picked = Sample(info.stored_elements if info.partial else info.size, sample)
         given = counts.get(new_name) if counts is not None and new_name else None
-        if picked.whole or (target and given is None) or (not target and counts is None):
+        dt = _dt.lookup(info.dtype)
+        not_numeric = dt.numpy is None or dt.kind == "string"  # no values to count
+        if (
+            picked.whole
+            or not_numeric
+            or (target and given is None)
+            or (not target and counts is None)
+        ):
             # Every value read, as stats reads them; the histogram of the sample.
             hist = SampledHistogram(picked)
-            rec = describe(info, lambda: stored_chunks(src, name, chunk_bytes), targets, hist)
+            rec = describe(info, lambda n=name: stored_chunks(src, n, chunk_bytes), targets, hist)
             values = None
         else:  # the conversion counted the cast: only the sample is read
             values = _sample_values(picked, src, name)
-            rec = describe(info, lambda: [values], (), Log2Histogram())
+            rec = describe(info, lambda v=values: [v], (), Log2Histogram())
             rec["sample"] = picked.values
             if given is not None:
                 rec["cast"] = {target: _counts(given)}
