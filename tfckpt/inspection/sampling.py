@@ -15,12 +15,14 @@ whatever the tensor's size).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
 from tfckpt.inspection.reading import stored_chunks
 
 SAMPLE_VALUES = 1 << 16  # values per tensor a report histograms, at most
@@ -83,38 +85,54 @@ class Sample:
         from the stored chunks, as is a tensor taken whole."""
         read_elements = getattr(ckpt, "read_elements", None)
         read_region = getattr(ckpt, "read_region", None)
-        info = ckpt.info(name) if not self.whole else None
-        if info is not None and not info.partial and not info.slices and read_elements:
+        info = ckpt.info(name)
+        if self.whole or read_elements is None:
+            yield from self._picked(ckpt, name, chunk_bytes)
+        elif not info.slices:
             for start, count in self.runs():
                 yield read_elements(name, start, count)
-            return
-        if info is not None and info.partial and read_elements:
-            # The stored slices one after another, as stored_chunks orders them; a run
-            # may span two of them.
-            parts = [(p.extents, p.stored_elements) for p in ckpt.slice_info(name)]
-            parts = [(e, n) for e, n in parts if e is not None]
-            parts.sort(key=lambda ps: [(s, -1 if n is None else n) for s, n in ps[0]])
-            for start, count in self.runs():
-                base = 0
-                for extents, size in parts:
-                    a, b = max(start, base), min(start + count, base + size)
-                    if a < b:
-                        yield read_elements(name, a - base, b - a, extents)
-                    base += size
-            return
-        row = int(np.prod(info.shape[1:], dtype=np.int64)) if info is not None else 0
-        itemsize = _dt.lookup(info.dtype).fixed_itemsize if info is not None else 0
-        if info is not None and info.shape and read_region and row * itemsize <= chunk_bytes:
+        elif info.partial:
+            yield from self._from_slices(ckpt, name, read_elements)
+        elif read_region and info.shape and _row_bytes(info) <= chunk_bytes:
             # Saved in slices that cover it: the rows each run meets, read as a region.
+            row = math.prod(info.shape[1:])
             rest = tuple((0, int(d), 1) for d in info.shape[1:])
             for start, count in self.runs():
                 r0, r1 = start // row, (start + count - 1) // row + 1
                 rows = read_region(name, ((r0, r1 - r0, 1), *rest)).reshape(-1)
                 yield rows[start - r0 * row : start - r0 * row + count]
-            return
+        else:
+            yield from self._picked(ckpt, name, chunk_bytes)
+
+    def _picked(self, ckpt: Checkpoint, name: str, chunk_bytes: int) -> Iterator[np.ndarray]:
         pos = 0
         for chunk in stored_chunks(ckpt, name, chunk_bytes):
             picked = self.pick(chunk, pos)
             pos += len(chunk)
             if len(picked):
                 yield picked
+
+    def _from_slices(self, ckpt: Checkpoint, name: str, read_elements) -> Iterator[np.ndarray]:
+        """Of a tensor stored in part: its stored slices one after another, as
+        stored_chunks orders them; a run may span two of them."""
+        parts = [(p.extents, p.stored_elements or 0) for p in ckpt.slice_info(name)]
+        stored = sorted(
+            ((e, n) for e, n in parts if e is not None),
+            key=lambda part: [(s, -1 if n is None else n) for s, n in part[0]],
+        )
+        for start, count in self.runs():
+            base = 0
+            for extents, size in stored:
+                a, b = max(start, base), min(start + count, base + size)
+                if a < b:
+                    yield read_elements(name, a - base, b - a, extents)
+                base += size
+
+
+def _row_bytes(info: TensorInfo) -> int:
+    return math.prod(info.shape[1:]) * _dt.lookup(info.dtype).fixed_itemsize
+
+
+def stored_count(info: TensorInfo) -> int:
+    """How many elements of the tensor ``info`` describes the checkpoint holds."""
+    return info.stored_elements or 0 if info.partial else info.size

@@ -4,16 +4,17 @@ float16 or bfloat16 would do to the values."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import numpy as np
 
 from tfckpt.checkpoint.reader import DEFAULT_CHUNK_BYTES, Checkpoint
-from tfckpt.format.bundle import TensorInfo
 from tfckpt.format import dtypes as _dt
+from tfckpt.format.bundle import TensorInfo
 from tfckpt.format.natural import in_natural_order
 from tfckpt.inspection.histograms import Log2Histogram
 from tfckpt.inspection.reading import match_names, stored_chunks
-from tfckpt.inspection.sampling import Sample
+from tfckpt.inspection.sampling import Sample, stored_count
 from tfckpt.rewrite.cast import Caster
 
 # --- stats -------------------------------------------------------------------
@@ -49,11 +50,8 @@ def stats(
         info = ckpt.info(name)
         hist = None
         if histograms:
-            n = info.stored_elements if info.partial else info.size
-            hist = SampledHistogram(Sample(n, sample) if sample else None)
-        out.append(
-            describe(info, lambda n=name: stored_chunks(ckpt, n, chunk_bytes), targets, hist)
-        )
+            hist = SampledHistogram(Sample(stored_count(info), sample) if sample else None)
+        out.append(describe(info, partial(stored_chunks, ckpt, name, chunk_bytes), targets, hist))
     return {"prefix": ckpt.prefix, "tensors": out}
 
 
@@ -94,7 +92,9 @@ def describe(
     if dt.numpy is None or dt.kind == "string":
         return rec
     acc = _Moments()
-    casters = {t: Caster(dt, _dt.lookup(t), "inf") for t in targets if dt.is_floating and dt.name != t}
+    casters = {
+        t: Caster(dt, _dt.lookup(t), "inf") for t in targets if dt.is_floating and dt.name != t
+    }
     hist = histogram if dt.kind != "complex" else None
     for chunk in chunks():
         if chunk.dtype.fields:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from tfckpt.format.natural import in_natural_order
 from tfckpt.inspection.diff import compare_chunks, compare_values
 from tfckpt.inspection.histograms import Log2Histogram
 from tfckpt.inspection.reading import stored_chunks
-from tfckpt.inspection.sampling import SAMPLE_VALUES, Sample
+from tfckpt.inspection.sampling import SAMPLE_VALUES, Sample, stored_count
 from tfckpt.inspection.stats import CAST_CHECK_TARGETS, SampledHistogram, describe, stats
 from tfckpt.rewrite.cast import CastCounts
 
@@ -138,10 +139,11 @@ def conversion_report(
     for name in in_natural_order(src.keys()):
         info = src.info(name)
         target, new_name = cast.get(name, (None, None))
-        picked = Sample(info.stored_elements if info.partial else info.size, sample)
+        picked = Sample(stored_count(info), sample)
         given = counts.get(new_name) if counts is not None and new_name else None
         dt = _dt.lookup(info.dtype)
         not_numeric = dt.numpy is None or dt.kind == "string"  # no values to count
+        values: np.ndarray | None = None
         if (
             picked.whole
             or not_numeric
@@ -149,40 +151,21 @@ def conversion_report(
             or (not target and counts is None)
         ):
             # Every value read, as stats reads them; the histogram of the sample.
-            hist = SampledHistogram(picked)
-            rec = describe(info, lambda n=name: stored_chunks(src, n, chunk_bytes), targets, hist)
-            values = None
+            chunks = partial(stored_chunks, src, name, chunk_bytes)
+            rec = describe(info, chunks, targets, SampledHistogram(picked))
         else:  # the conversion counted the cast: only the sample is read
             values = _sample_values(picked, src, name)
-            rec = describe(info, lambda v=values: [v], (), Log2Histogram())
+            rec = describe(info, partial(list, [values]), (), Log2Histogram())
             rec["sample"] = picked.values
-            if given is not None:
+            if target and given is not None:
                 rec["cast"] = {target: _counts(given)}
         if "log2_histogram" in rec:
             histograms[name] = rec.pop("log2_histogram")
             if not picked.whole:
                 histograms[name]["sample"] = picked.values
         records.append(rec)
-        if not target:
-            continue
-        hist = Log2Histogram()
-        if picked.whole:
-            result = compare_values(
-                dst,
-                src,
-                new_name,
-                name,
-                chunk_bytes=min(chunk_bytes, COMPARE_CHUNK_BYTES),
-                rel_histogram=hist,
-            )
-            errors[name] = {**result, "rel_histogram": hist.result()}
-        else:
-            if values is None:
-                values = _sample_values(picked, src, name)
-            out = _sample_values(picked, dst, new_name)
-            result = compare_chunks([(out, values)], rel_histogram=hist)
-            rel = {**hist.result(), "sample": picked.values}
-            errors[name] = {**result, "rel_histogram": rel, "sample": picked.values}
+        if target and new_name:
+            errors[name] = _errors(src, dst, name, new_name, picked, values, chunk_bytes)
     data = {"prefix": src.prefix, "tensors": records}
     rows = []
     for t in records:
@@ -190,6 +173,36 @@ def conversion_report(
         rows.append(_row(t, target, output, errors.get(t["name"])))
     used = sorted({t for _, _, t in pairs})
     return _assemble("convert", src.prefix, dst.prefix, data, histograms, errors, rows, used)
+
+
+def _errors(
+    src: Checkpoint,
+    dst: Checkpoint,
+    name: str,
+    new_name: str,
+    picked: Sample,
+    values: np.ndarray | None,
+    chunk_bytes: int,
+) -> dict:
+    """``compare_values`` of the output against the source with the relative errors'
+    histogram: of every value, or of the sample (``values``: the source's, when read)."""
+    hist = Log2Histogram()
+    if picked.whole:
+        result = compare_values(
+            dst,
+            src,
+            new_name,
+            name,
+            chunk_bytes=min(chunk_bytes, COMPARE_CHUNK_BYTES),
+            rel_histogram=hist,
+        )
+        return {**result, "rel_histogram": hist.result()}
+    if values is None:
+        values = _sample_values(picked, src, name)
+    out = _sample_values(picked, dst, new_name)
+    result = compare_chunks([(out, values)], rel_histogram=hist)
+    rel = {**hist.result(), "sample": picked.values}
+    return {**result, "rel_histogram": rel, "sample": picked.values}
 
 
 def _sample_values(picked: Sample, ckpt: Checkpoint, name: str) -> np.ndarray:

@@ -307,7 +307,12 @@ def draw_overview(rows: list[dict], effects: list[tuple[str, str]]) -> Figure:
         left, top, bottom = label + 0.3, 0.4, 0.5
         fig = Figure(figsize=(width, height))
         ax = fig.add_axes(
-            (left / width, bottom / height, 1 - (left + _RIGHT) / width, 1 - (top + bottom) / height)
+            (
+                left / width,
+                bottom / height,
+                1 - (left + _RIGHT) / width,
+                1 - (top + bottom) / height,
+            )
         )
         ys = list(range(len(rows)))[::-1]
         drawn = 0
