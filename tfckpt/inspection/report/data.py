@@ -49,9 +49,13 @@ def bands(target: str) -> dict:
     rounds to 0, from there to ``normal`` it becomes subnormal, from ``normal`` to
     ``overflow`` it stays normal, beyond ``overflow`` it overflows. ``unit_roundoff``:
     the largest relative error of rounding a normal value (half an ulp), as log2."""
-    import ml_dtypes  # the float8 types' limits; numpy's finfo for the others
+    dtype = _dt.lookup(target).array_dtype
+    if dtype in (np.float16, np.float32, np.float64):
+        fi = np.finfo(dtype)  # ml_dtypes takes a while to import: only where needed
+    else:
+        import ml_dtypes  # bfloat16's and the float8 types' limits
 
-    fi = ml_dtypes.finfo(_dt.lookup(target).array_dtype)
+        fi = ml_dtypes.finfo(dtype)
     top = float(fi.max)
     overflow_at = top + math.ldexp(0.5, math.frexp(top)[1] - 1 - int(fi.nmant))
     return {
@@ -120,8 +124,9 @@ def conversion_report(
     (the relative error is ``|out - src| / |src|``, the numbers ``tfckpt diff DST SRC``
     gives) with ``rel_histogram``, the log2 histogram of the relative errors.
 
-    A tensor of at most ``sample`` values is read whole: its record is ``stats``' and its
-    errors ``diff``'s, exactly. A larger one is sampled
+    ``stats`` counts what a cast does for the conversion's targets only (``stats --json``
+    adds float16 and bfloat16). A tensor of at most ``sample`` values is read whole: its
+    record is ``stats``' and its errors ``diff``'s, exactly. A larger one is sampled
     (:class:`~tfckpt.inspection.sampling.Sample`: the same positions of the source and
     the output, ``sample`` values in all): its histograms, errors and, with ``counts``,
     its statistics are those of the sample and say ``"sample"`` (how many values).
@@ -132,7 +137,8 @@ def conversion_report(
     """
     if pairs is None:
         pairs = _cast_pairs(src, dst)
-    targets = _targets(sorted({t for _, _, t in pairs}))
+    # The conversion's targets only: what another cast would do is stats --html's.
+    targets = _targets(sorted({t for _, _, t in pairs}), also=())
     pairs = [(a, b, t) for a, b, t in pairs if _comparable(src.info(a), dst.info(b))]
     cast = {name: (target, new_name) for name, new_name, target in pairs}
     records, histograms, errors = [], {}, {}
@@ -215,13 +221,15 @@ def _counts(c: CastCounts) -> dict:
     return {"overflow": c.overflow, "to_zero": c.to_zero, "subnormal": c.subnormal}
 
 
-def _targets(wanted: Sequence[str]) -> tuple[str, ...]:
-    """The targets to count: float16 and bfloat16 always (so ``stats`` is what ``stats
-    --json`` prints), then any other the report needs."""
+def _targets(
+    wanted: Sequence[str], also: tuple[str, ...] = CAST_CHECK_TARGETS
+) -> tuple[str, ...]:
+    """The targets to count: ``also`` (float16 and bfloat16, so that ``stats`` is what
+    ``stats --json`` prints), then any other the report needs."""
     for t in wanted:
         if not _dt.lookup(t).is_floating:
             raise CheckpointError(f"a report needs a floating-point target dtype, not {t!r}")
-    return CAST_CHECK_TARGETS + tuple(t for t in wanted if t not in CAST_CHECK_TARGETS)
+    return also + tuple(t for t in wanted if t not in also)
 
 
 def _comparable(a, b) -> bool:
