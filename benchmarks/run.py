@@ -313,9 +313,7 @@ def cases(inputs: Inputs, work: str, sizes: dict) -> dict:
             "tfckpt": ["tfckpt_read_all", big()],
             "tensorflow": ["tf_read_all", big()],
         },
-        f"report: convert float32->float16 ({one})": lambda: _with_report(
-            big(), f"{work}/r16"
-        ),
+        f"report: convert float32->float16 ({one})": lambda: _with_report(big(), f"{work}/r16"),
         f"report: convert {small} small tensors to float16": lambda: _with_report(
             inputs.path("small"), f"{work}/rs16"
         ),

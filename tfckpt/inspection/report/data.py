@@ -221,9 +221,7 @@ def _counts(c: CastCounts) -> dict:
     return {"overflow": c.overflow, "to_zero": c.to_zero, "subnormal": c.subnormal}
 
 
-def _targets(
-    wanted: Sequence[str], also: tuple[str, ...] = CAST_CHECK_TARGETS
-) -> tuple[str, ...]:
+def _targets(wanted: Sequence[str], also: tuple[str, ...] = CAST_CHECK_TARGETS) -> tuple[str, ...]:
     """The targets to count: ``also`` (float16 and bfloat16, so that ``stats`` is what
     ``stats --json`` prints), then any other the report needs."""
     for t in wanted:
