@@ -10,13 +10,15 @@ own, side by side in one run:
 - ``tfckpt stats P --json`` and ``tfckpt stats P --json --html FILE`` (the same pass,
   plus the log2 histograms and the page);
 - ``tfckpt convert P OUT --dtype float16 --no-fsync`` and the same with ``--report FILE``
-  (after the conversion, a pass over the source for the statistics and one over source
-  and output together for the errors, then the page).
+  (after the conversion, the tensors of up to 65 536 values read whole and a sample of
+  the larger ones, in the source and the output; the cast's counts are the
+  conversion's; then the page).
 
 Peak RSS (from the OS, wait4) and wall time, with the ratios of each report's to its
-command's without it: the histograms hold one counter per power of two, so the peak
-should stay that of the streaming pass, whatever the checkpoint's size. Results go to
-OUT/report_memory.json.
+command's without it: the histograms hold one counter per power of two and count at
+most the sample, so the peak should stay that of the streaming pass, whatever the
+checkpoint's size. Results go to OUT/report_memory.json. The same comparison of times
+is run.py's ``report:`` cases.
 """
 
 from __future__ import annotations

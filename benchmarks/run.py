@@ -219,6 +219,35 @@ def _convert(src: str, dst: str, dtype: str, cp: bool = True, tf1: bool = False)
     return c
 
 
+def _with_report(src: str, dst: str) -> dict:
+    """The same conversion without and with ``--report`` (no fsync either way: the
+    difference is the report's own work), side by side: see :func:`beside`."""
+    convert = ["tfckpt_convert", src, f"{dst}/out/model", "float16", "--no-fsync"]
+    return {
+        "tfckpt --no-fsync": convert,
+        "tfckpt --no-fsync --report": [*convert, "--report", f"{dst}/report.html"],
+    }
+
+
+# Contenders timed beside another of the same case: (contender, the one it adds to).
+BESIDE = [("tfckpt --no-fsync --report", "tfckpt --no-fsync")]
+
+
+def beside(results: dict) -> list[str]:
+    """Per case with both, what a contender adds to the other: the ratio of their wall
+    times and the difference."""
+    notes = []
+    for case, res in results.items():
+        for more, base in BESIDE:
+            if more in res and base in res:
+                a, b = res[more]["wall"], res[base]["wall"]
+                notes.append(
+                    f"- {case}: {more} / {base}: {a / b:.2f}× the time ({a - b:+.2f} s), "
+                    f"peak {res[more]['rss'] / 2**20:.0f} / {res[base]['rss'] / 2**20:.0f} MiB"
+                )
+    return notes
+
+
 def cases(inputs: Inputs, work: str, sizes: dict) -> dict:
     """Every case: its name -> a function giving its contenders (inputs made on demand)."""
     one = _mib_label(sizes["big_mib"] + sizes["medium"] * sizes["medium_mib"])
@@ -284,6 +313,13 @@ def cases(inputs: Inputs, work: str, sizes: dict) -> dict:
             "tfckpt": ["tfckpt_read_all", big()],
             "tensorflow": ["tf_read_all", big()],
         },
+        f"report: convert float32->float16 ({one})": lambda: _with_report(big(), f"{work}/r16"),
+        f"report: convert {small} small tensors to float16": lambda: _with_report(
+            inputs.path("small"), f"{work}/rs16"
+        ),
+        "report: convert Keras checkpoint to float16": lambda: _with_report(
+            inputs.path("keras"), f"{work}/rk16"
+        ),
         "dump start-up (small checkpoint)": lambda: {
             "tfckpt": ["tfckpt_dump", inputs.path("keras")],
             "tensorflow": ["tf_inspect", inputs.path("keras")],
@@ -431,6 +467,7 @@ def table(report: dict) -> str:
                     notes.append(
                         f"- {big} / {small}, {name}: {grew:.2f}× the time (linear: {linear:g}×)"
                     )
+    notes += beside(results)
     if notes:
         lines += ["", *notes]
     return "\n".join(lines)

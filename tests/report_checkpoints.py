@@ -3,7 +3,8 @@ chosen to land in every range of float16: normal, subnormal, rounding to zero an
 overflowing, in float32 and float64 variables.
 
 Run as a script, ``write OUT``, in a process of its own (see tests/inspection/test_report.py):
-``tf.train.Checkpoint`` saves the variables as ``OUT/ckpt/model-1``.
+``tf.train.Checkpoint`` saves the variables as ``OUT/ckpt/model-1``; ``write_large OUT``
+saves instead a tensor larger than a report's sample, the same values planted in it.
 """
 
 from __future__ import annotations
@@ -40,13 +41,26 @@ def values() -> dict[str, np.ndarray]:
     }
 
 
-def write(out: Path) -> None:
+LARGE = (300, 300)  # more values than a report histograms of one tensor (65 536)
+
+
+def large_values() -> dict[str, np.ndarray]:
+    """A tensor the reports sample, with the planted values spread over it, and a small one."""
+    rng = np.random.default_rng(20261207)
+    kernel = (rng.standard_normal(LARGE) * 0.05).astype(np.float32)
+    kernel = np.where(np.abs(kernel) < 2.0**-13, np.float32(2.0**-13), kernel)
+    planted = TO_ZERO + SUBNORMAL + OVERFLOW
+    kernel.flat[rng.choice(kernel.size, len(planted), replace=False)] = planted
+    return {"kernel": kernel, "bias": np.full(300, 0.25, np.float32)}
+
+
+def write(out: Path, tensors: dict[str, np.ndarray] | None = None) -> None:
     import tensorflow as tf
 
-    variables = {k: tf.Variable(v) for k, v in values().items()}
+    variables = {k: tf.Variable(v) for k, v in (tensors or values()).items()}
     tf.train.Checkpoint(**variables).save(str(out / "ckpt" / "model"))
 
 
 if __name__ == "__main__":
     role, where = sys.argv[1], Path(sys.argv[2])
-    {"write": write}[role](where)
+    {"write": write, "write_large": lambda d: write(d, large_values())}[role](where)

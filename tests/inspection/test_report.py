@@ -82,11 +82,22 @@ def _floats(stats_json: dict) -> list[dict]:
 # ---------------------------------------------------------------- the data
 
 
+def _only_target(stats_json: dict) -> dict:
+    """``stats --json`` with what a cast does counted for the conversion's target only,
+    as a conversion's page holds it (float16 and bfloat16 both: ``stats --html``'s)."""
+    tensors = [
+        {**t, "cast": {TARGET: t["cast"][TARGET]}} if "cast" in t else t
+        for t in stats_json["tensors"]
+    ]
+    return {**stats_json, "tensors": tensors}
+
+
 def test_page_data_is_stats_json(pages):
     for kind in ("stats", "convert"):
         data = _embedded(pages[kind].read_text())
         assert data["kind"] == kind
-        assert data["stats"] == pages["stats_json"], kind
+        want = pages["stats_json"] if kind == "stats" else _only_target(pages["stats_json"])
+        assert data["stats"] == want, kind
     kernel = next(t for t in pages["stats_json"]["tensors"] if t["name"].startswith("kernel/"))
     assert kernel["cast"][TARGET] == {
         "overflow": len(rc.OVERFLOW),
@@ -150,6 +161,278 @@ def test_streamed_in_small_chunks_gives_the_same_data(ckpt, pages):
     assert small == whole  # histograms, errors, ranges, rows: counts, exact
     assert _stats_equal(small_stats.pop("stats"), pages["stats_json"])
     assert small_stats["histograms"] == small["histograms"]
+
+
+# ---------------------------------------------------------------- samples
+
+
+def _total(hist: dict) -> int:
+    return sum(hist["counts"]) + hist["zeros"] + hist["nonfinite"]
+
+
+def test_histograms_of_a_sample_and_exact_counts(ckpt, pages, tmp_path):
+    """With a bound under the tensors' sizes, each histogram counts exactly the sample
+    (and says so), the same however the chunks are cut; the statistics are still those
+    of ``stats --json``. After a conversion given its own counts, a sampled tensor's
+    counts are the conversion's, exact; its errors and statistics the sample's."""
+    from tfckpt.inspection import report
+
+    bound = 256
+    with tfckpt.open(ckpt) as src, tfckpt.open(pages["out"]) as out:
+        data = report.stats_report(src, sample=bound)
+        again = report.stats_report(src, sample=bound, chunk_bytes=100)
+        summary = tfckpt.convert(ckpt, str(tmp_path / "o"), "float16", overflow="inf")
+        converted = report.conversion_report(src, out, counts=summary.cast_counts, sample=bound)
+        full = report.conversion_report(src, out, sample=bound)  # without: a full pass
+    assert _strict(data["stats"]) == pages["stats_json"]
+    assert again["histograms"] == data["histograms"]
+    by_name = {t["name"]: t for t in pages["stats_json"]["tensors"]}
+    sampled = {n for n, h in data["histograms"].items() if by_name[n]["elements"] > bound}
+    assert sampled == {n for n in by_name if n.startswith(("kernel/", "embedding/"))}
+    for name, hist in data["histograms"].items():
+        n = by_name[name]["elements"]
+        assert _total(hist) == hist.get("sample", n) == min(n, bound), name
+    assert _strict(full["stats"]) == _only_target(pages["stats_json"])
+    for kind in (converted, full):
+        assert kind["histograms"] == data["histograms"]
+        for name, error in kind["errors"].items():
+            n = by_name[name]["elements"]
+            assert error["elements"] == _total(error["rel_histogram"]) == min(n, bound), name
+            assert error.get("sample") == error["rel_histogram"].get("sample")
+    exact = {t["name"]: t for t in _only_target(pages["stats_json"])["tensors"]}
+    for t in converted["stats"]["tensors"]:
+        want = by_name[t["name"]]
+        if t["name"] not in sampled:
+            assert _strict(t) == exact[t["name"]]
+            continue
+        assert t["sample"] == bound and t["cast"] == {TARGET: want["cast"][TARGET]}
+        assert want["min"] <= t["min"] <= t["max"] <= want["max"]
+    rows = {r["name"]: r for r in converted["tensors"]}
+    for name in sampled:
+        assert {k: rows[name][k] for k in EFFECTS} == by_name[name]["cast"][TARGET]
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory) -> dict:
+    """A checkpoint TensorFlow writes with a tensor of more values than a report
+    histograms (300 x 300, the planted values spread over it), its pages and JSON."""
+    d = tmp_path_factory.mktemp("large")
+    run_role("report_checkpoints.py", "write_large", d)
+    src = str(d / "ckpt" / "model-1")
+    stats_page, convert_page, out = d / "stats.html", d / "convert.html", d / "fp16" / "model"
+    done = run_text("stats", src, "--html", stats_page)
+    assert done.returncode == 0, done.stderr
+    done = run_text(
+        "convert", src, out, "--dtype", TARGET, "--overflow", "inf", "--report", convert_page
+    )
+    assert done.returncode == 0, done.stderr
+    return {
+        "stats": stats_page.read_text(),
+        "convert": convert_page.read_text(),
+        "stats_json": _json("stats", src, "--json"),
+    }
+
+
+def test_a_large_tensor_is_sampled_on_the_page(large):
+    from tfckpt.inspection.sampling import SAMPLE_VALUES
+
+    values = 300 * 300
+    kernel = next(t for t in large["stats_json"]["tensors"] if t["name"].startswith("kernel/"))
+    assert kernel["elements"] == values > SAMPLE_VALUES
+    assert kernel["cast"][TARGET] == {
+        "overflow": len(rc.OVERFLOW),
+        "to_zero": len(rc.TO_ZERO),
+        "subnormal": len(rc.SUBNORMAL),
+    }
+    for kind in ("stats", "convert"):
+        html = large[kind]
+        data = _embedded(html)
+        hist = data["histograms"][kernel["name"]]
+        assert hist["sample"] == _total(hist) == SAMPLE_VALUES, kind
+        row = next(r for r in data["tensors"] if r["name"] == kernel["name"])
+        assert {k: row[k] for k in EFFECTS} == kernel["cast"][TARGET], kind  # exact
+        assert f"a sample of {SAMPLE_VALUES:,} of its {values:,} values" in html, kind
+        line = re.search(rf'<tr[^>]* data-name="{re.escape(kernel["name"])}">.*?</tr>', html)
+        assert line, kind
+        italic = re.findall(r'<td data-key="(\w+)" class="sampled"', line[0])
+        if kind == "stats":  # every value counted: only the histogram is of a sample
+            assert data["stats"] == large["stats_json"] and not italic
+        else:  # the conversion counted the cast; the rest is of the sample
+            assert italic == ["min", "max", "mean", "std", "zeros", "nan", "inf"] + [
+                "differing",
+                "max_rel",
+            ]
+            error = data["errors"][kernel["name"]]
+            assert error["elements"] == error["sample"] == SAMPLE_VALUES
+    bias = _embedded(large["convert"])["histograms"]
+    assert "sample" not in bias[next(n for n in bias if n.startswith("bias/"))]
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _colours(artist) -> set:
+    """The colours ``artist`` paints: its faces where filled, its edges where they have a
+    width, leaving out what is transparent; as RGB (a range's shading is its colour made
+    lighter with alpha)."""
+    from matplotlib.collections import Collection
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+
+    out = set()
+    if isinstance(artist, Line2D):
+        if artist.get_linewidth() > 0 and artist.get_linestyle() not in ("None", ""):
+            out.add(to_rgba(artist.get_color(), artist.get_alpha()))
+    elif isinstance(artist, Collection):
+        out.update(map(tuple, artist.get_facecolors()))
+        widths = artist.get_linewidths()
+        if len(widths) and max(widths) > 0:
+            out.update(map(tuple, artist.get_edgecolors()))
+    else:  # a patch
+        if artist.get_fill():
+            out.add(tuple(artist.get_facecolor()))
+        if artist.get_linewidth() > 0:
+            out.add(tuple(artist.get_edgecolor()))
+    return {tuple(round(c, 4) for c in rgba[:3]) for rgba in out if rgba[3] > 0}
+
+
+def _extents(artist, renderer) -> list:
+    """Where ``artist`` paints, in display coordinates: a marker collection's markers
+    one by one (their centres and sizes), anything else its window extent."""
+    import numpy as np
+    from matplotlib.collections import PathCollection
+    from matplotlib.transforms import Bbox
+
+    if not isinstance(artist, PathCollection):
+        return [artist.get_window_extent(renderer)]
+    centres = artist.get_offset_transform().transform(artist.get_offsets())
+    radii = np.sqrt(artist.get_sizes()) / 2 * artist.figure.dpi / 72  # s: points squared
+    radii = np.broadcast_to(radii, (len(centres),))
+    return [Bbox.from_bounds(x - r, y - r, 2 * r, 2 * r) for (x, y), r in zip(centres, radii)]
+
+
+def _check_figure(fig) -> int:
+    """Draw ``fig``: one legend, inside the figure, clear of every axes' data area, every
+    data artist and every label; its colours exactly those the data is drawn in. The
+    number of data artists checked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert len(legends) == 1, "one legend per figure"
+    box = legends[0].get_window_extent(renderer)
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (box, fig.bbox)
+    assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (box, fig.bbox)
+    legend_colours = set().union(*(_colours(h) for h in legends[0].legend_handles))
+    drawn, checked = set(), 0
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent(renderer)), "legend over the data area"
+        for artist in [*ax.patches, *ax.collections, *ax.lines]:
+            for extent in _extents(artist, renderer):
+                assert not box.overlaps(extent), artist
+            drawn |= _colours(artist)
+            checked += 1
+        # The tick labels drawn: the locators' ticks within the view.
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        labels = [ax.xaxis.label, ax.yaxis.label]
+        labels += [t for t in ax.get_xticklabels() if x0 <= t.get_position()[0] <= x1]
+        labels += [t for t in ax.get_yticklabels() if y0 <= t.get_position()[1] <= y1]
+        for text in [*labels, *ax.texts]:
+            if text.get_text() and text.get_visible():
+                extent = text.get_window_extent(renderer)
+                assert not box.overlaps(extent), text.get_text()
+                assert fig.bbox.x0 - 0.5 <= extent.x0 and extent.x1 <= fig.bbox.x1 + 0.5, text
+    assert drawn <= legend_colours, f"drawn but not in the legend: {drawn - legend_colours}"
+    assert legend_colours <= drawn, f"in the legend but not drawn: {legend_colours - drawn}"
+    return checked
+
+
+def _every_range_data() -> dict:
+    """Values in every range of float16 with far tails on both sides, their cast's
+    relative errors (rounding, subnormal, zero, overflow), in histograms as a report's."""
+    import numpy as np
+
+    from tfckpt.inspection.histograms import Log2Histogram
+    from tfckpt.inspection.report import bands
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(200_000) * 10.0 ** rng.integers(-12, 8, 200_000)
+    x = np.concatenate([x, [1e-300, 1e300, 7e4, 1e-9, 3e-6, 0.0]])
+    values, errors = Log2Histogram(), Log2Histogram()
+    values.add(x)
+    with np.errstate(all="ignore"):
+        y = x.astype(np.float16).astype(np.float64)
+        rel = np.where(x == 0, 0.0, np.abs(y - x) / np.abs(x))
+    errors.add(rel)
+    return {
+        "hist": values.result(),
+        "band": bands(TARGET),
+        "error": {"rel_histogram": errors.result(), "max_rel": float("inf")},
+    }
+
+
+def test_legend_beside_the_data_with_every_colour(pages):
+    """Every figure of both pages, the overview, and a tensor with values in every range
+    of the target and errors of every kind: the legend sits in a strip of its own above
+    the axes and lists exactly the colours drawn."""
+    from tfckpt.inspection.report import figures
+
+    every = _every_range_data()
+    checked = _check_figure(figures.draw_tensor(every["hist"], every["band"], every["error"]))
+    checked += _check_figure(figures.draw_tensor(every["hist"], every["band"], None))
+    exact = {"rel_histogram": {"first": None, "counts": [], "zeros": 5, "nonfinite": 0}}
+    checked += _check_figure(figures.draw_tensor(every["hist"], every["band"], exact))
+    for kind in ("stats", "convert"):
+        data = _embedded(pages[kind].read_text())
+        for row in data["tensors"]:
+            hist = data["histograms"].get(row["name"])
+            if row["target"] and hist and hist["first"] is not None:
+                error = data["errors"].get(row["name"])
+                fig = figures.draw_tensor(hist, data["bands"][row["target"]], error)
+                checked += _check_figure(fig)
+        sizes = {t["name"]: t["elements"] for t in data["stats"]["tensors"]}
+        rows = [{**r, "elements": sizes[r["name"]]} for r in data["tensors"] if r["affected"]]
+        long = [{**r, "name": "scope/" * 12 + r["name"]} for r in rows]
+        effects = [("overflow", "overflow"), ("to_zero", "→ 0"), ("subnormal", "subnormal")]
+        checked += _check_figure(figures.draw_overview(rows, effects))
+        checked += _check_figure(figures.draw_overview(long, effects))
+    assert checked > 100
+
+
+def test_each_figure_drawn_once_on_reused_figures(pages):
+    """A page's figures: each drawn once (no layout pass drawing it first), on one
+    matplotlib figure per layout reused from tensor to tensor, and the same SVG as a
+    figure of its own (nothing of the last tensor left behind)."""
+    from tfckpt.inspection.report import figures
+
+    every = _every_range_data()
+    data = _embedded(pages["convert"].read_text())
+    cases = [
+        (data["histograms"][r["name"]], data["bands"][r["target"]], data["errors"][r["name"]])
+        for r in data["tensors"]
+        if r["name"] in data["errors"] and data["histograms"][r["name"]]["first"] is not None
+    ]
+    exact = {"rel_histogram": {"first": None, "counts": [], "zeros": 5, "nonfinite": 0}}
+    cases += [
+        (every["hist"], every["band"], every["error"]),
+        (every["hist"], every["band"], None),
+        (every["hist"], every["band"], exact),
+        *cases[:2],
+        (every["hist"], every["band"], None),
+    ]
+    painter, draws = figures.Painter(), []
+    watched = set()
+    for i, (hist, band, error) in enumerate(cases):
+        fig = painter.tensor(hist, band, error)
+        if id(fig) not in watched:
+            watched.add(id(fig))
+            fig.canvas.mpl_connect("draw_event", draws.append)
+        before = len(draws)
+        svg = figures.svg(fig, f"t{i}")
+        assert len(draws) == before + 1, "drawn once"
+        assert svg == figures.svg(figures.draw_tensor(hist, band, error), f"t{i}"), i
+    assert painter.drawn == len(cases) and painter.made == 2
 
 
 def _strict(value):

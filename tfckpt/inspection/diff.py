@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -64,8 +64,6 @@ def compare_values(
     """
     name_b = name_b or name_a
     ia, ib = a.info(name_a), b.info(name_b)
-    elements = differing = 0
-    max_abs = max_rel = 0.0
     if (ia.partial or ib.partial) and set(ia.slices) != set(ib.slices):
         raise UnsupportedCheckpointError(
             f"{name_a!r} stores {ia.stored_elements} of {ia.size} elements in {a.prefix}, "
@@ -78,6 +76,22 @@ def compare_values(
         stored_chunks(a, name_a, chunk_bytes), stored_chunks(b, name_b, chunk_bytes)
     )
     strings = "string" in (ia.dtype, ib.dtype)
+    return compare_chunks(pairs, strings=strings, atol=atol, rtol=rtol, rel_histogram=rel_histogram)
+
+
+def compare_chunks(
+    pairs: Iterable[tuple[np.ndarray, np.ndarray]],
+    *,
+    strings: bool = False,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    rel_histogram: Log2Histogram | None = None,
+) -> dict:
+    """:func:`compare_values` of values given as aligned pairs of 1-D runs ``(a, b)``
+    (of two tensors, or of the same positions of them: a sample); ``strings`` when
+    either side holds strings."""
+    elements = differing = 0
+    max_abs = max_rel = 0.0
     for ca, cb in pairs:
         elements += len(ca)
         if strings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfckpt.cli.display import emit, human_bytes, print_json, shape_text, table
@@ -318,18 +319,21 @@ def _run_plan(args, p: Plan) -> int:
         print_json(summary.to_dict())
     _print_summary(summary)
     if report_path is not None:
-        _write_report(args, report_path, summary.dst, pairs)
+        _write_report(args, report_path, summary.dst, pairs, summary.cast_counts)
     return 0
 
 
-def _write_report(args, path: str, dst: str, pairs: list[tuple[str, str, str]]) -> None:
-    """``convert --report``: the source and the output compared, in a page."""
+def _write_report(
+    args, path: str, dst: str, pairs: list[tuple[str, str, str]], counts: Mapping
+) -> None:
+    """``convert --report``: the source and the output compared, in a page; ``counts``
+    the conversion's own (exact) counts, so that a large tensor is only sampled."""
     from tfckpt.checkpoint.opening import open_checkpoint
     from tfckpt.inspection import report
 
     with open_checkpoint(args.src, storage_options=args.storage_options) as src:
         with open_checkpoint(dst, storage_options=args.storage_options) as out:
-            data = report.conversion_report(src, out, pairs)
+            data = report.conversion_report(src, out, pairs, counts=counts)
     path = report.write_report(
         path,
         data,

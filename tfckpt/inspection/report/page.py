@@ -30,10 +30,6 @@ h2 { font-size: 17px; margin: 32px 0 10px; }
 .summary ul { margin: 6px 0 0; padding-left: 20px; }
 .summary li { margin: 4px 0; }
 .ok { color: #1e7d4f; font-weight: 600; }
-.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px;
-          margin-right: 6px; vertical-align: baseline; }
-.legend { color: var(--muted); font-size: 13px; margin: 8px 0 0; }
-.legend span { margin-right: 14px; white-space: nowrap; }
 figure { margin: 0 0 14px; }
 figure svg { display: block; max-width: 100%; height: auto; }
 #figures.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(540px, 1fr));
@@ -53,6 +49,7 @@ td.name, th.name { text-align: left; white-space: normal; overflow-wrap: anywher
                    min-width: 12em; }
 td.text { text-align: left; }
 tr.lossy td { background: #fff7ef; }
+td.sampled { font-style: italic; color: var(--muted); }
 code { font-size: 12.5px; }
 """
 
@@ -127,23 +124,37 @@ def _figure_notes(stat: dict, row: dict, error: dict | None) -> str:
         notes.append(f"NaN or inf in the source: {stat.get('nan', 0) + stat.get('inf', 0):,}")
     if error:
         hist = error["rel_histogram"]
-        notes.append(f"exact {hist['zeros']:,} ({_share(hist['zeros'], n)})")
+        of = error.get("sample", n)
+        where = " in the sample" if "sample" in error else ""
+        notes.append(f"exact{where} {hist['zeros']:,} ({_share(hist['zeros'], of)})")
         if hist["nonfinite"]:  # which diff's largest relative error leaves out
-            notes.append(f"error inf or NaN {hist['nonfinite']:,}")
-        notes.append(f"max. relative error {_num(error['max_rel'], 3)}")
+            notes.append(f"error inf or NaN{where} {hist['nonfinite']:,}")
+        notes.append(f"max. relative error{where} {_num(error['max_rel'], 3)}")
     return " · ".join(notes or ["nothing lost beyond rounding"])
+
+
+def _sample_note(stat: dict, hist: dict) -> str:
+    """Where a figure shows a sample: of how many values."""
+    if "sample" not in hist:
+        return ""
+    n = stat.get("stored_elements", stat["elements"])
+    return (
+        f"<br><i>histograms of a sample of {hist['sample']:,} of its {n:,} values "
+        "(runs spread over the tensor, the same on every run); the counts above are of "
+        "every value</i>"
+    )
 
 
 def _figures_html(data: dict, top: int) -> str:
     stats = {t["name"]: t for t in data["stats"]["tensors"]}
     drawn = [r for r in data["tensors"] if _drawable(data, r)][:top]
     out = []
+    painter = figures.Painter()  # one figure per layout, drawn once per tensor
     for i, row in enumerate(drawn):
         stat = stats[row["name"]]
         error = data["errors"].get(row["name"])
-        svg = figures.tensor_figure(
-            data["histograms"][row["name"]], data["bands"][row["target"]], error, f"t{i}"
-        )
+        fig = painter.tensor(data["histograms"][row["name"]], data["bands"][row["target"]], error)
+        svg = figures.svg(fig, f"t{i}")
         shape = "[" + ", ".join(map(str, stat["shape"])) + "]"
         renamed = row["output"] not in (None, row["name"])
         heading = f"<b>{escape(row['name'])}</b> {stat['dtype']} {shape} → {row['target']}" + (
@@ -151,7 +162,8 @@ def _figures_html(data: dict, top: int) -> str:
         )
         out.append(
             f'<figure class="tensor" data-name="{escape(row["name"])}"><figcaption>'
-            f"{heading}<br>{escape(_figure_notes(stat, row, error))}</figcaption>{svg}</figure>"
+            f"{heading}<br>{escape(_figure_notes(stat, row, error))}"
+            f"{_sample_note(stat, data['histograms'][row['name']])}</figcaption>{svg}</figure>"
         )
     return "".join(out)
 
@@ -181,7 +193,10 @@ _COLUMNS = [  # (key, heading, where the value comes from)
 _ERROR_COLUMNS = [("differing", "changed", "error"), ("max_rel", "max rel. error", "error")]
 
 
-def _cell(key: str, value) -> str:
+_EXACT = {"dtype", "shape", "elements", "target", "overflow", "to_zero", "subnormal"}
+
+
+def _cell(key: str, value, sample: int | None = None) -> str:
     if key == "shape":
         text = "[" + ", ".join(map(str, value)) + "]" if value is not None else "–"
     elif key == "zeros" and value is not None:
@@ -192,8 +207,12 @@ def _cell(key: str, value) -> str:
         text = f"{value:,}"
     else:
         text = _num(value)
-    cls = ' class="text"' if key in ("dtype", "target") else ""
-    return f'<td data-key="{key}"{cls}>{escape(text)}</td>'
+    classes = (["text"] if key in ("dtype", "target") else []) + (
+        ["sampled"] if sample and key not in _EXACT and text != "–" else []
+    )
+    cls = f' class="{" ".join(classes)}"' if classes else ""
+    of = f' title="of a sample of {sample:,} values"' if "sampled" in classes else ""
+    return f'<td data-key="{key}"{cls}{of}>{escape(text)}</td>'
 
 
 def _breakable(name: str) -> str:
@@ -214,8 +233,9 @@ def _table_html(data: dict) -> str:
         }
         # A tensor the cast leaves alone has no counts: a dash, not a zero.
         cast = row["target"] is not None
+        sample = sources["stat"].get("sample")
         cells = "".join(
-            _cell(key, sources[src].get(key) if cast or src != "row" else None)
+            _cell(key, sources[src].get(key) if cast or src != "row" else None, sample)
             for key, _, src in columns
         )
         lossy = ' class="lossy"' if row["affected"] else ""
@@ -229,18 +249,18 @@ def _table_html(data: dict) -> str:
     )
 
 
-def _legend_html() -> str:
-    spans = "".join(
-        f'<span><i class="swatch" style="background:{figures.COLOURS[k]}"></i>'
-        f"{escape(label)}</span>"
-        for k, label in (
-            ("zero", "rounds to zero"),
-            ("subnormal", "becomes subnormal"),
-            ("normal", "stays normal (rounded)"),
-            ("overflow", "overflows"),
-        )
+def _sampled_html(data: dict) -> str:
+    """What the table's italics mean, where a tensor was sampled."""
+    sampled = [t for t in data["stats"]["tensors"] if "sample" in t]
+    if not sampled:
+        return ""
+    k = len(sampled)
+    return (
+        f" Of {k} large tensor{'s' if k != 1 else ''}, the conversion counted the values "
+        "that overflowed, became zero or subnormal, exactly; the other numbers, in italics, "
+        f"are of a sample of {sampled[0]['sample']:,} values (the same positions in the "
+        "source and the output)."
     )
-    return f'<p class="legend">{spans}</p>'
 
 
 def _overview_html(data: dict, drawn: list[dict], top: int) -> str:
@@ -297,7 +317,7 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
         f'<h1>{escape(title)}</h1><p class="meta">{meta}</p>'
         f'<section class="card summary" id="summary">{_summary_html(data)}</section>'
         f"{overview}"
-        f"<h2>{escape(heading)}</h2><p>{escape(explain)}</p>{_legend_html()}"
+        f"<h2>{escape(heading)}</h2><p>{escape(explain)}</p>"
         f'<section id="figures"{grid}>{figs}</section>'
         f"<h2>All {n} tensors</h2>"
         "<p>Sorted by the share of values the cast changes beyond rounding. The statistics are "
@@ -307,6 +327,7 @@ def render_html(data: dict, *, top: int = DEFAULT_TOP) -> str:
             if converted
             else "."
         )
+        + _sampled_html(data)
         + f"</p>{_table_html(data)}"
         f'<script type="application/json" id="tfckpt-data">{payload}</script>'
         "</main></body></html>\n"
