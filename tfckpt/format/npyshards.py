@@ -71,13 +71,13 @@ def parse_shapes(data: bytes, path: str) -> list[tuple[int, ...]]:
             f"{len(data)} bytes: more than a list of shapes takes", path=path
         )
     value = parse_json(data, path, "the shapes file")
-    if not isinstance(value, list) or not value:
+    if type(value) is not list or not value:  # parse_json's objects are lists of pairs
         raise CorruptCheckpointError(
             "expected a JSON list of shapes (lists of integers)", path=path
         )
     shapes = []
     for i, shape in enumerate(value):
-        if not isinstance(shape, list) or not all(
+        if type(shape) is not list or not all(
             type(d) is int and 0 <= d < 1 << 62 for d in shape
         ):
             raise CorruptCheckpointError(
