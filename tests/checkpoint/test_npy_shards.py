@@ -13,13 +13,12 @@ import json
 import os
 
 import numpy as np
+import openai_gpt_release
 import pytest
 from cli_helpers import assert_cli_error, in_process
 
 import tfckpt
 from tfckpt.format import npyshards
-
-import openai_gpt_release  # noqa: E402  (tests/ is on the path)
 
 
 @pytest.fixture

@@ -77,9 +77,7 @@ def parse_shapes(data: bytes, path: str) -> list[tuple[int, ...]]:
         )
     shapes = []
     for i, shape in enumerate(value):
-        if type(shape) is not list or not all(
-            type(d) is int and 0 <= d < 1 << 62 for d in shape
-        ):
+        if type(shape) is not list or not all(type(d) is int and 0 <= d < 1 << 62 for d in shape):
             raise CorruptCheckpointError(
                 f"shape {i} is {str(shape)[:60]}, not a list of non-negative integers",
                 path=path,
