@@ -164,6 +164,9 @@ def write_releases(root: Path) -> None:
       ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
     - ``GPT3_XL/model.ckpt-362000`` and the run's ``config.json``: GPT-Neo
       (tests/gpt_neo_release.py, variant ``adam``);
+    - ``finetune-transformer-lm/model/``: the original OpenAI GPT's ``params_shapes.json``
+      and ``params_0.npy`` ... ``params_9.npy``, written by numpy
+      (tests/openai_gpt_release.py);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -175,6 +178,7 @@ def write_releases(root: Path) -> None:
     import electra_release
     import gpt2_release
     import gpt_neo_release
+    import openai_gpt_release
     import roformer_release
     import t5_release
     from transform_helpers import save_v2
@@ -205,6 +209,7 @@ def write_releases(root: Path) -> None:
     neo = root / "GPT3_XL"
     save(neo / "model.ckpt-362000", gpt_neo_release.weights("adam"))
     (neo / "config.json").write_text(json.dumps(gpt_neo_release.config("adam"), indent=4))
+    openai_gpt_release.write(str(root / "finetune-transformer-lm" / "model"))
     _write_hf_tf2(root)
 
 

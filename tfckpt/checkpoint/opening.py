@@ -1,6 +1,7 @@
 """One door to every checkpoint: a path resolved to a V2 bundle, a V1 checkpoint, Keras
-HDF5 weights or Hugging Face's sharded TF weights (their ``tf_model.h5.index.json``, or
-a directory holding it), or what else the file is.
+HDF5 weights, Hugging Face's sharded TF weights (their ``tf_model.h5.index.json``, or
+a directory holding it), the original OpenAI GPT release's numpy shards (its ``model/``
+directory, or its ``params_shapes.json``), or what else the file is.
 
 :func:`open_checkpoint` is what :func:`tfckpt.open` and every command call, with the
 storage options given; :func:`open_in` opens a path on a storage at hand (a task's source,
@@ -17,6 +18,7 @@ directory holding no TensorFlow checkpoint opens the one Keras HDF5 file it hold
 
 from __future__ import annotations
 
+from tfckpt.checkpoint.npyshards import NpyShardsCheckpoint, find_npy_shards
 from tfckpt.checkpoint.reader import Checkpoint
 from tfckpt.checkpoint.v1 import V1Checkpoint
 from tfckpt.checkpoint.v1files import SHARD_RE, is_table_file, resolve_files
@@ -69,6 +71,11 @@ def open_in(store: Storage, path, *, verify: bool = True, mmap: bool = True) -> 
         index = find_hf_index(store, path)
         if index is not None:
             return _open_hdf5(store, path, (index, ""), verify, mmap, sharded=True)
+        release = find_npy_shards(store, path)
+        if release is not None:
+            return NpyShardsCheckpoint(
+                path, verify=verify, mmap=mmap, storage=store, resolved=release
+            )
         h5 = find_hdf5(store, path)
         if h5 is not None:
             return _open_hdf5(store, path, h5, verify, mmap)

@@ -35,7 +35,8 @@ def _print_dump(data: dict) -> None:
     v = data["version"]
     emit(f"prefix      {data['prefix']}")
     emit(f"shards      {data['num_shards']}")
-    if data.get("format", "").startswith("Keras"):  # no TensorFlow header to speak of
+    # No TensorFlow header to speak of.
+    if data.get("format", "").startswith(("Keras", "OpenAI GPT")):
         emit(f"format      {data['format']}")
     else:
         emit(
@@ -454,9 +455,12 @@ def cmd_verify(args) -> int:
             extra = "; TensorFlow's reader agrees bit-for-bit" + (
                 f", {data['tf']['cast_checked']} casts equal tf.cast" if args.reference else ""
             )
+        fmt = data.get("format", "")
         checked = (
             "every dataset read"
-            if data.get("format", "").startswith("Keras")
+            if fmt.startswith("Keras")
+            else "every shard read (numpy shards have no checksums)"
+            if fmt.startswith("OpenAI GPT")
             else "every checksum, shard, slice and object-graph key checked"
         )
         emit(

@@ -32,6 +32,7 @@ from tfckpt.interop.presets import (
     gpt_neo,
     hf_tf2,
     loading,
+    openai_gpt,
     roformer,
     t5,
     validation,
@@ -60,6 +61,7 @@ PRESETS: dict[str, Preset] = {
         roformer.PRESET,
         gpt2.PRESET,
         gpt_neo.PRESET,
+        openai_gpt.PRESET,
         t5.PRESET,
         hf_tf2.PRESET,
     )

@@ -106,6 +106,12 @@ _KINDS["gpt_neo"] = {
     **dict.fromkeys(("layer_norm_epsilon", "initializer_range"), _FLOAT),
     "activation_function": _STR,
 }
+_KINDS["openai-gpt"] = {
+    **dict.fromkeys(("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"), _SIZE),
+    **dict.fromkeys(("embd_pdrop", "attn_pdrop", "resid_pdrop"), _RATE),
+    **dict.fromkeys(("layer_norm_epsilon", "initializer_range"), _FLOAT),
+    "afn": _STR,
+}
 # Settings the class allows to be None (its default, or "derived from the others").
 _NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers", "intermediate_size"}
 # (hidden size, heads): the attention splits the one into the other's number of parts.
@@ -116,6 +122,7 @@ _HEADS = {
     "roformer": ("hidden_size", "num_attention_heads"),
     "gpt2": ("n_embd", "n_head"),
     "gpt_neo": ("hidden_size", "num_heads"),
+    "openai-gpt": ("n_embd", "n_head"),
 }
 _MAX_VALUES = 1_000_000  # strings, numbers, lists and objects in one config
 
