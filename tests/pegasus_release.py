@@ -61,10 +61,17 @@ def weights() -> dict[str, np.ndarray]:
         out[scope + "/LayerNorm/gamma"] = 1 + w(d, scale=0.1)
         out[scope + "/LayerNorm/beta"] = w(d, scale=0.1)
 
-    for stack, layers in (("encoder", c["num_encoder_layers"]), ("decoder", c["num_decoder_layers"])):
+    for stack, layers in (
+        ("encoder", c["num_encoder_layers"]),
+        ("decoder", c["num_decoder_layers"]),
+    ):
         for n in range(layers):
             p = f"{stack}/layer_{n}/"
-            scopes = ("self_attention", "memory_attention") if stack == "decoder" else ("self_attention",)
+            scopes = (
+                ("self_attention", "memory_attention")
+                if stack == "decoder"
+                else ("self_attention",)
+            )
             for scope in scopes:
                 norm(p + scope)
                 for m in ("q_proj", "k_proj", "v_proj", "output_proj"):

@@ -85,14 +85,11 @@ def _config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
             f"{', '.join(unknown)}: not a setting of the release's (known: {', '.join(_KNOWN)})"
         )
     settings = {"num_heads": _HEADS, "max_position_embeddings": _MAX_POSITIONS, **config}
-    check_sizes(
-        settings, ("num_heads", "max_position_embeddings", *_FIXED, *_STACKS.values())
-    )
+    check_sizes(settings, ("num_heads", "max_position_embeddings", *_FIXED, *_STACKS.values()))
     for key, (name, axis) in _FIXED.items():
         if key in settings and name in shapes and settings[key] != shapes[name][axis]:
             raise CheckpointError(
-                f"{key} {settings[key]}: the checkpoint's {name} has the shape "
-                f"{list(shapes[name])}"
+                f"{key} {settings[key]}: the checkpoint's {name} has the shape {list(shapes[name])}"
             )
     layers = {}
     for stack, key in _STACKS.items():
@@ -140,8 +137,6 @@ def _config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
     }
     _check_complete(shapes, out)
     return out
-
-
 
 
 def _stored_shapes(c: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
