@@ -167,6 +167,8 @@ def write_releases(root: Path) -> None:
     - ``finetune-transformer-lm/model/``: the original OpenAI GPT's ``params_shapes.json``
       and ``params_0.npy`` ... ``params_9.npy``, written by numpy
       (tests/openai_gpt_release.py);
+    - ``pegasus_ckpt/xsum/model.ckpt-1000`` (no config file, as released): PEGASUS
+      fine-tuned, with its Adafactor slots (tests/pegasus_release.py; 4 heads);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -179,6 +181,7 @@ def write_releases(root: Path) -> None:
     import gpt2_release
     import gpt_neo_release
     import openai_gpt_release
+    import pegasus_release
     import roformer_release
     import t5_release
     from transform_helpers import save_v2
@@ -210,6 +213,7 @@ def write_releases(root: Path) -> None:
     save(neo / "model.ckpt-362000", gpt_neo_release.weights("adam"))
     (neo / "config.json").write_text(json.dumps(gpt_neo_release.config("adam"), indent=4))
     openai_gpt_release.write(str(root / "finetune-transformer-lm" / "model"))
+    save(root / "pegasus_ckpt" / "xsum" / pegasus_release.FILE, pegasus_release.weights())
     _write_hf_tf2(root)
 
 

@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from tfckpt.checkpoint.opening import open_checkpoint
 from tfckpt.errors import CheckpointError, did_you_mean, option
 from tfckpt.interop.comparing import compare, open_output
@@ -33,6 +35,7 @@ from tfckpt.interop.presets import (
     hf_tf2,
     loading,
     openai_gpt,
+    pegasus,
     roformer,
     t5,
     validation,
@@ -45,9 +48,10 @@ from tfckpt.interop.presets.family import (
     read_json,
 )
 from tfckpt.io.storage import Storage, StorageOptions, normalize, storage_for
+from tfckpt.rewrite.edits import Rows
 from tfckpt.rewrite.engine import Summary, execute
 from tfckpt.rewrite.options import Options
-from tfckpt.rewrite.plans import Plan
+from tfckpt.rewrite.plans import Plan, PlannedTensor
 from tfckpt.rewrite.rules import UNMAPPED, given_patterns
 from tfckpt.rewrite.rulesfile import with_rules
 
@@ -63,6 +67,7 @@ PRESETS: dict[str, Preset] = {
         gpt_neo.PRESET,
         openai_gpt.PRESET,
         t5.PRESET,
+        pegasus.PRESET,
         hf_tf2.PRESET,
     )
 }
@@ -217,6 +222,12 @@ def plan_preset(
             close_opened(p, src)
             opts = with_rules(opts, {"exclude": list(unused)}) if unused else opts
             p = _plan_pt(chosen, src, out, opts, storage_options, computed)
+        if chosen.zeroed is not None and written_config:
+            try:
+                _zero_rows(p, chosen.zeroed(written_config))
+            except CheckpointError as e:
+                close_opened(p, src)
+                raise _refused_by(chosen.name, e) from None
     mine = given_patterns(given)
     p.unmatched = [u for u in p.unmatched if u in mine]
     p.options = Options.of(p.options, allow_unmatched=given.allow_unmatched)
@@ -250,6 +261,32 @@ def _plan_pt(
         raise _refused_by(chosen.name, e) from None
     p.output.framework = "pt"
     return p
+
+
+def _zero_rows(p: Plan, rows: Mapping[str, tuple[int, ...]]) -> None:
+    """The planned tensors named in ``rows`` written with those rows (along the first
+    axis) zero, the others read from the source as they are: an edit the engine streams
+    (and the verification reads) as ``tfckpt edit --remap-rows`` does."""
+    where = {n: i for i, n in enumerate(p.tensors.new_name) if n in rows}
+    for name, zero in rows.items():
+        if name not in where:
+            continue  # the tensor is not written (left out by the caller's rules)
+        pt = PlannedTensor.at(p.tensors, where[name])
+        if pt.perm is not None or pt.parts is not None or pt.shape is not None or pt.edit:
+            raise CheckpointError(
+                "its rows are zeroed as the preset writes it, which another transform of "
+                "its values forbids",
+                tensor=name,
+            )
+        shape = pt.info.shape
+        if not shape or any(not 0 <= r < shape[0] for r in zero):
+            raise CheckpointError(
+                f"rows {list(zero)} are to be zeroed, but it has the shape {list(shape)}",
+                tensor=name,
+            )
+        index = np.arange(shape[0], dtype=np.int64)
+        index[list(zero)] = -1
+        pt.edit = Rows(0, index)
 
 
 def _refused_by(name: str, e: CheckpointError) -> CheckpointError:
@@ -363,7 +400,8 @@ def export_preset(
                 f"the output already exists (use {option('overwrite=True', '--overwrite')})",
                 path=target,
             )
-        if chosen.made is not None:  # planned again with the tensors it computes
+        if chosen.made is not None or chosen.zeroed is not None:  # planned again with
+            # the tensors it computes and the rows it zeroes
             close_opened(p, src)
             p, chosen, arch = plan_preset(
                 src,

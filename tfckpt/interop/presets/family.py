@@ -104,6 +104,11 @@ class Preset:
     # (RoFormer's sinusoidal position table), made from the written config.json's
     # settings: {new name: float32 array}.
     made: Callable[[Mapping[str, Any]], dict[str, np.ndarray]] | None = None
+    # Rows of written tensors the transformers model needs zero where the release's are
+    # not (PEGASUS's padding token's embedding: transformers embeds the decoder's start
+    # token, the padding id, where the release feeds zeros), from the written
+    # config.json's settings: {new name: row indices along the first axis}.
+    zeroed: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] | None = None
 
     @property
     def rules_file(self) -> str:

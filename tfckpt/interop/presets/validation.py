@@ -112,6 +112,24 @@ _KINDS["openai-gpt"] = {
     **dict.fromkeys(("layer_norm_epsilon", "initializer_range"), _FLOAT),
     "afn": _STR,
 }
+_KINDS["pegasus"] = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "max_position_embeddings",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+        ),
+        _SIZE,
+    ),
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout"), _RATE),
+    "activation_function": _STR,
+}
 # Settings the class allows to be None (its default, or "derived from the others").
 _NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers", "intermediate_size"}
 # (hidden size, heads): the attention splits the one into the other's number of parts.
@@ -123,6 +141,7 @@ _HEADS = {
     "gpt2": ("n_embd", "n_head"),
     "gpt_neo": ("hidden_size", "num_heads"),
     "openai-gpt": ("n_embd", "n_head"),
+    "pegasus": ("d_model", "encoder_attention_heads"),
 }
 _MAX_VALUES = 1_000_000  # strings, numbers, lists and objects in one config
 
