@@ -111,7 +111,12 @@ CONFIGS = {
         "num_feedforward_networks": 2,
     },
 }
-HEADS = {"pretraining": "pretraining", "wide": "pretraining", "classifier": "classifier", "squad": "squad"}
+HEADS = {
+    "pretraining": "pretraining",
+    "wide": "pretraining",
+    "classifier": "classifier",
+    "squad": "squad",
+}
 
 
 def settings(model: str) -> dict:
@@ -277,7 +282,9 @@ def forward(tf, reader, model: str, torch_eps: bool = False) -> dict[str, np.nda
         scores = scores * mask + (1 - mask) * -6  # the release's masking
         ctx = tf.einsum("BNFT,BTNH->BFNH", tf.nn.softmax(scores), val)
         ctx = tf.reshape(ctx, [batch, seq, inner])
-        hidden = norm(dense(ctx, p + "attention/output/dense") + layer_input, p + "attention/output")
+        hidden = norm(
+            dense(ctx, p + "attention/output/dense") + layer_input, p + "attention/output"
+        )
         for f in range(c["num_feedforward_networks"] - 1):
             s = p + f"ffn_layer_{f}/"
             inter = act(dense(hidden, s + "intermediate/dense"))

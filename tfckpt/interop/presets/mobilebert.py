@@ -224,12 +224,15 @@ def _config(config: Mapping[str, Any], shapes: Shapes, arch: str) -> dict:
         _LAYER + "bottleneck.attention.dense.weight",
         s["use_bottleneck"] and s["key_query_shared_bottleneck"],
         "bert/encoder/layer_0/bottleneck/attention",
-        "use_bottleneck and key_query_shared_bottleneck are on (and use_bottleneck_attention "
-        "off)",
+        "use_bottleneck and key_query_shared_bottleneck are on (and use_bottleneck_attention off)",
     )
     if arch in _WITH_POOLER:
         _check_held(
-            shapes, _POOLER, s["classifier_activation"], "bert/pooler", "classifier_activation is on"
+            shapes,
+            _POOLER,
+            s["classifier_activation"],
+            "bert/pooler",
+            "classifier_activation is on",
         )
     if arch in _WITH_MLM and emb != hidden:
         _check_held(
