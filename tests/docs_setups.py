@@ -159,6 +159,8 @@ def write_releases(root: Path) -> None:
     - ``electra_base/model.ckpt`` with its state file (tests/electra_release.py);
     - ``chinese_roformer_L-12_H-768_A-12/bert_model.ckpt`` and ``bert_config.json``:
       RoFormer's masked LM (tests/roformer_release.py);
+    - ``uncased_L-24_H-128_B-512_A-4_F-4_OPT/mobilebert.ckpt`` and
+      ``mobilebert_config.json``: MobileBERT pretraining (tests/mobilebert_release.py);
     - ``models/124M/model.ckpt`` and ``hparams.json``: GPT-2 (tests/gpt2_release.py);
     - ``t5.1.1-base/model.ckpt-1000000`` and ``t5-small/model.ckpt-1000000``, each with its
       ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
@@ -180,6 +182,7 @@ def write_releases(root: Path) -> None:
     import electra_release
     import gpt2_release
     import gpt_neo_release
+    import mobilebert_release
     import openai_gpt_release
     import pegasus_release
     import roformer_release
@@ -203,6 +206,10 @@ def write_releases(root: Path) -> None:
     rof = root / "chinese_roformer_L-12_H-768_A-12"
     save(rof / roformer_release.FILE, roformer_release.weights("mlm"))
     (rof / "bert_config.json").write_text(json.dumps(roformer_release.CONFIGS["mlm"], indent=2))
+    mobile = root / "uncased_L-24_H-128_B-512_A-4_F-4_OPT"
+    save(mobile / mobilebert_release.FILE, mobilebert_release.weights("pretraining"))
+    config = json.dumps(mobilebert_release.CONFIGS["pretraining"], indent=2)
+    (mobile / mobilebert_release.CONFIG_FILE).write_text(config)
     gpt2 = root / "models" / "124M"
     save(gpt2 / "model.ckpt", gpt2_release.weights())
     (gpt2 / "hparams.json").write_text(json.dumps(gpt2_release.HPARAMS))

@@ -17,6 +17,7 @@ from tfckpt.interop.presets.family import (
     require,
     shown,
 )
+from tfckpt.interop.presets.mobilebert import MARKERS as MOBILEBERT_MARKERS
 
 
 def _bert_architecture(shapes: Shapes) -> str:
@@ -91,4 +92,6 @@ PRESET = Preset(
     {a: ("^bert/pooler/",) for a in ("BertForQuestionAnswering", "BertForMaskedLM")},
     # RoFormer's (and NEZHA's) releases have BERT's names less these.
     requires=("bert/embeddings/position_embeddings",),
+    # MobileBERT's releases have BERT's names and these.
+    rejects=MOBILEBERT_MARKERS,
 )

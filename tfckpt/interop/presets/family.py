@@ -100,6 +100,9 @@ class Preset:
     # family whose names are a subset of its own (RoFormer's: BERT's, less the
     # position embeddings).
     requires: tuple[str, ...] = ()
+    # Names no source of the family holds, any of which tells it is of a family whose
+    # names include its own (MobileBERT's: BERT's, with its bottlenecks and stacked FFNs).
+    rejects: tuple[str, ...] = ()
     # Tensors the transformers model holds that the release computes rather than stores
     # (RoFormer's sinusoidal position table), made from the written config.json's
     # settings: {new name: float32 array}.
@@ -122,6 +125,8 @@ class Preset:
         """Whether the source ``names`` are of this preset's family."""
         present = set(names)
         if any(r not in present for r in self.requires):
+            return False
+        if any(r in present for r in self.rejects):
             return False
         if any(m in present for m in self.markers):
             return True

@@ -59,6 +59,13 @@ _KINDS: dict[str, dict[str, str]] = {
         "summary_type": _STR,
     },
     "roformer": {**_BERT_LIKE, "embedding_size": _SIZE},
+    "mobilebert": {
+        **_BERT_LIKE,
+        **dict.fromkeys(
+            ("embedding_size", "intra_bottleneck_size", "num_feedforward_networks"), _SIZE
+        ),
+        "normalization_type": _STR,
+    },
     "gpt2": {
         **dict.fromkeys(("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"), _SIZE),
         "n_inner": _SIZE,  # or None: 4 * n_embd
