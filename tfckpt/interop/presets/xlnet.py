@@ -83,13 +83,6 @@ def source_rules(
 ) -> tuple[dict[str, Any], str]:
     """The rules that cut the release's per-model biases into transformers' per-layer ones
     (``sources``: the checkpoint's names and shapes), and the class the heads make."""
-    heads = sorted(n for n in sources if _HEAD_RE.match(n))
-    if len(heads) > 1:
-        raise _refused(
-            f"the checkpoint holds the heads of several tasks ({', '.join(heads)}); "
-            "transformers' XLNetForSequenceClassification has one: leave the others out "
-            "with --exclude"
-        )
     first = sources.get(_SCOPE + "r_w_bias")
     if first is None:
         raise _refused(f"the checkpoint has no {_SCOPE}r_w_bias")
