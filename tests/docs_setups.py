@@ -164,6 +164,8 @@ def write_releases(root: Path) -> None:
       ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
     - ``GPT3_XL/model.ckpt-362000`` and the run's ``config.json``: GPT-Neo
       (tests/gpt_neo_release.py, variant ``adam``);
+    - ``xlnet_cased_L-24_H-1024_A-16/xlnet_model.ckpt`` and ``xlnet_config.json``: XLNet
+      pretraining (tests/xlnet_release.py, model ``pretrain``);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -177,6 +179,7 @@ def write_releases(root: Path) -> None:
     import gpt_neo_release
     import roformer_release
     import t5_release
+    import xlnet_release
     from transform_helpers import save_v2
 
     def save(prefix: Path, values: dict) -> None:
@@ -205,6 +208,9 @@ def write_releases(root: Path) -> None:
     neo = root / "GPT3_XL"
     save(neo / "model.ckpt-362000", gpt_neo_release.weights("adam"))
     (neo / "config.json").write_text(json.dumps(gpt_neo_release.config("adam"), indent=4))
+    xl = root / "xlnet_cased_L-24_H-1024_A-16"
+    save(xl / "xlnet_model.ckpt", xlnet_release.weights("pretrain"))
+    (xl / "xlnet_config.json").write_text(json.dumps(xlnet_release.CONFIGS["pretrain"], indent=2))
     _write_hf_tf2(root)
 
 

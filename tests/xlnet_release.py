@@ -43,7 +43,10 @@ CONFIGS = {
 CLASSES = {
     "pretrain": ("XLNetLMHeadModel", ["logits"]),
     "classifier": ("XLNetForSequenceClassification", ["logits"]),
-    "squad": ("XLNetForQuestionAnswering", ["start_top_log_probs", "end_top_log_probs", "cls_logits"]),
+    "squad": (
+        "XLNetForQuestionAnswering",
+        ["start_top_log_probs", "end_top_log_probs", "cls_logits"],
+    ),
     "race": ("XLNetForMultipleChoice", ["logits"]),
 }
 FILE = "model.ckpt"
@@ -66,7 +69,10 @@ def inputs(model: str) -> dict[str, np.ndarray]:
     if model == "squad":
         given.update(p_mask=P_MASK, cls_index=CLS_INDEX)
     if model == "race":  # [batch, choices, length]: 2 examples of 4 choices
-        turned = {k: np.stack([np.roll(v, s, axis=1) for s in range(CHOICES)], 1) for k, v in given.items()}
+        turned = {
+            k: np.stack([np.roll(v, s, axis=1) for s in range(CHOICES)], 1)
+            for k, v in given.items()
+        }
         turned["input_ids"] = (turned["input_ids"] + np.arange(CHOICES)[None, :, None]) % 40
         given = turned
     return given
@@ -138,7 +144,7 @@ def weights(model: str) -> dict[str, np.ndarray]:
 def forward(tf, reader, model: str) -> dict[str, np.ndarray]:
     """The release's model (inference) on ``inputs(model)``, from the checkpoint."""
     c = CONFIGS[model]
-    d, n, h = c["d_model"], c["n_head"], c["d_head"]
+    d, h = c["d_model"], c["d_head"]
     given = inputs(model)
     ids, segs, mask = (given[k] for k in ("input_ids", "token_type_ids", "attention_mask"))
     if model == "race":  # _transform_features: [batch, 4, len] -> [len, batch * 4]

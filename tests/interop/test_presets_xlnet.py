@@ -281,16 +281,20 @@ def test_refusals_name_the_family_the_weights_and_the_reason(tmp_path):
         "model/classification_sst-2/logit/kernel"
     ]
     two["model/classification_mnli/logit/bias"] = values["model/classification_sst-2/logit/bias"]
-    with pytest.raises(tfckpt.CheckpointError, match="hf-xlnet: .*classification_mnli.* would both be named 'logits_proj"):
+    with pytest.raises(
+        tfckpt.CheckpointError,
+        match="hf-xlnet: .*classification_mnli.* would both be named 'logits_proj",
+    ):
         export_preset(_written(tmp_path, two, config, "two"), out, "auto")
     sm = export_preset(
         _written(tmp_path, two, config, "two2"), out, "auto", exclude=["classification_mnli"]
     )
     assert any("XLNetForSequenceClassification" in w for w in sm.warnings)
     # A tensor the family's model has no place for.
-    odd = dict(values, **{"model/transformer/layer_0/rel_attn/extra/kernel": values[
+    odd = dict(values)
+    odd["model/transformer/layer_0/rel_attn/extra/kernel"] = values[
         "model/transformer/layer_0/rel_attn/q/kernel"
-    ]})
+    ]
     with pytest.raises(
         tfckpt.CheckpointError, match="hf-xlnet: 1 tensor.*no name_map rule.*extra/kernel"
     ):

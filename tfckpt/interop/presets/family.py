@@ -102,7 +102,8 @@ class Preset:
     requires: tuple[str, ...] = ()
     # Tensors the transformers model holds that the release computes rather than stores
     # (RoFormer's sinusoidal position table), made from the written config.json's
-    # settings: {new name: float32 array}.
+    # settings: {new name: float32 array}. A tensor the source holds wins over a made
+    # one of the same name (XLNet's mask_emb, which only pretraining's graph has).
     made: Callable[[Mapping[str, Any]], dict[str, np.ndarray]] | None = None
 
     @property

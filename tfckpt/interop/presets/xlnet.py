@@ -95,7 +95,7 @@ def source_rules(
     if len(first) != 3:
         raise _refused(f"{_SCOPE}r_w_bias is {list(first)}: expected [n_layer, n_head, d_head]")
     layers, heads_n, size = first
-    want = {b: (layers, heads_n, size) for b in _BIASES}
+    want: dict[str, tuple[int, ...]] = {b: (layers, heads_n, size) for b in _BIASES}
     want[_SEGMENTS] = (layers, 2, heads_n, size)
     split: list[tuple[str, int, list[str]]] = []
     renames: dict[str, str] = {}
