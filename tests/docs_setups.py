@@ -171,6 +171,8 @@ def write_releases(root: Path) -> None:
       (tests/openai_gpt_release.py);
     - ``pegasus_ckpt/xsum/model.ckpt-1000`` (no config file, as released): PEGASUS
       fine-tuned, with its Adafactor slots (tests/pegasus_release.py; 4 heads);
+    - ``xlnet_cased_L-24_H-1024_A-16/xlnet_model.ckpt`` and ``xlnet_config.json``: XLNet
+      pretraining (tests/xlnet_release.py, model ``pretrain``);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -187,6 +189,7 @@ def write_releases(root: Path) -> None:
     import pegasus_release
     import roformer_release
     import t5_release
+    import xlnet_release
     from transform_helpers import save_v2
 
     def save(prefix: Path, values: dict) -> None:
@@ -221,6 +224,9 @@ def write_releases(root: Path) -> None:
     (neo / "config.json").write_text(json.dumps(gpt_neo_release.config("adam"), indent=4))
     openai_gpt_release.write(str(root / "finetune-transformer-lm" / "model"))
     save(root / "pegasus_ckpt" / "xsum" / pegasus_release.FILE, pegasus_release.weights())
+    xl = root / "xlnet_cased_L-24_H-1024_A-16"
+    save(xl / "xlnet_model.ckpt", xlnet_release.weights("pretrain"))
+    (xl / "xlnet_config.json").write_text(json.dumps(xlnet_release.CONFIGS["pretrain"], indent=2))
     _write_hf_tf2(root)
 
 

@@ -40,6 +40,7 @@ from tfckpt.interop.presets import (
     roformer,
     t5,
     validation,
+    xlnet,
 )
 from tfckpt.interop.presets.family import (
     MAX_CONFIG_BYTES,
@@ -70,6 +71,7 @@ PRESETS: dict[str, Preset] = {
         openai_gpt.PRESET,
         t5.PRESET,
         pegasus.PRESET,
+        xlnet.PRESET,
         hf_tf2.PRESET,
     )
 }
@@ -214,22 +216,25 @@ def plan_preset(
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
     p = _plan_pt(chosen, src, out, opts, storage_options)
+    unused: tuple[str, ...] = ()
     if made is None:
         arch = chosen.architecture(_shapes(p))
         unused = chosen.unused.get(arch, ())
-        if chosen.made is not None and written_config is None and output_config:
-            written_config = _written_config(out_dir, storage_options)
-        computed = chosen.made(written_config) if chosen.made and written_config else {}
-        if unused or computed:  # planned again without them, or with the computed ones
+    if chosen.made is not None and written_config is None and output_config:
+        written_config = _written_config(out_dir, storage_options)
+    computed = chosen.made(written_config) if chosen.made and written_config else {}
+    planned = _shapes(p)  # what the source holds wins over what the preset would compute
+    computed = {k: v for k, v in computed.items() if k not in planned}
+    if unused or computed:  # planned again without them, or with the computed ones
+        close_opened(p, src)
+        opts = with_rules(opts, {"exclude": list(unused)}) if unused else opts
+        p = _plan_pt(chosen, src, out, opts, storage_options, computed)
+    if chosen.zeroed is not None and written_config:
+        try:
+            _zero_rows(p, chosen.zeroed(written_config))
+        except CheckpointError as e:
             close_opened(p, src)
-            opts = with_rules(opts, {"exclude": list(unused)}) if unused else opts
-            p = _plan_pt(chosen, src, out, opts, storage_options, computed)
-        if chosen.zeroed is not None and written_config:
-            try:
-                _zero_rows(p, chosen.zeroed(written_config))
-            except CheckpointError as e:
-                close_opened(p, src)
-                raise _refused_by(chosen.name, e) from None
+            raise _refused_by(chosen.name, e) from None
     mine = given_patterns(given)
     p.unmatched = [u for u in p.unmatched if u in mine]
     p.options = Options.of(p.options, allow_unmatched=given.allow_unmatched)

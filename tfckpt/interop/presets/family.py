@@ -105,7 +105,8 @@ class Preset:
     rejects: tuple[str, ...] = ()
     # Tensors the transformers model holds that the release computes rather than stores
     # (RoFormer's sinusoidal position table), made from the written config.json's
-    # settings: {new name: float32 array}.
+    # settings: {new name: float32 array}. A tensor the source holds wins over a made
+    # one of the same name (XLNet's mask_emb, which only pretraining's graph has).
     made: Callable[[Mapping[str, Any]], dict[str, np.ndarray]] | None = None
     # Rows of written tensors the transformers model needs zero where the release's are
     # not (PEGASUS's padding token's embedding: transformers embeds the decoder's start

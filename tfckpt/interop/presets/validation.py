@@ -137,6 +137,24 @@ _KINDS["pegasus"] = {
     **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout"), _RATE),
     "activation_function": _STR,
 }
+_KINDS["xlnet"] = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "d_model",
+            "n_layer",
+            "n_head",
+            "d_inner",
+            "d_head",
+            "start_n_top",
+            "end_n_top",
+        ),
+        _SIZE,
+    ),
+    **dict.fromkeys(("dropout", "summary_last_dropout"), _RATE),
+    **dict.fromkeys(("layer_norm_eps", "initializer_range"), _FLOAT),
+    **dict.fromkeys(("ff_activation", "attn_type", "summary_type", "summary_activation"), _STR),
+}
 # Settings the class allows to be None (its default, or "derived from the others").
 _NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers", "intermediate_size"}
 # (hidden size, heads): the attention splits the one into the other's number of parts.
@@ -149,6 +167,7 @@ _HEADS = {
     "gpt_neo": ("hidden_size", "num_heads"),
     "openai-gpt": ("n_embd", "n_head"),
     "pegasus": ("d_model", "encoder_attention_heads"),
+    "xlnet": ("d_model", "n_head"),
 }
 _MAX_VALUES = 1_000_000  # strings, numbers, lists and objects in one config
 
