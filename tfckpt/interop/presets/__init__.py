@@ -32,6 +32,7 @@ from tfckpt.interop.presets import (
     gpt_neo,
     hf_tf2,
     loading,
+    mobilenet,
     roformer,
     t5,
     validation,
@@ -61,6 +62,8 @@ PRESETS: dict[str, Preset] = {
         gpt2.PRESET,
         gpt_neo.PRESET,
         t5.PRESET,
+        mobilenet.V1_PRESET,
+        mobilenet.V2_PRESET,
         hf_tf2.PRESET,
     )
 }
@@ -207,14 +210,14 @@ def plan_preset(
     p = _plan_pt(chosen, src, out, opts, storage_options)
     if made is None:
         arch = chosen.architecture(_shapes(p))
-        unused = chosen.unused.get(arch, ())
-        if chosen.made is not None and written_config is None and output_config:
-            written_config = _written_config(out_dir, storage_options)
-        computed = chosen.made(written_config) if chosen.made and written_config else {}
-        if unused or computed:  # planned again without them, or with the computed ones
-            close_opened(p, src)
-            opts = with_rules(opts, {"exclude": list(unused)}) if unused else opts
-            p = _plan_pt(chosen, src, out, opts, storage_options, computed)
+    unused = chosen.unused.get(arch, ())
+    if chosen.made is not None and written_config is None and output_config:
+        written_config = _written_config(out_dir, storage_options)
+    computed = chosen.made(written_config) if chosen.made and written_config else {}
+    if unused or computed:  # planned again without them, or with the computed ones
+        close_opened(p, src)
+        opts = with_rules(opts, {"exclude": list(unused)}) if unused else opts
+        p = _plan_pt(chosen, src, out, opts, storage_options, computed)
     mine = given_patterns(given)
     p.unmatched = [u for u in p.unmatched if u in mine]
     p.options = Options.of(p.options, allow_unmatched=given.allow_unmatched)
