@@ -164,6 +164,9 @@ def write_releases(root: Path) -> None:
       ``operative_config.gin`` (tests/t5_release.py, variants ``t5.1.1`` and ``t5``);
     - ``GPT3_XL/model.ckpt-362000`` and the run's ``config.json``: GPT-Neo
       (tests/gpt_neo_release.py, variant ``adam``);
+    - ``mobilenet_v1_0.25_128/mobilenet_v1_0.25_128.ckpt`` and
+      ``mobilenet_v2_0.35_96/mobilenet_v2_0.35_96.ckpt``: slim's MobileNets with RMSProp's
+      slots and the moving averages (tests/mobilenet_release.py, variants ``v1``, ``v2``);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -175,6 +178,7 @@ def write_releases(root: Path) -> None:
     import electra_release
     import gpt2_release
     import gpt_neo_release
+    import mobilenet_release
     import roformer_release
     import t5_release
     from transform_helpers import save_v2
@@ -205,6 +209,8 @@ def write_releases(root: Path) -> None:
     neo = root / "GPT3_XL"
     save(neo / "model.ckpt-362000", gpt_neo_release.weights("adam"))
     (neo / "config.json").write_text(json.dumps(gpt_neo_release.config("adam"), indent=4))
+    for variant, name in (("v1", "mobilenet_v1_0.25_128"), ("v2", "mobilenet_v2_0.35_96")):
+        save(root / name / f"{name}.ckpt", mobilenet_release.weights(variant))
     _write_hf_tf2(root)
 
 
