@@ -173,6 +173,9 @@ def write_releases(root: Path) -> None:
       fine-tuned, with its Adafactor slots (tests/pegasus_release.py; 4 heads);
     - ``xlnet_cased_L-24_H-1024_A-16/xlnet_model.ckpt`` and ``xlnet_config.json``: XLNet
       pretraining (tests/xlnet_release.py, model ``pretrain``);
+    - ``mobilenet_v1_0.25_128/mobilenet_v1_0.25_128.ckpt`` and
+      ``mobilenet_v2_0.35_96/mobilenet_v2_0.35_96.ckpt``: slim's MobileNets with RMSProp's
+      slots and the moving averages (tests/mobilenet_release.py, variants ``v1``, ``v2``);
     - ``bert-base-uncased/tf_model.h5`` and ``config.json``: a BERT masked LM as
       transformers' TF classes saved it, and ``bert-large/`` the same weights sharded as
       their ``save_pretrained(max_shard_size=...)`` wrote them (tests/hf_tf2_models.py).
@@ -185,6 +188,7 @@ def write_releases(root: Path) -> None:
     import gpt2_release
     import gpt_neo_release
     import mobilebert_release
+    import mobilenet_release
     import openai_gpt_release
     import pegasus_release
     import roformer_release
@@ -227,6 +231,8 @@ def write_releases(root: Path) -> None:
     xl = root / "xlnet_cased_L-24_H-1024_A-16"
     save(xl / "xlnet_model.ckpt", xlnet_release.weights("pretrain"))
     (xl / "xlnet_config.json").write_text(json.dumps(xlnet_release.CONFIGS["pretrain"], indent=2))
+    for variant, name in (("v1", "mobilenet_v1_0.25_128"), ("v2", "mobilenet_v2_0.35_96")):
+        save(root / name / f"{name}.ckpt", mobilenet_release.weights(variant))
     _write_hf_tf2(root)
 
 

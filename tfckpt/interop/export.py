@@ -287,7 +287,7 @@ def _add_made(p: Plan, made: Mapping[str, np.ndarray], out: str) -> None:
     for name, value in made.items():
         if name in taken:
             raise CheckpointError("a source tensor already has this name", path=out, tensor=name)
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value, order="C")  # a scalar stays one (ascontiguousarray: [1])
         dtype = _dt.lookup(arr.dtype)
         shape = tuple(int(n) for n in arr.shape)
         new_dtype, by = policy.decide(name, dtype)

@@ -35,6 +35,7 @@ from tfckpt.interop.presets import (
     hf_tf2,
     loading,
     mobilebert,
+    mobilenet,
     openai_gpt,
     pegasus,
     roformer,
@@ -72,6 +73,8 @@ PRESETS: dict[str, Preset] = {
         t5.PRESET,
         pegasus.PRESET,
         xlnet.PRESET,
+        mobilenet.V1_PRESET,
+        mobilenet.V2_PRESET,
         hf_tf2.PRESET,
     )
 }
@@ -216,10 +219,9 @@ def plan_preset(
     out_dir = normalize(out_dir)
     out = storage_for(out_dir, storage_options).join(out_dir, "model.safetensors")
     p = _plan_pt(chosen, src, out, opts, storage_options)
-    unused: tuple[str, ...] = ()
     if made is None:
         arch = chosen.architecture(_shapes(p))
-        unused = chosen.unused.get(arch, ())
+    unused = chosen.unused.get(arch, ())
     if chosen.made is not None and written_config is None and output_config:
         written_config = _written_config(out_dir, storage_options)
     computed = chosen.made(written_config) if chosen.made and written_config else {}

@@ -155,6 +155,17 @@ _KINDS["xlnet"] = {
     **dict.fromkeys(("layer_norm_eps", "initializer_range"), _FLOAT),
     **dict.fromkeys(("ff_activation", "attn_type", "summary_type", "summary_activation"), _STR),
 }
+_KINDS["mobilenet_v1"] = {
+    **dict.fromkeys(("num_channels", "image_size", "min_depth"), _SIZE),
+    **dict.fromkeys(("depth_multiplier", "initializer_range", "layer_norm_eps"), _FLOAT),
+    "classifier_dropout_prob": _RATE,
+    "hidden_act": _STR,
+}
+_KINDS["mobilenet_v2"] = {
+    **_KINDS["mobilenet_v1"],
+    **dict.fromkeys(("depth_divisible_by", "output_stride"), _SIZE),
+    "expand_ratio": _FLOAT,
+}
 # Settings the class allows to be None (its default, or "derived from the others").
 _NONE_ALLOWED = {"classifier_dropout", "n_inner", "num_decoder_layers", "intermediate_size"}
 # (hidden size, heads): the attention splits the one into the other's number of parts.
