@@ -61,6 +61,25 @@ def write_demo(root: Path) -> None:
         raise RuntimeError(f"{demo_command()} exited {done.returncode}:\n{done.stderr[-4000:]}")
 
 
+def start(name: str, root: Path) -> subprocess.Popen | None:
+    """Write setup ``name``'s files into ``root`` (an empty directory): the demo's here; a
+    TensorFlow-written setup's (``tf``, ``releases``) by a process of its own, which is
+    started and returned, its stderr a pipe (wait for it with ``communicate``)."""
+    if name not in SETUPS:
+        raise ValueError(f"no setup {name!r}")
+    if name in ("demo", "tf"):
+        write_demo(root)
+    if name not in ("tf", "releases"):
+        return None
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), name, str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 def write_tf(root: Path) -> None:
     """Checkpoints written by TensorFlow (and Keras 3 on TensorFlow):
 

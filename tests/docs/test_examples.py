@@ -169,21 +169,6 @@ def test_every_extra_is_listed_with_what_it_installs():
     assert not missing, "\n".join(missing)
 
 
-def _setup(name: str, root: Path) -> subprocess.Popen | None:
-    """Write the setup's files; a TensorFlow-written setup's process, started, is returned."""
-    if name in ("demo", "tf"):
-        docs_setups.write_demo(root)
-    if name not in ("tf", "releases"):
-        return None
-    return subprocess.Popen(
-        [sys.executable, str(Path(docs_setups.__file__)), name, str(root)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
 def _start(specs: list[dict], where: Path) -> subprocess.Popen:
     where.write_text(json.dumps(specs), encoding="utf-8")
     env = {
@@ -217,7 +202,7 @@ def page_results(tmp_path_factory):
     writing = []  # the TensorFlow-written setups, side by side
     for name, root in setups.items():
         root.mkdir()
-        proc = _setup(name, root)
+        proc = docs_setups.start(name, root)
         if proc is not None:
             writing.append((name, proc))
     for name, proc in writing:

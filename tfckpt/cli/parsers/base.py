@@ -19,112 +19,125 @@ if TYPE_CHECKING:
 
 EXAMPLES = {
     "edit": """examples:
-  tfckpt edit train/model.ckpt-7 out/model.ckpt --set global_step=0
-  tfckpt edit run/ckpt-3 --in-place --delete '^model/dense_2/' --scale 'model/dense/kernel=0.5'
-  tfckpt edit nmt/model.ckpt warm/model.ckpt --remap-rows 'embedding$' \\
-      --old-vocab vocab.55k.txt --new-vocab vocab.70k.txt --init normal:0.01:7
-  tfckpt edit cls/model.ckpt out/model.ckpt --resize 'logits/(kernel|bias)$=1000' --axis -1""",
+  tfckpt edit demo-out/model.ckpt-7 out/model.ckpt --set global_step=0
+  tfckpt edit run/ --in-place --delete global_step --scale dense/kernel=0.5
+  seq 10 > old.txt; seq 12 -1 1 > new.txt   # labels reordered, 2 added
+  tfckpt edit demo-out/ labels/ --remap-rows 'logits/(weights|biases)$' \\
+      --old-vocab old.txt --new-vocab new.txt --axis -1 --init normal:0.01:7
+  tfckpt edit demo-out/ wide/ --resize 'logits/(weights|biases)$=20' --axis -1""",
     "dump": """examples:
-  tfckpt dump train/model.ckpt-7
-  tfckpt dump train/ --filter '^optimizer/' --json
-  tfckpt dump train/ --tensor global_step --tensor '^logits/' --full
-  tfckpt dump saved_model_dir --object-graph
-  tfckpt dump train/ --all
-  tfckpt dump train/model.ckpt-900.meta           # a TF1 graph: variables, Saver, signatures""",
+  tfckpt dump demo-out/model.ckpt-7
+  tfckpt dump demo-out/ --filter '^logits/' --json
+  tfckpt dump demo-out/ --tensor global_step --tensor '^logits/biases$' --full
+  tfckpt dump keras/ckpt-1 --object-graph
+  tfckpt dump run/ --all
+  tfckpt dump tf1/model.ckpt.meta   # a TF1 graph: variables, Saver, signatures""",
     "check": """examples:
-  tfckpt check train/model.ckpt-900 --against export/model.ckpt-900.meta
-  tfckpt check pretrained/ --against saved_model_dir/
-  tfckpt check tf2/ckpt-3 --against template/ckpt-1 --assert-consumed
-  tfckpt check fp16/model.ckpt --against model.meta --cast --json
+  tfckpt check run/model.ckpt-300 --against tf1/model.ckpt.meta
+  tfckpt check A/model.ckpt --against B/model.ckpt   # other names: would fail
+  tfckpt graft tf2/template-1 tf1/model.ckpt -o tf2/model --map 'dense/=model/'
+  tfckpt check tf2/model --against tf2/template-1 --assert-consumed
+  tfckpt convert tf1/model.ckpt fp16/ --dtype float16
+  tfckpt check fp16/model.ckpt --against tf1/model.ckpt.meta --cast --json
 
 exit status: 0 a restore would succeed, 1 it would fail (the report says why), 2 error""",
     "diff": """examples:
-  tfckpt diff fp32/model.ckpt fp16/model.ckpt        # how much error did float16 add?
-  tfckpt diff old/ new/ --names-only                 # which variables does new/ lack?
-  tfckpt diff a b --atol 1e-3 --json
+  tfckpt diff demo-out/ demo-out/fp16/   # how much error did float16 add?
+  tfckpt diff demo-out/ demo-out/fp16/ --names-only   # what does fp16/ lack?
+  tfckpt convert demo-out/fp16/ fp32/ --dtype float32
+  tfckpt diff demo-out/ fp32/ --filter 'weights$' --atol 1e-3 --json
 
 exit status: 0 same, 1 different, 2 error""",
     "stats": """examples:
-  tfckpt stats train/model.ckpt-7                    # is it safe to cast to float16?
-  tfckpt stats train/ --filter 'kernel' --json
-  tfckpt stats train/model.ckpt-7 --html cast.html  # the same, in pictures""",
+  tfckpt stats demo-out/model.ckpt-7        # is it safe to cast to float16?
+  tfckpt stats demo-out/ --filter 'weights' --json
+  tfckpt stats demo-out/ --html cast.html   # the same, in pictures""",
     "verify": """examples:
-  tfckpt verify train/model.ckpt-7
-  tfckpt verify fp16/model.ckpt --tf --reference train/model.ckpt-7
-  tfckpt verify bert/bert_model.ckpt --against hf/ --preset hf-bert
-  tfckpt verify gpt2/model.ckpt --against out.safetensors --rules gpt2.toml --dtype float16
+  tfckpt verify demo-out/model.ckpt-7
+  tfckpt verify demo-out/fp16/ --tf --reference demo-out/model.ckpt-7
+  tfckpt export models/124M/ gpt2/ --preset hf-gpt2 --dtype float16
+  tfckpt verify models/124M/ --against gpt2/ --preset hf-gpt2 --dtype float16
 
 exit status: 0 intact, 1 problems found (one line each on stderr), 2 error""",
     "convert": """examples:
-  tfckpt convert train/model.ckpt-7 fp16/ --dtype float16
-  tfckpt convert train/ bf16/model --dtype bfloat16 --from float32 --exclude '/Adam'
-  tfckpt convert big/ small/ --dtype float16 --overflow clip --dry-run
-  tfckpt convert train/model.ckpt-7 fp16/ --dtype float16 --report fp16.html
-  tfckpt convert bert/ fp16/ --dtype float16 --keep-dtype 'LayerNorm|layer_norm|embeddings' \\
-      --dtype-rule 'pooler/=bfloat16'""",
+  tfckpt convert demo-out/model.ckpt-7 fp16/ --dtype float16
+  tfckpt convert demo-out/ bf16/ --dtype bfloat16 --from float32 --exclude /Adam
+  tfckpt convert demo-out/ small/ --dtype float16 --overflow clip --dry-run
+  tfckpt convert demo-out/ fp16-report/ --dtype float16 --report fp16.html
+  tfckpt convert uncased_L-12_H-768_A-12/ bert16/ --dtype float16 \\
+      --keep-dtype 'LayerNorm|embeddings' --dtype-rule 'pooler/=bfloat16'""",
     "rename": """examples:
-  tfckpt rename pre/model new/model --map 'simple-conv1/=complex-conv1/'
-  tfckpt rename pre/ new/ --map '(.*)/weights$=\\1/kernel' --map-file exact.json""",
+  tfckpt rename demo-out/ new/model --map 'simple-conv1/=complex-conv1/'
+  echo '{"global_step": "step"}' > map.json
+  tfckpt rename demo-out/ k/ --map '(.*)/weights$=\\1/kernel' --map-file map.json""",
     "select": """examples:
-  tfckpt select pre/model new/model --include '^simple-conv1/(weights|biases)$'
-  tfckpt select trained/ shipped/ --drop-object optimizer
-  tfckpt select trained/ small/ --exclude 'BatchNorm'""",
+  tfckpt select demo-out/ new/model --include '^simple-conv1/(weights|biases)$'
+  tfckpt select keras/ckpt-1 shipped/ --drop-object optimizer
+  tfckpt select demo-out/ small/ --exclude 'BatchNorm'""",
     "merge": """examples:
-  tfckpt merge a/model.ckpt b/model.ckpt -o c/model.ckpt
-  tfckpt merge a/ b/ -o c/ --prefer last""",
+  tfckpt merge A/model.ckpt B/model.ckpt -o C/model.ckpt
+  tfckpt merge C/ A/ -o D/ --prefer last     # a1/, a2/ from A/""",
     "graft": """examples:
-  tfckpt graft tf2/template tf1/model.ckpt -o tf2/model \\
-      --map 'simple-conv1/weights=model/layer_with_weights-0/kernel' \\
-      --map 'simple-conv1/biases=model/layer_with_weights-0/bias'
-  tfckpt graft template/ tf1/ -o out/ --map '(.*)/weights$=\\1/kernel' --dry-run
-  tfckpt graft template/ tf1/ -o out/ --drop-object optimizer --allow-missing""",
+  tfckpt graft tf2/template-1 tf1/model.ckpt -o tf2/model \\
+      --map 'dense/kernel=model/kernel' --map 'dense/bias=model/bias'
+  tfckpt graft tf2/ tf1/ -o out/ --map '(dense)/=model/' --dry-run
+  tfckpt graft keras/ckpt-1 tf1/ -o k/ --drop-object optimizer --allow-missing \\
+      --map 'dense/=model/layer_with_weights-0/'""",
     "flatten": """examples:
-  tfckpt flatten tf2/ckpt-3 tf1/model.ckpt
-  tfckpt flatten tf2/ tf1/model.ckpt --drop-object optimizer --map 'model/=' --dry-run""",
+  tfckpt flatten keras/ckpt-1 flat/model.ckpt
+  tfckpt flatten keras/ flat2/ --drop-object optimizer --map 'model/=' --dry-run""",
     "average": """examples:
-  tfckpt average train/model.ckpt-800 train/model.ckpt-900 train/model.ckpt-1000 -o avg/
-  tfckpt average --last 5 train/ -o avg/model --use-ema --drop-object optimizer
-  tfckpt average a/ckpt-3 b/ckpt-3 -o avg/ --weights 1 3 --dtype bfloat16
+  tfckpt average run/model.ckpt-{100,200,300} -o avg/   # oldest first
+  tfckpt average --last 2 run/ -o avg2/model
+  tfckpt average run/model.ckpt-200 run/ -o avg3/ --weights 1 3 --dtype bfloat16
 
 the last checkpoint given (with --last: the state file's latest) is the newest""",
     "export": """examples:
-  tfckpt export train/ckpt-7 model.safetensors
-  tfckpt export train/ model.npz --dtype float16 --overflow clip
-  tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset auto
-  tfckpt export bert/model.ckpt-900 hf/ --preset hf-bert --config bert_config.json \\
+  tfckpt export demo-out/model.ckpt-7 model.safetensors
+  tfckpt export demo-out/ model.npz --dtype float16 --overflow clip
+  tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset auto \\
       --dtype bfloat16 --max-shard-bytes 2G
-  tfckpt export my/ckpt model.safetensors --rules my_model.toml""",
+  tfckpt match demo-out/ model.safetensors -o rules.toml     # then review it
+  tfckpt export demo-out/ renamed.safetensors --rules rules.toml""",
     "match": """examples:
-  tfckpt match my/model.ckpt hf/model.safetensors -o my_model.toml
-  tfckpt match old/ckpt-9 weights.json --min-confidence 0.5 -o review.toml
-  tfckpt match tf1/model.ckpt tf2/template --json
+  tfckpt export demo-out/ target.safetensors --map 'simple-conv(\\d)/=block\\1.'
+  tfckpt match demo-out/model.ckpt-7 target.safetensors -o my_model.toml
+  echo '{"dense.weight": [4, 8], "dense.bias": [4]}' > weights.json
+  tfckpt match run/ weights.json --min-confidence 0.5 -o review.toml
+  tfckpt match tf1/model.ckpt tf2/template-1 --json
+  tfckpt export demo-out/ out.safetensors --rules my_model.toml --dry-run
 
-then review the file, and: tfckpt export SRC OUT.safetensors --rules FILE.toml --dry-run""",
+review the rules file before exporting with it (the last example)""",
     "presets": """examples:
   tfckpt presets
   tfckpt export uncased_L-12_H-768_A-12/bert_model.ckpt hf/ --preset hf-bert""",
     "ls": """examples:
-  tfckpt ls train/
-  tfckpt ls s3://bucket/runs/train/ --json""",
+  tfckpt ls run/
+  tfckpt cp run/ s3://bucket/runs/run/
+  tfckpt ls s3://bucket/runs/run/ --json""",
     "prune": """examples:
-  tfckpt prune train/ --keep-last 5 --dry-run
-  tfckpt prune train/ --keep-last 3 --keep-every-steps 10000 --keep 4200""",
+  tfckpt prune run/ --keep-last 2 --dry-run
+  tfckpt prune run/ --keep-last 1 --keep-every-steps 200 --keep 100""",
     "cp": """examples:
-  tfckpt cp train/ s3://bucket/runs/train/          # every checkpoint and the state file
-  tfckpt cp train/ckpt-7 best/                       # one checkpoint, under its name
-  tfckpt cp train/model.ckpt-900 release/model.ckpt  # one checkpoint, renamed""",
+  tfckpt cp run/ s3://bucket/runs/run/      # every checkpoint, the state file
+  tfckpt cp run/model.ckpt-300 best/        # one checkpoint, under its name
+  tfckpt cp run/model.ckpt-300 rel/model    # one checkpoint, renamed""",
     "mv": """examples:
-  tfckpt mv scratch/run7/ s3://bucket/runs/run7/
-  tfckpt mv train/ckpt-7 best/
+  tfckpt mv run/ s3://bucket/runs/run/
+  tfckpt mv tf1/model.ckpt best/
 
 the copy is verified (every checksum read back) before the source is deleted""",
     "completion": """examples:
-  tfckpt completion bash > "$XDG_DATA_HOME/bash-completion/completions/tfckpt"
-  tfckpt completion zsh > "${fpath[1]}/_tfckpt"
+  source <(tfckpt completion bash)   # this shell (the line in ~/.bashrc: all)
+  mkdir -p ~/.zfunc ~/.config/fish/completions
+  tfckpt completion zsh > ~/.zfunc/_tfckpt   # fpath=(~/.zfunc $fpath) in .zshrc
   tfckpt completion fish > ~/.config/fish/completions/tfckpt.fish""",
     "import": """examples:
-  tfckpt import model.safetensors ckpt/model
-  tfckpt import hf/model.safetensors.index.json ckpt/model --permute 'kernel$=1,0'""",
+  tfckpt export demo-out/model.ckpt-7 model.safetensors
+  tfckpt import model.safetensors back/model
+  tfckpt export demo-out/ hf/model.safetensors --max-shard-bytes 100K
+  tfckpt import hf/model.safetensors.index.json ckpt/model \\
+      --permute 'logits/weights$=1,0'""",
 }
 
 
