@@ -187,3 +187,29 @@ def test_a_checkpoint_against_itself(source):
         n: open(os.path.join(os.path.dirname(source), n), "rb").read()
         for n in os.listdir(os.path.dirname(source))
     }
+
+
+def test_a_checkpoint_directory_as_the_output(source, tmp_path):
+    """A directory holding a checkpoint (no model files) is checked as its checkpoint, as
+    every other command reads a directory; an empty one is one error naming it."""
+    out = tmp_path / "fp16"
+    tfckpt.convert(source, f"{out}/", dtype="float16", exclude=["adam", "vocab"])
+    same = run(
+        "verify",
+        source,
+        "--against",
+        f"{out}/",
+        "--dtype",
+        "float16",
+        "--exclude",
+        "adam",
+        "--exclude",
+        "vocab",
+    )
+    assert same.returncode == 0 and same.stdout.startswith("ok: "), same.stderr
+    assert verify_against(source, str(out), cast="float16", exclude=["adam", "vocab"]).ok
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    gone = run("verify", source, "--against", f"{empty}/")
+    assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1, gone.stderr
+    assert str(empty) in gone.stderr and "Traceback" not in gone.stderr

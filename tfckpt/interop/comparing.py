@@ -96,25 +96,33 @@ class Proof:
 
 
 def output_path(store: Storage, out: str) -> str:
-    """What :func:`open_output` opens for ``out``: a model directory's index or file."""
+    """What :func:`open_output` opens for ``out``: a model directory's index or file; a
+    directory without one as itself (a checkpoint's directory, opened as one)."""
     if out.endswith(TENSOR_FILES) or not store.isdir(out):
         return out
     for name in MODEL_FILES:
         path = store.join(out, name)
         if store.isfile(path):
             return path
-    raise CheckpointError(
-        f"no {' or '.join(MODEL_FILES)} in this directory, and it is no checkpoint", path=out
-    )
+    return out
 
 
 def open_output(store: Storage, out: str, storage_options=None):
     """The output to check: safetensors files (an index and its shards, or one file) or
-    an npz as :class:`~tfckpt.interop.importing.TensorFileSource`, else a checkpoint."""
+    an npz as :class:`~tfckpt.interop.importing.TensorFileSource`, else a checkpoint (a
+    directory's latest)."""
     path = output_path(store, out)
     if path.endswith(TENSOR_FILES):
         return TensorFileSource(store, stored_tensors(store, path))
-    return open_checkpoint(path, storage_options=storage_options)
+    try:
+        return open_checkpoint(path, storage_options=storage_options)
+    except CheckpointError as e:
+        if path != out or not store.isdir(out) or type(e) is not CheckpointError:
+            raise
+        raise CheckpointError(
+            f"no {' or '.join(MODEL_FILES)} in this directory, and no checkpoint ({e.detail})",
+            path=out,
+        ) from None
 
 
 def planned_items(p: Plan) -> list[TaskItem]:
