@@ -40,7 +40,7 @@ demo: $(VENV)/.installed-base
 
 # Two worker processes, each a whole test file at a time (its fixtures built once): the
 # suite waits on TensorFlow, transformers and servers as much as it computes, so two
-# keep both cores of a 2-core machine busy (10.5 min there, against 19 min in one).
+# keep both cores of a 2-core machine busy (14 min there for 3 277 tests).
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -n 2 --dist loadfile
 
