@@ -11,15 +11,14 @@ every figure, and its visible table and summary hold the numbers of ``stats --js
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import math
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
+import browser_helpers
 import pytest
 import report_checkpoints as rc
 from cli_helpers import assert_cli_error, run_role, run_text, user_env
@@ -559,60 +558,11 @@ def test_without_matplotlib_one_line_names_the_extra(ckpt, tmp_path):
 # ---------------------------------------------------------------- in a real browser
 
 
-def _driver_path() -> str | None:
-    return shutil.which("chromedriver") or (
-        "/usr/bin/chromedriver" if os.path.exists("/usr/bin/chromedriver") else None
-    )
-
-
 @pytest.fixture(scope="module")
 def browser():
-    """Debian's headless Chromium through the system chromedriver: selenium-manager never
-    runs (it would download a driver). Missing, it fails the test in CI and skips it
-    elsewhere."""
-    missing = [
-        what
-        for what, there in (
-            ("selenium (pip install 'tfckpt[test]')", importlib.util.find_spec("selenium")),
-            ("Chromium (apt-get install chromium)", shutil.which("chromium")),
-            ("chromedriver (apt-get install chromium-driver)", _driver_path()),
-        )
-        if not there
-    ]
-    if missing:
-        reason = "the browser test needs " + ", ".join(missing)
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-        "--hide-scrollbars",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(_driver_path()), options=options)
-    try:
+    """Debian's headless Chromium (tests/browser_helpers.py), one window for the module."""
+    with browser_helpers.chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def _not_blank(png: bytes) -> float:
-    """The spread of a screenshot's pixel values (0 for a blank one)."""
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
-    return float(pixels.std())
 
 
 TABLE = """return [...document.querySelectorAll('#tensors tbody tr')].map(r => [r.dataset.name,
@@ -673,8 +623,10 @@ def test_page_in_chromium(browser, pages, kind):
         svg = figure if figure.tag_name == "svg" else figure.find_element(By.TAG_NAME, "svg")
         assert svg.size["width"] > 300 and svg.size["height"] > 100, svg.size
         browser.execute_script("arguments[0].scrollIntoView()", figure)
-        assert _not_blank(figure.screenshot_as_png) > 20, figure.get_attribute("data-name")
-    assert _not_blank(browser.get_screenshot_as_png()) > 20
+        assert browser_helpers.not_blank(figure.screenshot_as_png) > 20, figure.get_attribute(
+            "data-name"
+        )
+    assert browser_helpers.not_blank(browser.get_screenshot_as_png()) > 20
     _check_table(browser.execute_script(TABLE), pages["stats_json"])
     summary = browser.find_element(By.ID, "summary").text
     for key, words in zip(EFFECTS, ("overflowed", "became zero", "became subnormal")):
